@@ -1,0 +1,207 @@
+"""State codecs: turn an application's state into bytes and back, without running code.
+
+``JSONCodec`` uses only the standard library. Without a type it stores and returns plain
+JSON values; with ``state_type`` it encodes dataclasses, enums, datetimes, tuples and sets
+and decodes back into the declared types (TypedDicts are plain dicts). ``MsgspecCodec``
+(extra ``flowy-core[msgspec]``) does the same with msgspec's typed decoder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import types
+import typing
+from typing import Any, Generic, Protocol, cast, runtime_checkable
+
+from ._types import S
+
+__all__ = ["JSONCodec", "MsgspecCodec", "StateCodec"]
+
+
+@runtime_checkable
+class StateCodec(Protocol[S]):
+    """Encodes states to bytes and back. ``name`` is stored in every record."""
+
+    name: str
+
+    def encode(self, state: S) -> bytes:
+        """Encode ``state``; raise ``TypeError`` or ``ValueError`` if it cannot be."""
+        ...
+
+    def decode(self, data: bytes) -> S:
+        """Decode bytes made by ``encode``; raise ``ValueError`` if they are malformed."""
+        ...
+
+
+def _to_json(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, enum.Enum):
+        return _to_json(value.value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in cast(dict[Any, Any], value).items():
+            if not isinstance(k, str):
+                raise TypeError(f"JSONCodec needs str dict keys, got {k!r}")
+            out[k] = _to_json(v)
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = cast("list[Any]", list(cast(Any, value)))
+        if isinstance(value, set | frozenset):
+            items = sorted(items, key=repr)
+        return [_to_json(v) for v in items]
+    raise TypeError(
+        f"JSONCodec cannot encode {type(value).__name__} {value!r}; use dataclasses, dicts, "
+        "lists, enums, datetimes and JSON scalars, or pass another codec"
+    )
+
+
+def _from_json(tp: Any, value: Any) -> Any:  # noqa: C901 - one type-directed switch
+    if tp is Any or tp is object:
+        return value
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors: list[str] = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _from_json(arg, value)
+            except (TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        raise ValueError(f"{value!r} matches no member of {tp}: {errors}")
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise ValueError(f"{value!r} is not one of {typing.get_args(tp)}")
+        return value
+    if origin in (list, set, frozenset, tuple) or tp in (list, set, frozenset, tuple):
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list for {tp}, got {value!r}")
+        args = typing.get_args(tp)
+        items = cast("list[Any]", value)
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(args) != len(items):
+                raise ValueError(f"expected {len(args)} items for {tp}, got {len(items)}")
+            return tuple(_from_json(a, v) for a, v in zip(args, items, strict=True))
+        item_tp = args[0] if args else Any
+        converted = [_from_json(item_tp, v) for v in items]
+        container = origin or tp
+        return converted if container is list else container(converted)
+    if origin is dict or tp is dict or origin in (typing.Mapping, dict):
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object for {tp}, got {value!r}")
+        args = typing.get_args(tp)
+        val_tp = args[1] if len(args) == 2 else Any
+        return {k: _from_json(val_tp, v) for k, v in cast(dict[str, Any], value).items()}
+    if isinstance(tp, type):
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ValueError(f"expected an object for {tp.__name__}, got {value!r}")
+            hints = typing.get_type_hints(tp)
+            raw = cast(dict[str, Any], value)
+            kwargs = {
+                f.name: _from_json(hints.get(f.name, Any), raw[f.name])
+                for f in dataclasses.fields(tp)
+                if f.name in raw
+            }
+            return tp(**kwargs)
+        if issubclass(tp, enum.Enum):
+            return tp(value)
+        if issubclass(tp, dt.datetime):
+            return dt.datetime.fromisoformat(value)
+        if issubclass(tp, dt.date):
+            return dt.date.fromisoformat(value)
+        if issubclass(tp, dt.timedelta):
+            return dt.timedelta(seconds=value)
+        if typing.is_typeddict(tp):
+            if not isinstance(value, dict):
+                raise ValueError(f"expected an object for {tp.__name__}, got {value!r}")
+            hints = typing.get_type_hints(tp)
+            return {
+                k: _from_json(hints.get(k, Any), v) for k, v in cast(dict[str, Any], value).items()
+            }
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if tp in (int, float, str, bool):
+            if type(value) is not tp:
+                raise ValueError(f"expected {tp.__name__}, got {value!r}")
+            return value
+    return value
+
+
+class JSONCodec(Generic[S]):
+    """Standard-library JSON state codec.
+
+    ``JSONCodec()`` round-trips JSON values (dicts, lists, scalars). ``JSONCodec(MyState)``
+    also encodes dataclasses, enums, datetimes, tuples and sets, and decodes into
+    ``MyState`` following its type hints.
+    """
+
+    name = "json"
+
+    def __init__(self, state_type: type[S] | Any = None) -> None:
+        self.state_type: Any = state_type
+
+    def encode(self, state: S) -> bytes:
+        return json.dumps(_to_json(state), separators=(",", ":"), ensure_ascii=False).encode()
+
+    def decode(self, data: bytes) -> S:
+        try:
+            value = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"state is not valid JSON: {exc}") from exc
+        if self.state_type is None:
+            return cast(S, value)
+        try:
+            return cast(S, _from_json(self.state_type, value))
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"state does not match {self.state_type!r}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"JSONCodec({self.state_type!r})"
+
+
+class MsgspecCodec(Generic[S]):
+    """msgspec JSON codec (``pip install "flowy-core[msgspec]"``): Structs, dataclasses,
+    typed decode. Decoding validates against ``state_type``."""
+
+    name = "msgspec-json"
+
+    def __init__(self, state_type: type[S] | Any = Any) -> None:
+        try:
+            import msgspec
+        except ImportError as exc:  # pragma: no cover - exercised only without the extra
+            raise ImportError(
+                'MsgspecCodec needs msgspec: pip install "flowy-core[msgspec]"'
+            ) from exc
+        self._msgspec: Any = msgspec
+        self._encoder: Any = msgspec.json.Encoder()
+        self._decoder: Any = msgspec.json.Decoder(state_type)
+        self.state_type: Any = state_type
+
+    def encode(self, state: S) -> bytes:
+        try:
+            return cast(bytes, self._encoder.encode(state))
+        except self._msgspec.EncodeError as exc:
+            raise TypeError(str(exc)) from exc
+
+    def decode(self, data: bytes) -> S:
+        try:
+            return cast(S, self._decoder.decode(data))
+        except (self._msgspec.DecodeError, self._msgspec.ValidationError) as exc:
+            raise ValueError(str(exc)) from exc
+
+    def __repr__(self) -> str:
+        return f"MsgspecCodec({self.state_type!r})"

@@ -1,0 +1,226 @@
+"""The whole flowy exception tree.
+
+Every error flowy raises derives from :class:`FlowyError`; foreign errors (driver
+exceptions, codec errors) are translated at the boundary with ``raise ... from exc``.
+The names follow the specification's ``ErrX`` sentinels one to one as ``XError``::
+
+    FlowyError
+    ├── GraphValidationError            compile() found problems (all listed at once)
+    ├── UnknownNodeError                a node name that is not in the graph
+    ├── InvalidResumeTokenError         empty thread id, malformed token
+    │   └── InvalidThreadIdError        thread id empty, too long or not a str
+    ├── InvalidResumePlanError          a resume-target policy returned an empty/invalid plan
+    ├── ThreadNotFoundError             no checkpoint for the thread
+    ├── ConcurrencyConflictError        strict OCC: expected revision is not the stored one
+    ├── ThreadAlreadyRunningError       the thread is running in this process
+    ├── NoActiveExecutionError          request_local_handoff() after the run ended
+    ├── CheckpointSkippedError          SKIP_ON_SAVE_ERROR skipped a terminal save
+    ├── MissingBindingError             binding(key) without a bound value
+    ├── NoRunContextError               run_metadata()/use_budget() outside a run
+    ├── LeaseError
+    │   ├── LeaseRequiredError          a lease manager is configured but run_lease was not given
+    │   ├── ThreadLeaseBusyError        another live lease holds the thread
+    │   └── LeaseLostError              the lease expired or was taken over (fencing)
+    ├── HandoffError
+    │   ├── HandoffPendingError         a fresh pending hand-off (not stale yet)
+    │   ├── HandoffOrphanedError        direct resume of an orphaned hand-off
+    │   ├── HandoffAlreadyEnqueuedError recovery of an enqueued hand-off without force
+    │   ├── HandoffNotRecoverableError  recovery of a thread with no hand-off
+    │   ├── HandoffPatchFailedError     a hand-off status patch could not be saved
+    │   └── HandoffEnqueueFailedError   the intent could not be enqueued (carries a retry token)
+    └── StorageError                    a backend failed
+        ├── StorageUnavailableError     connection lost / timeout: the outcome may be unknown
+        ├── SnapshotEnvelopeInvalidError a stored record is corrupt or mismatched
+        ├── SnapshotTooLargeError       the encoded snapshot exceeds the backend's limit
+        └── SchemaVersionError          the store's schema is newer/older than this code
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._checkpoint import ResumeToken
+
+__all__ = [
+    "CheckpointSkippedError",
+    "ConcurrencyConflictError",
+    "FlowyError",
+    "GraphValidationError",
+    "HandoffAlreadyEnqueuedError",
+    "HandoffEnqueueFailedError",
+    "HandoffError",
+    "HandoffNotRecoverableError",
+    "HandoffOrphanedError",
+    "HandoffPatchFailedError",
+    "HandoffPendingError",
+    "InvalidResumePlanError",
+    "InvalidResumeTokenError",
+    "InvalidThreadIdError",
+    "LeaseError",
+    "LeaseLostError",
+    "LeaseRequiredError",
+    "MissingBindingError",
+    "NoActiveExecutionError",
+    "NoRunContextError",
+    "SchemaVersionError",
+    "SnapshotEnvelopeInvalidError",
+    "SnapshotTooLargeError",
+    "StorageError",
+    "StorageUnavailableError",
+    "ThreadAlreadyRunningError",
+    "ThreadLeaseBusyError",
+    "ThreadNotFoundError",
+    "UnknownNodeError",
+]
+
+
+class FlowyError(Exception):
+    """Base class of every error raised by flowy."""
+
+
+class GraphValidationError(FlowyError):
+    """``GraphBuilder.compile()`` found one or more problems; ``problems`` lists them all."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"the graph is invalid ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class UnknownNodeError(FlowyError):
+    """A node name that the graph does not contain."""
+
+
+class InvalidResumeTokenError(FlowyError):
+    """A resume token that cannot be used (empty thread id, wrong types)."""
+
+
+class InvalidThreadIdError(InvalidResumeTokenError):
+    """A thread id that is empty, too long, or not a string."""
+
+
+class InvalidResumePlanError(FlowyError):
+    """A resume-target policy returned an empty or invalid ``ResumePlan``."""
+
+
+class ThreadNotFoundError(FlowyError):
+    """No checkpoint exists for the thread."""
+
+
+class ConcurrencyConflictError(FlowyError):
+    """Strict optimistic concurrency: the expected revision is not the stored one.
+
+    Raised by ``Checkpointer.save`` when ``expected_revision`` differs from the stored
+    revision, and by ``Runner.resume`` when the token's revision is stale or zero. Call
+    ``Runner.evaluate_resume(token)`` to get the current core-issued token.
+    """
+
+    def __init__(
+        self, message: str, *, thread_id: str = "", expected: int = 0, actual: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.expected = expected
+        self.actual = actual
+
+
+class ThreadAlreadyRunningError(FlowyError):
+    """A start or resume targets a thread that is already running in this process."""
+
+
+class NoActiveExecutionError(FlowyError):
+    """``request_local_handoff()`` was called after the run had terminated (or was stopped)."""
+
+
+class CheckpointSkippedError(FlowyError):
+    """``CheckpointPolicy.SKIP_ON_SAVE_ERROR`` skipped a terminal save: nothing was persisted."""
+
+
+class MissingBindingError(FlowyError, LookupError):
+    """``binding(key)`` was called but no value is bound for ``key`` in this run."""
+
+
+class NoRunContextError(FlowyError, RuntimeError):
+    """A run-context helper was called outside a run and outside ``context_with_run_metadata``."""
+
+
+class LeaseError(FlowyError):
+    """Base class of lease errors."""
+
+
+class LeaseRequiredError(LeaseError):
+    """A lease manager is configured, so start/resume/stream need ``run_lease=(owner, ttl)``."""
+
+
+class ThreadLeaseBusyError(LeaseError):
+    """Another live lease holds the thread."""
+
+
+class LeaseLostError(LeaseError):
+    """The lease expired or was taken over; a fenced write was refused."""
+
+
+class HandoffError(FlowyError):
+    """Base class of hand-off errors."""
+
+
+class HandoffPendingError(HandoffError):
+    """The hand-off is pending and not yet stale; recovery must wait (or it is in flight)."""
+
+
+class HandoffOrphanedError(HandoffError):
+    """The hand-off is orphaned; use ``Runner.recover_stale_handoff`` instead of resume."""
+
+
+class HandoffAlreadyEnqueuedError(HandoffError):
+    """The hand-off is already enqueued; pass ``force_reenqueue=True`` to enqueue again."""
+
+
+class HandoffNotRecoverableError(HandoffError):
+    """The thread has no recoverable hand-off (status none or unknown)."""
+
+
+class HandoffPatchFailedError(HandoffError):
+    """A hand-off status patch (enqueued/orphaned) could not be saved."""
+
+
+class HandoffEnqueueFailedError(HandoffError):
+    """The hand-off intent could not be enqueued after the snapshot was persisted.
+
+    ``resume_token`` is the token to retry with (``Runner.recover_stale_handoff`` or a
+    manual enqueue); the snapshot is safe in the checkpointer.
+    """
+
+    def __init__(self, message: str, *, resume_token: ResumeToken | None = None) -> None:
+        super().__init__(message)
+        self.resume_token = resume_token
+
+
+class StorageError(FlowyError):
+    """A storage backend failed."""
+
+
+class StorageUnavailableError(StorageError):
+    """The backend could not be reached or the connection broke; the outcome may be unknown.
+
+    The runner resolves an unknown save outcome by reloading the thread and checking the
+    stored write id, so a write that landed is never reported as a conflict.
+    """
+
+
+class SnapshotEnvelopeInvalidError(StorageError):
+    """A stored record is corrupt, of an unknown format, or does not match its address."""
+
+
+class SnapshotTooLargeError(StorageError):
+    """The encoded snapshot exceeds the backend's item size limit; nothing was written."""
+
+    def __init__(self, message: str, *, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class SchemaVersionError(StorageError):
+    """The store's schema version is not the one this code knows; migrate explicitly."""

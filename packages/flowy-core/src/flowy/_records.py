@@ -1,0 +1,292 @@
+"""The checkpoint record envelope: the bytes every backend stores for a snapshot.
+
+Layout (all integers big-endian)::
+
+    b"FLWY" | u8 format version | u32 header length | header (UTF-8 JSON)
+           | u32 state length | state bytes (the codec's) | 16-byte BLAKE2b of all before
+
+The header carries the snapshot's address and run metadata; the digest detects any
+corrupted byte. Decoding never executes code: it is JSON plus the state codec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from ._checkpoint import HandoffStatus, RunStatus, Snapshot
+from ._codecs import JSONCodec, StateCodec
+from ._errors import SnapshotEnvelopeInvalidError
+from ._types import JSON, S
+
+__all__ = [
+    "FORMAT_VERSION",
+    "DecodeRecordOptions",
+    "Record",
+    "decode_record",
+    "decode_snapshot",
+    "encode_record",
+    "encode_snapshot",
+]
+
+FORMAT_VERSION = 1
+_MAGIC = b"FLWY"
+_DIGEST = 16
+_U32 = struct.Struct(">I")
+
+
+def _digest(data: bytes | memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=_DIGEST).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A snapshot as stored: header fields plus the codec-encoded state bytes."""
+
+    thread_id: str
+    revision: int
+    execution_pointer: str
+    status: RunStatus
+    codec: str
+    state: bytes
+    reason: str = ""
+    step_count: int = 0
+    segment: int = 0
+    total_steps: int = 0
+    budget_counts: Mapping[str, int] = field(default_factory=lambda: {})
+    metadata: Mapping[str, JSON] = field(default_factory=lambda: {})
+    handoff_status: HandoffStatus = HandoffStatus.NONE
+    handoff_pending_at: float | None = None
+    updated_at: float = 0.0
+    write_id: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @classmethod
+    def from_snapshot(
+        cls, snapshot: Snapshot[S], revision: int, codec: StateCodec[S] | None = None
+    ) -> Record:
+        """Encode ``snapshot`` as stored at ``revision`` with ``codec`` (JSON by default)."""
+        c: StateCodec[Any] = codec if codec is not None else JSONCodec()
+        try:
+            state = c.encode(snapshot.state)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"cannot encode the state of thread {snapshot.thread_id!r} with {c!r}: {exc}"
+            ) from exc
+        return cls(
+            thread_id=snapshot.thread_id,
+            revision=revision,
+            execution_pointer=snapshot.execution_pointer,
+            status=snapshot.status,
+            codec=c.name,
+            state=state,
+            reason=snapshot.reason,
+            step_count=snapshot.step_count,
+            segment=snapshot.segment,
+            total_steps=snapshot.total_steps,
+            budget_counts=dict(snapshot.budget_counts),
+            metadata=dict(snapshot.metadata),
+            handoff_status=snapshot.handoff_status,
+            handoff_pending_at=snapshot.handoff_pending_at,
+            updated_at=snapshot.updated_at,
+            write_id=snapshot.write_id,
+        )
+
+    def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
+        """Decode the state with ``codec``; a codec mismatch or bad state bytes raise
+        ``SnapshotEnvelopeInvalidError``."""
+        c: StateCodec[Any] = codec if codec is not None else JSONCodec()
+        if c.name != self.codec:
+            raise SnapshotEnvelopeInvalidError(
+                f"record of thread {self.thread_id!r} rev {self.revision} was written with "
+                f"codec {self.codec!r} but is read with {c.name!r}; configure the same codec"
+            )
+        try:
+            state = c.decode(self.state)
+        except (TypeError, ValueError) as exc:
+            raise SnapshotEnvelopeInvalidError(
+                f"state of thread {self.thread_id!r} rev {self.revision} does not decode: {exc}"
+            ) from exc
+        return Snapshot(
+            thread_id=self.thread_id,
+            state=cast(S, state),
+            execution_pointer=self.execution_pointer,
+            status=self.status,
+            reason=self.reason,
+            revision=self.revision,
+            step_count=self.step_count,
+            segment=self.segment,
+            total_steps=self.total_steps,
+            budget_counts=dict(self.budget_counts),
+            metadata=dict(self.metadata),
+            handoff_status=self.handoff_status,
+            handoff_pending_at=self.handoff_pending_at,
+            updated_at=self.updated_at,
+            write_id=self.write_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRecordOptions:
+    """The address a record is expected to have (from storage columns); ``None`` = any."""
+
+    thread_id: str | None = None
+    revision: int | None = None
+    execution_pointer: str | None = None
+
+
+def encode_record(record: Record) -> bytes:
+    """Encode a record into envelope bytes."""
+    header = json.dumps(
+        {
+            "thread_id": record.thread_id,
+            "revision": record.revision,
+            "execution_pointer": record.execution_pointer,
+            "status": record.status.value,
+            "codec": record.codec,
+            "reason": record.reason,
+            "step_count": record.step_count,
+            "segment": record.segment,
+            "total_steps": record.total_steps,
+            "budget_counts": dict(record.budget_counts),
+            "metadata": dict(record.metadata),
+            "handoff_status": record.handoff_status.value,
+            "handoff_pending_at": record.handoff_pending_at,
+            "updated_at": record.updated_at,
+            "write_id": record.write_id,
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode("utf-8")
+    body = b"".join(
+        (
+            _MAGIC,
+            bytes((record.format_version,)),
+            _U32.pack(len(header)),
+            header,
+            _U32.pack(len(record.state)),
+            record.state,
+        )
+    )
+    return body + _digest(body)
+
+
+def _invalid(msg: str) -> SnapshotEnvelopeInvalidError:
+    return SnapshotEnvelopeInvalidError(f"invalid checkpoint record: {msg}")
+
+
+def _field(header: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = header.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise _invalid(f"header field {name!r} is missing or has the wrong type ({value!r})")
+    return value
+
+
+def decode_record(
+    data: bytes | bytearray | memoryview, options: DecodeRecordOptions | None = None
+) -> Record:
+    """Validate and decode envelope bytes.
+
+    Raises ``SnapshotEnvelopeInvalidError`` for an unknown format version, a truncated or
+    corrupted envelope (digest mismatch), an invalid header (empty thread id or pointer,
+    revision < 1, unknown status) or an address that differs from ``options``.
+    """
+    opts = options or DecodeRecordOptions()
+    buf = bytes(data)
+    if len(buf) < 4 + 1 + 4 + 4 + _DIGEST or buf[:4] != _MAGIC:
+        raise _invalid("not a flowy record (bad magic or too short)")
+    version = buf[4]
+    if version != FORMAT_VERSION:
+        raise _invalid(f"unknown format version {version} (this code reads {FORMAT_VERSION})")
+    if _digest(memoryview(buf)[: -_DIGEST]) != buf[-_DIGEST:]:
+        raise _invalid("integrity digest mismatch: the stored bytes are corrupted")
+    (hlen,) = _U32.unpack_from(buf, 5)
+    hend = 9 + hlen
+    if hend + 4 > len(buf) - _DIGEST:
+        raise _invalid("header length runs past the end of the record")
+    (slen,) = _U32.unpack_from(buf, hend)
+    if hend + 4 + slen != len(buf) - _DIGEST:
+        raise _invalid("state length does not match the record size")
+    try:
+        header = json.loads(buf[9:hend])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _invalid(f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise _invalid("header is not an object")
+    h = cast(dict[str, Any], header)
+    thread_id = _field(h, "thread_id", str)
+    pointer = _field(h, "execution_pointer", str)
+    revision = _field(h, "revision", int)
+    if not thread_id:
+        raise _invalid("empty thread id")
+    if not pointer:
+        raise _invalid(f"empty execution pointer (thread {thread_id!r})")
+    if revision < 1:
+        raise _invalid(f"revision {revision} < 1 (thread {thread_id!r})")
+    try:
+        status = RunStatus(_field(h, "status", str))
+        handoff_status = HandoffStatus(_field(h, "handoff_status", str))
+    except ValueError as exc:
+        raise _invalid(str(exc)) from exc
+    budget_counts = _field(h, "budget_counts", dict)
+    if not all(isinstance(v, int) for v in cast(dict[str, Any], budget_counts).values()):
+        raise _invalid("budget_counts values must be integers")
+    pending_at = h.get("handoff_pending_at")
+    if pending_at is not None and not isinstance(pending_at, int | float):
+        raise _invalid("handoff_pending_at must be a number or null")
+    if opts.thread_id is not None and opts.thread_id != thread_id:
+        raise _invalid(f"stored under thread {opts.thread_id!r} but names thread {thread_id!r}")
+    if opts.revision is not None and opts.revision != revision:
+        raise _invalid(
+            f"thread {thread_id!r}: stored at revision {opts.revision} but names {revision}"
+        )
+    if opts.execution_pointer is not None and opts.execution_pointer != pointer:
+        raise _invalid(
+            f"thread {thread_id!r}: stored pointer {opts.execution_pointer!r} "
+            f"but the record names {pointer!r}"
+        )
+    return Record(
+        thread_id=thread_id,
+        revision=revision,
+        execution_pointer=pointer,
+        status=status,
+        codec=_field(h, "codec", str),
+        state=buf[hend + 4 : hend + 4 + slen],
+        reason=_field(h, "reason", str),
+        step_count=_field(h, "step_count", int),
+        segment=_field(h, "segment", int),
+        total_steps=_field(h, "total_steps", int),
+        budget_counts=cast(dict[str, int], budget_counts),
+        metadata=_field(h, "metadata", dict),
+        handoff_status=handoff_status,
+        handoff_pending_at=None if pending_at is None else float(pending_at),
+        updated_at=float(_field(h, "updated_at", int | float)),
+        write_id=_field(h, "write_id", str),
+        format_version=version,
+    )
+
+
+def encode_snapshot(
+    snapshot: Snapshot[S], revision: int, codec: StateCodec[S] | None = None
+) -> bytes:
+    """Shortcut for adapters: ``encode_record(Record.from_snapshot(...))``."""
+    return encode_record(Record.from_snapshot(snapshot, revision, codec))
+
+
+def decode_snapshot(
+    data: bytes | bytearray | memoryview,
+    codec: StateCodec[S] | None = None,
+    *,
+    thread_id: str | None = None,
+    revision: int | None = None,
+    execution_pointer: str | None = None,
+) -> Snapshot[S]:
+    """Shortcut for adapters: validate the envelope against its address and decode state."""
+    record = decode_record(
+        data, DecodeRecordOptions(thread_id, revision, execution_pointer)
+    )
+    return record.to_snapshot(codec)
