@@ -73,3 +73,8 @@ __all__ = [
     "new_write_id",
     "validate_thread_id",
 ]
+
+from ._saving import confirm_save as confirm_save  # noqa: E402
+from ._saving import durable_save as durable_save  # noqa: E402
+
+__all__ += ["confirm_save", "durable_save"]

@@ -1,0 +1,81 @@
+"""Durable saves whose outcome may be unknown.
+
+A backend that loses its connection during a save raises ``StorageUnavailableError``: the
+write may or may not have landed. ``durable_save`` resolves that by reloading the head
+and comparing the write id every snapshot carries, so a write that landed is reported as
+success (never as a conflict) and a write that did not land is retried, never applied
+twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from ._checkpoint import Checkpointer, Lease, Snapshot, new_write_id
+from ._errors import StorageUnavailableError, ThreadNotFoundError
+from ._types import S
+
+__all__ = ["confirm_save", "durable_save"]
+
+
+async def confirm_save(
+    checkpointer: Checkpointer[Any], expected_revision: int, snapshot: Snapshot[Any]
+) -> int | None:
+    """Return the revision ``snapshot`` landed at, or ``None`` if it did not land.
+
+    Call after a save of ``snapshot`` (with a non-empty ``write_id``) failed with an
+    unknown outcome. Raises ``StorageUnavailableError`` if the backend is still down.
+    """
+    try:
+        head, revision = await checkpointer.load(snapshot.thread_id)
+    except ThreadNotFoundError:
+        return None
+    if revision == expected_revision + 1 and head.write_id == snapshot.write_id:
+        return revision
+    return None
+
+
+async def durable_save(
+    checkpointer: Checkpointer[S],
+    expected_revision: int,
+    snapshot: Snapshot[S],
+    *,
+    lease: Lease | None = None,
+    attempts: int = 3,
+    backoff: float = 0.05,
+) -> int:
+    """Save ``snapshot`` at ``expected_revision + 1``, resolving unknown outcomes.
+
+    A ``StorageUnavailableError`` is followed by a reload: if the head is this write, its
+    revision is returned; if the head is still ``expected_revision`` the save is retried
+    (up to ``attempts`` times); otherwise the next save attempt raises the backend's
+    ``ConcurrencyConflictError``. Other errors propagate unchanged.
+    """
+    if not snapshot.write_id:
+        snapshot = replace(snapshot, write_id=new_write_id())
+    last: StorageUnavailableError | None = None
+    for attempt in range(max(attempts, 1)):
+        if attempt:
+            await asyncio.sleep(backoff * (2 ** (attempt - 1)))
+            try:
+                landed = await confirm_save(checkpointer, expected_revision, snapshot)
+            except StorageUnavailableError as exc:
+                last = exc
+                continue
+            if landed is not None:
+                return landed
+        try:
+            return await checkpointer.save(expected_revision, snapshot, lease=lease)
+        except StorageUnavailableError as exc:
+            last = exc
+    assert last is not None
+    # One more look: the last attempt may have landed.
+    try:
+        landed = await confirm_save(checkpointer, expected_revision, snapshot)
+    except StorageUnavailableError:
+        landed = None
+    if landed is not None:
+        return landed
+    raise last
