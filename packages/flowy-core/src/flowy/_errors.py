@@ -189,12 +189,16 @@ class HandoffEnqueueFailedError(HandoffError):
     """The hand-off intent could not be enqueued after the snapshot was persisted.
 
     ``resume_token`` is the token to retry with (``Runner.recover_stale_handoff`` or a
-    manual enqueue); the snapshot is safe in the checkpointer.
+    manual enqueue); the snapshot is safe in the checkpointer. ``orphaned`` tells whether
+    the compensating patch saved the snapshot as orphaned (else it stays enqueued).
     """
 
-    def __init__(self, message: str, *, resume_token: ResumeToken | None = None) -> None:
+    def __init__(
+        self, message: str, *, resume_token: ResumeToken | None = None, orphaned: bool = False
+    ) -> None:
         super().__init__(message)
         self.resume_token = resume_token
+        self.orphaned = orphaned
 
 
 class StorageError(FlowyError):

@@ -1,0 +1,167 @@
+"""Run context: typed bindings, named budgets and run metadata, carried by contextvars.
+
+Nodes read them with ``binding(key)``, ``use_budget(name)``, ``budget_used(name)`` and
+``run_metadata()``. Bindings are ephemeral: they are never persisted in a snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, cast
+
+from ._errors import MissingBindingError, NoRunContextError
+from ._types import JSON, T
+
+__all__ = [
+    "BindingKey",
+    "RunBindings",
+    "RunMetadata",
+    "RunMetadataInput",
+    "bind",
+    "binding",
+    "budget_used",
+    "context_with_run_metadata",
+    "run_metadata",
+    "use_budget",
+]
+
+
+class BindingKey(Generic[T]):
+    """A typed key for an ephemeral run binding (a DB pool, an HTTP client, …).
+
+    Keys compare by identity: two keys with the same name are different keys. For two
+    dependencies of one type, make two keys.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"BindingKey({self.name!r})"
+
+
+class RunBindings:
+    """A set of bound values, passed to ``Runner.start/resume(bindings=...)``."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[BindingKey[Any], Any] = {}
+
+    def get(self, key: BindingKey[T]) -> T:
+        """The value bound to ``key``; ``MissingBindingError`` if none."""
+        try:
+            return cast(T, self._values[key])
+        except KeyError:
+            raise MissingBindingError(
+                f"no value is bound for {key!r}; pass bindings=... with "
+                f"flowy.bind(bindings, {key.name}, value) to start()/resume()"
+            ) from None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+
+def bind(bindings: RunBindings, key: BindingKey[T], value: T) -> RunBindings:
+    """Bind ``value`` to ``key`` in ``bindings`` and return ``bindings``."""
+    bindings._values[key] = value  # pyright: ignore[reportPrivateUsage]
+    return bindings
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetadataInput:
+    """Run metadata merged into a resumed run (``Runner.resume(run_metadata=...)``).
+
+    ``budget_counts`` are added to the persisted counts; ``metadata`` entries overwrite.
+    """
+
+    budget_counts: Mapping[str, int] = field(default_factory=lambda: {})
+    metadata: Mapping[str, JSON] = field(default_factory=lambda: {})
+
+
+@dataclass(slots=True)
+class RunMetadata:
+    """What a node may know about the run it is in (``flowy.run_metadata()``)."""
+
+    thread_id: str
+    node: str = ""
+    segment: int = 0
+    step_count: int = 0
+    total_steps: int = 0
+    budget_counts: dict[str, int] = field(default_factory=lambda: {})
+    budget_limits: Mapping[str, int] = field(default_factory=lambda: {})
+    metadata: dict[str, JSON] = field(default_factory=lambda: {})
+    bindings: RunBindings = field(default_factory=RunBindings)
+
+
+_current: ContextVar[RunMetadata | None] = ContextVar("flowy_run", default=None)
+
+
+def _require() -> RunMetadata:
+    meta = _current.get()
+    if meta is None:
+        raise NoRunContextError(
+            "no flowy run is active here; call this from a node run by a Runner, or wrap "
+            "the call in flowy.context_with_run_metadata(...)"
+        )
+    return meta
+
+
+def run_metadata() -> RunMetadata:
+    """The metadata of the run the calling node belongs to."""
+    return _require()
+
+
+def binding(key: BindingKey[T]) -> T:
+    """The value bound to ``key`` for this run; ``MissingBindingError`` names the key."""
+    return _require().bindings.get(key)
+
+
+def use_budget(name: str, amount: int = 1) -> int:
+    """Record ``amount`` of budget ``name`` as used; returns the new total.
+
+    Limits (``compile(budgets=...)``) are checked after the step; exceeding one fails the
+    run with reason ``budget_exceeded:<name>``. Counts persist across resumes.
+    """
+    if amount < 0:
+        raise ValueError(f"use_budget amount must be >= 0, got {amount!r}")
+    meta = _require()
+    total = meta.budget_counts.get(name, 0) + amount
+    meta.budget_counts[name] = total
+    return total
+
+
+def budget_used(name: str) -> int:
+    """How much of budget ``name`` this thread has used (0 if none)."""
+    return _require().budget_counts.get(name, 0)
+
+
+@contextlib.contextmanager
+def context_with_run_metadata(
+    thread_id: str = "isolated",
+    *,
+    node: str = "",
+    bindings: RunBindings | None = None,
+    budget_counts: Mapping[str, int] | None = None,
+    budget_limits: Mapping[str, int] | None = None,
+    metadata: Mapping[str, JSON] | None = None,
+) -> Iterator[RunMetadata]:
+    """Provide a run context so a node can be called outside a Runner (unit tests)."""
+    meta = RunMetadata(
+        thread_id=thread_id,
+        node=node,
+        budget_counts=dict(budget_counts or {}),
+        budget_limits=dict(budget_limits or {}),
+        metadata=dict(metadata or {}),
+        bindings=bindings if bindings is not None else RunBindings(),
+    )
+    token = _current.set(meta)
+    try:
+        yield meta
+    finally:
+        _current.reset(token)

@@ -1,0 +1,112 @@
+"""Directives: what a node tells the runtime to do after its state update.
+
+Nodes never name their successor: ``completed()`` routes through the graph's edges.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Generic, final
+
+from ._types import E
+
+__all__ = [
+    "Directive",
+    "DirectiveKind",
+    "NoEffect",
+    "completed",
+    "effect",
+    "end",
+    "fail",
+    "handoff",
+    "retry",
+    "suspend",
+]
+
+
+@final
+class NoEffect:
+    """The effect type of a graph that emits no effects: ``GraphBuilder[S, NoEffect]``."""
+
+    def __init__(self) -> None:
+        raise TypeError("NoEffect is a marker type; it has no instances")
+
+
+class DirectiveKind(enum.StrEnum):
+    """The kind of a directive."""
+
+    COMPLETED = "completed"
+    END = "end"
+    FAIL = "fail"
+    SUSPEND = "suspend"
+    HANDOFF = "handoff"
+    RETRY = "retry"
+    EFFECT = "effect"
+
+
+@dataclass(frozen=True, slots=True)
+class Directive(Generic[E]):
+    """A node's instruction to the runtime. Build one with the functions of this module."""
+
+    kind: DirectiveKind
+    reason: str = ""
+    resume_at: str | None = None
+    max_attempts: int = 0
+    payload: E | None = None
+    base: Directive[E] | None = None
+
+
+_COMPLETED: Directive[Any] = Directive(DirectiveKind.COMPLETED)
+_END: Directive[Any] = Directive(DirectiveKind.END)
+
+
+def completed() -> Directive[Any]:
+    """Done with this node: continue along the graph's edge (or finish at a terminal node)."""
+    return _COMPLETED
+
+
+def end() -> Directive[Any]:
+    """Finish the run successfully now (status completed, reason ``end``)."""
+    return _END
+
+
+def fail(reason: str) -> Directive[Any]:
+    """Fail the run with ``reason`` (saved with status failed)."""
+    if not reason:
+        raise ValueError("fail() needs a non-empty reason")
+    return Directive(DirectiveKind.FAIL, reason=reason)
+
+
+def suspend(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
+    """Stop for outside input (a human); save a resumable snapshot.
+
+    The run resumes at ``resume_at`` (validated by the core before the save), or at this
+    node again if not given.
+    """
+    if not reason:
+        raise ValueError("suspend() needs a non-empty reason")
+    return Directive(DirectiveKind.SUSPEND, reason=reason, resume_at=resume_at)
+
+
+def handoff(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
+    """Stop here and hand the run to a background worker through the outbox.
+
+    The run resumes at ``resume_at`` or at this node again.
+    """
+    if not reason:
+        raise ValueError("handoff() needs a non-empty reason")
+    return Directive(DirectiveKind.HANDOFF, reason=reason, resume_at=resume_at)
+
+
+def retry(max_attempts: int) -> Directive[Any]:
+    """Run this node again, up to ``max_attempts`` attempts in all; when they are used up
+    the run follows the node's retry route, or fails with reason ``retry_exhausted``."""
+    if max_attempts < 1:
+        raise ValueError(f"retry() needs max_attempts >= 1, got {max_attempts!r}")
+    return Directive(DirectiveKind.RETRY, max_attempts=max_attempts)
+
+
+def effect(base: Directive[E], payload: E) -> Directive[E]:
+    """Emit the typed effect ``payload`` (to events and the result), then apply ``base``."""
+    return Directive(DirectiveKind.EFFECT, payload=payload, base=base)

@@ -1,0 +1,292 @@
+"""GraphBuilder → immutable Graph: nodes, edges, validation and Mermaid output. No I/O."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeAlias
+
+from ._directives import Directive
+from ._errors import GraphValidationError, UnknownNodeError
+from ._types import E, S
+
+__all__ = [
+    "CheckpointPolicy",
+    "ConditionalEdge",
+    "Graph",
+    "GraphBuilder",
+    "Node",
+    "Reducer",
+    "Router",
+]
+
+Node: TypeAlias = Callable[[S], Awaitable[tuple[S, Directive[E]]]]
+"""``async def node(state: S) -> tuple[S, Directive[E]]``: returns a state update."""
+
+Reducer: TypeAlias = Callable[[S, S], S]
+"""``reducer(state, update) -> new state``."""
+
+Router: TypeAlias = Callable[[S], "str | Awaitable[str]"]
+"""``router(state) -> target node name`` (sync or async)."""
+
+
+class CheckpointPolicy(enum.Enum):
+    """What a failed checkpoint save does to a run."""
+
+    FAIL_ON_SAVE_ERROR = "fail_on_save_error"
+    """A failed save fails the run (``*_save_failed`` reasons). The default."""
+    SKIP_ON_SAVE_ERROR = "skip_on_save_error"
+    """A failed save emits ``checkpoint_failed`` and the run goes on
+    (``*_checkpoint_skipped`` reasons)."""
+
+
+def _replace(_state: Any, update: Any) -> Any:
+    return update
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionalEdge(Generic[S]):
+    """An edge whose target is chosen at run time by ``router`` among ``targets``."""
+
+    router: Router[S]
+    targets: tuple[str, ...]
+    is_async: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Graph(Generic[S, E]):
+    """A compiled, immutable graph. Run it with ``flowy.Runner(graph, checkpointer)``."""
+
+    nodes: Mapping[str, Node[S, E]]
+    entry: str
+    reducer: Reducer[S]
+    edges: Mapping[str, str]
+    conditional_edges: Mapping[str, ConditionalEdge[S]]
+    retry_routes: Mapping[str, str]
+    terminal_nodes: frozenset[str]
+    max_steps: int = 100
+    budgets: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    delete_on_success: bool = False
+    retention_limit: int | None = None
+    checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR
+    save_every_step: bool = True
+
+    def node(self, name: str) -> Node[S, E]:
+        """The node called ``name``; ``UnknownNodeError`` if there is none."""
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise UnknownNodeError(
+                f"no node named {name!r} in the graph; known nodes: {sorted(self.nodes)}"
+            ) from None
+
+    def has_node(self, name: str) -> bool:
+        """True if the graph has a node called ``name``."""
+        return name in self.nodes
+
+    def to_mermaid(self) -> str:
+        """A Mermaid ``flowchart`` of the graph (entry, edges, routers, retry routes)."""
+
+        def ident(name: str) -> str:
+            return "n_" + "".join(c if c.isalnum() else "_" for c in name)
+
+        lines = ["flowchart TD", "    __start__([start])"]
+        for name in self.nodes:
+            label = name.replace('"', "'")
+            lines.append(f'    {ident(name)}["{label}"]')
+        lines.append(f"    __start__ --> {ident(self.entry)}")
+        for src, dst in self.edges.items():
+            lines.append(f"    {ident(src)} --> {ident(dst)}")
+        for src, cond in self.conditional_edges.items():
+            for dst in cond.targets:
+                lines.append(f"    {ident(src)} -.-> {ident(dst)}")
+        for src, dst in self.retry_routes.items():
+            lines.append(f"    {ident(src)} -- retry exhausted --> {ident(dst)}")
+        if self.terminal_nodes:
+            lines.append("    __end__([end])")
+            for name in sorted(self.terminal_nodes):
+                lines.append(f"    {ident(name)} --> __end__")
+        return "\n".join(lines) + "\n"
+
+
+class GraphBuilder(Generic[S, E]):
+    """Declare nodes and routes, then ``compile()`` into an immutable ``Graph``.
+
+    ``reducer(state, update)`` merges a node's returned update into the state; without
+    one the update replaces the state. The first node added is the entry point unless
+    ``set_entry_point`` names another.
+    """
+
+    def __init__(self, reducer: Reducer[S] | None = None) -> None:
+        self._reducer: Reducer[S] = reducer if reducer is not None else _replace
+        self._nodes: dict[str, Node[S, E]] = {}
+        self._entry: str | None = None
+        self._edges: dict[str, list[str]] = {}
+        self._conditional: dict[str, list[ConditionalEdge[S]]] = {}
+        self._retry_routes: dict[str, list[str]] = {}
+        self._terminal: set[str] = set()
+        self._budgets: dict[str, int] = {}
+        self._problems: list[str] = []
+
+    def add_node(self, name: str, node: Node[S, E]) -> GraphBuilder[S, E]:
+        """Add ``node`` (an ``async def``) under ``name``."""
+        if not isinstance(name, str) or not name:
+            self._problems.append(f"node name must be a non-empty str, got {name!r}")
+            return self
+        if name in self._nodes:
+            self._problems.append(f"node {name!r} is added twice")
+            return self
+        if not callable(node):
+            self._problems.append(f"node {name!r} is not callable: {node!r}")
+        elif not inspect.iscoroutinefunction(node) and not inspect.iscoroutinefunction(
+            getattr(node, "__call__", None)  # noqa: B004 - async callable objects
+        ):
+            self._problems.append(
+                f"node {name!r} must be an async function (async def), got {node!r}"
+            )
+        self._nodes[name] = node
+        if self._entry is None:
+            self._entry = name
+        return self
+
+    def set_entry_point(self, name: str) -> GraphBuilder[S, E]:
+        """Start runs at ``name`` (default: the first node added)."""
+        self._entry = name
+        return self
+
+    def add_edge(self, src: str, dst: str) -> GraphBuilder[S, E]:
+        """After ``src`` completes, run ``dst``."""
+        self._edges.setdefault(src, []).append(dst)
+        return self
+
+    def add_conditional_edge(self, src: str, router: Router[S], *targets: str) -> GraphBuilder[S, E]:
+        """After ``src`` completes, run ``router(state)``'s choice among ``targets``.
+
+        A router returning a name not in ``targets`` fails the run with reason
+        ``router_target_undeclared``.
+        """
+        if not targets:
+            self._problems.append(f"conditional edge from {src!r} declares no targets")
+        is_async = inspect.iscoroutinefunction(router)
+        self._conditional.setdefault(src, []).append(ConditionalEdge(router, targets, is_async))
+        return self
+
+    def add_retry_route(self, src: str, fallback: str) -> GraphBuilder[S, E]:
+        """When ``src``'s ``retry()`` attempts are used up, continue at ``fallback``."""
+        self._retry_routes.setdefault(src, []).append(fallback)
+        return self
+
+    def allow_no_outgoing_route(self, *names: str) -> GraphBuilder[S, E]:
+        """Mark nodes as terminal: ``completed()`` there finishes the run."""
+        self._terminal.update(names)
+        return self
+
+    def add_budget(self, name: str, limit: int) -> GraphBuilder[S, E]:
+        """Declare a named budget; ``compile(budgets=...)`` may override its limit."""
+        self._budgets[name] = limit
+        return self
+
+    def _validate(self, max_steps: int, budgets: Mapping[str, int], retention: int | None) -> list[str]:
+        problems = list(self._problems)
+        known = self._nodes
+        if not known:
+            problems.append("the graph has no nodes")
+        if self._entry is not None and self._entry not in known:
+            problems.append(f"entry point {self._entry!r} is not a node")
+
+        def check(kind: str, src: str, targets: Iterable[str]) -> None:
+            if src not in known:
+                problems.append(f"{kind} from unknown node {src!r}")
+            for t in targets:
+                if t not in known:
+                    problems.append(f"{kind} from {src!r} targets unknown node {t!r}")
+
+        for src, dsts in self._edges.items():
+            check("edge", src, dsts)
+        for src, conds in self._conditional.items():
+            for cond in conds:
+                check("conditional edge", src, cond.targets)
+        for src, dsts in self._retry_routes.items():
+            check("retry route", src, dsts)
+            if len(dsts) > 1:
+                problems.append(f"node {src!r} has {len(dsts)} retry routes; declare one")
+        for name in sorted(self._terminal - set(known)):
+            problems.append(f"allow_no_outgoing_route names unknown node {name!r}")
+        for name in known:
+            routes = len(self._edges.get(name, ())) + len(self._conditional.get(name, ()))
+            if routes > 1:
+                problems.append(
+                    f"node {name!r} has {routes} outgoing routes; declare one edge or one "
+                    "conditional edge"
+                )
+            if routes == 0 and name not in self._terminal:
+                problems.append(
+                    f"node {name!r} has no outgoing route; add an edge or declare it terminal "
+                    "with allow_no_outgoing_route"
+                )
+        if self._entry in known:
+            seen: set[str] = set()
+            todo = [self._entry]
+            while todo:
+                cur = todo.pop()
+                if cur in seen or cur not in known:
+                    continue
+                seen.add(cur)
+                todo.extend(self._edges.get(cur, ()))
+                for cond in self._conditional.get(cur, ()):
+                    todo.extend(cond.targets)
+                todo.extend(self._retry_routes.get(cur, ()))
+            for name in known:
+                if name not in seen:
+                    problems.append(f"node {name!r} is unreachable from entry {self._entry!r}")
+        if max_steps < 1:
+            problems.append(f"max_steps must be >= 1, got {max_steps!r}")
+        for name, limit in budgets.items():
+            if not name or limit < 1:
+                problems.append(f"budget {name!r} needs a name and a limit >= 1, got {limit!r}")
+        if retention is not None and retention < 1:
+            problems.append(f"retention_limit must be >= 1 or None, got {retention!r}")
+        return problems
+
+    def compile(
+        self,
+        *,
+        max_steps: int = 100,
+        budgets: Mapping[str, int] | None = None,
+        delete_on_success: bool = False,
+        retention_limit: int | None = None,
+        checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR,
+        save_every_step: bool = True,
+    ) -> Graph[S, E]:
+        """Validate and freeze the graph.
+
+        ``max_steps`` bounds the steps of one segment (a start or a resume). ``budgets``
+        declares named budgets (``use_budget``) and their limits, persisted across
+        resumes. ``delete_on_success`` deletes a completed thread (if idle);
+        ``retention_limit`` keeps that many history entries. ``save_every_step`` saves a
+        checkpoint after each step so a crash resumes from the last completed step.
+        Raises ``GraphValidationError`` listing every problem.
+        """
+        budgets = {**self._budgets, **(budgets or {})}
+        problems = self._validate(max_steps, budgets, retention_limit)
+        if problems:
+            raise GraphValidationError(problems)
+        assert self._entry is not None
+        return Graph(
+            nodes=MappingProxyType(dict(self._nodes)),
+            entry=self._entry,
+            reducer=self._reducer,
+            edges=MappingProxyType({k: v[0] for k, v in self._edges.items()}),
+            conditional_edges=MappingProxyType({k: v[0] for k, v in self._conditional.items()}),
+            retry_routes=MappingProxyType({k: v[0] for k, v in self._retry_routes.items()}),
+            terminal_nodes=frozenset(self._terminal),
+            max_steps=max_steps,
+            budgets=MappingProxyType(budgets),
+            delete_on_success=delete_on_success,
+            retention_limit=retention_limit,
+            checkpoint_policy=checkpoint_policy,
+            save_every_step=save_every_step,
+        )

@@ -1,0 +1,108 @@
+"""The lease guard: fencing for checkpointers that cannot check leases themselves.
+
+``LeaseGuardCheckpointer`` checks the lease manager before delegating each write. The
+check and the write are two steps, so it is only safe within one process (the runner
+serialises runs of a thread there); across processes pair a native checkpointer with
+the lease manager of its own coordination domain.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic
+
+from ._checkpoint import (
+    Checkpointer,
+    EnqueueCallback,
+    HandoffStatus,
+    Lease,
+    LeaseManager,
+    Snapshot,
+    ThreadSummary,
+    TransactionalCheckpointer,
+)
+from ._errors import LeaseLostError, ThreadLeaseBusyError
+from ._types import S
+
+__all__ = ["LeaseGuardCheckpointer"]
+
+
+class LeaseGuardCheckpointer(Generic[S]):
+    """Wraps ``inner`` so saves are fenced by ``leases`` (single process only)."""
+
+    def __init__(self, inner: Checkpointer[S], leases: LeaseManager) -> None:
+        self.inner = inner
+        self.leases = leases
+
+    @property
+    def transactional(self) -> bool:
+        """True if the inner checkpointer is transactional (the guard then delegates
+        ``save_with_outbox``; otherwise the runner uses the three-phase FSM)."""
+        return isinstance(self.inner, TransactionalCheckpointer)
+
+    def fences(self, leases: LeaseManager) -> bool:
+        return leases is self.leases
+
+    async def _check(self, thread_id: str, lease: Lease | None) -> None:
+        live = await self.leases.holder(thread_id)
+        if lease is None:
+            if live is not None:
+                raise ThreadLeaseBusyError(
+                    f"thread {thread_id!r} is leased by {live.owner!r}; save with its lease"
+                )
+        elif live is None or live.token != lease.token or live.owner != lease.owner:
+            raise LeaseLostError(
+                f"save refused: lease {lease.token} of {lease.owner!r} on thread "
+                f"{thread_id!r} is no longer live (fenced)"
+            )
+
+    async def save(
+        self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None
+    ) -> int:
+        await self._check(snapshot.thread_id, lease)
+        return await self.inner.save(expected_revision, snapshot)
+
+    async def save_with_outbox(
+        self,
+        expected_revision: int,
+        snapshot: Snapshot[S],
+        enqueue: EnqueueCallback,
+        *,
+        lease: Lease | None = None,
+    ) -> int:
+        inner = self.inner
+        if not isinstance(inner, TransactionalCheckpointer):
+            raise TypeError(
+                f"{type(inner).__name__} is not transactional; the runner uses the "
+                "three-phase hand-off instead"
+            )
+        await self._check(snapshot.thread_id, lease)
+        tx_inner: TransactionalCheckpointer[Any] = inner
+        return await tx_inner.save_with_outbox(expected_revision, snapshot, enqueue)
+
+    async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
+        return await self.inner.load(thread_id)
+
+    async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
+        return await self.inner.get_history(thread_id, limit)
+
+    async def prune(self, thread_id: str, retain: int) -> None:
+        await self.inner.prune(thread_id, retain)
+
+    async def delete(self, thread_id: str) -> None:
+        await self.inner.delete(thread_id)
+
+    async def delete_if_idle(self, thread_id: str) -> None:
+        live = await self.leases.holder(thread_id)
+        if live is not None:
+            raise ThreadLeaseBusyError(
+                f"thread {thread_id!r} is leased by {live.owner!r}; not deleting"
+            )
+        await self.inner.delete_if_idle(thread_id)
+
+    async def list_threads(
+        self,
+        *,
+        handoff_statuses: frozenset[HandoffStatus] | None = None,
+        limit: int = 100,
+    ) -> list[ThreadSummary]:
+        return await self.inner.list_threads(handoff_statuses=handoff_statuses, limit=limit)

@@ -1,0 +1,595 @@
+"""The SQLite file behind the embedded backend: one connection per file and process, run
+on a dedicated worker thread, plus the schema (creation, version check, ``migrate()``),
+write transactions and the translation of ``sqlite3`` errors into flowy errors.
+
+Every blocking ``sqlite3`` call runs on the database's single worker thread (a
+connection is bound to the thread that made it), so the event loop never waits on disk
+or on another process's lock. An ``asyncio.Lock`` keeps the calls of one transaction
+together: nothing else runs on the connection between ``BEGIN IMMEDIATE`` and ``COMMIT``.
+
+Several processes may open the same file: SQLite's file locks serialise writers
+(``BEGIN IMMEDIATE`` takes the write lock up front and waits up to ``busy_timeout``),
+and WAL mode lets readers proceed while one process writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any, Literal, Self, TypeVar, cast
+
+from ._errors import (
+    SchemaVersionError,
+    SnapshotTooLargeError,
+    StorageError,
+    StorageUnavailableError,
+)
+
+__all__ = [
+    "APPLICATION_ID",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "SQLiteDatabase",
+    "SQLiteFileError",
+    "SQLiteResource",
+    "SQLiteTransaction",
+    "immediate",
+]
+
+T = TypeVar("T")
+StrPath = str | os.PathLike[str]
+Clock = Callable[[], float]
+Job = Callable[[sqlite3.Connection], T]
+
+APPLICATION_ID = 0x464C5759
+"""``PRAGMA application_id`` of a flowy database (the bytes ``FLWY``)."""
+
+MIGRATIONS: list[tuple[str, ...]] = [
+    # 0 -> 1: the initial schema.
+    (
+        """CREATE TABLE IF NOT EXISTS flowy_threads (
+            thread_id TEXT PRIMARY KEY,
+            revision INTEGER NOT NULL,
+            pointer TEXT NOT NULL,
+            status TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            handoff_status TEXT NOT NULL,
+            handoff_pending_at REAL,
+            updated_at REAL NOT NULL,
+            record BLOB NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS flowy_threads_handoff ON flowy_threads (handoff_status)",
+        """CREATE TABLE IF NOT EXISTS flowy_history (
+            thread_id TEXT NOT NULL,
+            revision INTEGER NOT NULL,
+            record BLOB NOT NULL,
+            PRIMARY KEY (thread_id, revision)
+        )""",
+        """CREATE TABLE IF NOT EXISTS flowy_leases (
+            thread_id TEXT PRIMARY KEY,
+            owner TEXT,
+            token INTEGER NOT NULL,
+            expires_at REAL NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS flowy_outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            thread_id TEXT NOT NULL,
+            committed_revision INTEGER NOT NULL,
+            payload BLOB NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            visible_at REAL NOT NULL DEFAULT 0,
+            dead INTEGER NOT NULL DEFAULT 0,
+            error TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL,
+            UNIQUE (thread_id, committed_revision)
+        )""",
+        "CREATE INDEX IF NOT EXISTS flowy_outbox_ready ON flowy_outbox (dead, visible_at)",
+    ),
+]
+"""Schema steps: ``MIGRATIONS[n]`` upgrades a file from version ``n`` to ``n + 1``."""
+
+SCHEMA_VERSION = len(MIGRATIONS)
+"""The schema version this code writes (``PRAGMA user_version`` of the file)."""
+
+_CLOSED_HINT = "open a new SQLiteBackend (or component) to use the file again"
+
+
+class SQLiteFileError(StorageError):
+    """The file is not a flowy SQLite database, is damaged, or cannot be opened or
+    written; ``path`` names it."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+_active_tx: contextvars.ContextVar[SQLiteTransaction | None] = contextvars.ContextVar(
+    "flowy_sqlite_active_tx", default=None
+)
+
+
+def immediate(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
+    """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction: commit if it returns, roll
+    back if it raises. Runs on the worker thread."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return result
+
+
+def _rollback(conn: sqlite3.Connection | None) -> None:
+    if conn is not None and conn.in_transaction:
+        # The original error matters more than a failed rollback; SQLite rolls back a
+        # transaction whose connection closes anyway.
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+class SQLiteTransaction:
+    """The explicit transaction handle ``SQLiteCheckpointer.save_with_outbox`` passes to
+    its ``enqueue`` callback.
+
+    Hand it to ``SQLiteOutbox.enqueue_intent_tx``, or write the application's own rows
+    with :meth:`execute`: all of it commits with the checkpoint or not at all. The handle
+    is usable only while the callback runs.
+    """
+
+    def __init__(self, database: SQLiteDatabase) -> None:
+        self._database = database
+
+    @property
+    def database(self) -> SQLiteDatabase:
+        """The database (connection) this transaction runs on."""
+        return self._database
+
+    @property
+    def is_open(self) -> bool:
+        """True while the transaction can still take writes."""
+        return self._database.active_transaction is self
+
+    async def run(self, job: Callable[[sqlite3.Connection], T], action: str) -> T:
+        """Run ``job(connection)`` on the worker thread inside this transaction."""
+        return await self._database.run_in(self, job, action)
+
+    async def execute(
+        self, sql: str, parameters: Sequence[object] | Mapping[str, object] = ()
+    ) -> list[tuple[Any, ...]]:
+        """Execute one SQL statement inside the transaction and return its rows."""
+
+        def job(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return cast(list[tuple[Any, ...]], conn.execute(sql, parameters).fetchall())
+
+        return await self.run(job, "execute a statement in a save_with_outbox transaction")
+
+
+class SQLiteDatabase:
+    """One SQLite file opened by this process: a connection on a dedicated worker thread.
+
+    The file is opened lazily by the first operation (or by :meth:`open`). A new or empty
+    file gets the flowy schema; a flowy file with an older schema raises
+    ``SchemaVersionError`` until :meth:`migrate` upgrades it; a newer one always raises
+    it; any other file raises :class:`SQLiteFileError`.
+
+    Args:
+        path: the database file (created if missing), or ``":memory:"`` for a private
+            in-memory database (one connection, so one process only).
+        busy_timeout: seconds a write waits for another connection's lock before it
+            fails with ``StorageUnavailableError``.
+        clock: the time source of leases and outbox visibility. Leases use the local
+            clock of each process (``time.time``), so the processes sharing a file must
+            run on one machine (or have synchronised clocks).
+        synchronous: ``"FULL"`` (default) syncs every commit to disk; ``"NORMAL"`` is
+            faster and survives a crash of the application, but a power loss may lose
+            the latest commits.
+    """
+
+    def __init__(
+        self,
+        path: StrPath,
+        *,
+        busy_timeout: float = 5.0,
+        clock: Clock = time.time,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+    ) -> None:
+        if busy_timeout < 0:
+            raise ValueError(f"busy_timeout must be >= 0 seconds, got {busy_timeout!r}")
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
+        self.path = os.fspath(path)
+        self.busy_timeout = busy_timeout
+        self.clock = clock
+        self.synchronous = synchronous
+        in_memory = self.path in ("", ":memory:")
+        self._domain = None if in_memory else os.path.realpath(self.path)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowy-sqlite")
+        self._conn: sqlite3.Connection | None = None  # used on the worker thread only
+        self._ready = False  # the schema check passed (worker thread only)
+        self._closed = False
+        self._active: SQLiteTransaction | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = asyncio.Lock()
+        self._wakeup = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"SQLiteDatabase({self.path!r})"
+
+    # -- identity -------------------------------------------------------------------
+
+    def same_domain(self, other: SQLiteDatabase) -> bool:
+        """True if ``other`` is the same file (one coordination domain)."""
+        return other is self or (self._domain is not None and self._domain == other._domain)
+
+    @property
+    def active_transaction(self) -> SQLiteTransaction | None:
+        """The transaction ``save_with_outbox`` holds open right now, if any."""
+        return self._active
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` was called."""
+        return self._closed
+
+    # -- event-loop side ------------------------------------------------------------
+
+    def _primitives(self) -> tuple[asyncio.Lock, asyncio.Event]:
+        # asyncio primitives belong to one loop; a database reused under a new loop
+        # (a second asyncio.run) gets fresh ones.
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None:
+                self._lock = asyncio.Lock()
+                self._wakeup = asyncio.Event()
+            self._loop = loop
+        return self._lock, self._wakeup
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StorageUnavailableError(
+                f"the SQLite database {self.path!r} is closed (aclose() was called); "
+                f"{_CLOSED_HINT}"
+            )
+        tx = _active_tx.get()
+        if tx is not None and tx.database is self and tx.is_open:
+            raise RuntimeError(
+                f"cannot use the SQLite database {self.path!r} from inside the enqueue "
+                "callback of save_with_outbox: its transaction holds the connection. "
+                "Write through the transaction handle instead "
+                "(outbox.enqueue_intent_tx(tx, intent) or tx.execute(...))."
+            )
+
+    async def _submit(self, job: Job[T], action: str, *, check_schema: bool = True) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._call, job, action, check_schema)
+
+    async def _shielded(self, job: Job[object], action: str) -> None:
+        # Queued at once and never cancelled: the worker runs jobs in order, so it takes
+        # effect before any job queued later, even if the awaiting task is cancelled.
+        future = self._executor.submit(self._call_open, job, action)
+        await asyncio.shield(asyncio.wrap_future(future))
+
+    async def run(self, job: Job[T], action: str) -> T:
+        """Run ``job(connection)`` on the worker thread; ``action`` names it in errors.
+
+        ``sqlite3`` errors come back as flowy errors. A job that writes wraps its work
+        in :func:`immediate`.
+        """
+        self._check_usable()
+        lock, _ = self._primitives()
+        async with lock:
+            self._check_usable()
+            return await self._submit(job, action)
+
+    async def run_in(self, tx: SQLiteTransaction, job: Job[T], action: str) -> T:
+        """Run ``job`` inside ``tx``, which must be this database's open transaction."""
+        if tx.database is not self:
+            raise ValueError(
+                f"the transaction handle belongs to {tx.database!r}, not to {self!r}; "
+                "build the checkpointer and the outbox on one SQLiteBackend (or one "
+                "SQLiteDatabase) so they share a connection"
+            )
+        if not tx.is_open:
+            raise RuntimeError(
+                "the save_with_outbox transaction is over; write through its handle only "
+                "inside the enqueue callback, before it returns"
+            )
+        return await self._submit(job, action)
+
+    @asynccontextmanager
+    async def transaction(self, action: str) -> AsyncIterator[SQLiteTransaction]:
+        """Hold one ``BEGIN IMMEDIATE`` transaction across several awaits.
+
+        Commits when the block ends, rolls back if it raises (cancellation included).
+        Waiting claimers are woken after a commit.
+        """
+        self._check_usable()
+        lock, wakeup = self._primitives()
+        async with lock:
+            self._check_usable()
+            tx = SQLiteTransaction(self)
+            self._active = tx
+            token = _active_tx.set(tx)
+            try:
+                await self._submit(_begin, action)
+                yield tx
+                self._active = None
+                await self._shielded(_commit, action)
+            except BaseException:
+                self._active = None
+                await self._shielded(_rollback_job, action)
+                raise
+            finally:
+                self._active = None
+                _active_tx.reset(token)
+        wakeup.set()
+
+    def notify(self) -> None:
+        """Wake the tasks of this process waiting in ``claim(wait=...)``."""
+        if self._loop is not None:
+            self._wakeup.set()
+
+    async def wait_notified(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for :meth:`notify` (after :meth:`clear_notified`)."""
+        _, wakeup = self._primitives()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wakeup.wait(), timeout)
+
+    def clear_notified(self) -> None:
+        """Forget earlier notifications (call before checking for work)."""
+        self._primitives()[1].clear()
+
+    async def open(self) -> None:
+        """Open the file now and check its schema (operations do this lazily)."""
+        await self.run(lambda conn: None, "open the database")
+
+    async def migrate(self) -> int:
+        """Create the schema in a new file or upgrade an older flowy file to
+        ``SCHEMA_VERSION``; return the version now in the file. Idempotent.
+
+        Back the file up first: an upgrade cannot be undone by older code. A file
+        written by newer code raises ``SchemaVersionError``.
+        """
+        self._check_usable()
+        lock, _ = self._primitives()
+        async with lock:
+            self._check_usable()
+            return await self._submit(self._migrate_job, "migrate the schema", check_schema=False)
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the worker thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        lock, _ = self._primitives()
+        async with lock:
+            await asyncio.shield(
+                asyncio.wrap_future(self._executor.submit(self._close_connection))
+            )
+        self._executor.shutdown(wait=False)
+
+    # -- worker-thread side -----------------------------------------------------------
+
+    def _call(self, job: Job[T], action: str, check_schema: bool) -> T:
+        try:
+            conn = self._conn
+            if conn is None:
+                conn = self._conn = self._connect()
+            if check_schema and not self._ready:
+                self._check_schema(conn, migrate=False)
+                self._ready = True
+            return job(conn)
+        except sqlite3.Error as exc:
+            raise self._translate(exc, action) from exc
+
+    def _call_open(self, job: Job[object], action: str) -> None:
+        # Only for commit / rollback: never (re)opens the file.
+        if self._conn is not None:
+            try:
+                job(self._conn)
+            except sqlite3.Error as exc:
+                raise self._translate(exc, action) from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+        try:
+            self._enable_wal(conn)
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _enable_wal(self, conn: sqlite3.Connection) -> None:
+        if self._domain is None or conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+            return
+        # Switching a new file to WAL needs a moment of exclusive access; the busy
+        # handler does not cover it, so retry while another process holds the file.
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                return
+            except sqlite3.OperationalError as exc:
+                code = exc.sqlite_errorcode & 0xFF
+                if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+
+    def _migrate_job(self, conn: sqlite3.Connection) -> int:
+        self._check_schema(conn, migrate=True)
+        self._ready = True
+        return len(MIGRATIONS)
+
+    def _check_schema(self, conn: sqlite3.Connection, *, migrate: bool) -> None:
+        if self._pending_steps(conn, migrate=migrate) is None:
+            return
+
+        def upgrade() -> None:
+            start = self._pending_steps(conn, migrate=migrate)  # re-check under the lock
+            if start is None:
+                return
+            for step in MIGRATIONS[start:]:
+                for statement in step:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
+
+        immediate(conn, upgrade)
+
+    def _pending_steps(self, conn: sqlite3.Connection, *, migrate: bool) -> int | None:
+        """The version to upgrade from, ``None`` if the schema is current; raise if the
+        file is not ours or needs an explicit migration."""
+        app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        known = len(MIGRATIONS)
+        if app_id != APPLICATION_ID:
+            tables = [
+                str(row[0])
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ]
+            if tables or version or app_id:
+                raise SQLiteFileError(
+                    f"{self.path!r} is a SQLite database but not a flowy one "
+                    f"(application_id {app_id}, user_version {version}, tables "
+                    f"{sorted(tables)[:5]!r}); give flowy a new file or a flowy database",
+                    path=self.path,
+                )
+            return 0
+        if version == known:
+            return None
+        if version > known:
+            raise SchemaVersionError(
+                f"the flowy database {self.path!r} has schema version {version}, newer than "
+                f"version {known} this flowy-core knows; upgrade flowy-core to use it "
+                "(older code must not write to it)"
+            )
+        if version > 0 and not migrate:
+            raise SchemaVersionError(
+                f"the flowy database {self.path!r} has schema version {version}, older than "
+                f"version {known} this flowy-core uses; back the file up, then upgrade it "
+                "once with `await SQLiteBackend(path).migrate()`"
+            )
+        return version
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _rollback(conn)
+            conn.close()
+
+    def _translate(self, exc: sqlite3.Error, action: str) -> StorageError:
+        raw_code: object = getattr(exc, "sqlite_errorcode", None)
+        code = raw_code & 0xFF if isinstance(raw_code, int) else None
+        where = f"the SQLite database {self.path!r}"
+        if isinstance(exc, sqlite3.ProgrammingError) and self._closed:
+            return StorageUnavailableError(f"{where} is closed; {_CLOSED_HINT}")
+        if code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+            return StorageUnavailableError(
+                f"{where} stayed locked by another connection past the busy timeout "
+                f"({self.busy_timeout}s) while trying to {action}; nothing was written. "
+                "Retry, or raise busy_timeout"
+            )
+        if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
+            return SQLiteFileError(
+                f"{where} is not a flowy database or is damaged ({exc}) - failed to "
+                f"{action}; give flowy a new file or restore the database from a backup",
+                path=self.path,
+            )
+        if code in (
+            sqlite3.SQLITE_CANTOPEN,
+            sqlite3.SQLITE_PERM,
+            sqlite3.SQLITE_READONLY,
+            sqlite3.SQLITE_AUTH,
+        ):
+            return SQLiteFileError(
+                f"cannot open or write {where} ({exc}) - failed to {action}; check that the "
+                "path names a file in an existing, writable directory",
+                path=self.path,
+            )
+        if code == sqlite3.SQLITE_TOOBIG:
+            return SnapshotTooLargeError(
+                f"{where} refused a value as too big while trying to {action} ({exc}); "
+                "nothing was written"
+            )
+        if code in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_INTERRUPT):
+            return StorageUnavailableError(
+                f"{where} failed to {action} ({exc}); the outcome may be unknown - reload "
+                "before retrying"
+            )
+        return StorageError(f"{where} failed to {action}: {exc}")
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+
+
+def _commit(conn: sqlite3.Connection) -> None:
+    try:
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+
+
+def _rollback_job(conn: sqlite3.Connection) -> None:
+    _rollback(conn)
+
+
+class SQLiteResource:
+    """Base of the SQLite backend objects: the database they use and its lifecycle.
+
+    ``database`` is a path (this object opens its own connection) or a
+    :class:`SQLiteDatabase` shared with other objects. Closing any of them closes the
+    shared connection.
+    """
+
+    def __init__(self, database: StrPath | SQLiteDatabase) -> None:
+        self.database = (
+            database if isinstance(database, SQLiteDatabase) else SQLiteDatabase(database)
+        )
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self.database.path
+
+    async def open(self) -> None:
+        """Open the file now and check its schema (operations otherwise do it lazily)."""
+        await self.database.open()
+
+    async def migrate(self) -> int:
+        """Create or upgrade the schema of the file; see :meth:`SQLiteDatabase.migrate`."""
+        return await self.database.migrate()
+
+    async def aclose(self) -> None:
+        """Close the database connection and its worker thread. Idempotent."""
+        await self.database.aclose()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.open()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
