@@ -108,6 +108,8 @@ from ._results import ResumeDecisionKind as ResumeDecisionKind
 from ._results import RunResult as RunResult
 from ._runner import DEFAULT_HANDOFF_STALE_AFTER as DEFAULT_HANDOFF_STALE_AFTER
 from ._runner import Runner as Runner
+from ._worker import Outcome as Outcome
+from ._worker import Worker as Worker
 
 __version__ = "0.1.0"
 
@@ -159,6 +161,7 @@ __all__ = [
     "NoEffect",
     "NoRunContextError",
     "Node",
+    "Outcome",
     "OutboxConsumer",
     "OutboxMessage",
     "Reason",
@@ -189,6 +192,7 @@ __all__ = [
     "TransactionalCheckpointer",
     "TransactionalHandoffOutbox",
     "UnknownNodeError",
+    "Worker",
     "await_stream_collect",
     "await_stream_collect_with_snapshot",
     "begin_stream_collect",

@@ -107,10 +107,13 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
-def _is_transactional(cp: Checkpointer[Any]) -> bool:
-    if isinstance(cp, LeaseGuardCheckpointer):
-        return cast(LeaseGuardCheckpointer[Any], cp).transactional
-    return isinstance(cp, TransactionalCheckpointer)
+def _is_transactional(obj: object, protocol: type) -> bool:
+    """True if ``obj`` implements ``protocol``; wrappers (the lease guard, fault
+    injectors) say whether the object they wrap does through a ``transactional`` flag."""
+    flag = getattr(obj, "transactional", None)
+    if isinstance(flag, bool):
+        return flag
+    return isinstance(obj, protocol)
 
 
 class Runner(Generic[S, E]):
@@ -1106,8 +1109,14 @@ class _Execution(Generic[S, E]):
             persisted = await self._save_or_stop(
                 self._snapshot(RunStatus.HANDOFF, reason), "handoff"
             )
-        elif _is_transactional(cp) and isinstance(outbox, TransactionalHandoffOutbox):
-            persisted = await self._handoff_tx(cast(TransactionalCheckpointer[S], cp), outbox, reason)
+        elif _is_transactional(cp, TransactionalCheckpointer) and _is_transactional(
+            outbox, TransactionalHandoffOutbox
+        ):
+            persisted = await self._handoff_tx(
+                cast(TransactionalCheckpointer[S], cp),
+                cast(TransactionalHandoffOutbox, outbox),
+                reason,
+            )
             handoff_status = HandoffStatus.ENQUEUED
         else:
             now = self.runner.clock()

@@ -1,0 +1,321 @@
+"""The background worker: consumes hand-off intents and resumes their runs.
+
+Delivery is at-least-once, so every message starts with ``Runner.evaluate_resume``: a
+token that is no longer the head of an enqueued hand-off means the segment already ran,
+and the message is acknowledged without running anything. A message is acknowledged
+only after the resumed run's terminal save; a crash before that means redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic
+
+from ._checkpoint import (
+    HandoffIntent,
+    HandoffStatus,
+    Lease,
+    OutboxConsumer,
+    OutboxMessage,
+    ResumeToken,
+    RunStatus,
+)
+from ._errors import (
+    ConcurrencyConflictError,
+    HandoffError,
+    HandoffPendingError,
+    LeaseError,
+    ThreadAlreadyRunningError,
+    ThreadLeaseBusyError,
+    ThreadNotFoundError,
+)
+from ._results import ResumeDecisionKind, RunResult
+from ._runner import Runner
+from ._types import E, S
+
+__all__ = ["Outcome", "RECOVERY_LEADER_THREAD", "Worker"]
+
+logger = logging.getLogger("flowy.worker")
+
+RECOVERY_LEADER_THREAD = "flowy:recovery-leader"
+"""The lease name the recovery loop's leader election uses."""
+
+
+class Outcome(enum.StrEnum):
+    """What the worker did with one message."""
+
+    RESUMED = "resumed"
+    """The run was resumed and its terminal save happened; the message was acked."""
+    DUPLICATE = "duplicate"
+    """The segment had already run (stale token); acked without running anything."""
+    RECOVERED = "recovered"
+    """The hand-off was pending/orphaned and was re-enqueued; acked."""
+    GONE = "gone"
+    """The thread no longer exists; acked."""
+    RETRY = "retry"
+    """Released for another delivery (lease busy, transient error, node error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """Counters of a worker since it was created."""
+
+    outcomes: Mapping[str, int]
+    recovered: int
+
+
+ResumeOptions = Callable[[HandoffIntent], Mapping[str, Any]]
+
+
+class Worker(Generic[S, E]):
+    """Resumes handed-off runs from ``consumer`` with ``runner``.
+
+    ``owner`` names this worker in leases; ``lease_ttl`` is the run lease TTL;
+    ``concurrency`` bounds runs in flight; ``visibility_timeout`` (default: 4 × lease_ttl)
+    is how long a claimed message stays hidden. ``resume_options(intent)`` may return
+    extra keyword arguments for ``Runner.resume`` (bindings, overlay, …).
+    ``recovery_interval`` (seconds, None to disable) runs ``recover_stale_handoff`` over
+    pending/orphaned threads, only while this worker holds the leader lease.
+    """
+
+    def __init__(
+        self,
+        runner: Runner[S, E],
+        consumer: OutboxConsumer,
+        *,
+        owner: str,
+        lease_ttl: float = 30.0,
+        concurrency: int = 4,
+        visibility_timeout: float | None = None,
+        poll_interval: float = 1.0,
+        resume_options: ResumeOptions | None = None,
+        recovery_interval: float | None = None,
+        stale_after: float | None = None,
+    ) -> None:
+        if not owner:
+            raise ValueError("Worker needs a non-empty owner name")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        self.runner = runner
+        self.consumer = consumer
+        self.owner = owner
+        self.lease_ttl = lease_ttl
+        self.concurrency = concurrency
+        self.visibility_timeout = visibility_timeout or lease_ttl * 4
+        self.poll_interval = poll_interval
+        self.resume_options = resume_options
+        self.recovery_interval = recovery_interval
+        self.stale_after = stale_after
+        self._stopping = asyncio.Event()
+        self._inflight: set[asyncio.Task[Outcome]] = set()
+        self._outcomes: dict[str, int] = {o.value: 0 for o in Outcome}
+        self._recovered = 0
+        self._leader: Lease | None = None
+        self.last_results: dict[str, RunResult[S, E]] = {}
+
+    @property
+    def stats(self) -> WorkerStats:
+        """Outcome counters and recovered hand-offs."""
+        return WorkerStats(dict(self._outcomes), self._recovered)
+
+    def stop(self) -> None:
+        """Ask ``run()`` to stop claiming; in-flight runs are drained before it returns."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Claim and process messages until ``stop()``; then drain in-flight runs."""
+        recovery: asyncio.Task[None] | None = None
+        if self.recovery_interval is not None:
+            recovery = asyncio.ensure_future(self._recovery_loop(self.recovery_interval))
+        try:
+            while not self._stopping.is_set():
+                free = self.concurrency - len(self._inflight)
+                if free <= 0:
+                    await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                messages = await self._claim(free, self.poll_interval)
+                for message in messages:
+                    task = asyncio.ensure_future(self.process(message))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._inflight.discard)
+        finally:
+            if recovery is not None:
+                recovery.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await recovery
+            if self._inflight:
+                await asyncio.gather(*self._inflight, return_exceptions=True)
+            await self._release_leader()
+
+    async def run_until_idle(self, idle_wait: float = 0.2) -> int:
+        """Process messages until a claim waiting ``idle_wait`` seconds finds none.
+
+        Returns the number of messages processed (for scripts and tests).
+        """
+        done = 0
+        while True:
+            messages = await self._claim(self.concurrency, idle_wait)
+            if not messages:
+                return done
+            await asyncio.gather(*(self.process(m) for m in messages))
+            done += len(messages)
+
+    async def _claim(self, limit: int, wait: float) -> list[OutboxMessage]:
+        try:
+            return await self.consumer.claim(limit, self.visibility_timeout, wait)
+        except Exception as exc:
+            logger.warning("flowy worker %s: claim failed: %s", self.owner, exc)
+            await asyncio.sleep(min(wait, 1.0) or 0.1)
+            return []
+
+    def _count(self, outcome: Outcome) -> Outcome:
+        self._outcomes[outcome.value] += 1
+        return outcome
+
+    async def _ack(self, message: OutboxMessage, outcome: Outcome) -> Outcome:
+        await self.consumer.ack(message)
+        return self._count(outcome)
+
+    async def _retry(self, message: OutboxMessage, error: str) -> Outcome:
+        try:
+            await self.consumer.release(message, error=error)
+        except Exception as exc:  # the visibility timeout redelivers it anyway
+            logger.warning("flowy worker %s: release failed: %s", self.owner, exc)
+        return self._count(Outcome.RETRY)
+
+    async def process(self, message: OutboxMessage) -> Outcome:
+        """Handle one message: evaluate, resume (or recover / drop a duplicate), ack."""
+        intent = message.intent
+        runner = self.runner
+        try:
+            decision = await runner.evaluate_resume(intent.resume_token)
+        except Exception as exc:
+            return await self._retry(message, f"evaluate_resume failed: {exc}")
+        kind = decision.kind
+        if kind is ResumeDecisionKind.NOT_FOUND:
+            logger.info("flowy worker: thread %r is gone; dropping its message", intent.thread_id)
+            return await self._ack(message, Outcome.GONE)
+        if kind in (ResumeDecisionKind.HANDOFF_PENDING, ResumeDecisionKind.HANDOFF_ORPHANED):
+            return await self._recover(message)
+        token: ResumeToken | None = intent.resume_token
+        if decision.status is not RunStatus.HANDOFF or (
+            decision.handoff_status is not HandoffStatus.ENQUEUED
+            and decision.handoff_status is not HandoffStatus.NONE
+        ):
+            logger.info(
+                "flowy worker: %s was already resumed (thread is at revision %s, status %s); "
+                "acknowledging the duplicate delivery without running it",
+                intent.resume_token,
+                decision.token.snapshot_revision if decision.token else "?",
+                decision.status,
+            )
+            return await self._ack(message, Outcome.DUPLICATE)
+        if kind is ResumeDecisionKind.STALE_TOKEN:
+            # The hand-off was re-enqueued at a newer revision: run that one.
+            token = decision.token
+        assert token is not None
+        extra = dict(self.resume_options(intent)) if self.resume_options else {}
+        try:
+            result = await runner.resume(
+                token, run_lease=(self.owner, self.lease_ttl), **extra
+            )
+        except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
+            return await self._retry(message, f"thread busy: {exc}")
+        except ConcurrencyConflictError as exc:
+            return await self._retry(message, f"thread moved on: {exc}")
+        except ThreadNotFoundError:
+            return await self._ack(message, Outcome.GONE)
+        except (HandoffError, LeaseError) as exc:
+            return await self._retry(message, str(exc))
+        except Exception as exc:
+            logger.warning("flowy worker: resuming %s failed: %s", token, exc)
+            return await self._retry(message, f"resume failed: {exc}")
+        self.last_results[intent.thread_id] = result
+        if result.status is RunStatus.FAILED and result.revision == token.snapshot_revision:
+            # Nothing was persisted (a node raised, the lease was lost…): try again later.
+            return await self._retry(message, f"run failed without saving: {result.reason}")
+        return await self._ack(message, Outcome.RESUMED)
+
+    async def _recover(self, message: OutboxMessage) -> Outcome:
+        try:
+            await self.runner.recover_stale_handoff(
+                message.intent.thread_id, stale_after=self.stale_after
+            )
+        except HandoffPendingError as exc:
+            return await self._retry(message, str(exc))
+        except HandoffError as exc:
+            return await self._retry(message, f"recovery failed: {exc}")
+        except Exception as exc:
+            return await self._retry(message, f"recovery failed: {exc}")
+        self._recovered += 1
+        return await self._ack(message, Outcome.RECOVERED)
+
+    async def recover_once(self, limit: int = 100) -> int:
+        """Recover stale pending and orphaned hand-offs (if this worker is the leader).
+
+        Returns how many were re-enqueued. Without a lease manager on the runner it runs
+        unconditionally (single-process deployments).
+        """
+        if not await self._lead():
+            return 0
+        cp = self.runner.checkpointer
+        if cp is None:
+            return 0
+        recovered = 0
+        threads = await cp.list_threads(
+            handoff_statuses=frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED}),
+            limit=limit,
+        )
+        for summary in threads:
+            try:
+                await self.runner.recover_stale_handoff(
+                    summary.thread_id, stale_after=self.stale_after
+                )
+            except HandoffPendingError:
+                continue
+            except Exception as exc:
+                logger.warning(
+                    "flowy worker: recovering thread %r failed: %s", summary.thread_id, exc
+                )
+                continue
+            recovered += 1
+        self._recovered += recovered
+        return recovered
+
+    async def _lead(self) -> bool:
+        lm = self.runner.lease_manager
+        if lm is None:
+            return True
+        ttl = max((self.recovery_interval or 30.0) * 3, 1.0)
+        if self._leader is not None:
+            try:
+                self._leader = await lm.renew(self._leader, ttl)
+                return True
+            except LeaseError:
+                self._leader = None
+        try:
+            self._leader = await lm.acquire(RECOVERY_LEADER_THREAD, self.owner, ttl)
+            return True
+        except ThreadLeaseBusyError:
+            return False
+
+    async def _release_leader(self) -> None:
+        lm = self.runner.lease_manager
+        if self._leader is not None and lm is not None:
+            with contextlib.suppress(Exception):
+                await lm.release(self._leader)
+            self._leader = None
+
+    async def _recovery_loop(self, interval: float) -> None:
+        while not self._stopping.is_set():
+            try:
+                await self.recover_once()
+            except Exception as exc:
+                logger.warning("flowy worker %s: recovery scan failed: %s", self.owner, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)

@@ -1,0 +1,55 @@
+"""Small graphs shared by the core tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flowy
+
+State = dict[str, Any]
+
+
+def merge(state: State, update: State) -> State:
+    return {**state, **update}
+
+
+def approval_graph(**compile_kw: Any) -> flowy.Graph[State, dict[str, Any]]:
+    """plan → ask (suspends until approved) → act (hands off once) → done."""
+
+    async def plan(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {"planned": True, "log": [*s.get("log", []), "plan"]}, flowy.completed()
+
+    async def ask(s: State) -> tuple[State, flowy.Directive[Any]]:
+        if s.get("approved"):
+            return {"log": [*s["log"], "ask"]}, flowy.completed()
+        return {}, flowy.effect(flowy.suspend("awaiting_approval"), {"kind": "approval"})
+
+    async def act(s: State) -> tuple[State, flowy.Directive[Any]]:
+        if not s.get("in_background"):
+            return {"in_background": True}, flowy.handoff("to_worker")
+        return {"acted": True, "log": [*s["log"], "act"]}, flowy.completed()
+
+    async def done(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {"log": [*s["log"], "done"]}, flowy.completed()
+
+    b: flowy.GraphBuilder[State, dict[str, Any]] = flowy.GraphBuilder(merge)
+    b.add_node("plan", plan).add_node("ask", ask).add_node("act", act).add_node("done", done)
+    b.add_edge("plan", "ask").add_edge("ask", "act").add_edge("act", "done")
+    b.allow_no_outgoing_route("done")
+    return b.compile(**compile_kw)
+
+
+def linear_graph(n: int = 3, **compile_kw: Any) -> flowy.Graph[State, Any]:
+    """n nodes that each count a step, the last one terminal."""
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    names = [f"n{i}" for i in range(n)]
+    for name in names:
+
+        async def node(s: State, _name: str = name) -> tuple[State, flowy.Directive[Any]]:
+            return {"visited": [*s.get("visited", []), _name]}, flowy.completed()
+
+        b.add_node(name, node)
+    for a, c in zip(names, names[1:], strict=False):
+        b.add_edge(a, c)
+    b.allow_no_outgoing_route(names[-1])
+    return b.compile(**compile_kw)
