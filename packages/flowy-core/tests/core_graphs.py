@@ -53,3 +53,28 @@ def linear_graph(n: int = 3, **compile_kw: Any) -> flowy.Graph[State, Any]:
         b.add_edge(a, c)
     b.allow_no_outgoing_route(names[-1])
     return b.compile(**compile_kw)
+
+
+class PlainOutbox:
+    """A non-transactional outbox over a MemoryOutbox (forces the three-phase hand-off)."""
+
+    def __init__(self, inner: flowy.MemoryOutbox) -> None:
+        self.inner = inner
+
+    async def enqueue_intent(self, intent: flowy.HandoffIntent) -> None:
+        await self.inner.enqueue_intent(intent)
+
+
+def handoff_graph(**compile_kw: Any) -> flowy.Graph[State, Any]:
+    """work (hands off to 'finish') → finish."""
+
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {"worked": True}, flowy.handoff("background", resume_at="finish")
+
+    async def finish(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {"finished": s.get("finished", 0) + 1}, flowy.completed()
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("finish", finish).add_edge("work", "finish")
+    b.allow_no_outgoing_route("finish")
+    return b.compile(**compile_kw)
