@@ -1,0 +1,181 @@
+"""flowy.Worker: at-least-once delivery without running a segment twice (``_worker.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from core_graphs import PlainOutbox, State, handoff_graph, merge
+
+import flowy
+from flowy.testing.faults import FaultyOutbox
+
+pytestmark = pytest.mark.anyio
+
+
+def counted_graph(runs: list[str]) -> flowy.Graph[State, Any]:
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="side_effect")
+
+    async def side_effect(s: State) -> tuple[State, flowy.Directive[Any]]:
+        runs.append(flowy.run_metadata().thread_id)
+        return {"done": True}, flowy.completed()
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("side_effect", side_effect)
+    b.add_edge("work", "side_effect").allow_no_outgoing_route("side_effect")
+    return b.compile()
+
+
+def setup(runs: list[str]) -> tuple[flowy.Runner[State, Any], flowy.MemoryOutbox]:
+    lm = flowy.MemoryLeaseManager()
+    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    queue = flowy.MemoryOutbox()
+    return flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=queue), queue
+
+
+async def test_worker_resumes_handoffs_and_acks() -> None:
+    runs: list[str] = []
+    runner, queue = setup(runs)
+    for i in range(5):
+        await runner.start(f"t{i}", {}, run_lease=("fg", 5))
+    worker = flowy.Worker(runner, queue, owner="w1", lease_ttl=5, concurrency=3)
+    assert await worker.run_until_idle() == 5
+    assert sorted(runs) == [f"t{i}" for i in range(5)]
+    assert queue.pending_count() == 0
+    assert worker.stats.outcomes["resumed"] == 5
+
+
+async def test_redelivery_never_runs_a_segment_twice(caplog: pytest.LogCaptureFixture) -> None:
+    runs: list[str] = []
+    runner, queue = setup(runs)
+    await runner.start("t", {}, run_lease=("fg", 5))
+    (msg,) = await queue.claim(1, 0.01)  # a consumer claims and "crashes" before ack
+    worker = flowy.Worker(runner, queue, owner="w1", lease_ttl=5)
+    assert await worker.process(msg) is flowy.Outcome.RESUMED
+    # the same message is delivered again (crash after terminal save, before ack)
+    again = flowy.OutboxMessage(msg.message_id, msg.intent, msg.attempts + 1)
+    caplog.set_level("INFO", logger="flowy.worker")
+    assert await worker.process(again) is flowy.Outcome.DUPLICATE
+    assert runs == ["t"]
+    assert "already resumed" in caplog.text
+
+
+async def test_crash_before_ack_means_redelivery_and_one_run() -> None:
+    runs: list[str] = []
+    runner, queue = setup(runs)
+    await runner.start("t", {}, run_lease=("fg", 5))
+    crashed = await queue.claim(1, visibility_timeout=0.05)
+    assert crashed  # claimed by a worker that died: no ack, no release
+    await asyncio.sleep(0.06)
+    worker = flowy.Worker(runner, queue, owner="w2", lease_ttl=5, visibility_timeout=0.05)
+    assert await worker.run_until_idle() == 1
+    assert runs == ["t"]
+    assert queue.pending_count() == 0
+
+
+async def test_two_workers_one_message_lease_decides() -> None:
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="slow")
+
+    async def slow(s: State) -> tuple[State, flowy.Directive[Any]]:
+        runs.append("slow")
+        await gate.wait()
+        return s, flowy.completed()
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("slow", slow).add_edge("work", "slow")
+    b.allow_no_outgoing_route("slow")
+    lm = flowy.MemoryLeaseManager()
+    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    queue = flowy.MemoryOutbox()
+    runner_a = flowy.Runner(b.compile(), cp, lease_manager=lm, handoff_outbox=queue)
+    runner_b = flowy.Runner(b.compile(), cp, lease_manager=lm, handoff_outbox=queue)
+    await runner_a.start("t", {}, run_lease=("fg", 5))
+    (msg,) = await queue.claim(1, 30)
+    wa = flowy.Worker(runner_a, queue, owner="a", lease_ttl=5)
+    wb = flowy.Worker(runner_b, queue, owner="b", lease_ttl=5)
+    task = asyncio.ensure_future(wa.process(msg))
+    await asyncio.sleep(0.05)
+    dup = flowy.OutboxMessage(msg.message_id, msg.intent, 2)
+    assert await wb.process(dup) in (flowy.Outcome.RETRY,)
+    gate.set()
+    assert await task is flowy.Outcome.RESUMED
+    assert runs == ["slow"]
+
+
+async def test_orphaned_message_goes_through_recovery() -> None:
+    runs: list[str] = []
+    lm = flowy.MemoryLeaseManager()
+    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    queue = flowy.MemoryOutbox()
+    outbox = FaultyOutbox(PlainOutbox(queue))
+    outbox.arm(after_write=True, error=lambda: TimeoutError("ack lost"))  # lands, then errors
+    runner = flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=outbox)
+    r = await runner.start("t", {}, run_lease=("fg", 5))
+    assert r.reason == flowy.Reason.HANDOFF_ORPHANED  # the orphan patch landed
+    worker = flowy.Worker(runner, queue, owner="w", lease_ttl=5, stale_after=0)
+    await worker.run_until_idle()
+    assert runs == ["t"]
+    assert worker.stats.outcomes["recovered"] == 1
+    assert worker.stats.outcomes["resumed"] == 1
+
+
+async def test_recovery_loop_leader_only() -> None:
+    runs: list[str] = []
+    lm = flowy.MemoryLeaseManager()
+    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    queue = flowy.MemoryOutbox()
+    outbox = FaultyOutbox(PlainOutbox(queue))
+    outbox.arm(times=3, error=lambda: ConnectionError("down"))
+    runner = flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=outbox)
+    for i in range(3):
+        r = await runner.start(f"t{i}", {}, run_lease=("fg", 5))
+        assert r.reason == flowy.Reason.HANDOFF_ORPHANED
+    w1 = flowy.Worker(runner, queue, owner="w1", recovery_interval=10)
+    w2 = flowy.Worker(runner, queue, owner="w2", recovery_interval=10)
+    assert await w1.recover_once() == 3
+    assert await w2.recover_once() == 0  # not the leader
+    await w1.run_until_idle()
+    assert sorted(runs) == ["t0", "t1", "t2"]
+
+
+async def test_graceful_shutdown_drains_in_flight() -> None:
+    runs: list[str] = []
+    runner, queue = setup(runs)
+    for i in range(4):
+        await runner.start(f"t{i}", {}, run_lease=("fg", 5))
+    worker = flowy.Worker(runner, queue, owner="w", lease_ttl=5, concurrency=2, poll_interval=0.05)
+    task = asyncio.ensure_future(worker.run())
+    for _ in range(100):
+        if len(runs) == 4:
+            break
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.wait_for(task, 5)
+    assert sorted(runs) == [f"t{i}" for i in range(4)] and queue.pending_count() == 0
+
+
+async def test_node_error_releases_for_retry_then_dead_letter() -> None:
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="broken")
+
+    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
+        raise RuntimeError("always fails")
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
+    b.allow_no_outgoing_route("broken")
+    queue = flowy.MemoryOutbox(max_attempts=3)
+    runner = flowy.Runner(b.compile(), flowy.MemoryCheckpointer(), handoff_outbox=queue)
+    await runner.start("t", {})
+    worker = flowy.Worker(runner, queue, owner="w")
+    await worker.run_until_idle()
+    dead = await queue.dead_letters()
+    assert len(dead) == 1 and dead[0].attempts == 3
+    assert worker.stats.outcomes["retry"] == 3
+    _ = handoff_graph
