@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import flowy
@@ -49,7 +50,7 @@ def linear_graph(n: int = 3, **compile_kw: Any) -> flowy.Graph[State, Any]:
             return {"visited": [*s.get("visited", []), _name]}, flowy.completed()
 
         b.add_node(name, node)
-    for a, c in zip(names, names[1:], strict=False):
+    for a, c in itertools.pairwise(names):
         b.add_edge(a, c)
     b.allow_no_outgoing_route(names[-1])
     return b.compile(**compile_kw)

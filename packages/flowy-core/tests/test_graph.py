@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from core_graphs import State, merge
 
 import flowy
-
-from core_graphs import State, merge
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
 from core_graphs import PlainOutbox, State, handoff_graph
@@ -170,8 +169,12 @@ async def test_recovery_error_matrix() -> None:
     await cp.save(
         0,
         flowy.Snapshot(
-            "p", {}, "finish", flowy.RunStatus.HANDOFF,
-            handoff_status=flowy.HandoffStatus.PENDING, handoff_pending_at=None,
+            "p",
+            {},
+            "finish",
+            flowy.RunStatus.HANDOFF,
+            handoff_status=flowy.HandoffStatus.PENDING,
+            handoff_pending_at=None,
         ),
     )
     decision = await runner.evaluate_handoff_recovery("p")
@@ -182,8 +185,12 @@ async def test_recovery_error_matrix() -> None:
     await cp.save(
         0,
         flowy.Snapshot(
-            "fresh", {}, "finish", flowy.RunStatus.HANDOFF,
-            handoff_status=flowy.HandoffStatus.PENDING, handoff_pending_at=time.time(),
+            "fresh",
+            {},
+            "finish",
+            flowy.RunStatus.HANDOFF,
+            handoff_status=flowy.HandoffStatus.PENDING,
+            handoff_pending_at=time.time(),
         ),
     )
     with pytest.raises(flowy.HandoffPendingError):
@@ -244,8 +251,12 @@ async def test_observer_that_raises_or_is_slow_never_stalls_a_run() -> None:
 
 def test_metrics_view_lists_every_status() -> None:
     assert set(counts()) == {
-        "success", "enqueue_failed", "patch_enqueued_failed", "patch_orphan_failed",
-        "save_failed", "commit_failed",
+        "success",
+        "enqueue_failed",
+        "patch_enqueued_failed",
+        "patch_orphan_failed",
+        "save_failed",
+        "commit_failed",
     }
 
 
@@ -260,9 +271,14 @@ async def test_handoff_without_outbox_returns_token_for_caller() -> None:
 
 def test_intent_wire_format_round_trip() -> None:
     intent = flowy.HandoffIntent(
-        thread_id="t:{x}\n", pending_snapshot_revision=3, committed_snapshot_revision=4,
-        snapshot_revision=4, resume_token=flowy.ResumeToken("t:{x}\n", 4),
-        handoff_status=flowy.HandoffStatus.ENQUEUED, reason="r", execution_pointer="n",
+        thread_id="t:{x}\n",
+        pending_snapshot_revision=3,
+        committed_snapshot_revision=4,
+        snapshot_revision=4,
+        resume_token=flowy.ResumeToken("t:{x}\n", 4),
+        handoff_status=flowy.HandoffStatus.ENQUEUED,
+        reason="r",
+        execution_pointer="n",
         created_at=12.5,
     )
     from flowy.checkpoint import decode_intent, encode_intent

@@ -58,8 +58,9 @@ async def test_busy_thread_rejected_by_lease() -> None:
     with pytest.raises(flowy.ThreadLeaseBusyError):
         await runner.resume(first.resume_token, run_lease=("w1", 5))
     await lm.release(other)
-    r = await runner.resume(first.resume_token, run_lease=("w1", 5),
-                            state_overlay={"approved": True})
+    r = await runner.resume(
+        first.resume_token, run_lease=("w1", 5), state_overlay={"approved": True}
+    )
     assert r.status is flowy.RunStatus.HANDOFF
 
 
@@ -102,9 +103,7 @@ async def test_non_native_checkpointer_is_wrapped_in_lease_guard() -> None:
     plain: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()  # knows no leases
     runner = flowy.Runner(approval_graph(), plain, lease_manager=lm)
     assert isinstance(runner.checkpointer, flowy.LeaseGuardCheckpointer)
-    native = flowy.Runner(
-        approval_graph(), flowy.MemoryCheckpointer(leases=lm), lease_manager=lm
-    )
+    native = flowy.Runner(approval_graph(), flowy.MemoryCheckpointer(leases=lm), lease_manager=lm)
     assert isinstance(native.checkpointer, flowy.MemoryCheckpointer)
     r = await runner.start("t", {}, run_lease=("w", 5))
     assert r.status is flowy.RunStatus.SUSPENDED

@@ -51,8 +51,11 @@ async def test_stale_and_zero_tokens_conflict_and_change_nothing() -> None:
     first = await runner.start("t", {})
     assert first.resume_token is not None
     before = await cp.get_history("t")
-    for bad in (flowy.ResumeToken("t", 0), flowy.ResumeToken("t", first.revision - 1),
-                flowy.ResumeToken("t", first.revision + 5)):
+    for bad in (
+        flowy.ResumeToken("t", 0),
+        flowy.ResumeToken("t", first.revision - 1),
+        flowy.ResumeToken("t", first.revision + 5),
+    ):
         with pytest.raises(flowy.ConcurrencyConflictError) as info:
             await runner.resume(bad)
         assert info.value.actual == first.revision
@@ -304,8 +307,11 @@ async def test_bindings_are_typed_and_not_persisted() -> None:
     assert seen == [pool]
     snap, _ = await cp.load("t")
     assert "db_pool" not in repr(snap)
-    r2 = await runner.resume(r.resume_token, bindings=bindings,  # type: ignore[arg-type]
-                             state_overlay={"probe_missing": True})
+    r2 = await runner.resume(
+        r.resume_token,
+        bindings=bindings,  # type: ignore[arg-type]
+        state_overlay={"probe_missing": True},
+    )
     assert isinstance(r2.error, flowy.MissingBindingError)
     assert "missing" in str(r2.error)
 
@@ -396,8 +402,10 @@ async def test_unknown_resume_at_fails_with_reason() -> None:
     async def bad_h(s: State) -> tuple[State, flowy.Directive[Any]]:
         return s, flowy.handoff("x", resume_at="nowhere")
 
-    for node, reason in ((bad, "suspend_resume_target_invalid"),
-                         (bad_h, "handoff_resume_target_invalid")):
+    for node, reason in (
+        (bad, "suspend_resume_target_invalid"),
+        (bad_h, "handoff_resume_target_invalid"),
+    ):
         b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
         b.add_node("n", node).allow_no_outgoing_route("n")
         r = await runner_for(b.compile()).start("t", {})

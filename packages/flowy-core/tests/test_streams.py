@@ -15,9 +15,7 @@ from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 pytestmark = pytest.mark.anyio
 
 
-def blocking_graph(
-    gate: asyncio.Event, **kw: Any
-) -> flowy.Graph[State, Any]:
+def blocking_graph(gate: asyncio.Event, **kw: Any) -> flowy.Graph[State, Any]:
     async def first(s: State) -> tuple[State, flowy.Directive[Any]]:
         return {"first": True}, flowy.completed()
 
@@ -55,7 +53,8 @@ async def test_terminal_event_reason_equals_result_reason(graph_name: str) -> No
     assert terminal[0].reason == result.reason
     assert terminal[0].execution_pointer == result.execution_pointer
     assert [e.type for e in events[:2]] == [
-        flowy.EventType.NODE_STARTED, flowy.EventType.NODE_COMPLETED
+        flowy.EventType.NODE_STARTED,
+        flowy.EventType.NODE_COMPLETED,
     ]
 
 

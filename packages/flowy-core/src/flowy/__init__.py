@@ -218,11 +218,16 @@ __all__ = [
     "use_budget",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("flowy._"):
-        try:
-            _obj.__module__ = "flowy"
-        except (AttributeError, TypeError):
-            pass
-del _name, _obj
+
+def _present_as_flowy() -> None:
+    """Make tracebacks and reprs say ``flowy.X`` instead of ``flowy._module.X``."""
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("flowy._"):
+            try:
+                obj.__module__ = "flowy"
+            except (AttributeError, TypeError):
+                pass
+
+
+_present_as_flowy()

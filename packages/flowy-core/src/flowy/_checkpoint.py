@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Generic, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, cast, runtime_checkable
 
 from ._errors import InvalidThreadIdError
 from ._types import JSON, S
@@ -223,8 +223,11 @@ def encode_intent(intent: HandoffIntent) -> bytes:
 def decode_intent(data: bytes | str) -> HandoffIntent:
     """Decode bytes made by :func:`encode_intent`; raise ``ValueError`` if malformed."""
     try:
-        raw = json.loads(data)
-        if not isinstance(raw, dict) or raw.get("v") != 1:
+        loaded: object = json.loads(data)
+        if not isinstance(loaded, dict):
+            raise ValueError("unknown intent format")
+        raw = cast(dict[str, Any], loaded)
+        if raw.get("v") != 1:
             raise ValueError("unknown intent format")
         thread_id = raw["thread_id"]
         if not isinstance(thread_id, str):

@@ -55,7 +55,7 @@ def _to_json(value: Any) -> Any:
             out[k] = _to_json(v)
         return out
     if isinstance(value, list | tuple | set | frozenset):
-        items = cast("list[Any]", list(cast(Any, value)))
+        items: list[Any] = list(cast(Any, value))
         if isinstance(value, set | frozenset):
             items = sorted(items, key=repr)
         return [_to_json(v) for v in items]
@@ -65,7 +65,7 @@ def _to_json(value: Any) -> Any:
     )
 
 
-def _from_json(tp: Any, value: Any) -> Any:  # noqa: C901 - one type-directed switch
+def _from_json(tp: Any, value: Any) -> Any:
     if tp is Any or tp is object:
         return value
     origin = typing.get_origin(tp)
@@ -97,7 +97,7 @@ def _from_json(tp: Any, value: Any) -> Any:  # noqa: C901 - one type-directed sw
             return tuple(_from_json(a, v) for a, v in zip(args, items, strict=True))
         item_tp = args[0] if args else Any
         converted = [_from_json(item_tp, v) for v in items]
-        container = origin or tp
+        container: Any = origin or tp
         return converted if container is list else container(converted)
     if origin is dict or tp is dict or origin in (typing.Mapping, dict):
         if not isinstance(value, dict):
@@ -125,10 +125,10 @@ def _from_json(tp: Any, value: Any) -> Any:  # noqa: C901 - one type-directed sw
             return dt.date.fromisoformat(value)
         if issubclass(tp, dt.timedelta):
             return dt.timedelta(seconds=value)
-        if typing.is_typeddict(tp):
+        if typing.is_typeddict(cast(Any, tp)):
             if not isinstance(value, dict):
-                raise ValueError(f"expected an object for {tp.__name__}, got {value!r}")
-            hints = typing.get_type_hints(tp)
+                raise ValueError(f"expected an object for {tp!r}, got {value!r}")
+            hints = typing.get_type_hints(cast(Any, tp))
             return {
                 k: _from_json(hints.get(k, Any), v) for k, v in cast(dict[str, Any], value).items()
             }

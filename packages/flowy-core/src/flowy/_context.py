@@ -7,7 +7,7 @@ Nodes read them with ``binding(key)``, ``use_budget(name)``, ``budget_used(name)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, cast
@@ -99,11 +99,11 @@ class RunMetadata:
     bindings: RunBindings = field(default_factory=RunBindings)
 
 
-_current: ContextVar[RunMetadata | None] = ContextVar("flowy_run", default=None)
+current_run: ContextVar[RunMetadata | None] = ContextVar("flowy_run", default=None)
 
 
 def _require() -> RunMetadata:
-    meta = _current.get()
+    meta = current_run.get()
     if meta is None:
         raise NoRunContextError(
             "no flowy run is active here; call this from a node run by a Runner, or wrap "
@@ -150,7 +150,7 @@ def context_with_run_metadata(
     budget_counts: Mapping[str, int] | None = None,
     budget_limits: Mapping[str, int] | None = None,
     metadata: Mapping[str, JSON] | None = None,
-) -> Iterator[RunMetadata]:
+) -> Generator[RunMetadata]:
     """Provide a run context so a node can be called outside a Runner (unit tests)."""
     meta = RunMetadata(
         thread_id=thread_id,
@@ -160,8 +160,8 @@ def context_with_run_metadata(
         metadata=dict(metadata or {}),
         bindings=bindings if bindings is not None else RunBindings(),
     )
-    token = _current.set(meta)
+    token = current_run.set(meta)
     try:
         yield meta
     finally:
-        _current.reset(token)
+        current_run.reset(token)

@@ -22,7 +22,7 @@ from ._results import RunResult
 from ._types import E, S
 
 if TYPE_CHECKING:
-    from ._runner import _Execution
+    from ._runner import RunControl
 
 __all__ = [
     "EventType",
@@ -103,7 +103,7 @@ class StreamHandle(Generic[S, E]):
         self._finished = False
         self.dropped_events = 0
         self._task: asyncio.Task[RunResult[S, E]] | None = None
-        self._execution: _Execution[S, E] | None = None
+        self._execution: RunControl | None = None
 
     # -- producer side (the runner) -------------------------------------------------
     def _emit(self, event: RunEvent[S, E]) -> None:
@@ -123,7 +123,7 @@ class StreamHandle(Generic[S, E]):
         self._finished = True
         self._ready.set()
 
-    def _attach(self, task: asyncio.Task[RunResult[S, E]], execution: _Execution[S, E]) -> None:
+    def _attach(self, task: asyncio.Task[RunResult[S, E]], execution: RunControl) -> None:
         self._task = task
         self._execution = execution
         task.add_done_callback(lambda _t: self._finish())

@@ -133,7 +133,7 @@ class GraphBuilder(Generic[S, E]):
 
     def add_node(self, name: str, node: Node[S, E]) -> GraphBuilder[S, E]:
         """Add ``node`` (an ``async def``) under ``name``."""
-        if not isinstance(name, str) or not name:
+        if not name:
             self._problems.append(f"node name must be a non-empty str, got {name!r}")
             return self
         if name in self._nodes:
@@ -162,7 +162,9 @@ class GraphBuilder(Generic[S, E]):
         self._edges.setdefault(src, []).append(dst)
         return self
 
-    def add_conditional_edge(self, src: str, router: Router[S], *targets: str) -> GraphBuilder[S, E]:
+    def add_conditional_edge(
+        self, src: str, router: Router[S], *targets: str
+    ) -> GraphBuilder[S, E]:
         """After ``src`` completes, run ``router(state)``'s choice among ``targets``.
 
         A router returning a name not in ``targets`` fails the run with reason
@@ -189,7 +191,9 @@ class GraphBuilder(Generic[S, E]):
         self._budgets[name] = limit
         return self
 
-    def _validate(self, max_steps: int, budgets: Mapping[str, int], retention: int | None) -> list[str]:
+    def _validate(
+        self, max_steps: int, budgets: Mapping[str, int], retention: int | None
+    ) -> list[str]:
         problems = list(self._problems)
         known = self._nodes
         if not known:

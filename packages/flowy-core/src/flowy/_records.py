@@ -202,7 +202,7 @@ def decode_record(
     version = buf[4]
     if version != FORMAT_VERSION:
         raise _invalid(f"unknown format version {version} (this code reads {FORMAT_VERSION})")
-    if _digest(memoryview(buf)[: -_DIGEST]) != buf[-_DIGEST:]:
+    if _digest(memoryview(buf)[:-_DIGEST]) != buf[-_DIGEST:]:
         raise _invalid("integrity digest mismatch: the stored bytes are corrupted")
     (hlen,) = _U32.unpack_from(buf, 5)
     hend = 9 + hlen
@@ -264,7 +264,7 @@ def decode_record(
         metadata=_field(h, "metadata", dict),
         handoff_status=handoff_status,
         handoff_pending_at=None if pending_at is None else float(pending_at),
-        updated_at=float(_field(h, "updated_at", int | float)),
+        updated_at=float(_field(h, "updated_at", (int, float))),
         write_id=_field(h, "write_id", str),
         format_version=version,
     )
@@ -286,7 +286,5 @@ def decode_snapshot(
     execution_pointer: str | None = None,
 ) -> Snapshot[S]:
     """Shortcut for adapters: validate the envelope against its address and decode state."""
-    record = decode_record(
-        data, DecodeRecordOptions(thread_id, revision, execution_pointer)
-    )
+    record = decode_record(data, DecodeRecordOptions(thread_id, revision, execution_pointer))
     return record.to_snapshot(codec)

@@ -58,9 +58,10 @@ class RunResult(Generic[S, E]):
     """The authoritative outcome of one run segment (start or resume).
 
     ``resume_token`` is set only after a persisted suspend, hand-off or cancel snapshot;
-    ``revision`` is the last revision this run persisted (0 if none). ``error`` is set when the outcome carries
-    an error, e.g. ``HandoffEnqueueFailedError``, a retention failure, a node exception
-    or ``CheckpointSkippedError``; ``raise_for_error()`` raises it.
+    ``revision`` is the last revision this run persisted (0 if none). ``error`` is set
+    when the outcome carries an error, e.g. ``HandoffEnqueueFailedError``, a retention
+    failure, a node exception or ``CheckpointSkippedError``; ``raise_for_error()`` raises
+    it.
     """
 
     thread_id: str

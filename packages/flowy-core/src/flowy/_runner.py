@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Generic, Literal, cast
+from typing import Any, Generic, Literal, Protocol, cast
 
 from ._checkpoint import (
     Checkpointer,
@@ -33,7 +33,7 @@ from ._checkpoint import (
     new_write_id,
     validate_thread_id,
 )
-from ._context import RunBindings, RunMetadata, RunMetadataInput, _current
+from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
 from ._directives import Directive, DirectiveKind
 from ._errors import (
     CheckpointSkippedError,
@@ -83,7 +83,7 @@ DEFAULT_HANDOFF_STALE_AFTER = 300.0
 StateMerge = Callable[[S, S], S]
 """``merge(loaded_state, overlay) -> state`` for ``resume(state_overlay=...)``."""
 
-InvariantValidator = Callable[[S], "None | Awaitable[None]"]
+InvariantValidator = Callable[[S], "Awaitable[None] | None"]
 """Called with the state after every step; raising fails the run (invariant_violation)."""
 
 AfterLoad = Callable[[S], "S | Awaitable[S]"]
@@ -145,8 +145,7 @@ class Runner(Generic[S, E]):
             lease_manager is not None
             and checkpointer is not None
             and not (
-                isinstance(checkpointer, FencingCheckpointer)
-                and cast(FencingCheckpointer[S], checkpointer).fences(lease_manager)
+                isinstance(checkpointer, FencingCheckpointer) and checkpointer.fences(lease_manager)
             )
         ):
             checkpointer = LeaseGuardCheckpointer(checkpointer, lease_manager)
@@ -347,10 +346,10 @@ class Runner(Generic[S, E]):
 
     @staticmethod
     def _validate_token(token: ResumeToken) -> str:
-        if not isinstance(token, ResumeToken):
+        if not isinstance(token, ResumeToken):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise InvalidResumeTokenError(f"expected a flowy.ResumeToken, got {token!r}")
         thread_id = validate_thread_id(token.thread_id)
-        if not isinstance(token.snapshot_revision, int) or isinstance(
+        if not isinstance(token.snapshot_revision, int) or isinstance(  # pyright: ignore[reportUnnecessaryIsInstance]
             token.snapshot_revision, bool
         ):
             raise InvalidResumeTokenError(
@@ -474,7 +473,9 @@ class Runner(Generic[S, E]):
             metadata=dict(metadata or {}),
             bindings=bindings if bindings is not None else RunBindings(),
         )
-        return _Execution(self, key, state, self.graph.entry, 0, meta, lease, run_lease, invariant, handle)
+        return _Execution(
+            self, key, state, self.graph.entry, 0, meta, lease, run_lease, invariant, handle
+        )
 
     async def _prepare_resume(
         self,
@@ -526,7 +527,7 @@ class Runner(Generic[S, E]):
             state = snap.state
             # 3. after_load interceptor
             if self.after_load is not None:
-                state = await _maybe_await(self.after_load(state))
+                state = cast(S, await _maybe_await(self.after_load(state)))
             # 4. state overlay
             if overlay is not None:
                 state = (merge or self.graph.reducer)(state, overlay)
@@ -541,7 +542,8 @@ class Runner(Generic[S, E]):
             # 7. resume-target policy
             pointer = snap.execution_pointer
             if policy is not None:
-                state, plan = await _maybe_await(policy(state, pointer))
+                planned = cast(tuple[S, object], await _maybe_await(policy(state, pointer)))
+                state, plan = planned
                 pointer = self._apply_plan(plan, pointer)
             # 8. pointer validation
             if not pointer or not self.graph.has_node(pointer):
@@ -669,6 +671,16 @@ async def _three_phase_tail(
 InterruptKind = Literal["stop", "handoff", "lease_lost"]
 
 
+class RunControl(Protocol):
+    """What a ``StreamHandle`` may do to the execution it watches."""
+
+    interrupt_kind: InterruptKind | None
+    in_node: bool
+    pointer: str
+
+    def interrupt(self, kind: InterruptKind) -> None: ...
+
+
 class _Execution(Generic[S, E]):
     """One run segment: the mutable loop state of a start or resume."""
 
@@ -755,7 +767,7 @@ class _Execution(Generic[S, E]):
         self.task = asyncio.current_task()
         if self.lease is not None:
             self.renewer = asyncio.ensure_future(self._renew_loop())
-        ctx_token = _current.set(self.meta)
+        ctx_token = current_run.set(self.meta)
         result: RunResult[S, E] | None = None
         try:
             try:
@@ -774,7 +786,7 @@ class _Execution(Generic[S, E]):
                     raise
             return result
         finally:
-            _current.reset(ctx_token)
+            current_run.reset(ctx_token)
             await self._finish(result)
 
     async def _finish(self, result: RunResult[S, E] | None) -> None:
@@ -907,9 +919,7 @@ class _Execution(Generic[S, E]):
             await self.cp.prune(self.thread_id, limit)
         except Exception as exc:
             publish(
-                LifecycleEvent(
-                    LifecycleEventType.RETENTION_FAILED, self.thread_id, error=str(exc)
-                )
+                LifecycleEvent(LifecycleEventType.RETENTION_FAILED, self.thread_id, error=str(exc))
             )
             return f"{kind}_retention_failed", exc
         return base_reason, None
@@ -941,7 +951,7 @@ class _Execution(Generic[S, E]):
         self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         return result
 
-    async def _loop(self) -> RunResult[S, E]:  # noqa: C901 - the engine's one loop
+    async def _loop(self) -> RunResult[S, E]:
         graph = self.graph
         nodes = graph.nodes
         reducer = graph.reducer
@@ -990,7 +1000,10 @@ class _Execution(Generic[S, E]):
                 self.effects.append(payload)
                 if emit:
                     self._emit(
-                        EventType.EFFECT, node=pointer, step=meta.step_count, effect=payload,
+                        EventType.EFFECT,
+                        node=pointer,
+                        step=meta.step_count,
+                        effect=payload,
                         has_effect=True,
                     )
                 assert directive.base is not None
@@ -1061,7 +1074,7 @@ class _Execution(Generic[S, E]):
                 f"targets {list(cond.targets)}"
             )
             raise _Stop(await self._fail(Reason.ROUTER_TARGET_UNDECLARED, err))
-        return cast(str, target)
+        return target
 
     async def _suspend(self, directive: Directive[E]) -> RunResult[S, E]:
         target = directive.resume_at or self.pointer
@@ -1076,9 +1089,7 @@ class _Execution(Generic[S, E]):
             result = self._result(RunStatus.SUSPENDED, reason)
             self._emit(EventType.SUSPENDED, reason=reason, execution_pointer=target)
             return result
-        saved = await self._save_or_stop(
-            self._snapshot(RunStatus.SUSPENDED, reason), "suspend"
-        )
+        saved = await self._save_or_stop(self._snapshot(RunStatus.SUSPENDED, reason), "suspend")
         error: BaseException | None = None
         if saved:
             reason, error = await self._retention(reason, "suspend")
@@ -1145,7 +1156,11 @@ class _Execution(Generic[S, E]):
                 handoff_status = HandoffStatus.PENDING
                 try:
                     token = await _three_phase_tail(
-                        cp, outbox, snap.at_revision(self.revision), self.revision, self.lease,
+                        cp,
+                        outbox,
+                        snap.at_revision(self.revision),
+                        self.revision,
+                        self.lease,
                         self.runner.clock,
                     )
                     self.revision = token.snapshot_revision
@@ -1156,8 +1171,8 @@ class _Execution(Generic[S, E]):
                     error = exc
                 except HandoffEnqueueFailedError as exc:
                     error = exc
-                    assert exc.resume_token is not None
-                    self.revision = exc.resume_token.snapshot_revision
+                    if exc.resume_token is not None:
+                        self.revision = exc.resume_token.snapshot_revision
                     if exc.orphaned:
                         reason = Reason.HANDOFF_ORPHANED
                         handoff_status = HandoffStatus.ORPHANED
@@ -1169,7 +1184,10 @@ class _Execution(Generic[S, E]):
                 error = (
                     retention_error
                     if error is None
-                    else ExceptionGroup("hand-off errors", [cast(Exception, error), cast(Exception, retention_error)])
+                    else ExceptionGroup(
+                        "hand-off errors",
+                        [cast(Exception, error), cast(Exception, retention_error)],
+                    )
                 )
         else:
             reason = Reason.HANDOFF_CHECKPOINT_SKIPPED
@@ -1310,7 +1328,7 @@ class _Execution(Generic[S, E]):
                 reason=Reason.CONTEXT_CANCELED,
                 execution_pointer=self.pointer,
             )
-        except BaseException as exc:  # noqa: BLE001 - we re-raise CancelledError after
+        except BaseException as exc:
             logger.warning(
                 "flowy: saving thread %r after cancellation failed: %r", self.thread_id, exc
             )
@@ -1319,4 +1337,3 @@ class _Execution(Generic[S, E]):
                 reason=Reason.CONTEXT_CANCELED_SAVE_FAILED,
                 execution_pointer=self.pointer,
             )
-

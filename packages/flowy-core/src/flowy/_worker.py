@@ -221,9 +221,7 @@ class Worker(Generic[S, E]):
         assert token is not None
         extra = dict(self.resume_options(intent)) if self.resume_options else {}
         try:
-            result = await runner.resume(
-                token, run_lease=(self.owner, self.lease_ttl), **extra
-            )
+            result = await runner.resume(token, run_lease=(self.owner, self.lease_ttl), **extra)
         except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
             return await self._retry(message, f"thread busy: {exc}")
         except ConcurrencyConflictError as exc:

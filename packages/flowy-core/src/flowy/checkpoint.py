@@ -74,7 +74,7 @@ __all__ = [
     "validate_thread_id",
 ]
 
-from ._saving import confirm_save as confirm_save  # noqa: E402
-from ._saving import durable_save as durable_save  # noqa: E402
+from ._saving import confirm_save as confirm_save
+from ._saving import durable_save as durable_save
 
 __all__ += ["confirm_save", "durable_save"]

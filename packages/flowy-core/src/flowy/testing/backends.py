@@ -8,9 +8,10 @@ reason, unless ``FLOWY_REQUIRE_BACKENDS=1`` is set, in which case it fails.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -41,12 +42,12 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
 def docker_available() -> bool:
     """True if a Docker engine answers (so testcontainers can start containers)."""
     try:
-        import docker  # type: ignore[import-not-found]  # testcontainers dependency
+        docker: Any = importlib.import_module("docker")  # a testcontainers dependency
     except ImportError:
         return False
     try:
-        client = docker.from_env(timeout=2)  # pyright: ignore
-        client.ping()  # pyright: ignore
+        client = docker.from_env(timeout=2)
+        client.ping()
         return True
     except Exception:
         return False

@@ -104,8 +104,14 @@ class FaultyCheckpointer(Generic[S]):
         self.inner = inner
         self.faults = _Faults()
 
-    def arm(self, phase: Phase, *, times: int = 1, after_write: bool = False,
-            error: Callable[[], BaseException] | None = None) -> None:
+    def arm(
+        self,
+        phase: Phase,
+        *,
+        times: int = 1,
+        after_write: bool = False,
+        error: Callable[[], BaseException] | None = None,
+    ) -> None:
         """Make the next ``times`` operations of ``phase`` fail."""
         fault = Fault(phase, times, after_write)
         if error is not None:
@@ -194,8 +200,13 @@ class FaultyOutbox:
         self.inner = inner
         self.faults = _Faults()
 
-    def arm(self, *, times: int = 1, after_write: bool = False,
-            error: Callable[[], BaseException] | None = None) -> None:
+    def arm(
+        self,
+        *,
+        times: int = 1,
+        after_write: bool = False,
+        error: Callable[[], BaseException] | None = None,
+    ) -> None:
         """Make the next ``times`` enqueues fail."""
         fault = Fault(Phase.ENQUEUE, times, after_write)
         if error is not None:

@@ -179,7 +179,8 @@ class WriteOwnershipSuite(Suite):
             )
             assert first.resume_token is not None
             await runner_a.resume(
-                first.resume_token, state_overlay={"approved": True},
+                first.resume_token,
+                state_overlay={"approved": True},
                 run_lease=_lease(bundle, "a"),
             )
             with pytest.raises(ConcurrencyConflictError):
@@ -231,14 +232,14 @@ class FaultSuite(Suite):
             faulty_cp.arm(phase, after_write=after_write, error=error)
         else:
             faulty_cp.arm(phase, after_write=after_write, error=error)
-        runner = Runner(
-            graph, faulty_cp, lease_manager=bundle.leases, handoff_outbox=faulty_outbox
-        )
+        runner = Runner(graph, faulty_cp, lease_manager=bundle.leases, handoff_outbox=faulty_outbox)
         first = await runner.start(thread_id, {}, run_lease=_lease(bundle, "fg"))
         assert faulty_cp.struck or faulty_outbox.faults.struck, "the fault never struck"
 
         # The clean side: a worker with a recovery pass (stale_after=0: no waiting).
-        clean = Runner(graph, bundle.checkpointer, lease_manager=bundle.leases, handoff_outbox=outbox)
+        clean = Runner(
+            graph, bundle.checkpointer, lease_manager=bundle.leases, handoff_outbox=outbox
+        )
         worker = Worker(clean, consumer, owner="suite-worker", lease_ttl=30.0, stale_after=0)
         if isinstance(first.error, HandoffEnqueueFailedError) and not first.error.orphaned:
             # the worst case of the runbook: enqueued without a message -> force re-enqueue
@@ -314,4 +315,3 @@ class FaultSuite(Suite):
         done = await runner.resume(result.resume_token, run_lease=_lease(bundle, "bg"))  # type: ignore[arg-type]
         assert done.status is RunStatus.COMPLETED and effects == [thread_id]
         await _assert_single_chain(bundle, thread_id)
-
