@@ -114,12 +114,12 @@ from ._worker import Worker as Worker
 __version__ = "0.1.0"
 
 __all__ = [
-    "DEFAULT_HANDOFF_STALE_AFTER",
     "BindingKey",
     "CheckpointPolicy",
     "CheckpointSkippedError",
     "Checkpointer",
     "ConcurrencyConflictError",
+    "DEFAULT_HANDOFF_STALE_AFTER",
     "Directive",
     "DirectiveKind",
     "EventType",
@@ -161,9 +161,9 @@ __all__ = [
     "NoEffect",
     "NoRunContextError",
     "Node",
-    "Outcome",
     "OutboxConsumer",
     "OutboxMessage",
+    "Outcome",
     "Reason",
     "ResumeDecision",
     "ResumeDecisionKind",
