@@ -72,7 +72,11 @@ def test_doc_page_code_runs(page: Path, tmp_path: Path) -> None:
         if argv[0] == "flowy":
             argv[0] = str(bindir / "flowy")
         proc = subprocess.run(
-            argv, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            argv,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
             env={**os.environ, "NO_COLOR": "1"},
         )
         assert proc.returncode == 0, f"{page.name}: `{command}` failed:\n{proc.stderr}"

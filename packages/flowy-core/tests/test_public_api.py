@@ -60,9 +60,7 @@ def flowy_imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
             found.add(node.module)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
-            "flowy."
-        ):
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowy."):
             found.add(node.module.removeprefix("flowy."))
     return found
 
