@@ -36,7 +36,7 @@ RANK = {
     "patterns": 8,
     "checkpoint": 8,
     "_demo": 9,
-    "_term": 9,
+    "_term": 8,
     "cli": 10,
     "testing": 10,
     "__init__": 11,
@@ -115,3 +115,10 @@ def test_no_pickle_anywhere() -> None:
         text = path.read_text()
         assert "import pickle" not in text and "from pickle" not in text, path
         assert "marshal.loads" not in text, path
+
+
+def test_generic_dataclasses_accept_type_arguments() -> None:
+    snap = flowy.Snapshot[dict[str, int]]("t", {"a": 1}, "node")
+    result = flowy.RunResult[dict[str, int], str]("t", {}, flowy.RunStatus.COMPLETED, "r", "n")
+    event = flowy.RunEvent[dict[str, int], str](flowy.EventType.EFFECT, "t", effect="e")
+    assert (snap.state, result.reason, event.effect) == ({"a": 1}, "r", "e")

@@ -110,7 +110,7 @@ class ResumeToken:
         return f"{self.thread_id}@{self.snapshot_revision}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Snapshot(Generic[S]):
     """One persisted point of a run.
 

@@ -45,7 +45,7 @@ class DirectiveKind(enum.StrEnum):
     EFFECT = "effect"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Directive(Generic[E]):
     """A node's instruction to the runtime. Build one with the functions of this module."""
 

@@ -63,7 +63,7 @@ TERMINAL_EVENTS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RunEvent(Generic[S, E]):
     """One event of a run. ``effect`` is set (and ``has_effect`` true) on effect events;
     ``execution_pointer`` equals the persisted pointer on terminal and checkpoint events."""
@@ -216,7 +216,7 @@ async def consume_events_and_wait(
     return await handle.wait_result()
 
 
-@dataclass(slots=True)
+@dataclass
 class StreamCollectResult(Generic[S, E]):
     """What ``await_stream_collect`` gathered: the events and the terminal outcome.
 
@@ -228,7 +228,7 @@ class StreamCollectResult(Generic[S, E]):
     snapshot: Snapshot[Any] | None = None
 
 
-@dataclass(slots=True)
+@dataclass
 class StreamCollector(Generic[S, E]):
     """A background drain started by ``begin_stream_collect``."""
 

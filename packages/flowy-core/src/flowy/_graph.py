@@ -47,7 +47,7 @@ def _replace(_state: Any, update: Any) -> Any:
     return update
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ConditionalEdge(Generic[S]):
     """An edge whose target is chosen at run time by ``router`` among ``targets``."""
 
@@ -56,7 +56,7 @@ class ConditionalEdge(Generic[S]):
     is_async: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Graph(Generic[S, E]):
     """A compiled, immutable graph. Run it with ``flowy.Runner(graph, checkpointer)``."""
 

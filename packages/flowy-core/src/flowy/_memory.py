@@ -115,7 +115,7 @@ class MemoryCheckpointer(Generic[S]):
         self.codec = codec
 
     def fences(self, leases: LeaseManager) -> bool:
-        return leases is self._leases and leases is not None
+        return self._leases is not None and leases is self._leases
 
     def _fence(self, thread_id: str, lease: Lease | None) -> None:
         if self._leases is None:
@@ -172,8 +172,7 @@ class MemoryCheckpointer(Generic[S]):
         actual = thread.head if thread is not None else 0
         if actual != expected_revision:
             raise ConcurrencyConflictError(
-                f"thread {snapshot.thread_id!r} is at revision {actual}, not "
-                f"{expected_revision}",
+                f"thread {snapshot.thread_id!r} is at revision {actual}, not {expected_revision}",
                 thread_id=snapshot.thread_id,
                 expected=expected_revision,
                 actual=actual,
@@ -240,6 +239,8 @@ class MemoryCheckpointer(Generic[S]):
     ) -> list[ThreadSummary]:
         out: list[ThreadSummary] = []
         for thread_id, thread in list(self._threads.items()):
+            if len(out) >= limit:
+                break
             if thread.head == 0:
                 continue
             snap = decode_snapshot(thread.history[thread.head], self.codec, thread_id=thread_id)
@@ -257,8 +258,6 @@ class MemoryCheckpointer(Generic[S]):
                     updated_at=snap.updated_at,
                 )
             )
-            if len(out) >= limit:
-                break
         return out
 
     def corrupt(self, thread_id: str) -> None:

@@ -53,7 +53,7 @@ class Reason(enum.StrEnum):
     FAILED_CHECKPOINT_SKIPPED = "failed_checkpoint_skipped"
 
 
-@dataclass(slots=True)
+@dataclass
 class RunResult(Generic[S, E]):
     """The authoritative outcome of one run segment (start or resume).
 

@@ -81,6 +81,10 @@ class Worker(Generic[S, E]):
     extra keyword arguments for ``Runner.resume`` (bindings, overlay, …).
     ``recovery_interval`` (seconds, None to disable) runs ``recover_stale_handoff`` over
     pending/orphaned threads, only while this worker holds the leader lease.
+    ``reenqueue_enqueued_after`` (seconds, None to disable) also force-re-enqueues hand-offs
+    that have been *enqueued* that long without being resumed: the runbook's worst case
+    (enqueue and orphan patch both failed) leaves such rows without a message. A
+    duplicate message this may create is harmless: ``evaluate_resume`` drops it.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class Worker(Generic[S, E]):
         resume_options: ResumeOptions | None = None,
         recovery_interval: float | None = None,
         stale_after: float | None = None,
+        reenqueue_enqueued_after: float | None = None,
     ) -> None:
         if not owner:
             raise ValueError("Worker needs a non-empty owner name")
@@ -111,6 +116,7 @@ class Worker(Generic[S, E]):
         self.resume_options = resume_options
         self.recovery_interval = recovery_interval
         self.stale_after = stale_after
+        self.reenqueue_enqueued_after = reenqueue_enqueued_after
         self._stopping = asyncio.Event()
         self._inflight: set[asyncio.Task[Outcome]] = set()
         self._outcomes: dict[str, int] = {o.value: 0 for o in Outcome}
@@ -265,14 +271,21 @@ class Worker(Generic[S, E]):
         if cp is None:
             return 0
         recovered = 0
-        threads = await cp.list_threads(
-            handoff_statuses=frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED}),
-            limit=limit,
-        )
+        statuses = {HandoffStatus.PENDING, HandoffStatus.ORPHANED}
+        if self.reenqueue_enqueued_after is not None:
+            statuses.add(HandoffStatus.ENQUEUED)
+        threads = await cp.list_threads(handoff_statuses=frozenset(statuses), limit=limit)
+        now = self.runner.clock()
         for summary in threads:
+            force = False
+            if summary.handoff_status is HandoffStatus.ENQUEUED:
+                age = now - summary.updated_at
+                if self.reenqueue_enqueued_after is None or age < self.reenqueue_enqueued_after:
+                    continue
+                force = True
             try:
                 await self.runner.recover_stale_handoff(
-                    summary.thread_id, stale_after=self.stale_after
+                    summary.thread_id, stale_after=self.stale_after, force_reenqueue=force
                 )
             except HandoffPendingError:
                 continue

@@ -1,0 +1,325 @@
+"""Outbox contract tests: delivery, visibility timeout, ack, release, dead letters and
+waiting claims; and the transactional path (``save_with_outbox`` + ``enqueue_intent_tx``)
+that commits a snapshot and its hand-off intent together or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ..._checkpoint import (
+    HandoffIntent,
+    HandoffStatus,
+    OutboxConsumer,
+    OutboxMessage,
+    ResumeToken,
+    decode_intent,
+    encode_intent,
+)
+from ..._errors import ConcurrencyConflictError
+from .._bundle import BackendBundle
+from ._support import (
+    Suite,
+    fixed_time,
+    history_revisions,
+    make_intent,
+    make_snapshot,
+    max_attempts_of,
+    new_thread_id,
+    require_consumer,
+    require_transactional,
+    saved_chain,
+    try_load,
+)
+
+__all__ = ["OutboxSuite", "TransactionalOutboxSuite"]
+
+
+def _rich_intent(thread_id: str) -> HandoffIntent:
+    """An intent whose fields all differ from one another and from the defaults."""
+    return HandoffIntent(
+        thread_id=thread_id,
+        pending_snapshot_revision=3,
+        committed_snapshot_revision=4,
+        snapshot_revision=4,
+        resume_token=ResumeToken(thread_id, 4),
+        handoff_status=HandoffStatus.ENQUEUED,
+        reason='handoff: review ✋ "quoted"',
+        execution_pointer="review:β",
+        created_at=fixed_time,
+    )
+
+
+async def _claim_one(consumer: OutboxConsumer, visibility_timeout: float) -> OutboxMessage:
+    messages = await consumer.claim(10, visibility_timeout)
+    assert len(messages) == 1, f"expected one message, claimed {messages!r}"
+    return messages[0]
+
+
+class OutboxSuite(Suite):
+    """``enqueue_intent`` and the consumer: at-least-once delivery with dead letters."""
+
+    async def test_claim_returns_the_intent(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = _rich_intent(new_thread_id("intent"))
+        assert decode_intent(encode_intent(intent)) == intent
+        await outbox.enqueue_intent(intent)
+        message = await _claim_one(consumer, self.long_ttl)
+        assert message.intent == intent
+        assert message.attempts == 1
+        assert message.message_id
+
+    async def test_claim_of_an_empty_outbox(self, flowy_backend: BackendBundle) -> None:
+        _, consumer = require_consumer(flowy_backend)
+        assert await consumer.claim(10, self.long_ttl) == []
+
+    async def test_claimed_message_is_hidden(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        await outbox.enqueue_intent(make_intent(new_thread_id("hidden"), 1))
+        await _claim_one(consumer, self.long_ttl)
+        assert await consumer.claim(10, self.long_ttl) == []
+
+    async def test_unacked_message_is_redelivered(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("redeliver"), 2)
+        await outbox.enqueue_intent(intent)
+        first = await _claim_one(consumer, self.short_ttl)
+        assert await consumer.claim(10, self.short_ttl) == []
+        await self.expire()
+        second = await _claim_one(consumer, self.long_ttl)
+        assert second.message_id == first.message_id
+        assert second.intent == intent
+        assert second.attempts == 2
+
+    async def test_ack_removes_for_good(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        await outbox.enqueue_intent(make_intent(new_thread_id("ack"), 1))
+        message = await _claim_one(consumer, self.short_ttl)
+        await consumer.ack(message)
+        await self.expire()
+        assert await consumer.claim(10, self.long_ttl) == []
+        assert await consumer.dead_letters() == []
+
+    async def test_release_makes_it_claimable_at_once(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("release"), 1)
+        await outbox.enqueue_intent(intent)
+        if max_attempts_of(consumer) < 2:
+            pytest.skip("the consumer dead-letters after one delivery (max_attempts == 1)")
+        first = await _claim_one(consumer, self.long_ttl)
+        await consumer.release(first, error="try again")
+        second = await _claim_one(consumer, self.long_ttl)
+        assert second.message_id == first.message_id
+        assert second.intent == intent
+        assert second.attempts == 2
+
+    async def test_released_max_attempts_times_is_dead_lettered(
+        self, flowy_backend: BackendBundle
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        max_attempts = max_attempts_of(consumer)
+        intent = make_intent(new_thread_id("dead"), 1)
+        await outbox.enqueue_intent(intent)
+        message_id = ""
+        for attempt in range(1, max_attempts + 1):
+            message = await _claim_one(consumer, self.long_ttl)
+            assert message.attempts == attempt
+            message_id = message.message_id
+            assert await consumer.dead_letters() == []
+            await consumer.release(message, error=f"failure {attempt}")
+        assert await consumer.claim(10, self.long_ttl) == []
+        [dead] = await consumer.dead_letters()
+        assert dead.message_id == message_id
+        assert dead.intent == intent
+        assert dead.attempts == max_attempts
+
+    async def test_timed_out_max_attempts_times_is_dead_lettered(
+        self, flowy_backend: BackendBundle
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        max_attempts = max_attempts_of(consumer)
+        intent = make_intent(new_thread_id("dead-timeout"), 1)
+        await outbox.enqueue_intent(intent)
+        for _ in range(max_attempts - 1):
+            await consumer.release(await _claim_one(consumer, self.long_ttl))
+        last = await _claim_one(consumer, self.short_ttl)
+        assert last.attempts == max_attempts
+        await self.expire()
+        assert await consumer.claim(10, self.long_ttl) == []
+        [dead] = await consumer.dead_letters()
+        assert (dead.message_id, dead.intent) == (last.message_id, intent)
+
+    async def test_retry_dead_letter_resets_attempts(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        max_attempts = max_attempts_of(consumer)
+        intent = make_intent(new_thread_id("retry"), 1)
+        await outbox.enqueue_intent(intent)
+        for _ in range(max_attempts):
+            await consumer.release(await _claim_one(consumer, self.long_ttl), error="boom")
+        [dead] = await consumer.dead_letters()
+        await consumer.retry_dead_letter(dead.message_id)
+        assert await consumer.dead_letters() == []
+        again = await _claim_one(consumer, self.long_ttl)
+        assert again.message_id == dead.message_id
+        assert again.intent == intent
+        assert again.attempts == 1
+        await consumer.ack(again)
+        assert await consumer.claim(10, self.long_ttl) == []
+
+    async def test_retry_of_unknown_dead_letter_raises_key_error(
+        self, flowy_backend: BackendBundle
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        await outbox.enqueue_intent(make_intent(new_thread_id("not-dead"), 1))
+        live = await _claim_one(consumer, self.long_ttl)
+        await outbox.enqueue_intent(make_intent(new_thread_id("acked"), 1))
+        acked = await _claim_one(consumer, self.long_ttl)
+        await consumer.ack(acked)
+        for message_id in ("no-such-message", live.message_id, acked.message_id):
+            with pytest.raises(KeyError):
+                await consumer.retry_dead_letter(message_id)
+        # A failed retry changed nothing: the live message is still hidden.
+        assert await consumer.claim(10, self.long_ttl) == []
+
+    async def test_dead_letters_limit(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        max_attempts = max_attempts_of(consumer)
+        for index in range(3):
+            await outbox.enqueue_intent(make_intent(new_thread_id(f"dead-{index}"), 1))
+        for _ in range(max_attempts):
+            for message in await consumer.claim(10, self.long_ttl):
+                await consumer.release(message)
+        assert len(await consumer.dead_letters()) == 3
+        assert len(await consumer.dead_letters(limit=2)) == 2
+
+    async def test_claim_respects_limit(self, flowy_backend: BackendBundle) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intents = [make_intent(new_thread_id(f"limit-{i}"), 1) for i in range(5)]
+        for intent in intents:
+            await outbox.enqueue_intent(intent)
+        batches = [await consumer.claim(2, self.long_ttl) for _ in range(3)]
+        assert [len(b) for b in batches] == [2, 2, 1]
+        delivered = [m for batch in batches for m in batch]
+        assert len({m.message_id for m in delivered}) == 5
+        assert sorted(m.intent.thread_id for m in delivered) == sorted(i.thread_id for i in intents)
+        assert await consumer.claim(10, self.long_ttl) == []
+
+    async def test_waiting_claim_returns_when_a_message_arrives(
+        self, flowy_backend: BackendBundle
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("wait"), 1)
+
+        async def enqueue_later() -> None:
+            await asyncio.sleep(0.2)
+            await outbox.enqueue_intent(intent)
+
+        producer = asyncio.create_task(enqueue_later())
+        started = time.monotonic()
+        try:
+            messages = await consumer.claim(1, self.long_ttl, wait=3.0)
+        finally:
+            await producer
+        elapsed = time.monotonic() - started
+        assert [m.intent for m in messages] == [intent]
+        assert elapsed < 1.5, f"claim(wait=3) took {elapsed:.2f}s to see a message"
+
+    async def test_waiting_claim_times_out_empty(self, flowy_backend: BackendBundle) -> None:
+        _, consumer = require_consumer(flowy_backend)
+        wait = 0.5
+        started = time.monotonic()
+        assert await consumer.claim(1, self.long_ttl, wait=wait) == []
+        elapsed = time.monotonic() - started
+        assert wait * 0.5 <= elapsed < wait + 2.0, f"claim(wait={wait}) took {elapsed:.2f}s"
+
+
+class TransactionalOutboxSuite(Suite):
+    """``save_with_outbox``: the snapshot and the intent commit together or not at all."""
+
+    async def test_commits_snapshot_and_intent(self, flowy_backend: BackendBundle) -> None:
+        tx = require_transactional(flowy_backend)
+        tid = new_thread_id("tx-commit")
+        seen: list[int] = []
+
+        async def enqueue(handle: object, revision: int) -> None:
+            seen.append(revision)
+            await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+
+        snap = make_snapshot(tid, handoff_status=HandoffStatus.ENQUEUED)
+        revision = await tx.checkpointer.save_with_outbox(0, snap, enqueue)
+        assert revision == 1
+        assert seen == [1]
+        assert await tx.checkpointer.load(tid) == (snap.at_revision(1), 1)
+        if tx.consumer is None:
+            return
+        message = await _claim_one(tx.consumer, self.long_ttl)
+        assert message.intent == make_intent(tid, 1)
+        assert message.intent.snapshot_revision == revision
+        assert message.attempts == 1
+
+    async def test_callback_gets_the_new_revision(self, flowy_backend: BackendBundle) -> None:
+        tx = require_transactional(flowy_backend)
+        tid = new_thread_id("tx-revision")
+        await saved_chain(tx.checkpointer, tid, 2)
+        seen: list[int] = []
+
+        async def enqueue(handle: object, revision: int) -> None:
+            seen.append(revision)
+            await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+
+        assert await tx.checkpointer.save_with_outbox(2, make_snapshot(tid), enqueue) == 3
+        assert await tx.checkpointer.save_with_outbox(3, make_snapshot(tid), enqueue) == 4
+        assert seen == [3, 4]
+        if tx.consumer is not None:
+            claimed = await tx.consumer.claim(10, self.long_ttl)
+            assert sorted(m.intent.snapshot_revision for m in claimed) == [3, 4]
+
+    async def test_conflict_commits_nothing(self, flowy_backend: BackendBundle) -> None:
+        tx = require_transactional(flowy_backend)
+        tid = new_thread_id("tx-conflict")
+        await saved_chain(tx.checkpointer, tid, 1)
+        before = await tx.checkpointer.load(tid)
+
+        async def enqueue(handle: object, revision: int) -> None:
+            await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+
+        for expected in (0, 5):
+            with pytest.raises(ConcurrencyConflictError):
+                await tx.checkpointer.save_with_outbox(expected, make_snapshot(tid), enqueue)
+        assert await tx.checkpointer.load(tid) == before
+        assert await history_revisions(tx.checkpointer, tid) == [1]
+        if tx.consumer is not None:
+            assert await tx.consumer.claim(10, self.long_ttl) == []
+
+    async def test_failing_callback_commits_nothing(self, flowy_backend: BackendBundle) -> None:
+        tx = require_transactional(flowy_backend)
+        tid = new_thread_id("tx-fails")
+
+        class EnqueueFailed(Exception):
+            pass
+
+        async def enqueue(handle: object, revision: int) -> None:
+            # The intent is written inside the transaction, then the callback fails.
+            await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+            raise EnqueueFailed(f"enqueue of revision {revision} failed")
+
+        with pytest.raises(EnqueueFailed):
+            await tx.checkpointer.save_with_outbox(0, make_snapshot(tid), enqueue)
+        assert await try_load(tx.checkpointer, tid) is None
+        await saved_chain(tx.checkpointer, tid, 1)
+        before = await tx.checkpointer.load(tid)
+        with pytest.raises(EnqueueFailed):
+            await tx.checkpointer.save_with_outbox(1, make_snapshot(tid), enqueue)
+        assert await tx.checkpointer.load(tid) == before
+        assert await history_revisions(tx.checkpointer, tid) == [1]
+        if tx.consumer is not None:
+            assert await tx.consumer.claim(10, self.long_ttl) == []
+
+        # The failed attempts left no lock or reservation behind.
+        async def enqueue_ok(handle: object, revision: int) -> None:
+            await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+
+        assert await tx.checkpointer.save_with_outbox(1, make_snapshot(tid), enqueue_ok) == 2

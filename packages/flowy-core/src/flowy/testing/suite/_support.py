@@ -1,0 +1,251 @@
+"""Shared pieces of the suite modules: the base class with its timing knobs, builders of
+thread ids, snapshots and intents, capability checks that skip with a reason, and the
+peer helper. Nothing here is a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import pytest
+
+from ..._checkpoint import (
+    Checkpointer,
+    FencingCheckpointer,
+    HandoffIntent,
+    HandoffOutbox,
+    HandoffStatus,
+    LeaseManager,
+    OutboxConsumer,
+    ResumeToken,
+    RunStatus,
+    Snapshot,
+    TransactionalCheckpointer,
+    TransactionalHandoffOutbox,
+    new_write_id,
+)
+from ..._errors import ThreadNotFoundError
+from .._bundle import BackendBundle
+
+__all__ = [
+    "Suite",
+    "Transactional",
+    "fixed_time",
+    "history_revisions",
+    "make_intent",
+    "make_snapshot",
+    "max_attempts_of",
+    "new_thread_id",
+    "peer_of",
+    "require_consumer",
+    "require_corrupt",
+    "require_fencing",
+    "require_leases",
+    "require_transactional",
+    "saved_chain",
+    "try_load",
+]
+
+fixed_time = 1_700_000_000.25
+"""A timestamp every backend stores exactly (a whole number of microseconds)."""
+
+
+class Suite:
+    """Base of every suite class.
+
+    ``__test__ = True`` makes pytest collect the subclasses whatever their names and the
+    project's ``python_classes`` setting. The timing knobs are class attributes: an
+    adapter whose store has a coarse clock subclasses a suite class and raises them.
+    """
+
+    __test__ = True
+    pytestmark = [pytest.mark.anyio]  # noqa: RUF012 - pytest reads the list
+
+    short_ttl: float = 0.3
+    """Seconds: the lease ttl and visibility timeout of tests that wait for an expiry."""
+
+    settle: float = 0.3
+    """Seconds waited past ``short_ttl`` before expecting the expiry to have happened."""
+
+    long_ttl: float = 30.0
+    """Seconds: a lease ttl or visibility timeout that must not run out during a test."""
+
+    clock_skew: float = 2.0
+    """Seconds the store's clock may differ from this process's clock."""
+
+    async def expire(self) -> None:
+        """Sleep until something given ``short_ttl`` has certainly expired."""
+        await asyncio.sleep(self.short_ttl + self.settle)
+
+
+def new_thread_id(label: str = "t") -> str:
+    """A thread id no other test uses (the label makes failures readable)."""
+    return f"suite-{label}-{uuid.uuid4().hex[:12]}"
+
+
+def make_snapshot(
+    thread_id: str,
+    state: Any = None,
+    *,
+    pointer: str = "start",
+    status: RunStatus = RunStatus.RUNNING,
+    reason: str = "",
+    handoff_status: HandoffStatus = HandoffStatus.NONE,
+    handoff_pending_at: float | None = None,
+    updated_at: float = fixed_time,
+    revision: int = 0,
+) -> Snapshot[Any]:
+    """A snapshot with a fresh ``write_id`` (so each save is distinguishable)."""
+    return Snapshot(
+        thread_id=thread_id,
+        state={"n": 0} if state is None else state,
+        execution_pointer=pointer,
+        status=status,
+        reason=reason,
+        revision=revision,
+        handoff_status=handoff_status,
+        handoff_pending_at=handoff_pending_at,
+        updated_at=updated_at,
+        write_id=new_write_id(),
+    )
+
+
+async def saved_chain(cp: Checkpointer[Any], thread_id: str, count: int) -> list[Snapshot[Any]]:
+    """Save revisions 1..``count`` of a new thread (state ``{"n": revision}``); return
+    the saved snapshots, each stamped with its revision, oldest first."""
+    saved: list[Snapshot[Any]] = []
+    for revision in range(1, count + 1):
+        snap = make_snapshot(thread_id, {"n": revision}, pointer=f"node-{revision}")
+        got = await cp.save(revision - 1, snap)
+        assert got == revision, f"save at expected {revision - 1} returned {got}"
+        saved.append(snap.at_revision(revision))
+    return saved
+
+
+async def history_revisions(cp: Checkpointer[Any], thread_id: str, limit: int = 1000) -> list[int]:
+    """The revisions ``get_history`` reports, in its order."""
+    return [s.revision for s in await cp.get_history(thread_id, limit)]
+
+
+async def try_load(cp: Checkpointer[Any], thread_id: str) -> tuple[Snapshot[Any], int] | None:
+    """``load`` or ``None`` when the thread does not exist."""
+    try:
+        return await cp.load(thread_id)
+    except ThreadNotFoundError:
+        return None
+
+
+def make_intent(
+    thread_id: str,
+    revision: int,
+    *,
+    pending_revision: int | None = None,
+    reason: str = "handoff_requested",
+    pointer: str = "worker",
+) -> HandoffIntent:
+    """An intent with every field set (``created_at`` fixed so a round trip is exact)."""
+    return HandoffIntent(
+        thread_id=thread_id,
+        pending_snapshot_revision=revision if pending_revision is None else pending_revision,
+        committed_snapshot_revision=revision,
+        snapshot_revision=revision,
+        resume_token=ResumeToken(thread_id, revision),
+        handoff_status=HandoffStatus.ENQUEUED,
+        reason=reason,
+        execution_pointer=pointer,
+        created_at=fixed_time,
+    )
+
+
+def _skip(bundle: BackendBundle, what: str) -> NoReturn:
+    pytest.skip(f"backend {bundle.name!r} does not provide {what}")
+
+
+def require_leases(bundle: BackendBundle) -> LeaseManager:
+    """The bundle's lease manager, or skip the test."""
+    if bundle.leases is None:
+        _skip(bundle, "a lease manager (BackendBundle.leases is None)")
+    return bundle.leases
+
+
+def require_fencing(bundle: BackendBundle) -> tuple[FencingCheckpointer[Any], LeaseManager]:
+    """The bundle's checkpointer as a native fencing one with its lease manager, or skip."""
+    leases = require_leases(bundle)
+    cp = bundle.checkpointer
+    if not isinstance(cp, FencingCheckpointer):
+        _skip(bundle, "native fencing (the checkpointer is not a FencingCheckpointer)")
+    fencing: FencingCheckpointer[Any] = cp
+    if not fencing.fences(leases):
+        _skip(bundle, "native fencing (checkpointer.fences(bundle.leases) returned False)")
+    return fencing, leases
+
+
+def require_consumer(bundle: BackendBundle) -> tuple[HandoffOutbox, OutboxConsumer]:
+    """The bundle's outbox and consumer, or skip the test."""
+    if bundle.outbox is None:
+        _skip(bundle, "an outbox (BackendBundle.outbox is None)")
+    if bundle.consumer is None:
+        _skip(bundle, "an outbox consumer (BackendBundle.consumer is None)")
+    return bundle.outbox, bundle.consumer
+
+
+@dataclass(frozen=True)
+class Transactional:
+    """The pieces of the transactional hand-off path of one bundle."""
+
+    checkpointer: TransactionalCheckpointer[Any]
+    outbox: TransactionalHandoffOutbox
+    consumer: OutboxConsumer | None
+
+
+def require_transactional(bundle: BackendBundle) -> Transactional:
+    """The bundle's transactional checkpointer and outbox, or skip the test."""
+    cp = bundle.checkpointer
+    if not isinstance(cp, TransactionalCheckpointer):
+        _skip(
+            bundle, "a transactional outbox (the checkpointer is not a TransactionalCheckpointer)"
+        )
+    tx_cp: TransactionalCheckpointer[Any] = cp
+    outbox = bundle.outbox
+    if outbox is None or not isinstance(outbox, TransactionalHandoffOutbox):
+        _skip(bundle, "a transactional outbox (the outbox is not a TransactionalHandoffOutbox)")
+    return Transactional(tx_cp, outbox, bundle.consumer)
+
+
+def require_corrupt(bundle: BackendBundle) -> Callable[[str], Awaitable[None]]:
+    """The bundle's ``corrupt`` hook, or skip the test."""
+    if bundle.corrupt is None:
+        _skip(bundle, "a corruption hook (BackendBundle.corrupt is None)")
+    return bundle.corrupt
+
+
+def max_attempts_of(consumer: OutboxConsumer) -> int:
+    """The consumer's ``max_attempts``; the suite requires consumers to expose it."""
+    value = getattr(consumer, "max_attempts", None)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        pytest.fail(
+            f"the suite needs the consumer {type(consumer).__name__} to expose "
+            f"`max_attempts: int` (>= 1), the number of deliveries before a message is "
+            f"dead-lettered; got {value!r}"
+        )
+    return value
+
+
+@asynccontextmanager
+async def peer_of(bundle: BackendBundle) -> AsyncGenerator[BackendBundle]:
+    """A second bundle over the same store (``open_peer``), closed on exit; the bundle
+    itself when the backend cannot open peers."""
+    if bundle.open_peer is None:
+        yield bundle
+        return
+    peer = await bundle.open_peer()
+    try:
+        yield peer
+    finally:
+        if peer.close is not None:
+            await peer.close()
