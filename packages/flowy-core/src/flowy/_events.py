@@ -22,7 +22,7 @@ from ._results import RunResult
 from ._types import E, S
 
 if TYPE_CHECKING:
-    from ._runner import RunControl
+    from ._execution import RunControl
 
 __all__ = [
     "EventType",
