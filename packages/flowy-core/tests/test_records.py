@@ -21,7 +21,6 @@ from flowy.checkpoint import (
     Record,
     decode_record,
     decode_snapshot,
-    encode_record,
     encode_snapshot,
 )
 
