@@ -67,6 +67,7 @@ from ._errors import NoRunContextError as NoRunContextError
 from ._errors import SchemaVersionError as SchemaVersionError
 from ._errors import SnapshotEnvelopeInvalidError as SnapshotEnvelopeInvalidError
 from ._errors import SnapshotTooLargeError as SnapshotTooLargeError
+from ._errors import SQLiteFileError as SQLiteFileError
 from ._errors import StorageError as StorageError
 from ._errors import StorageUnavailableError as StorageUnavailableError
 from ._errors import ThreadAlreadyRunningError as ThreadAlreadyRunningError
@@ -108,6 +109,10 @@ from ._results import ResumeDecisionKind as ResumeDecisionKind
 from ._results import RunResult as RunResult
 from ._runner import DEFAULT_HANDOFF_STALE_AFTER as DEFAULT_HANDOFF_STALE_AFTER
 from ._runner import Runner as Runner
+from ._sqlite import SQLiteBackend as SQLiteBackend
+from ._sqlite import SQLiteCheckpointer as SQLiteCheckpointer
+from ._sqlite import SQLiteLeaseManager as SQLiteLeaseManager
+from ._sqlite import SQLiteOutbox as SQLiteOutbox
 from ._worker import Outcome as Outcome
 from ._worker import Worker as Worker
 
@@ -176,6 +181,11 @@ __all__ = [
     "RunResult",
     "RunStatus",
     "Runner",
+    "SQLiteBackend",
+    "SQLiteCheckpointer",
+    "SQLiteFileError",
+    "SQLiteLeaseManager",
+    "SQLiteOutbox",
     "SchemaVersionError",
     "Snapshot",
     "SnapshotEnvelopeInvalidError",

@@ -32,7 +32,8 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
         ├── StorageUnavailableError     connection lost / timeout: the outcome may be unknown
         ├── SnapshotEnvelopeInvalidError a stored record is corrupt or mismatched
         ├── SnapshotTooLargeError       the encoded snapshot exceeds the backend's limit
-        └── SchemaVersionError          the store's schema is newer/older than this code
+        ├── SchemaVersionError          the store's schema is newer/older than this code
+        └── SQLiteFileError             a file that is not a flowy SQLite database
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ __all__ = [
     "NoRunContextError",
     "SchemaVersionError",
     "SnapshotEnvelopeInvalidError",
+    "SQLiteFileError",
     "SnapshotTooLargeError",
     "StorageError",
     "StorageUnavailableError",
@@ -228,3 +230,12 @@ class SnapshotTooLargeError(StorageError):
 
 class SchemaVersionError(StorageError):
     """The store's schema version is not the one this code knows; migrate explicitly."""
+
+
+class SQLiteFileError(StorageError):
+    """The file is not a flowy SQLite database, is damaged, or cannot be opened or
+    written; ``path`` names it."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path

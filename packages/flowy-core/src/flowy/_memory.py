@@ -301,6 +301,18 @@ class MemoryOutbox:
         self.fail_enqueue: Exception | None = None
 
     def _append(self, intent: HandoffIntent) -> None:
+        # One message per (thread, committed revision): enqueueing it again is a no-op,
+        # or brings a dead-lettered copy back.
+        for entry in self._entries.values():
+            if entry.intent.intent_id == intent.intent_id:
+                return
+        for message_id, entry in list(self._dead.items()):
+            if entry.intent.intent_id == intent.intent_id:
+                entry.attempts = 0
+                entry.visible_at = 0.0
+                self._entries[message_id] = self._dead.pop(message_id)
+                self._wakeup.set()
+                return
         message_id = str(next(self._ids))
         self._entries[message_id] = _Entry(message_id, intent)
         self._wakeup.set()

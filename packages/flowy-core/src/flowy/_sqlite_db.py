@@ -20,7 +20,7 @@ import contextvars
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from types import TracebackType
@@ -29,18 +29,21 @@ from typing import Any, Literal, Self, TypeVar, cast
 from ._errors import (
     SchemaVersionError,
     SnapshotTooLargeError,
+    SQLiteFileError,
     StorageError,
     StorageUnavailableError,
 )
 
 __all__ = [
     "APPLICATION_ID",
+    "Clock",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "SQLiteDatabase",
     "SQLiteFileError",
     "SQLiteResource",
     "SQLiteTransaction",
+    "StrPath",
     "immediate",
 ]
 
@@ -100,15 +103,6 @@ SCHEMA_VERSION = len(MIGRATIONS)
 """The schema version this code writes (``PRAGMA user_version`` of the file)."""
 
 _CLOSED_HINT = "open a new SQLiteBackend (or component) to use the file again"
-
-
-class SQLiteFileError(StorageError):
-    """The file is not a flowy SQLite database, is damaged, or cannot be opened or
-    written; ``path`` names it."""
-
-    def __init__(self, message: str, *, path: str) -> None:
-        super().__init__(message)
-        self.path = path
 
 
 _active_tx: contextvars.ContextVar[SQLiteTransaction | None] = contextvars.ContextVar(
@@ -257,8 +251,7 @@ class SQLiteDatabase:
     def _check_usable(self) -> None:
         if self._closed:
             raise StorageUnavailableError(
-                f"the SQLite database {self.path!r} is closed (aclose() was called); "
-                f"{_CLOSED_HINT}"
+                f"the SQLite database {self.path!r} is closed (aclose() was called); {_CLOSED_HINT}"
             )
         tx = _active_tx.get()
         if tx is not None and tx.database is self and tx.is_open:
@@ -307,7 +300,7 @@ class SQLiteDatabase:
         return await self._submit(job, action)
 
     @asynccontextmanager
-    async def transaction(self, action: str) -> AsyncIterator[SQLiteTransaction]:
+    async def transaction(self, action: str) -> AsyncGenerator[SQLiteTransaction, None]:
         """Hold one ``BEGIN IMMEDIATE`` transaction across several awaits.
 
         Commits when the block ends, rolls back if it raises (cancellation included).
@@ -339,11 +332,11 @@ class SQLiteDatabase:
         if self._loop is not None:
             self._wakeup.set()
 
-    async def wait_notified(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for :meth:`notify` (after :meth:`clear_notified`)."""
+    async def wait_notified(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for :meth:`notify` (after :meth:`clear_notified`)."""
         _, wakeup = self._primitives()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wakeup.wait(), timeout)
+            await asyncio.wait_for(wakeup.wait(), seconds)
 
     def clear_notified(self) -> None:
         """Forget earlier notifications (call before checking for work)."""
@@ -373,9 +366,7 @@ class SQLiteDatabase:
         self._closed = True
         lock, _ = self._primitives()
         async with lock:
-            await asyncio.shield(
-                asyncio.wrap_future(self._executor.submit(self._close_connection))
-            )
+            await asyncio.shield(asyncio.wrap_future(self._executor.submit(self._close_connection)))
         self._executor.shutdown(wait=False)
 
     # -- worker-thread side -----------------------------------------------------------
@@ -403,7 +394,6 @@ class SQLiteDatabase:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
         try:
-            self._enable_wal(conn)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
         except BaseException:
             conn.close()
@@ -434,7 +424,10 @@ class SQLiteDatabase:
         return len(MIGRATIONS)
 
     def _check_schema(self, conn: sqlite3.Connection, *, migrate: bool) -> None:
-        if self._pending_steps(conn, migrate=migrate) is None:
+        # Classify first: a file that is not ours is refused before anything changes.
+        pending = self._pending_steps(conn, migrate=migrate)
+        self._enable_wal(conn)
+        if pending is None:
             return
 
         def upgrade() -> None:
@@ -452,19 +445,21 @@ class SQLiteDatabase:
     def _pending_steps(self, conn: sqlite3.Connection, *, migrate: bool) -> int | None:
         """The version to upgrade from, ``None`` if the schema is current; raise if the
         file is not ours or needs an explicit migration."""
-        app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        # One statement, so one consistent read while another process may be creating
+        # the schema.
+        row = conn.execute(
+            "SELECT (SELECT application_id FROM pragma_application_id), "
+            "(SELECT user_version FROM pragma_user_version), "
+            "(SELECT group_concat(name, ', ') FROM sqlite_master WHERE type = 'table')"
+        ).fetchone()
+        app_id, version, tables = int(row[0]), int(row[1]), str(row[2] or "")
         known = len(MIGRATIONS)
         if app_id != APPLICATION_ID:
-            tables = [
-                str(row[0])
-                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            ]
             if tables or version or app_id:
                 raise SQLiteFileError(
                     f"{self.path!r} is a SQLite database but not a flowy one "
-                    f"(application_id {app_id}, user_version {version}, tables "
-                    f"{sorted(tables)[:5]!r}); give flowy a new file or a flowy database",
+                    f"(application_id {app_id}, user_version {version}, tables: "
+                    f"{tables[:200]}); give flowy a new file or a flowy database",
                     path=self.path,
                 )
             return 0

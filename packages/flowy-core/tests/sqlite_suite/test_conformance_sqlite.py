@@ -1,0 +1,3 @@
+"""The whole conformance suite against the embedded SQLite backend."""
+
+from flowy.testing.suite import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromLibrary]
