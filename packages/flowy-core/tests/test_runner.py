@@ -445,3 +445,15 @@ async def test_react_pattern_bounded_by_budget() -> None:
     g2 = build_react(reason, act, lambda s: True, 3, reducer=merge).compile()
     r2 = await runner_for(g2).start("t", {})
     assert r2.reason == "budget_exceeded:react_iterations"
+
+
+async def test_resume_of_completed_thread_is_refused_unless_targeted() -> None:
+    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    runner = runner_for(linear_graph(2), cp)
+    done = await runner.start("t", {})
+    token = flowy.ResumeToken("t", done.revision)
+    with pytest.raises(flowy.ThreadCompletedError, match="nothing to resume"):
+        await runner.resume(token)
+    again = await runner.resume(token, resume_target_policy=lambda s, p: (s, flowy.resume_to("n1")))
+    assert again.status is flowy.RunStatus.COMPLETED
+    assert again.state["visited"] == ["n0", "n1", "n1"]

@@ -179,3 +179,43 @@ async def test_node_error_releases_for_retry_then_dead_letter() -> None:
     assert len(dead) == 1 and dead[0].attempts == 3
     assert worker.stats.outcomes["retry"] == 3
     _ = handoff_graph
+
+
+async def test_worker_dying_mid_segment_after_a_saved_step_is_continued() -> None:
+    ran: list[str] = []
+    crash = {"armed": True}
+
+    async def a(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="b")
+
+    async def b(s: State) -> tuple[State, flowy.Directive[Any]]:
+        ran.append("b")
+        return {"b": True}, flowy.completed()  # a step save follows
+
+    async def c(s: State) -> tuple[State, flowy.Directive[Any]]:
+        if crash["armed"]:
+            crash["armed"] = False
+            raise asyncio.CancelledError  # the worker's task dies here
+        ran.append("c")
+        return {"c": True}, flowy.completed()
+
+    builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    builder.add_node("a", a).add_node("b", b).add_node("c", c)
+    builder.add_edge("a", "b").add_edge("b", "c").allow_no_outgoing_route("c")
+    lm = flowy.MemoryLeaseManager()
+    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    queue = flowy.MemoryOutbox()
+    runner = flowy.Runner(builder.compile(), cp, lease_manager=lm, handoff_outbox=queue)
+    await runner.start("t", {}, run_lease=("fg", 5))
+    (msg,) = await queue.claim(1, visibility_timeout=0.05)
+    worker = flowy.Worker(runner, queue, owner="w1", lease_ttl=5, visibility_timeout=0.05)
+    with pytest.raises(asyncio.CancelledError):
+        await worker.process(msg)  # died mid-segment: no ack
+    head, _ = await cp.load("t")
+    assert head.status in (flowy.RunStatus.RUNNING, flowy.RunStatus.CANCELED)
+    await asyncio.sleep(0.06)
+    w2 = flowy.Worker(runner, queue, owner="w2", lease_ttl=5, visibility_timeout=0.05)
+    assert await w2.run_until_idle() == 1
+    head, _ = await cp.load("t")
+    assert head.status is flowy.RunStatus.COMPLETED
+    assert ran == ["b", "c"]  # b ran once: the saved step was not repeated

@@ -71,6 +71,7 @@ from ._errors import SQLiteFileError as SQLiteFileError
 from ._errors import StorageError as StorageError
 from ._errors import StorageUnavailableError as StorageUnavailableError
 from ._errors import ThreadAlreadyRunningError as ThreadAlreadyRunningError
+from ._errors import ThreadCompletedError as ThreadCompletedError
 from ._errors import ThreadLeaseBusyError as ThreadLeaseBusyError
 from ._errors import ThreadNotFoundError as ThreadNotFoundError
 from ._errors import UnknownNodeError as UnknownNodeError
@@ -196,6 +197,7 @@ __all__ = [
     "StreamCollector",
     "StreamHandle",
     "ThreadAlreadyRunningError",
+    "ThreadCompletedError",
     "ThreadLeaseBusyError",
     "ThreadNotFoundError",
     "ThreadSummary",

@@ -8,7 +8,8 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     ├── GraphValidationError            compile() found problems (all listed at once)
     ├── UnknownNodeError                a node name that is not in the graph
     ├── InvalidResumeTokenError         empty thread id, malformed token
-    │   └── InvalidThreadIdError        thread id empty, too long or not a str
+    │   ├── InvalidThreadIdError        thread id empty, too long or not a str
+    │   └── ThreadCompletedError        resume of a completed thread without a target policy
     ├── InvalidResumePlanError          a resume-target policy returned an empty/invalid plan
     ├── ThreadNotFoundError             no checkpoint for the thread
     ├── ConcurrencyConflictError        strict OCC: expected revision is not the stored one
@@ -71,6 +72,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailableError",
     "ThreadAlreadyRunningError",
+    "ThreadCompletedError",
     "ThreadLeaseBusyError",
     "ThreadNotFoundError",
     "UnknownNodeError",
@@ -100,6 +102,14 @@ class InvalidResumeTokenError(FlowyError):
 
 class InvalidThreadIdError(InvalidResumeTokenError):
     """A thread id that is empty, too long, or not a string."""
+
+
+class ThreadCompletedError(InvalidResumeTokenError):
+    """The token names a completed snapshot: there is nothing left to run.
+
+    Pass a ``resume_target_policy`` that returns ``resume_to(node)`` to run part of a
+    finished thread again on purpose.
+    """
 
 
 class InvalidResumePlanError(FlowyError):

@@ -24,6 +24,7 @@ from ._checkpoint import (
     Lease,
     LeaseManager,
     ResumeToken,
+    RunStatus,
     Snapshot,
     validate_thread_id,
 )
@@ -39,6 +40,7 @@ from ._errors import (
     InvalidResumeTokenError,
     LeaseRequiredError,
     ThreadAlreadyRunningError,
+    ThreadCompletedError,
     ThreadNotFoundError,
     UnknownNodeError,
 )
@@ -481,6 +483,12 @@ class Runner(Generic[S, E]):
                 raise HandoffOrphanedError(
                     f"thread {thread_id!r} has an orphaned hand-off at revision {revision}; "
                     "use Runner.recover_stale_handoff to re-enqueue it"
+                )
+            if snap.status is RunStatus.COMPLETED and policy is None:
+                raise ThreadCompletedError(
+                    f"thread {thread_id!r} completed at revision {revision}; there is nothing "
+                    "to resume (a resume_target_policy returning resume_to(node) runs part "
+                    "of it again on purpose)"
                 )
             state = snap.state
             # 3. after_load interceptor

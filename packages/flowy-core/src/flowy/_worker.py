@@ -209,9 +209,10 @@ class Worker(Generic[S, E]):
         if kind in (ResumeDecisionKind.HANDOFF_PENDING, ResumeDecisionKind.HANDOFF_ORPHANED):
             return await self._recover(message)
         token: ResumeToken | None = intent.resume_token
-        if decision.status is not RunStatus.HANDOFF or (
-            decision.handoff_status is not HandoffStatus.ENQUEUED
-            and decision.handoff_status is not HandoffStatus.NONE
+        interrupted = decision.status in (RunStatus.RUNNING, RunStatus.CANCELED)
+        if not interrupted and (
+            decision.status is not RunStatus.HANDOFF
+            or decision.handoff_status not in (HandoffStatus.ENQUEUED, HandoffStatus.NONE)
         ):
             logger.info(
                 "flowy worker: %s was already resumed (thread is at revision %s, status %s); "
@@ -222,7 +223,9 @@ class Worker(Generic[S, E]):
             )
             return await self._ack(message, Outcome.DUPLICATE)
         if kind is ResumeDecisionKind.STALE_TOKEN:
-            # The hand-off was re-enqueued at a newer revision: run that one.
+            # Either the hand-off was re-enqueued at a newer revision, or a worker died
+            # (or was cancelled) in the middle of the resumed segment after saving steps:
+            # continue from the head. The lease keeps a live run from being doubled.
             token = decision.token
         assert token is not None
         extra = dict(self.resume_options(intent)) if self.resume_options else {}

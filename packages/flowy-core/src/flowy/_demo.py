@@ -1,0 +1,873 @@
+"""The ``flowy demo`` workflow: a refund agent that suspends for a human, hands off to a
+background worker, survives that worker's crash and refunds exactly once.
+
+The agent is a graph over a JSON state with a deterministic scripted "model" (no
+network, no keys)::
+
+    plan → lookup_order → propose_refund → await_approval ⇢ issue_refund → notify_customer
+
+``await_approval`` suspends until a reviewer's approval of the current proposal arrives
+as a state overlay, then hands the run off to a background worker through the SQLite
+outbox. ``issue_refund`` calls a payments "gateway" (a table in a second SQLite file)
+with the idempotency key the proposal put in the state, so a worker that dies after the
+gateway accepted the refund cannot make a second worker pay twice.
+
+``build_graph`` is the factory ``flowy worker --graph flowy._demo:build_graph`` loads;
+``crashing_worker_graph`` is the same graph whose worker process kills itself right
+after the gateway call (the demo's first worker runs it). :func:`run_demo` plays the
+whole story and prints it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shlex
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, TypeAlias, TypedDict
+
+from ._checkpoint import HandoffStatus, ResumeToken, RunStatus
+from ._context import run_metadata, use_budget
+from ._directives import Directive, completed, effect, end, handoff, suspend
+from ._errors import ConcurrencyConflictError, FlowyError
+from ._events import StreamHandle
+from ._graph import Graph, GraphBuilder
+from ._plan import ResumePlan, resume_to
+from ._results import RunResult
+from ._runner import Runner
+from ._sqlite import SQLiteBackend
+from ._sqlite_db import APPLICATION_ID
+from ._term import ColorMode, Console, EventPrinter, clean, console, main_path, result_line
+
+__all__ = [
+    "DemoError",
+    "DemoReport",
+    "DemoSettings",
+    "RefundState",
+    "THREAD_ID",
+    "build_graph",
+    "crashing_worker_graph",
+    "payments_path",
+    "read_ledger",
+    "run_demo",
+]
+
+THREAD_ID = "refund-A1001"
+"""The thread the demo runs."""
+
+GRAPH_SPEC = "flowy._demo:build_graph"
+CRASHING_GRAPH_SPEC = "flowy._demo:crashing_worker_graph"
+LEDGER_APPLICATION_ID = 0x464C5950
+"""``PRAGMA application_id`` of the demo's payments ledger (the bytes ``FLYP``)."""
+
+
+# ----------------------------------------------------------------------------- state
+
+
+class OrderLine(TypedDict):
+    """One line of an order."""
+
+    sku: str
+    name: str
+    price_cents: int
+
+
+class Order(TypedDict):
+    """An order as the shop's order service returns it."""
+
+    order_id: str
+    customer: str
+    email: str
+    lines: list[OrderLine]
+    paid_cents: int
+    delivered_on: str
+
+
+class Proposal(TypedDict):
+    """The refund the agent proposes; ``idempotency_key`` is fixed before any money moves."""
+
+    id: str
+    number: int
+    skus: list[str]
+    amount_cents: int
+    rationale: str
+    idempotency_key: str
+
+
+class Approval(TypedDict):
+    """A reviewer's decision on one proposal, merged into the state on resume."""
+
+    proposal_id: str
+    decision: str
+    reviewer: str
+    amount_cents: int
+
+
+class Refund(TypedDict):
+    """What the payments gateway answered."""
+
+    refund_id: str
+    amount_cents: int
+    idempotency_key: str
+    replayed: bool
+
+
+class RefundState(TypedDict, total=False):
+    """The agent's state: plain JSON, so any process can load it."""
+
+    order_id: str
+    customer_messages: list[str]
+    plan: list[str]
+    order: Order
+    proposal: Proposal
+    approval: Approval
+    refund: Refund
+    reply: str
+
+
+DemoEffect: TypeAlias = dict[str, str]
+"""Effects of the demo graph: ``{"kind": ..., ...}`` with string values."""
+
+Step: TypeAlias = tuple[RefundState, Directive[DemoEffect]]
+
+
+def merge_state(state: RefundState, update: RefundState) -> RefundState:
+    """The graph's reducer: a node's update overwrites the keys it names."""
+    merged = state.copy()
+    merged.update(update)
+    return merged
+
+
+def _missing(key: str, node: str) -> RuntimeError:
+    return RuntimeError(f"the state has no {key!r} yet: {node} has not run")
+
+
+def order_of(state: RefundState) -> Order:
+    """The order ``lookup_order`` put in the state."""
+    order = state.get("order")
+    if order is None:
+        raise _missing("order", "lookup_order")
+    return order
+
+
+def proposal_of(state: RefundState) -> Proposal:
+    """The proposal ``propose_refund`` put in the state."""
+    proposal = state.get("proposal")
+    if proposal is None:
+        raise _missing("proposal", "propose_refund")
+    return proposal
+
+
+def refund_of(state: RefundState) -> Refund:
+    """The refund ``issue_refund`` put in the state."""
+    refund = state.get("refund")
+    if refund is None:
+        raise _missing("refund", "issue_refund")
+    return refund
+
+
+def money(cents: int) -> str:
+    """``2400`` → ``$24.00``."""
+    return f"${cents / 100:,.2f}"
+
+
+def money_of(proposal: Proposal) -> str:
+    """The proposal's amount as money."""
+    return money(proposal["amount_cents"])
+
+
+# ------------------------------------------------------------------ the outside world
+
+ORDERS: dict[str, Order] = {
+    "A-1001": {
+        "order_id": "A-1001",
+        "customer": "Sam Rivera",
+        "email": "sam@example.com",
+        "lines": [
+            {"sku": "MUG-01", "name": "Ceramic mug", "price_cents": 2400},
+            {"sku": "PLT-04", "name": "Dinner plate set (4)", "price_cents": 10500},
+        ],
+        "paid_cents": 12900,
+        "delivered_on": "2025-05-30",
+    }
+}
+
+_KEYWORDS = {"MUG-01": "mug", "PLT-04": "plate"}
+_STEPS = (
+    "plan",
+    "lookup_order",
+    "propose_refund",
+    "await_approval",
+    "issue_refund",
+    "notify_customer",
+)
+
+FIRST_MESSAGE = (
+    "Hi! Order A-1001 arrived today and both the mug and the plates are smashed. "
+    "Can I get a refund?"
+)
+FOLLOW_UP = "Sorry, I looked again: only the mug is broken - the plates are fine."
+
+
+def _pace() -> float:
+    value = run_metadata().metadata.get("pace", 1.0)
+    return float(value) if isinstance(value, int | float) else 1.0
+
+
+async def _latency(seconds: float) -> None:
+    # Always yields, even at pace 0, so a streamed "node started" line prints first.
+    await asyncio.sleep(seconds * _pace())
+
+
+def _say(who: str, text: str, color: str = "blue") -> None:
+    out = console()
+    out.line(f"      {out.paint(who, color, 'bold')} {out.sym('say')} {text}")
+
+
+class ScriptedModel:
+    """A deterministic stand-in for a language model: canned answers chosen by simple
+    rules, with a little latency. Every call counts against the ``model_calls`` budget."""
+
+    async def _call(self, seconds: float) -> None:
+        await _latency(seconds)
+        use_budget("model_calls")
+
+    async def plan(self, messages: list[str]) -> list[str]:
+        """Plan the steps of a refund request."""
+        await self._call(0.25)
+        steps = [name for name in _STEPS if name != "plan"]
+        arrow = f" {console().sym('arrow')} "
+        _say("model", "refund request" + arrow + "plan: " + arrow.join(steps))
+        return steps
+
+    async def propose(self, order: Order, messages: list[str], number: int) -> Proposal:
+        """Propose a refund for the items the latest message says are damaged."""
+        await self._call(0.25)
+        latest = messages[-1].lower()
+        clauses = [c for part in latest.replace(":", ".").split(".") for c in part.split(" - ")]
+        damaged = [
+            line
+            for line in order["lines"]
+            if any(_KEYWORDS[line["sku"]] in clause and "fine" not in clause for clause in clauses)
+        ]
+        amount = sum(line["price_cents"] for line in damaged)
+        names = ", ".join(line["name"] for line in damaged) or "nothing"
+        proposal_id = f"P{number}"
+        digest = hashlib.sha256(f"{run_metadata().thread_id}:{proposal_id}".encode()).hexdigest()
+        arrow = console().sym("arrow")
+        _say("model", f"damaged: {names} {arrow} propose {money(amount)} ({proposal_id})")
+        return {
+            "id": proposal_id,
+            "number": number,
+            "skus": [line["sku"] for line in damaged],
+            "amount_cents": amount,
+            "rationale": f"customer reports damaged: {names}",
+            "idempotency_key": f"rf_{digest[:12]}",
+        }
+
+    async def reply(self, order: Order, refund: Refund) -> str:
+        """Write the customer's reply."""
+        await self._call(0.2)
+        first = order["customer"].split()[0]
+        text = (
+            f"Hi {first}, we're sorry about the damage. We refunded "
+            f"{money(refund['amount_cents'])} to your card (ref {refund['refund_id']})."
+        )
+        _say("model", f'reply: "{text}"')
+        return text
+
+
+MODEL = ScriptedModel()
+
+
+async def fetch_order(order_id: str) -> Order:
+    """The shop's order service."""
+    await _latency(0.12)
+    order = ORDERS[order_id]
+    _say(
+        "orders",
+        f"{order_id}: {len(order['lines'])} items, paid {money(order['paid_cents'])}, "
+        f"delivered {order['delivered_on']}",
+        "cyan",
+    )
+    return order
+
+
+def payments_path(db: Path) -> Path:
+    """Where the demo keeps its payments ledger next to the database ``db``."""
+    return db.with_name(db.name + ".payments")
+
+
+def _ledger(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+    conn.execute(f"PRAGMA application_id = {LEDGER_APPLICATION_ID}")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS refunds (idempotency_key TEXT PRIMARY KEY, "
+        "refund_id TEXT NOT NULL, order_id TEXT NOT NULL, amount_cents INTEGER NOT NULL, "
+        "requests INTEGER NOT NULL, created_at REAL NOT NULL)"
+    )
+    return conn
+
+
+def read_ledger(path: Path) -> list[tuple[str, str, int, int]]:
+    """The ledger's refunds: ``(idempotency_key, refund_id, amount_cents, requests)``."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT idempotency_key, refund_id, amount_cents, requests FROM refunds "
+            "ORDER BY created_at"
+        ).fetchall()
+    return [(str(a), str(b), int(c), int(d)) for a, b, c, d in rows]
+
+
+class PaymentsGateway:
+    """A payments provider with idempotency keys, kept in its own SQLite file: a repeated
+    request with a known key returns the first refund instead of paying again."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _refund(self, key: str, order_id: str, amount_cents: int) -> Refund:
+        with contextlib.closing(_ledger(self.path)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute(
+                    "SELECT refund_id, amount_cents FROM refunds WHERE idempotency_key = ?",
+                    (key,),
+                ).fetchone()
+                if row is not None:
+                    conn.execute(
+                        "UPDATE refunds SET requests = requests + 1 WHERE idempotency_key = ?",
+                        (key,),
+                    )
+                    refund: Refund = {
+                        "refund_id": str(row[0]),
+                        "amount_cents": int(row[1]),
+                        "idempotency_key": key,
+                        "replayed": True,
+                    }
+                else:
+                    refund_id = "re_" + hashlib.sha256(key.encode()).hexdigest()[:10]
+                    conn.execute(
+                        "INSERT INTO refunds VALUES (?, ?, ?, ?, 1, ?)",
+                        (key, refund_id, order_id, amount_cents, time.time()),
+                    )
+                    refund = {
+                        "refund_id": refund_id,
+                        "amount_cents": amount_cents,
+                        "idempotency_key": key,
+                        "replayed": False,
+                    }
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return refund
+
+    async def refund(self, *, idempotency_key: str, order_id: str, amount_cents: int) -> Refund:
+        """Refund ``amount_cents`` once per ``idempotency_key``."""
+        await _latency(0.15)
+        refund = await asyncio.to_thread(self._refund, idempotency_key, order_id, amount_cents)
+        if refund["replayed"]:
+            _say(
+                "gateway",
+                f"key {idempotency_key} was used before {console().sym('arrow')} same refund "
+                f"{refund['refund_id']} returned, no money moved",
+                "green",
+            )
+        else:
+            _say(
+                "gateway",
+                f"refund {refund['refund_id']} of {money(amount_cents)} issued "
+                f"(idempotency key {idempotency_key})",
+                "green",
+            )
+        return refund
+
+
+def _gateway() -> PaymentsGateway:
+    path = run_metadata().metadata.get("payments_db")
+    if not isinstance(path, str):
+        raise RuntimeError(
+            "the demo thread has no 'payments_db' in its run metadata; start it with `flowy demo`"
+        )
+    return PaymentsGateway(path)
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+async def plan(state: RefundState) -> Step:
+    """Ask the model for a plan."""
+    return {"plan": await MODEL.plan(state.get("customer_messages", []))}, completed()
+
+
+async def lookup_order(state: RefundState) -> Step:
+    """Load the order the customer writes about."""
+    return {"order": await fetch_order(state.get("order_id", ""))}, completed()
+
+
+async def propose_refund(state: RefundState) -> Step:
+    """Let the model propose a refund; the proposal is an effect for the support UI."""
+    previous = state.get("proposal")
+    number = previous["number"] + 1 if previous is not None else 1
+    order = order_of(state)
+    proposal = await MODEL.propose(order, state.get("customer_messages", []), number)
+    names = {line["sku"]: line["name"] for line in order["lines"]}
+    emitted: DemoEffect = {
+        "kind": "refund_proposed",
+        "proposal": proposal["id"],
+        "amount": money(proposal["amount_cents"]),
+        "items": ", ".join(names[sku] for sku in proposal["skus"]),
+    }
+    return {"proposal": proposal}, effect(completed(), emitted)
+
+
+async def await_approval(state: RefundState) -> Step:
+    """Suspend until a reviewer approves the current proposal, then hand the refund to a
+    background worker."""
+    await _latency(0.05)
+    approval = state.get("approval")
+    proposal = proposal_of(state)
+    if (
+        approval is None
+        or approval["proposal_id"] != proposal["id"]
+        or approval["amount_cents"] != proposal["amount_cents"]
+    ):
+        return {}, suspend("awaiting_approval")
+    if approval["decision"] != "approve":
+        _say("review", f"{approval['reviewer']} rejected {proposal['id']}", "yellow")
+        return {}, end()
+    _say(
+        "review",
+        f"{approval['reviewer']} approved {proposal['id']} ({money(proposal['amount_cents'])})",
+        "yellow",
+    )
+    return {}, handoff("refund_approved", resume_at="issue_refund")
+
+
+def _crash_now() -> NoReturn:
+    out = console()
+    out.line(
+        f"      {out.paint(out.sym('crash') + ' the worker process is killed', 'red', 'bold')}"
+        " after the gateway call, before the step's checkpoint"
+    )
+    sys.stdout.flush()
+    kill = getattr(signal, "SIGKILL", None)
+    if kill is not None:
+        os.kill(os.getpid(), kill)
+    os._exit(137)
+
+
+def _issue_refund_node(crash_after_gateway: bool) -> Callable[[RefundState], Awaitable[Step]]:
+    async def issue_refund(state: RefundState) -> Step:
+        """Issue the approved refund through the gateway, with the proposal's key."""
+        proposal = proposal_of(state)
+        refund = await _gateway().refund(
+            idempotency_key=proposal["idempotency_key"],
+            order_id=order_of(state)["order_id"],
+            amount_cents=proposal["amount_cents"],
+        )
+        if crash_after_gateway:
+            _crash_now()
+        return {"refund": refund}, completed()
+
+    return issue_refund
+
+
+async def notify_customer(state: RefundState) -> Step:
+    """Write to the customer; the e-mail is an effect."""
+    order = order_of(state)
+    reply = await MODEL.reply(order, refund_of(state))
+    emitted: DemoEffect = {
+        "kind": "email",
+        "to": order["email"],
+        "subject": f"Your refund for order {order['order_id']}",
+    }
+    return {"reply": reply}, effect(completed(), emitted)
+
+
+def build_graph(*, crash_after_gateway: bool = False) -> Graph[RefundState, DemoEffect]:
+    """The refund agent's graph (``flowy worker --graph flowy._demo:build_graph``)."""
+    builder: GraphBuilder[RefundState, DemoEffect] = GraphBuilder(merge_state)
+    builder.add_node("plan", plan)
+    builder.add_node("lookup_order", lookup_order)
+    builder.add_node("propose_refund", propose_refund)
+    builder.add_node("await_approval", await_approval)
+    builder.add_node("issue_refund", _issue_refund_node(crash_after_gateway))
+    builder.add_node("notify_customer", notify_customer)
+    builder.add_edge("plan", "lookup_order")
+    builder.add_edge("lookup_order", "propose_refund")
+    builder.add_edge("propose_refund", "await_approval")
+    builder.add_edge("await_approval", "issue_refund")
+    builder.add_edge("issue_refund", "notify_customer")
+    builder.allow_no_outgoing_route("notify_customer")
+    return builder.compile(max_steps=20, budgets={"model_calls": 6})
+
+
+def crashing_worker_graph() -> Graph[RefundState, DemoEffect]:
+    """The same graph, but the process running ``issue_refund`` kills itself right after
+    the gateway accepted the refund (the demo's first worker)."""
+    return build_graph(crash_after_gateway=True)
+
+
+# -------------------------------------------------------------------------- the story
+
+
+class DemoError(Exception):
+    """The demo did not go as scripted (a bug, or a database it may not replace)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSettings:
+    """Timing of one demo run. ``fast`` drops the simulated latencies."""
+
+    db: Path
+    fast: bool = False
+    color: ColorMode = "never"
+
+    @property
+    def pace(self) -> float:
+        """Multiplier of the simulated latencies."""
+        return 0.0 if self.fast else 1.0
+
+    @property
+    def lease_ttl(self) -> float:
+        """Run lease TTL of the workers (seconds)."""
+        return 0.4 if self.fast else 0.5
+
+    @property
+    def visibility_timeout(self) -> float:
+        """How long a claimed outbox message stays hidden (seconds)."""
+        return 0.8 if self.fast else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class DemoReport:
+    """What the demo did, for the closing lines and for tests."""
+
+    thread_id: str
+    revision: int
+    refund_id: str
+    idempotency_key: str
+    gateway_requests: int
+    refunds_issued: int
+
+
+def _is_ours(path: Path, application_id: int) -> bool:
+    """True if ``path`` is missing, empty, or a SQLite file stamped ``application_id``."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+    except FileNotFoundError:
+        return True
+    if not header:
+        return True
+    return (
+        len(header) == 100
+        and header.startswith(b"SQLite format 3\x00")
+        and int.from_bytes(header[68:72], "big") == application_id
+    )
+
+
+def _fresh(settings: DemoSettings) -> Path:
+    db = settings.db
+    ledger = payments_path(db)
+    if db.is_dir():
+        raise DemoError(f"--db {str(db)!r} is a directory; give the demo a file path")
+    for path, app_id in ((db, APPLICATION_ID), (ledger, LEDGER_APPLICATION_ID)):
+        if not _is_ours(path, app_id):
+            raise DemoError(
+                f"refusing to replace {str(path)!r}: it is not a flowy demo file; "
+                "choose another --db path"
+            )
+    db.parent.mkdir(parents=True, exist_ok=True)
+    for path in (db, ledger):
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(str(path) + suffix).unlink()
+    with contextlib.closing(_ledger(str(ledger))):
+        pass
+    return ledger
+
+
+def _quote(path: Path) -> str:
+    return shlex.quote(str(path))
+
+
+class _Story:
+    def __init__(self, settings: DemoSettings, out: Console) -> None:
+        self.settings = settings
+        self.out = out
+        self.printer = EventPrinter(out, path=main_path(build_graph()))
+        self.chapter = 0
+
+    def title(self, text: str) -> None:
+        self.chapter += 1
+        self.out.line()
+        self.out.line(self.out.paint(f"{self.chapter}. {text}", "bold"))
+
+    def note(self, text: str) -> None:
+        self.out.line(f"  {text}")
+
+    def person(self, who: str, text: str) -> None:
+        self.out.line(f"  {self.out.paint(who, 'yellow', 'bold')} {self.out.sym('say')} {text}")
+
+    async def follow(
+        self, handle: StreamHandle[RefundState, DemoEffect]
+    ) -> RunResult[RefundState, DemoEffect]:
+        async for event in handle:
+            self.printer.event(event)
+        result = await handle.wait_result()
+        self.note(result_line(self.out, result))
+        return result
+
+    async def worker(self, name: str, spec: str) -> tuple[int, float]:
+        """Run ``flowy worker --once`` in a child process, echoing its output live."""
+        s = self.settings
+        cmd = [
+            sys.executable, "-m", "flowy.cli", "worker",
+            "--graph", spec, "--db", str(s.db), "--owner", name, "--once",
+            "--lease-ttl", str(s.lease_ttl),
+            "--visibility-timeout", str(s.visibility_timeout),
+            "--idle-wait", "0.2",
+            "--color", "always" if self.out.color else "never",
+        ]  # fmt: skip
+        self.note(
+            self.out.paint("$ flowy worker --graph " + spec + f" --owner {name} --once", "dim")
+        )
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                # The child draws the same symbols as this console (or ASCII ones).
+                "PYTHONIOENCODING": "utf-8" if self.out.unicode else "ascii",
+            },
+        )
+        assert proc.stdout is not None
+        bar = self.out.paint(f"{name} {self.out.sym('bar')}", "magenta")
+        while line := await proc.stdout.readline():
+            self.out.line(f"  {bar} {line.decode('utf-8', 'replace').rstrip()}")
+        code = await proc.wait()
+        return code, time.time()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
+async def run_demo(settings: DemoSettings, out: Console) -> DemoReport:
+    """Play the refund story against a fresh SQLite file and print it to ``out``.
+
+    Raises :class:`DemoError` if anything does not happen as scripted.
+    """
+    ledger = _fresh(settings)
+    story = _Story(settings, out)
+    dot = out.paint(out.sym("dot"), "dim")
+    out.line(out.paint("flowy demo", "bold") + f" {dot} a refund agent that survives a crash")
+    story.note(f"database  {settings.db} (SQLite, new)   thread  {THREAD_ID}")
+
+    backend: SQLiteBackend[RefundState] = SQLiteBackend(settings.db)
+    async with backend:
+        runner: Runner[RefundState, DemoEffect] = Runner(
+            build_graph(),
+            backend.checkpointer,
+            lease_manager=backend.leases,
+            handoff_outbox=backend.outbox,
+        )
+        app_lease = ("support-app", 10.0)
+
+        story.title("A customer asks for a refund; the agent starts")
+        story.person("customer", f'"{FIRST_MESSAGE}"')
+        first = await story.follow(
+            await runner.stream(
+                THREAD_ID,
+                {"order_id": "A-1001", "customer_messages": [FIRST_MESSAGE]},
+                metadata={"payments_db": str(ledger.resolve()), "pace": settings.pace},
+                run_lease=app_lease,
+            )
+        )
+        token1 = _expect_token(first, RunStatus.SUSPENDED)
+
+        story.title(
+            f"A reviewer opens the approval card (token {token1}); the customer writes again"
+        )
+        story.person("customer", f'"{FOLLOW_UP}"')
+        story.note(f"the app resumes {token1} at propose_refund with the new message")
+
+        def back_to_proposal(state: RefundState, _pointer: str) -> tuple[RefundState, ResumePlan]:
+            return state, resume_to("propose_refund")
+
+        second = await story.follow(
+            await runner.resume_stream(
+                token1,
+                state_overlay={
+                    "customer_messages": [*first.state.get("customer_messages", []), FOLLOW_UP]
+                },
+                resume_target_policy=back_to_proposal,
+                run_lease=app_lease,
+            )
+        )
+        token2 = _expect_token(second, RunStatus.SUSPENDED)
+
+        p1 = proposal_of(first.state)
+        story.title(f"The reviewer approves the card they opened: {p1['id']} for {money_of(p1)}")
+        story.note(f"resume({token1}, state_overlay={{approval of {p1['id']}}})")
+        stale: Approval = {
+            "proposal_id": p1["id"],
+            "decision": "approve",
+            "reviewer": "dana",
+            "amount_cents": p1["amount_cents"],
+        }
+        try:
+            await runner.resume(token1, state_overlay={"approval": stale}, run_lease=app_lease)
+        except ConcurrencyConflictError as exc:
+            story.note(
+                out.paint(f"{out.sym('fail')} rejected by OCC: ", "red", "bold")
+                + f"ConcurrencyConflictError: {exc}"
+            )
+        else:
+            raise DemoError(f"the stale approval with {token1} was not rejected")
+        decision = await runner.evaluate_resume(token1)
+        story.note(
+            f"nothing ran and nothing was written; evaluate_resume({token1}) {out.sym('arrow')} "
+            f"{decision.kind.value}, current token {decision.token}"
+        )
+
+        p2 = proposal_of(second.state)
+        story.title(f"The reviewer reloads the card and approves {p2['id']} for {money_of(p2)}")
+        approval: Approval = {
+            "proposal_id": p2["id"],
+            "decision": "approve",
+            "reviewer": "dana",
+            "amount_cents": p2["amount_cents"],
+        }
+        story.note(f"resume({token2}, state_overlay={{approval of {p2['id']}}})")
+        third = await story.follow(
+            await runner.resume_stream(
+                token2, state_overlay={"approval": approval}, run_lease=app_lease
+            )
+        )
+        handoff_token = _expect_token(third, RunStatus.HANDOFF)
+        pending = await backend.outbox.pending_count()
+        story.note(
+            f"the checkpoint (revision {third.revision}) and the outbox message ({pending} "
+            "waiting) were written in one SQLite transaction"
+        )
+
+        story.title("worker-1, a separate process, takes the hand-off and dies mid-refund")
+        code, crashed_at = await story.worker("worker-1", CRASHING_GRAPH_SPEC)
+        if code == 0:
+            raise DemoError("worker-1 was expected to crash but exited normally")
+        snapshot, revision = await backend.checkpointer.load(THREAD_ID)
+        holder = await backend.leases.holder(THREAD_ID)
+        story.note(
+            out.paint(f"{out.sym('crash')} worker-1 {_exit_text(code)}", "red", "bold")
+            + ": no ack, no checkpoint"
+        )
+        lease_text = (
+            f"held by {holder.owner} for {max(holder.expires_at - time.time(), 0):.1f}s more"
+            if holder is not None
+            else "expired"
+        )
+        story.note(
+            f"head still at revision {revision} ({snapshot.status.value}, hand-off "
+            f"{snapshot.handoff_status.value}) {dot} lease {lease_text} {dot} "
+            f"outbox: {await backend.outbox.pending_count()} message not acked"
+        )
+        if revision != handoff_token.snapshot_revision:
+            raise DemoError(f"the crash moved the head to revision {revision}")
+
+        story.title("Waiting for the dead worker's lease and message to time out")
+        deadline = crashed_at + settings.visibility_timeout + 0.05
+        story.note(
+            f"lease TTL {settings.lease_ttl:g}s, visibility timeout "
+            f"{settings.visibility_timeout:g}s {out.sym('wait')}"
+        )
+        if out.interactive:
+            lease_end = holder.expires_at if holder is not None else 0.0
+            ticks = max(int((deadline - time.time()) / 0.1), 0)
+            for _ in range(ticks):
+                now = time.time()
+                out.redraw(
+                    f"  {out.sym('wait')} lease free in {max(lease_end - now, 0):.1f}s {dot} "
+                    f"message visible in {max(deadline - now, 0):.1f}s"
+                )
+                await asyncio.sleep(0.1)
+            out.redraw("")
+        await asyncio.sleep(max(deadline - time.time(), 0.0))
+        if await backend.leases.holder(THREAD_ID) is not None:
+            raise DemoError("worker-1's lease did not expire")
+        story.note(f"{out.paint(out.sym('ok'), 'green')} lease expired, message visible again")
+
+        story.title("worker-2 recovers from the last checkpoint")
+        code, _ = await story.worker("worker-2", GRAPH_SPEC)
+        if code != 0:
+            raise DemoError(f"worker-2 failed ({_exit_text(code)})")
+        snapshot, revision = await backend.checkpointer.load(THREAD_ID)
+        if (
+            snapshot.status is not RunStatus.COMPLETED
+            or snapshot.handoff_status is not HandoffStatus.NONE
+        ):
+            raise DemoError(f"the thread ended {snapshot.status.value}, not completed")
+
+        story.title("Exactly once")
+        key = proposal_of(snapshot.state)["idempotency_key"]
+        refund = refund_of(snapshot.state)
+        rows = [row for row in read_ledger(ledger) if row[0] == key]
+        requests = rows[0][3] if rows else 0
+        story.note(
+            f"payments ledger: {len(rows)} refund for key {key} ({requests} requests) "
+            f"{dot} {refund['refund_id']} {money(refund['amount_cents'])}"
+        )
+        story.note(f"thread {THREAD_ID}: {out.status(RunStatus.COMPLETED)} at revision {revision}")
+        if len(rows) != 1 or refund["idempotency_key"] != key:
+            raise DemoError(f"expected exactly one refund for {key}, the ledger has {len(rows)}")
+        return DemoReport(
+            thread_id=THREAD_ID,
+            revision=revision,
+            refund_id=refund["refund_id"],
+            idempotency_key=key,
+            gateway_requests=requests,
+            refunds_issued=len(rows),
+        )
+
+
+def _expect_token(result: RunResult[RefundState, DemoEffect], status: RunStatus) -> ResumeToken:
+    if result.status is not status or result.resume_token is None:
+        raise DemoError(
+            f"expected the run to end {status.value}, it ended {result.status.value} "
+            f"({result.reason}): {result.error!r}"
+        )
+    return result.resume_token
+
+
+def inspect_commands(db: Path) -> list[str]:
+    """The commands that look inside the demo's database."""
+    q = _quote(db)
+    return [
+        f"flowy threads --db {q}",
+        f"flowy show {THREAD_ID} --db {q}",
+        f"flowy history {THREAD_ID} --db {q}",
+        f"flowy graph {GRAPH_SPEC}",
+    ]
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for a demo that went wrong."""
+    if isinstance(exc, DemoError | FlowyError):
+        return clean(" ".join(str(exc).split()))
+    return f"{type(exc).__name__}: {clean(' '.join(str(exc).split()))}"

@@ -1,0 +1,172 @@
+"""``flowy demo`` (``_demo.py``): the real command, end to end, and what it leaves in the
+database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flowy
+from flowy._demo import THREAD_ID, payments_path, read_ledger
+from flowy._sqlite import SQLiteBackend
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    db: Path
+    proc: subprocess.CompletedProcess[str]
+    seconds: float
+
+
+def run_demo(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+    env.pop("NO_COLOR", None)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "flowy.cli", "demo", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+        check=False,
+    )
+    return proc, time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One ``flowy demo --fast`` run in a fresh directory, shared by the tests below."""
+    root = tmp_path_factory.mktemp("demo")
+    db = root / "state" / "demo.db"
+    proc, seconds = run_demo("--db", str(db), "--fast", cwd=root)
+    return DemoRun(db, proc, seconds)
+
+
+def test_demo_exits_zero_quickly(demo: DemoRun) -> None:
+    assert demo.proc.returncode == 0, demo.proc.stdout + demo.proc.stderr
+    assert demo.seconds < 30
+    assert demo.proc.stderr == ""
+
+
+def test_demo_tells_the_story(demo: DemoRun) -> None:
+    out = demo.proc.stdout
+    assert "\x1b[" not in out  # not a terminal: no colour
+    expected_in_order = [
+        "⏸ suspended (awaiting_approval) · at await_approval · revision 4 · resume token "
+        "refund-A1001@4",
+        "⚡ effect refund_proposed",
+        "⏸ suspended (awaiting_approval) · at await_approval · revision 6",
+        "✗ rejected by OCC: ConcurrencyConflictError: resume token refund-A1001@4 is stale",
+        "evaluate_resume(refund-A1001@4) → stale_token, current token refund-A1001@6",
+        "⇢ handed off (refund_approved) · at issue_refund · revision 7 · hand-off enqueued",
+        "worker-1 │ ⇣ refund-A1001@7 delivery 1",
+        "the worker process is killed after the gateway call",
+        "no ack, no checkpoint",
+        "head still at revision 7 (handoff, hand-off enqueued)",
+        "lease expired, message visible again",
+        "worker-2 recovers from the last checkpoint",
+        "worker-2 │ ⇣ refund-A1001@7 delivery 2",
+        "was used before → same refund",
+        "worker-2 │   ✓ completed (completed) · at notify_customer · revision 9",
+        "worker-2 │ ✓ acked: resumed",
+        "payments ledger: 1 refund for key rf_",
+        "thread refund-A1001: completed at revision 9",
+        "The thread's history (flowy history refund-A1001 --db",
+        "Look inside it yourself:",
+        f"flowy threads --db {demo.db}",
+        f"flowy show refund-A1001 --db {demo.db}",
+        f"flowy history refund-A1001 --db {demo.db}",
+    ]
+    position = 0
+    for needle in expected_in_order:
+        found = out.find(needle, position)
+        assert found >= 0, f"missing (in order): {needle!r}\n{out}"
+        position = found + len(needle)
+    if sys.platform != "win32":
+        assert "worker-1 killed by SIGKILL" in out
+    history = out.split("The thread's history", 1)[1].splitlines()[1:11]
+    assert history[0].split()[:3] == ["REV", "STATUS", "REASON"]
+    assert [int(line.split()[0]) for line in history[1:]] == list(range(9, 0, -1))
+
+
+async def _read(db: Path) -> tuple[flowy.Snapshot[Any], int, list[flowy.Snapshot[Any]]]:
+    async with SQLiteBackend[Any](db) as backend:
+        snap, revision = await backend.checkpointer.load(THREAD_ID)
+        history = await backend.checkpointer.get_history(THREAD_ID, 100)
+        assert await backend.leases.holder(THREAD_ID) is None
+        assert await backend.outbox.pending_count() == 0
+        return snap, revision, history
+
+
+def test_demo_refunds_exactly_once(demo: DemoRun) -> None:
+    assert demo.proc.returncode == 0
+    snap, revision, history = asyncio.run(_read(demo.db))
+    assert snap.status is flowy.RunStatus.COMPLETED
+    assert revision == 9
+    state = snap.state
+    key = state["proposal"]["idempotency_key"]
+    assert state["proposal"]["amount_cents"] == 2400  # the revised proposal, not the stale one
+    assert state["approval"]["proposal_id"] == state["proposal"]["id"] == "P2"
+    assert state["refund"]["idempotency_key"] == key
+    assert state["refund"]["replayed"] is True  # the second worker got the first refund back
+    # The key was checkpointed with the hand-off, before any worker touched the gateway.
+    handoff = next(s for s in history if s.status is flowy.RunStatus.HANDOFF)
+    assert handoff.state["proposal"]["idempotency_key"] == key
+    assert "refund" not in handoff.state
+    # Only one refund exists, although the gateway was asked twice.
+    ledger = read_ledger(payments_path(demo.db))
+    assert ledger == [(key, state["refund"]["refund_id"], 2400, 2)]
+
+
+def test_demo_database_is_inspectable(demo: DemoRun) -> None:
+    for args in (["threads"], ["show", THREAD_ID], ["history", THREAD_ID]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "flowy.cli", *args, "--db", str(demo.db)],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "completed" in proc.stdout
+
+
+def test_demo_refuses_to_replace_a_foreign_file(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.db"
+    precious.write_bytes(b"not a flowy file\n" * 10)
+    proc, _ = run_demo("--db", str(precious), "--fast", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert "refusing to replace" in proc.stderr
+    assert precious.read_bytes() == b"not a flowy file\n" * 10
+
+
+def test_demo_default_database_is_recreated(tmp_path: Path) -> None:
+    db = tmp_path / ".flowy-demo" / "demo.db"
+    db.parent.mkdir()
+    stale = asyncio.run(_stale_demo_db(db))
+    assert stale == 1
+    proc, _ = run_demo("--fast", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    snap, revision, _ = asyncio.run(_read(db))
+    assert snap.status is flowy.RunStatus.COMPLETED and revision == 9
+    assert "database  .flowy-demo/demo.db (SQLite, new)" in proc.stdout
+
+
+async def _stale_demo_db(db: Path) -> int:
+    """A demo database left by an earlier run, with a thread of the same id."""
+    async with SQLiteBackend[Any](db) as backend:
+        snap = flowy.Snapshot(THREAD_ID, {"old": True}, "plan")
+        return await backend.checkpointer.save(0, snap)
