@@ -45,7 +45,7 @@ from ._errors import (
     UnknownNodeError,
 )
 from ._events import StreamHandle
-from ._execution import InvariantValidator, Execution, maybe_await, register_run, unregister_run
+from ._execution import Execution, InvariantValidator, maybe_await, register_run, unregister_run
 from ._graph import Graph
 from ._guard import LeaseGuardCheckpointer
 from ._handoff import three_phase_tail
