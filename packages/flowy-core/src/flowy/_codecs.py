@@ -36,29 +36,18 @@ class StateCodec(Protocol[S]):
         ...
 
 
-def _to_json(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
+def _json_default(value: Any) -> Any:
+    """``json.dumps`` hook for the types JSON lacks (called only for those)."""
     if isinstance(value, enum.Enum):
-        return _to_json(value.value)
+        return value.value
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in cast(dict[Any, Any], value).items():
-            if not isinstance(k, str):
-                raise TypeError(f"JSONCodec needs str dict keys, got {k!r}")
-            out[k] = _to_json(v)
-        return out
-    if isinstance(value, list | tuple | set | frozenset):
-        items: list[Any] = list(cast(Any, value))
-        if isinstance(value, set | frozenset):
-            items = sorted(items, key=repr)
-        return [_to_json(v) for v in items]
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, set | frozenset):
+        return sorted(cast("set[Any]", value), key=repr)
     raise TypeError(
         f"JSONCodec cannot encode {type(value).__name__} {value!r}; use dataclasses, dicts, "
         "lists, enums, datetimes and JSON scalars, or pass another codec"
@@ -146,7 +135,8 @@ class JSONCodec(Generic[S]):
 
     ``JSONCodec()`` round-trips JSON values (dicts, lists, scalars). ``JSONCodec(MyState)``
     also encodes dataclasses, enums, datetimes, tuples and sets, and decodes into
-    ``MyState`` following its type hints.
+    ``MyState`` following its type hints. Dict keys should be strings: like ``json``,
+    the codec stores other scalar keys as strings.
     """
 
     name = "json"
@@ -155,7 +145,9 @@ class JSONCodec(Generic[S]):
         self.state_type: Any = state_type
 
     def encode(self, state: S) -> bytes:
-        return json.dumps(_to_json(state), separators=(",", ":"), ensure_ascii=False).encode()
+        return json.dumps(
+            state, default=_json_default, separators=(",", ":"), ensure_ascii=False
+        ).encode()
 
     def decode(self, data: bytes) -> S:
         try:
