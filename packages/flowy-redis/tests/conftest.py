@@ -1,0 +1,246 @@
+"""Fixtures of the flowy-redis tests: find (or start) a standalone Redis and a Redis
+Cluster, and give each test its own namespace, deleted afterwards.
+
+Standalone: ``FLOWY_REDIS_URL``; else a server on 127.0.0.1:6379; else a testcontainers
+Redis when Docker answers. Cluster: ``FLOWY_REDIS_CLUSTER_URL``; else three local
+``redis-server --cluster-enabled yes`` nodes started for the session and joined with
+``redis-cli --cluster create``. A backend that cannot be found skips the tests (fails
+them under ``FLOWY_REQUIRE_BACKENDS=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The tests import their shared helpers (redis_support.py) by plain module name; pytest
+# runs with --import-mode=importlib, which does not put test directories on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from redis_support import BackendFactory, RedisTarget, corrupt_head, new_namespace
+
+from flowy.testing import BackendBundle
+from flowy.testing.backends import backend_missing, docker_available, port_open
+from flowy_redis import RedisBackend, purge_namespace
+from flowy_redis._store import connect
+
+
+@pytest.fixture(scope="session")
+def standalone_url() -> Iterator[str]:
+    env = os.environ.get("FLOWY_REDIS_URL")
+    if env:
+        yield env
+        return
+    if port_open("127.0.0.1", 6379):
+        yield "redis://127.0.0.1:6379/0"
+        return
+    if docker_available():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0"
+        return
+    backend_missing(
+        "no Redis server found: set FLOWY_REDIS_URL, run redis-server on 127.0.0.1:6379, "
+        "or install Docker for testcontainers"
+    )
+
+
+def _free_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+def _cluster_ok(port: int) -> bool:
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "cluster", "info"],
+        capture_output=True,
+        text=True,
+        timeout=5,
+        check=False,
+    ).stdout
+    return "cluster_state:ok" in out
+
+
+@pytest.fixture(scope="session")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    env = os.environ.get("FLOWY_REDIS_CLUSTER_URL")
+    if env:
+        yield env
+        return
+    server, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+    if server is None or cli is None:
+        backend_missing(
+            "no Redis Cluster: set FLOWY_REDIS_CLUSTER_URL, or install redis-server and "
+            "redis-cli so the tests can start a local three-node cluster"
+        )
+    workdir: Path = tmp_path_factory.mktemp("redis-cluster")
+    ports: list[int] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for _ in range(3):
+            port = _free_port()
+            ports.append(port)
+            with (workdir / f"node-{port}.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [
+                            server,
+                            *("--port", str(port), "--bind", "127.0.0.1"),
+                            *("--cluster-enabled", "yes"),
+                            *("--cluster-config-file", str(workdir / f"nodes-{port}.conf")),
+                            *("--cluster-node-timeout", "5000"),
+                            *("--save", "", "--appendonly", "no", "--daemonize", "no"),
+                            *("--dir", str(workdir)),
+                        ],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        for port in ports:
+            deadline = time.monotonic() + 10
+            while not port_open("127.0.0.1", port):
+                if time.monotonic() > deadline:
+                    backend_missing(f"redis-server on port {port} did not start (see {workdir})")
+                time.sleep(0.05)
+        created = subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in ports),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if created.returncode != 0:
+            backend_missing(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
+        deadline = time.monotonic() + 30
+        while not all(_cluster_ok(p) for p in ports):
+            if time.monotonic() > deadline:
+                backend_missing(
+                    f"the local Redis Cluster did not reach cluster_state:ok ({workdir})"
+                )
+            time.sleep(0.1)
+        yield f"redis://127.0.0.1:{ports[0]}"
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def redis_target(request: pytest.FixtureRequest) -> RedisTarget:
+    """Each test that uses it runs against a standalone server and against a cluster."""
+    cluster = request.param == "cluster"
+    url: str = request.getfixturevalue("cluster_url" if cluster else "standalone_url")
+    return RedisTarget(url, cluster)
+
+
+@pytest.fixture
+def standalone(standalone_url: str) -> RedisTarget:
+    """The standalone server only."""
+    return RedisTarget(standalone_url, False)
+
+
+@pytest.fixture
+async def make_backend(redis_target: RedisTarget) -> AsyncIterator[BackendFactory]:
+    """Build ``RedisBackend``s (own client each) on the test's namespace; every key of
+    the namespace is deleted and every client closed afterwards."""
+    async for factory in _factory(redis_target):
+        yield factory
+
+
+@pytest.fixture
+async def make_standalone_backend(standalone: RedisTarget) -> AsyncIterator[BackendFactory]:
+    """``make_backend`` on the standalone server only."""
+    async for factory in _factory(standalone):
+        yield factory
+
+
+async def _factory(target: RedisTarget) -> AsyncIterator[BackendFactory]:
+    namespace = new_namespace()
+    made: list[RedisBackend[Any]] = []
+
+    def factory(**options: Any) -> RedisBackend[Any]:
+        options.setdefault("namespace", namespace)
+        client_options = options.pop("client_options", {})
+        backend: RedisBackend[Any] = RedisBackend(
+            connect(target.url, cluster=target.cluster, **client_options), **options
+        )
+        backend.owns_client = True
+        made.append(backend)
+        return backend
+
+    try:
+        yield factory
+    finally:
+        cleaner = connect(target.url, cluster=target.cluster)
+        try:
+            await purge_namespace(cleaner, namespace)
+        finally:
+            await cleaner.aclose()
+            for backend in made:
+                await backend.aclose()
+
+
+@pytest.fixture
+async def flowy_backend(make_backend: BackendFactory, redis_target: RedisTarget) -> BackendBundle:
+    """The conformance suite's backend: a fresh namespace on standalone Redis, then on a
+    Redis Cluster."""
+    backend = make_backend(max_attempts=3)
+    return _bundle(backend, make_backend, redis_target.name)
+
+
+def _bundle(backend: RedisBackend[Any], make_backend: BackendFactory, name: str) -> BackendBundle:
+    async def corrupt(thread_id: str) -> None:
+        await corrupt_head(backend, thread_id)
+
+    async def open_peer() -> BackendBundle:
+        return _bundle(make_backend(max_attempts=3), make_backend, name)
+
+    async def close() -> None:
+        return None  # the factory closes every client it made
+
+    return BackendBundle(
+        checkpointer=backend.checkpointer,
+        leases=backend.leases,
+        outbox=backend.outbox,
+        consumer=backend.consumer,
+        corrupt=corrupt,
+        open_peer=open_peer,
+        close=close,
+        name=name,
+    )
