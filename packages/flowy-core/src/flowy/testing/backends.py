@@ -8,6 +8,7 @@ reason, unless ``FLOWY_REQUIRE_BACKENDS=1`` is set, in which case it fails.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import socket
@@ -45,9 +46,14 @@ def docker_available() -> bool:
         docker: Any = importlib.import_module("docker")  # a testcontainers dependency
     except ImportError:
         return False
+    client: Any = None
     try:
         client = docker.from_env(timeout=2)
         client.ping()
         return True
     except Exception:
         return False
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
