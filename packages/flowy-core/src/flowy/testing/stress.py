@@ -241,7 +241,7 @@ async def _client_retry(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--handoffs", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fault-rate", type=float, default=0.15)

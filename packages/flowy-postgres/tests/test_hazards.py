@@ -1,0 +1,288 @@
+"""What production PostgreSQL does to applications, each against the real server: a
+transaction-mode pooler, connections killed while idle and mid-save, a reply lost after
+the commit, an exhausted pool, and two worker processes racing on one thread."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from pg_proxy import PgProxy
+from pg_support import Conn, acquired, connect, intent, new_pool, snap, sql, wait_until
+
+from flowy import StorageUnavailableError
+from flowy.checkpoint import durable_save
+from flowy_postgres import PostgresBackend, PostgresCheckpointer, create_pool
+from flowy_postgres._schema import TableNames, thread_key
+
+pytestmark = pytest.mark.anyio
+
+
+async def history(cp: PostgresCheckpointer[Any], thread_id: str) -> list[int]:
+    return [s.revision for s in await cp.get_history(thread_id, 1000)]
+
+
+# -- 1. a transaction-mode pooler -------------------------------------------------------
+
+
+async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: str) -> None:
+    """With ``pooler_mode=True`` every operation works while the session keeps no named
+    (server-side, session-scoped) prepared statement, and the consumer polls instead of
+    LISTENing: a transaction pooler may give each transaction another server session."""
+    backend = await PostgresBackend[Any].from_dsn(
+        postgres_dsn, schema=pg_schema, pooler_mode=True, min_size=1, max_size=1
+    )
+    try:
+        assert await backend.migrate() == 1
+        cp, leases, consumer = backend.checkpointer, backend.leases, backend.consumer
+        lease = await leases.acquire("pooled", "worker", 30)
+        assert await cp.save(0, snap("pooled"), lease=lease) == 1
+
+        async def enqueue(tx: object, revision: int) -> None:
+            await backend.outbox.enqueue_intent_tx(tx, intent("pooled", revision))
+
+        assert await cp.save_with_outbox(1, snap("pooled", 2), enqueue, lease=lease) == 2
+        await leases.renew(lease, 30)
+        assert await leases.holder("pooled") is not None
+        await leases.release(lease)
+        assert (await cp.load("pooled"))[1] == 2
+        assert await history(cp, "pooled") == [2, 1]
+        assert len(await cp.list_threads()) == 1
+        await cp.prune("pooled", 1)
+        [message] = await consumer.claim(10, 30, wait=1.0)
+        await consumer.release(message, error="again")
+        [message] = await consumer.claim(10, 30)
+        await consumer.ack(message)
+        assert await consumer.dead_letters() == []
+        assert not consumer.listening
+        await cp.delete_if_idle("pooled")
+        # One connection (max_size=1) ran all of that.
+        assert await sql(backend.pool).fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
+    finally:
+        await backend.close()
+    # The check means something: a default pool does keep named prepared statements.
+    pool = await new_pool(postgres_dsn, min_size=1, max_size=1)
+    try:
+        await PostgresCheckpointer[Any](pool, schema=pg_schema).list_threads()
+        assert await sql(pool).fetchval("SELECT count(*) FROM pg_prepared_statements") > 0
+    finally:
+        await pool.close()
+
+
+# -- 2. an idle connection killed between saves ------------------------------------------
+
+
+async def test_idle_connection_killed_between_saves(
+    postgres_dsn: str, pg_schema: str, pg_pool: asyncpg.Pool, admin: Conn
+) -> None:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
+    try:
+        cp = PostgresCheckpointer[Any](pool, schema=pg_schema)
+        assert await cp.save(0, snap("idle")) == 1
+        pid = await sql(pool).fetchval("SELECT pg_backend_pid()")
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+        async def gone() -> bool:
+            count = await admin.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return count == 0
+
+        await wait_until(gone)
+        await asyncio.sleep(0.05)  # time for the client to see the socket close
+        # The next save simply succeeds, on a fresh connection.
+        assert await cp.save(1, snap("idle", 2)) == 2
+        assert await sql(pool).fetchval("SELECT pg_backend_pid()") != pid
+        # Killed just before a save, with no time to notice: the save reports an unknown
+        # outcome, and durable_save resolves it (here: not landed, so it saves once).
+        pid = await sql(pool).fetchval("SELECT pg_backend_pid()")
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        assert await durable_save(cp, 2, snap("idle", 3)) == 3
+        assert await history(cp, "idle") == [3, 2, 1]
+    finally:
+        await pool.close()
+
+
+# -- 3. a connection killed mid-save, and a reply lost after the commit ---------------------
+
+
+async def _lock_head(conn: Conn, schema: str, thread_id: str) -> None:
+    await conn.execute(
+        f"SELECT 1 FROM {TableNames(schema).threads} WHERE thread_key = $1 FOR UPDATE",
+        thread_key(thread_id),
+    )
+
+
+async def _blocked_saver(admin: Conn, schema: str) -> int:
+    """The pid of the backend whose save of ``schema`` waits for a row lock."""
+    found: list[int] = []
+
+    async def blocked() -> bool:
+        pid = await admin.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND strpos(query, $1) > 0 AND pid <> pg_backend_pid()",
+            schema,
+        )
+        if pid is not None:
+            found.append(pid)
+        return pid is not None
+
+    await wait_until(blocked)
+    return found[0]
+
+
+async def test_connection_killed_mid_save_writes_nothing(
+    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str, admin: Conn
+) -> None:
+    cp = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    assert await cp.save(0, snap("mid")) == 1
+    before = await cp.load("mid")
+    locker = await connect(postgres_dsn)
+    try:
+        async with locker.transaction():
+            await _lock_head(locker, pg_schema, "mid")
+            saving = asyncio.create_task(cp.save(1, snap("mid", 2)))
+            pid = await _blocked_saver(admin, pg_schema)
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+            with pytest.raises(StorageUnavailableError, match="connection"):
+                await saving
+    finally:
+        await locker.close()
+    # Nothing of the killed statement is stored: head and history are as before.
+    assert await cp.load("mid") == before
+    assert await history(cp, "mid") == [1]
+    assert await cp.save(1, snap("mid", 2)) == 2
+
+
+async def test_durable_save_recovers_a_save_killed_mid_statement(
+    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str, admin: Conn
+) -> None:
+    cp = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    assert await cp.save(0, snap("mid-durable")) == 1
+    wanted = snap("mid-durable", 2)
+    locker = await connect(postgres_dsn)
+    try:
+        async with locker.transaction():
+            await _lock_head(locker, pg_schema, "mid-durable")
+            saving = asyncio.create_task(durable_save(cp, 1, wanted))
+            pid = await _blocked_saver(admin, pg_schema)
+            assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+            await asyncio.sleep(0.2)  # durable_save reloads and retries (blocked again)
+        # The lock is gone: the retry goes through, exactly once.
+        assert await saving == 2
+    finally:
+        await locker.close()
+    head, revision = await cp.load("mid-durable")
+    assert (revision, head.write_id) == (2, wanted.write_id)
+    assert await history(cp, "mid-durable") == [2, 1]
+
+
+async def test_reply_lost_after_commit_is_resolved_by_durable_save(
+    postgres_dsn: str, pg_schema: str, pg_pool: asyncpg.Pool
+) -> None:
+    """The statement commits, then the connection dies before the reply arrives: the
+    client cannot know. ``save`` reports ``StorageUnavailableError`` (never a conflict)
+    and ``durable_save`` finds its own write by its write id instead of writing again."""
+    reference = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    async with PgProxy(postgres_dsn) as proxy:
+        pool = await create_pool(proxy.dsn, min_size=1, max_size=1)
+        try:
+            cp = PostgresCheckpointer[Any](pool, schema=pg_schema)
+            # Two saves first: the update statement is then prepared on the connection, so
+            # the next reply is the one of the statement's execution.
+            assert await cp.save(0, snap("lost")) == 1
+            assert await cp.save(1, snap("lost", 2)) == 2
+            landed = snap("lost", 3)
+            proxy.cut_next_reply()
+            with pytest.raises(StorageUnavailableError):
+                await cp.save(2, landed)
+            assert proxy.cuts == 1
+            head, revision = await reference.load("lost")
+            assert (revision, head.write_id) == (3, landed.write_id)  # it did land
+            # Same again under durable_save: it returns the revision its write landed at.
+            again = snap("lost", 4)
+            proxy.cut_next_reply()
+            assert await durable_save(cp, 3, again) == 4
+            assert proxy.cuts == 2
+            head, revision = await cp.load("lost")
+            assert (revision, head.write_id) == (4, again.write_id)
+            assert await history(cp, "lost") == [4, 3, 2, 1]
+        finally:
+            await pool.close()
+
+
+# -- 4. an exhausted pool ----------------------------------------------------------------
+
+
+async def test_exhausted_pool_is_a_clear_timeout(
+    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
+) -> None:
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
+    try:
+        cp = PostgresCheckpointer[Any](pool, schema=pg_schema, acquire_timeout=0.3)
+        async with acquired(pool):  # the only connection is busy elsewhere
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailableError, match=r"at most 1 connections") as info:
+                await cp.save(0, snap("starved"))
+            assert time.monotonic() - started < 2.0
+            assert "0.3s" in str(info.value)
+            assert "acquire_timeout" in str(info.value)
+        # Free again: everything works, nothing was written by the refused save.
+        assert await cp.list_threads() == []
+        assert await cp.save(0, snap("starved")) == 1
+    finally:
+        await pool.close()
+
+
+# -- 5. two worker processes racing on one thread -----------------------------------------
+
+
+async def test_two_processes_race_into_one_history_chain(
+    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
+) -> None:
+    saves = 60
+    worker = Path(__file__).with_name("pg_race_worker.py")
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(worker),
+            postgres_dsn,
+            pg_schema,
+            "raced",
+            name,
+            str(saves),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for name in ("left", "right")
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            ready = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert ready.strip() == b"ready"
+        for proc in procs:  # both start together
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+        outputs = [await asyncio.wait_for(p.communicate(), 120) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert [p.returncode for p in procs] == [0, 0]
+    conflicts = sum(int(out.split()[-1]) for out, _ in outputs)
+    cp = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    chain = await cp.get_history("raced", 10 * saves)
+    # One chain: revisions 2 * saves .. 1, each once, no gap and no fork.
+    assert [s.revision for s in chain] == list(range(2 * saves, 0, -1))
+    writers = [s.state["writer"] for s in chain]
+    assert writers.count("left") == writers.count("right") == saves
+    assert (await cp.load("raced"))[1] == 2 * saves
+    assert conflicts > 0, "the two processes never raced; the test proved nothing"
