@@ -14,7 +14,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["engine.py", "durable.py", "postgres.py", "redis.py", "dynamodb.py"]
+ORDER = [
+    "engine.py",
+    "durable.py",
+    "backend_postgres.py",
+    "backend_redis.py",
+    "backend_dynamodb.py",
+]
 
 
 def main() -> int:

@@ -7,7 +7,7 @@
 2. Outbox throughput: N hand-off intents enqueued, then consumed by 4 concurrent
    consumer tasks doing claim / ack. Prints hand-offs per second.
 
-Run: ``uv run --frozen --all-packages python bench/postgres.py [--saves N] [--intents N]``
+Run: ``uv run --frozen --all-packages python bench/backend_postgres.py [--saves N] [--intents N]``
 with ``FLOWY_POSTGRES_DSN`` (default ``postgresql://postgres@127.0.0.1:5432/test``).
 Everything happens in a fresh schema, dropped at the end.
 """

@@ -9,7 +9,7 @@ two-item transaction sent raw (what the save costs the service, without flowy).
 The endpoint is ``FLOWY_DYNAMODB_ENDPOINT`` if set, else moto's server mode started here
 (an in-process emulator: its figures say nothing about DynamoDB's own latency).
 
-    uv run --frozen --all-packages python bench/dynamodb.py [--rounds 8] [--per-round 50]
+    uv run --frozen --all-packages python bench/backend_dynamodb.py [--rounds 8] [--per-round 50]
 """
 
 from __future__ import annotations
