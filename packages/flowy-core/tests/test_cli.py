@@ -590,3 +590,62 @@ def test_docs_cli_console_blocks_match_real_output(tmp_path: Path) -> None:
             actual = proc.stdout + proc.stderr
             report = f"$ {command}\n--- expected\n{expected}\n--- got\n{actual}"
             assert _matches(expected, actual), report
+
+
+async def _make_dead_letter(path: Path) -> str:
+    async with flowy.SQLiteBackend(path, max_attempts=1) as backend:
+        intent = flowy.HandoffIntent(
+            thread_id="poison",
+            pending_snapshot_revision=3,
+            committed_snapshot_revision=3,
+            snapshot_revision=3,
+            resume_token=flowy.ResumeToken("poison", 3),
+            handoff_status=flowy.HandoffStatus.ENQUEUED,
+            reason="to_worker",
+            execution_pointer="pay",
+        )
+        await backend.outbox.enqueue_intent(intent)
+        (msg,) = await backend.outbox.claim(1, 30)
+        await backend.outbox.release(msg, error="always fails")
+        (dead,) = await backend.outbox.dead_letters()
+        return dead.message_id
+
+
+def test_dead_letters_list_and_retry(tmp_path: Path) -> None:
+    path = tmp_path / "dl.db"
+    message_id = asyncio.run(_make_dead_letter(path))
+    listed = run_flowy("dead-letters", "--db", str(path))
+    assert listed.returncode == 0, listed.stderr
+    assert "poison" in listed.stdout and "to_worker" in listed.stdout
+    as_json = json.loads(run_flowy("dead-letters", "--db", str(path), "--json").stdout)
+    assert as_json == [
+        {
+            "message_id": message_id,
+            "thread_id": "poison",
+            "revision": 3,
+            "attempts": 1,
+            "reason": "to_worker",
+            "pointer": "pay",
+        }
+    ]
+    unknown = run_flowy("dead-letters", "--db", str(path), "--retry", "999999")
+    assert_one_line_error(unknown, 1, "no dead letter with id '999999'")
+    retried = run_flowy("dead-letters", "--db", str(path), "--retry", message_id)
+    assert retried.returncode == 0 and f"requeued dead letter {message_id}" in retried.stdout
+    assert "no dead letters" in run_flowy("dead-letters", "--db", str(path)).stdout
+
+
+def test_dead_letters_through_a_consumer_factory(tmp_path: Path) -> None:
+    path = tmp_path / "dl.db"
+    asyncio.run(_make_dead_letter(path))
+    (tmp_path / "myconsumer.py").write_text(
+        "import flowy\n"
+        f"async def consumer():\n    return flowy.SQLiteBackend({str(path)!r}).outbox\n"
+    )
+    proc = run_flowy("dead-letters", "--consumer", "myconsumer:consumer", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "poison" in proc.stdout
+    bad = run_flowy("dead-letters", "--consumer", "json:dumps", cwd=tmp_path)
+    assert bad.returncode == 2
+    neither = run_flowy("dead-letters")
+    assert_one_line_error(neither, 2, "--db FILE")

@@ -1,7 +1,7 @@
 """The ``flowy`` command: the demo, and a look inside any thread of a SQLite database.
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``graph``, ``recover``,
-``resume`` and ``worker``. Tables for people by default, ``--json`` for scripts. A
+``resume``, ``worker`` and ``dead-letters``. Tables for people by default, ``--json`` for scripts. A
 mistake (an unknown thread, a stale revision, a missing file, a bad ``module:attr``)
 prints one line on standard error and exits non-zero: 2 when the command line itself is
 wrong (a usage error, a missing ``--db`` file, a ``--graph`` that cannot be loaded),
@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import shlex
@@ -759,6 +760,89 @@ async def _cmd_worker(args: argparse.Namespace, out: Console) -> int:
     return 0
 
 
+async def _open_consumer(
+    args: argparse.Namespace,
+) -> tuple[OutboxConsumer, Any]:
+    """The consumer of ``--consumer`` (any backend) or of the ``--db`` SQLite file, and
+    an async callable that closes it."""
+    spec = cast("str | None", args.consumer)
+    if spec is None:
+        if args.db is None:
+            raise CliError("give --db FILE (SQLite) or --consumer MODULE:ATTR", 2)
+        backend = _open(args)
+        return backend.outbox, backend.aclose
+    obj = load_object(spec, "--consumer")
+    if not isinstance(obj, OutboxConsumer):
+        obj = _call_factory(obj, spec, "--consumer")
+        if inspect.isawaitable(obj):
+            obj = await obj
+    if not isinstance(obj, OutboxConsumer):
+        raise CliError(
+            f"--consumer {spec!r} gave a {type(obj).__name__}, not an outbox consumer (give "
+            "one, or a function - sync or async - that returns one)",
+            2,
+        )
+    closer = getattr(obj, "aclose", None) or getattr(obj, "close", None)
+
+    async def close() -> None:
+        if callable(closer):
+            result = closer()
+            if inspect.isawaitable(result):
+                await result
+
+    return obj, close
+
+
+async def _cmd_dead_letters(args: argparse.Namespace, out: Console) -> int:
+    consumer, close = await _open_consumer(args)
+    try:
+        for message_id in cast("list[str]", args.retry or []):
+            try:
+                await consumer.retry_dead_letter(message_id)
+            except KeyError:
+                raise CliError(f"no dead letter with id {message_id!r}", 1) from None
+            out.line(f"requeued dead letter {message_id}")
+        if args.retry:
+            return 0
+        dead = await consumer.dead_letters(args.limit)
+    finally:
+        await close()
+    if args.json:
+        _print_json(
+            out,
+            [
+                {
+                    "message_id": m.message_id,
+                    "thread_id": m.intent.thread_id,
+                    "revision": m.intent.snapshot_revision,
+                    "attempts": m.attempts,
+                    "reason": m.intent.reason,
+                    "pointer": m.intent.execution_pointer,
+                }
+                for m in dead
+            ],
+        )
+        return 0
+    if not dead:
+        out.line("no dead letters")
+        return 0
+    out.table(
+        ["ID", "THREAD", "REVISION", "ATTEMPTS", "REASON", "POINTER"],
+        [
+            [
+                clean(m.message_id, 24),
+                clean(m.intent.thread_id, 48),
+                str(m.intent.snapshot_revision),
+                str(m.attempts),
+                clean(m.intent.reason, 32),
+                clean(m.intent.execution_pointer, 32),
+            ]
+            for m in dead
+        ],
+    )
+    return 0
+
+
 async def _cmd_demo(args: argparse.Namespace, out: Console) -> int:
     from ._demo import DemoError, DemoSettings, describe_failure, inspect_commands, run_demo
 
@@ -990,6 +1074,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="a pending hand-off is stale after S seconds",
     )
     p.set_defaults(handler=_cmd_worker)
+
+    p = sub.add_parser(
+        "dead-letters",
+        parents=[common, json_opt],
+        help="list or requeue hand-offs whose deliveries kept failing",
+        description="List the outbox's dead letters, or requeue them with --retry ID. "
+        "Works on a SQLite --db file, or on any backend through --consumer MODULE:ATTR "
+        "(an OutboxConsumer, or a function - sync or async - returning one).",
+    )
+    p.add_argument("--db", type=Path, metavar="FILE", help="a flowy SQLite database")
+    p.add_argument("--consumer", metavar="MODULE:ATTR", help="an outbox consumer factory")
+    p.add_argument("--codec", metavar="MODULE:ATTR", help=argparse.SUPPRESS)
+    p.add_argument("--retry", action="append", metavar="ID", help="requeue this dead letter")
+    p.add_argument("--limit", type=_positive_int, default=100, metavar="N")
+    p.set_defaults(handler=_cmd_dead_letters)
     return parser
 
 
