@@ -50,6 +50,7 @@ from ._lease import (
     lease_free_condition,
     lease_held_condition,
     live_lease,
+    update_head,
 )
 from ._table import (
     A_HANDOFF,
@@ -614,15 +615,14 @@ class DynamoCheckpointer(Generic[S]):
         if idle_only:
             condition += " AND " + lease_free_condition(expr, now - self.clock_skew)
         try:
-            result = await self._table.call(
-                "update_item",
-                TableName=self._table.name,
-                Key=head_key(thread_id),
-                UpdateExpression=update,
-                ConditionExpression=condition,
+            result = await update_head(
+                self._table,
+                thread_id,
+                expr,
+                update,
+                condition,
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **expr.params(),
             )
         except ConditionFailed as failed:
             # No head (a missing thread, or only history left over), another thread's

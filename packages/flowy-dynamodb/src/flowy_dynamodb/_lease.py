@@ -55,6 +55,7 @@ __all__ = [
     "lease_free_condition",
     "lease_held_condition",
     "live_lease",
+    "update_head",
 ]
 
 DEFAULT_CLOCK_SKEW = 1.0
@@ -64,6 +65,27 @@ DEFAULT_CLOCK_SKEW = 1.0
 def head_key(thread_id: str) -> dict[str, Any]:
     """The primary key of a thread's head item."""
     return {PK: s(thread_key(thread_id)), SK: s(HEAD_SK)}
+
+
+async def update_head(
+    table: DynamoTable,
+    thread_id: str,
+    expr: Expression,
+    update: str,
+    condition: str,
+    **options: Any,
+) -> dict[str, Any]:
+    """One conditional ``UpdateItem`` of the thread's head item; ``ConditionFailed`` when
+    ``condition`` is false. ``options`` are further ``UpdateItem`` parameters."""
+    return await table.call(
+        "update_item",
+        TableName=table.name,
+        Key=head_key(thread_id),
+        UpdateExpression=update,
+        ConditionExpression=condition,
+        **options,
+        **expr.params(),
+    )
 
 
 def lease_free_condition(expr: Expression, cutoff: float) -> str:
@@ -185,15 +207,14 @@ class DynamoLeaseManager:
             f"{lease_free_condition(expr, now - self.clock_skew)}"
         )
         try:
-            result = await self._table.call(
-                "update_item",
-                TableName=self._table.name,
-                Key=head_key(thread_id),
-                UpdateExpression=update,
-                ConditionExpression=condition,
+            result = await update_head(
+                self._table,
+                thread_id,
+                expr,
+                update,
+                condition,
                 ReturnValues="UPDATED_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **expr.params(),
             )
         except ConditionFailed as failed:
             check_stored_id(thread_id, failed.item)
@@ -216,11 +237,19 @@ class DynamoLeaseManager:
             )
         return Lease(thread_id, owner, token, expires)
 
-    def _current_condition(self, expr: Expression, lease: Lease, now: float) -> str:
+    async def _update_held(
+        self, lease: Lease, expr: Expression, update: str, now: float, action: str
+    ) -> None:
+        """Apply ``update`` to the head item if ``lease`` is its live lease at ``now``,
+        else raise ``LeaseLostError`` for ``action``."""
         tid = expr.name(A_THREAD_ID)
-        return f"{tid} = {expr.value('tid', s(lease.thread_id))} AND " + (
+        condition = f"{tid} = {expr.value('tid', s(lease.thread_id))} AND " + (
             lease_held_condition(expr, lease, now)
         )
+        try:
+            await update_head(self._table, lease.thread_id, expr, update, condition)
+        except ConditionFailed:
+            raise self._lost(lease, action) from None
 
     def _lost(self, lease: Lease, action: str) -> flowy.LeaseLostError:
         return flowy.LeaseLostError(
@@ -237,18 +266,7 @@ class DynamoLeaseManager:
         expires = now + ttl
         expr = Expression()
         update = f"SET {expr.name(A_EXPIRES)} = {expr.value('expires', n(expires))}"
-        condition = self._current_condition(expr, lease, now)
-        try:
-            await self._table.call(
-                "update_item",
-                TableName=self._table.name,
-                Key=head_key(lease.thread_id),
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                **expr.params(),
-            )
-        except ConditionFailed:
-            raise self._lost(lease, "renew") from None
+        await self._update_held(lease, expr, update, now, "renew")
         return Lease(lease.thread_id, lease.owner, lease.token, expires)
 
     async def release(self, lease: Lease) -> None:
@@ -258,18 +276,7 @@ class DynamoLeaseManager:
         now = self._table.clock()
         expr = Expression()
         update = f"REMOVE {expr.name(A_OWNER)}, {expr.name(A_EXPIRES)}"
-        condition = self._current_condition(expr, lease, now)
-        try:
-            await self._table.call(
-                "update_item",
-                TableName=self._table.name,
-                Key=head_key(lease.thread_id),
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                **expr.params(),
-            )
-        except ConditionFailed:
-            raise self._lost(lease, "release") from None
+        await self._update_held(lease, expr, update, now, "release")
 
     async def holder(self, thread_id: str) -> Lease | None:
         """The lease that holds the thread, or ``None`` (a strongly consistent read).

@@ -39,7 +39,7 @@ from flowy.checkpoint import (
     validate_thread_id,
 )
 
-from ._conn import Connector, PgConnection, Row, atomic, create_pool
+from ._conn import PgComponent, PgConnection, Row, atomic, create_pool
 from ._errors import show_id
 from ._lease import PostgresLeaseManager
 from ._schema import DEFAULT_PREFIX, DEFAULT_SCHEMA, TableNames, thread_key
@@ -274,7 +274,7 @@ def _summary(row: Row) -> ThreadSummary:
     )
 
 
-class PostgresCheckpointer(Generic[S]):
+class PostgresCheckpointer(PgComponent, Generic[S]):
     """Strict-OCC checkpointer on PostgreSQL; fencing and transactional.
 
     Build it from the same pool, schema and prefix as the ``PostgresLeaseManager`` and
@@ -298,9 +298,8 @@ class PostgresCheckpointer(Generic[S]):
     ) -> None:
         self.names = TableNames(schema, prefix)
         self.codec = codec
-        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
+        super().__init__(pool, acquire_timeout=acquire_timeout)
         self._sql = _sql(self.names)
-        self._owns_pool = False
 
     @classmethod
     async def from_dsn(
@@ -324,18 +323,7 @@ class PostgresCheckpointer(Generic[S]):
         checkpointer = cls(
             pool, schema=schema, prefix=prefix, codec=codec, acquire_timeout=acquire_timeout
         )
-        checkpointer._owns_pool = True
-        return checkpointer
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The asyncpg pool this checkpointer uses."""
-        return self._connector.pool
-
-    async def close(self) -> None:
-        """Close the pool if :meth:`from_dsn` created it (a pool you passed in stays open)."""
-        if self._owns_pool and not self._connector.is_bound:
-            await self._connector.pool.close()
+        return checkpointer._owning_pool()
 
     def bind(
         self, connection: asyncpg.Connection | PoolConnectionProxy | AsyncConnection

@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
 
 import asyncpg
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Connector",
     "PgConnection",
+    "PgComponent",
     "PgPool",
     "Row",
     "atomic",
@@ -243,6 +244,31 @@ class Connector:
                 return result
         async with self.connection(action) as conn:
             return await query(conn)
+
+
+class PgComponent:
+    """What the checkpointer, lease manager, outbox and consumer share: a
+    :class:`Connector` over the pool, and whether :meth:`close` closes that pool (only
+    when the object's ``from_dsn`` created it)."""
+
+    def __init__(self, pool: asyncpg.Pool, *, acquire_timeout: float) -> None:
+        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
+        self._owns_pool = False
+
+    def _owning_pool(self) -> Self:
+        """This object, now responsible for closing its pool (for ``from_dsn``)."""
+        self._owns_pool = True
+        return self
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        """The asyncpg pool this object uses."""
+        return self._connector.pool
+
+    async def close(self) -> None:
+        """Close the pool if :meth:`from_dsn` created it (a pool you passed in stays open)."""
+        if self._owns_pool and not self._connector.is_bound:
+            await self._connector.pool.close()
 
 
 class _Use:

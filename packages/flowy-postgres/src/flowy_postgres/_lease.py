@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Self, cast
 from flowy import Lease, LeaseLostError, ThreadLeaseBusyError
 from flowy.checkpoint import validate_thread_id
 
-from ._conn import Connector, PgConnection, create_pool
+from ._conn import PgComponent, PgConnection, create_pool
 from ._errors import show_id
 from ._schema import DEFAULT_PREFIX, DEFAULT_SCHEMA, TableNames, thread_key
 
@@ -98,7 +98,7 @@ def _check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
-class PostgresLeaseManager:
+class PostgresLeaseManager(PgComponent):
     """Run leases on threads, stored in PostgreSQL and timed by the database clock.
 
     Give it the same pool, schema and prefix as the ``PostgresCheckpointer`` so the
@@ -114,9 +114,8 @@ class PostgresLeaseManager:
         acquire_timeout: float = 10.0,
     ) -> None:
         self.names = TableNames(schema, prefix)
-        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
+        super().__init__(pool, acquire_timeout=acquire_timeout)
         self._sql = _sql(self.names)
-        self._owns_pool = False
 
     @classmethod
     async def from_dsn(
@@ -133,18 +132,7 @@ class PostgresLeaseManager:
         """A lease manager on a pool of its own (closed by :meth:`close`)."""
         pool = await create_pool(dsn, pooler_mode=pooler_mode, min_size=min_size, max_size=max_size)
         manager = cls(pool, schema=schema, prefix=prefix, acquire_timeout=acquire_timeout)
-        manager._owns_pool = True
-        return manager
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The asyncpg pool this manager uses."""
-        return self._connector.pool
-
-    async def close(self) -> None:
-        """Close the pool if :meth:`from_dsn` created it (a pool you passed in stays open)."""
-        if self._owns_pool:
-            await self._connector.pool.close()
+        return manager._owning_pool()
 
     async def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease:
         """Take the thread for ``ttl`` seconds; ``ThreadLeaseBusyError`` while another live

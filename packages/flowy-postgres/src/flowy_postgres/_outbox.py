@@ -36,7 +36,7 @@ from flowy.checkpoint import (
 )
 
 from ._checkpointer import PostgresTransaction
-from ._conn import Connector, PgConnection, Row, create_pool
+from ._conn import PgComponent, PgConnection, Row, create_pool
 from ._errors import show_id, translated
 from ._schema import DEFAULT_PREFIX, DEFAULT_SCHEMA, TableNames, thread_key
 
@@ -141,7 +141,7 @@ def _enqueue_args(intent: HandoffIntent, channel: str) -> tuple[object, ...]:
     )
 
 
-class PostgresOutbox:
+class PostgresOutbox(PgComponent):
     """The hand-off outbox table: ``enqueue_intent`` on its own, or
     ``enqueue_intent_tx`` inside ``PostgresCheckpointer.save_with_outbox``."""
 
@@ -154,9 +154,8 @@ class PostgresOutbox:
         acquire_timeout: float = 10.0,
     ) -> None:
         self.names = TableNames(schema, prefix)
-        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
+        super().__init__(pool, acquire_timeout=acquire_timeout)
         self._sql = _sql(self.names)
-        self._owns_pool = False
 
     @classmethod
     async def from_dsn(
@@ -173,18 +172,7 @@ class PostgresOutbox:
         """An outbox on a pool of its own (closed by :meth:`close`)."""
         pool = await create_pool(dsn, pooler_mode=pooler_mode, min_size=min_size, max_size=max_size)
         outbox = cls(pool, schema=schema, prefix=prefix, acquire_timeout=acquire_timeout)
-        outbox._owns_pool = True
-        return outbox
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The asyncpg pool this outbox uses."""
-        return self._connector.pool
-
-    async def close(self) -> None:
-        """Close the pool if :meth:`from_dsn` created it."""
-        if self._owns_pool:
-            await self._connector.pool.close()
+        return outbox._owning_pool()
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """Durably enqueue ``intent`` (committed when this returns) and wake consumers."""
@@ -304,7 +292,7 @@ class _Listener:
             await self._disconnect(conn)
 
 
-class PostgresOutboxConsumer:
+class PostgresOutboxConsumer(PgComponent):
     """Claims hand-off intents from the outbox table for ``flowy.Worker``.
 
     ``max_attempts`` deliveries without an ack dead-letter a message. A claim with
@@ -345,9 +333,8 @@ class PostgresOutboxConsumer:
         self.consumer_id = consumer_id or f"consumer-{uuid.uuid4().hex[:12]}"
         self.poll_interval = poll_interval
         self.listen_poll_interval = listen_poll_interval
-        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
+        super().__init__(pool, acquire_timeout=acquire_timeout)
         self._sql = _sql(self.names)
-        self._owns_pool = False
         self._listener: _Listener | None = None
         if listen:
             if listen_connect is not None:
@@ -407,13 +394,7 @@ class PostgresOutboxConsumer:
             listen_connect=connect,
             acquire_timeout=acquire_timeout,
         )
-        consumer._owns_pool = True
-        return consumer
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The asyncpg pool this consumer uses."""
-        return self._connector.pool
+        return consumer._owning_pool()
 
     @property
     def listening(self) -> bool:
@@ -425,8 +406,7 @@ class PostgresOutboxConsumer:
         :meth:`from_dsn` created it."""
         if self._listener is not None:
             await self._listener.close()
-        if self._owns_pool:
-            await self._connector.pool.close()
+        await super().close()
 
     async def _claim_once(
         self, limit: int, visibility_timeout: float

@@ -29,7 +29,7 @@ from flowy.checkpoint import (
     validate_thread_id,
 )
 
-from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, KeyLayout, describe
+from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, describe
 from ._lease import RedisLeaseManager
 from ._outbox import RedisTransaction
 from ._scripts import (
@@ -44,7 +44,7 @@ from ._scripts import (
     STATUS_LEASE_BUSY,
     save_script,
 )
-from ._store import RedisClient, Store, connect
+from ._store import RedisClient, StoreUser, connect
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "RedisCheckpointer"]
 
@@ -98,7 +98,7 @@ def _check_revision(expected_revision: object) -> int:
     return expected_revision
 
 
-class RedisCheckpointer(Generic[S]):
+class RedisCheckpointer(StoreUser, Generic[S]):
     """Strict-OCC checkpointer on Redis (standalone or Cluster).
 
     A save is one Lua script: it checks the lease (fencing, by the server's clock) and
@@ -128,7 +128,7 @@ class RedisCheckpointer(Generic[S]):
         completed_ttl: float | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> None:
-        self._store = Store(client, KeyLayout(namespace, shards))
+        super().__init__(client, namespace=namespace, shards=shards)
         if completed_ttl is not None and not (
             math.isfinite(completed_ttl) and completed_ttl >= 0.001
         ):
@@ -164,28 +164,16 @@ class RedisCheckpointer(Generic[S]):
             codec=codec,
             completed_ttl=completed_ttl,
         )
-        checkpointer._store.owns_client = True
-        return checkpointer
+        return checkpointer._owning_client()
 
     @property
     def client(self) -> RedisClient:
         """The Redis client."""
         return self._store.client
 
-    @property
-    def layout(self) -> KeyLayout:
-        """The key layout (namespace and shard count)."""
-        return self._store.layout
-
-    async def aclose(self) -> None:
-        """Close the client if ``from_url`` created it."""
-        await self._store.aclose()
-
     def fences(self, leases: LeaseManager) -> bool:
         """True for a ``RedisLeaseManager`` of the same namespace on the same Redis."""
-        return isinstance(leases, RedisLeaseManager) and self._store.same_domain(
-            leases._store  # pyright: ignore[reportPrivateUsage]
-        )
+        return isinstance(leases, RedisLeaseManager) and self._store.same_domain(leases._store)
 
     async def save(
         self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None

@@ -11,9 +11,9 @@ from typing import Any
 from flowy import LeaseLostError, ThreadLeaseBusyError
 from flowy.checkpoint import Lease, validate_thread_id
 
-from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, KeyLayout, describe
+from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, describe
 from ._scripts import ACQUIRE, HOLDER, OK, RELEASE, RENEW
-from ._store import RedisClient, Store, connect
+from ._store import RedisClient, StoreUser, connect
 
 __all__ = ["RedisLeaseManager"]
 
@@ -36,7 +36,7 @@ def _owner(owner: object) -> str:
     return owner
 
 
-class RedisLeaseManager:
+class RedisLeaseManager(StoreUser):
     """Fenced run leases on Redis (standalone or Cluster).
 
     A thread's lease is a hash beside its checkpoint (same hash slot): owner, fencing
@@ -58,7 +58,7 @@ class RedisLeaseManager:
         namespace: str = DEFAULT_NAMESPACE,
         shards: int = DEFAULT_SHARDS,
     ) -> None:
-        self._store = Store(client, KeyLayout(namespace, shards))
+        super().__init__(client, namespace=namespace, shards=shards)
 
     @classmethod
     def from_url(
@@ -74,22 +74,12 @@ class RedisLeaseManager:
         manager = cls(
             connect(url, cluster=cluster, **client_options), namespace=namespace, shards=shards
         )
-        manager._store.owns_client = True
-        return manager
+        return manager._owning_client()
 
     @property
     def client(self) -> RedisClient:
         """The Redis client."""
         return self._store.client
-
-    @property
-    def layout(self) -> KeyLayout:
-        """The key layout (namespace and shard count)."""
-        return self._store.layout
-
-    async def aclose(self) -> None:
-        """Close the client if ``from_url`` created it."""
-        await self._store.aclose()
 
     async def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease:
         """Take the thread for ``ttl`` seconds; ``ThreadLeaseBusyError`` while any live

@@ -29,7 +29,7 @@ from flowy.checkpoint import (
 
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, KeyLayout, ShardKeys, describe
 from ._scripts import ACK, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD
-from ._store import RedisClient, Store, connect
+from ._store import RedisClient, StoreUser, connect
 
 __all__ = ["RedisOutbox", "RedisOutboxConsumer", "RedisTransaction"]
 
@@ -80,7 +80,7 @@ class RedisTransaction:
         self._intents.append(encode_intent(intent))
 
 
-class RedisOutbox:
+class RedisOutbox(StoreUser):
     """The producing side of the outbox: appends intents to the thread's shard stream.
 
     Args:
@@ -96,7 +96,7 @@ class RedisOutbox:
         namespace: str = DEFAULT_NAMESPACE,
         shards: int = DEFAULT_SHARDS,
     ) -> None:
-        self._store = Store(client, KeyLayout(namespace, shards))
+        super().__init__(client, namespace=namespace, shards=shards)
 
     @classmethod
     def from_url(
@@ -112,17 +112,7 @@ class RedisOutbox:
         outbox = cls(
             connect(url, cluster=cluster, **client_options), namespace=namespace, shards=shards
         )
-        outbox._store.owns_client = True
-        return outbox
-
-    @property
-    def layout(self) -> KeyLayout:
-        """The key layout (namespace and shard count)."""
-        return self._store.layout
-
-    async def aclose(self) -> None:
-        """Close the client if ``from_url`` created it."""
-        await self._store.aclose()
+        return outbox._owning_client()
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """Append ``intent`` to its thread's shard stream (``XADD``)."""
@@ -163,7 +153,7 @@ def _entry_order(entry_id: bytes) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-class RedisOutboxConsumer:
+class RedisOutboxConsumer(StoreUser):
     """The consuming side of the outbox (``flowy.Worker`` uses it): a consumer group over
     every shard stream, with per-claim visibility timeouts and dead letters.
 
@@ -208,7 +198,7 @@ class RedisOutboxConsumer:
             raise ValueError(f"poll_interval must be a positive number, got {poll_interval!r}")
         if not group:
             raise ValueError("the consumer group name must not be empty")
-        self._store = Store(client, KeyLayout(namespace, shards))
+        super().__init__(client, namespace=namespace, shards=shards)
         self.group = group
         self.consumer = consumer or _default_consumer_name()
         self.max_attempts = max_attempts
@@ -237,17 +227,7 @@ class RedisOutboxConsumer:
             consumer=consumer,
             max_attempts=max_attempts,
         )
-        made._store.owns_client = True
-        return made
-
-    @property
-    def layout(self) -> KeyLayout:
-        """The key layout (namespace and shard count)."""
-        return self._store.layout
-
-    async def aclose(self) -> None:
-        """Close the client if ``from_url`` created it."""
-        await self._store.aclose()
+        return made._owning_client()
 
     def _rotation(self) -> list[ShardKeys]:
         shards = self._store.layout.all_shards()

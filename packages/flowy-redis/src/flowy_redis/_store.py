@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeAlias, cast
+from typing import Any, Protocol, Self, TypeAlias, cast
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis, RedisCluster
@@ -17,7 +17,14 @@ from flowy import SchemaVersionError, StorageError, StorageUnavailableError
 from ._keys import KeyLayout
 from ._scripts import LAYOUT, LuaScript
 
-__all__ = ["LAYOUT_VERSION", "RedisClient", "Store", "connect", "purge_namespace"]
+__all__ = [
+    "LAYOUT_VERSION",
+    "RedisClient",
+    "Store",
+    "StoreUser",
+    "connect",
+    "purge_namespace",
+]
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
 """A ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client (bytes responses)."""
@@ -128,20 +135,12 @@ class Store:
         """EVALSHA ``script``; on NOSCRIPT load it and run it again (it was not run)."""
         if not self._checked:
             await self._check_layout()
-        try:
-            return await self._commands.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args
-            )
-        except rexc.NoScriptError:
-            return await self._reload_and_run(script, keys, args, action)
-        except asyncio.CancelledError:
-            raise
-        except (rexc.RedisError, rexc.RedisClusterException, OSError) as exc:
-            raise translate(exc, action) from exc
+        return await self._run(script, keys, args, action)
 
     async def _run(
         self, script: LuaScript, keys: Sequence[bytes], args: Sequence[Arg], action: Action
     ) -> Any:
+        """:meth:`run` without the layout check (the check itself runs a script)."""
         try:
             return await self._commands.execute_command(
                 "EVALSHA", script.sha, len(keys), *keys, *args
@@ -235,6 +234,28 @@ class Store:
         """Close the client if this store created it."""
         if self.owns_client:
             await self.client.aclose()
+
+
+class StoreUser:
+    """What the checkpointer, lease manager, outbox and consumer share: a :class:`Store`
+    for one namespace, and ``aclose`` closing the client only if ``from_url`` made it."""
+
+    def __init__(self, client: RedisClient, *, namespace: str, shards: int) -> None:
+        self._store = Store(client, KeyLayout(namespace, shards))
+
+    def _owning_client(self) -> Self:
+        """This object, now responsible for closing its client (for ``from_url``)."""
+        self._store.owns_client = True
+        return self
+
+    @property
+    def layout(self) -> KeyLayout:
+        """The key layout (namespace and shard count)."""
+        return self._store.layout
+
+    async def aclose(self) -> None:
+        """Close the client if ``from_url`` created it."""
+        await self._store.aclose()
 
 
 def connect(url: str, *, cluster: bool = False, **options: Any) -> RedisClient:
