@@ -191,7 +191,7 @@ class Connector:
                 f"max_size, run fewer operations at once, or raise acquire_timeout"
             ) from exc
         except Exception as exc:
-            err = translate(exc, action)
+            err = translate(exc, action, may_have_written=False)
             if err is exc:
                 raise
             raise err from exc
@@ -378,7 +378,7 @@ async def create_pool(
     try:
         return await create(dsn, min_size=min_size, max_size=max_size, **options)
     except Exception as exc:
-        err = translate(exc, "connect to PostgreSQL")
+        err = translate(exc, "connect to PostgreSQL", may_have_written=False)
         if err is exc:
             raise
         raise err from exc

@@ -59,15 +59,27 @@ class _Closable(Protocol):
     def is_closed(self) -> bool: ...
 
 
-def translate(exc: Exception, action: str, connection: _Closable | None = None) -> Exception:
+def translate(
+    exc: Exception,
+    action: str,
+    connection: _Closable | None = None,
+    *,
+    may_have_written: bool = True,
+) -> Exception:
     """The flowy error for ``exc`` raised while trying to ``action`` (or ``exc`` itself
-    when it is not a driver error)."""
+    when it is not a driver error). ``may_have_written=False`` for steps that cannot
+    have written anything (connecting, taking a pooled connection)."""
     if isinstance(exc, FlowyError):
         return exc
     detail = f"{type(exc).__name__}: {exc}"
     driver = isinstance(exc, _DRIVER)
     broken = driver and connection is not None and _closed(connection)
     if isinstance(exc, _UNAVAILABLE) or broken:
+        if not may_have_written:
+            return StorageUnavailableError(
+                f"could not {action}: PostgreSQL is unavailable ({detail}); check that the "
+                "server is running and that the DSN (host, port, user, database) is right"
+            )
         return StorageUnavailableError(
             f"could not {action}: PostgreSQL is unavailable or the connection broke "
             f"({detail}); a write may or may not have been applied, so reload before "
