@@ -286,3 +286,34 @@ def test_intent_wire_format_round_trip() -> None:
     assert decode_intent(encode_intent(intent)) == intent
     with pytest.raises(ValueError, match="malformed"):
         decode_intent(b'{"v": 1}')
+
+
+async def test_enqueue_failure_and_retention_failure_are_both_reported() -> None:
+    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp.arm(Phase.PRUNE)
+    outbox = FaultyOutbox(PlainOutbox(flowy.MemoryOutbox()))
+    outbox.arm(error=lambda: ConnectionError("queue down"))
+    handle = await flowy.Runner(handoff_graph(retention_limit=1), cp, handoff_outbox=outbox).stream(
+        "t", {}
+    )
+    events, r = await flowy.collect_events_and_wait(handle)
+    assert r.status is flowy.RunStatus.HANDOFF
+    assert r.reason == "handoff_retention_failed"
+    assert isinstance(r.error, ExceptionGroup)
+    kinds = {type(e) for e in r.error.exceptions}
+    assert kinds == {flowy.HandoffEnqueueFailedError, flowy.StorageUnavailableError}
+    assert events[-1].type is flowy.EventType.HANDOFF and events[-1].reason == r.reason
+    snap, _ = await cp.load("t")
+    assert snap.handoff_status is flowy.HandoffStatus.ORPHANED
+
+
+async def test_handoff_save_failure_is_a_failed_event_with_the_same_reason() -> None:
+    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp.arm(Phase.SAVE_PENDING, error=lambda: flowy.StorageError("db down"))
+    handle = await flowy.Runner(
+        handoff_graph(), cp, handoff_outbox=PlainOutbox(flowy.MemoryOutbox())
+    ).stream("t", {})
+    events, r = await flowy.collect_events_and_wait(handle)
+    assert r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
+    assert events[-1].type is flowy.EventType.FAILED
+    assert events[-1].reason == r.reason

@@ -150,6 +150,23 @@ async def test_cancel_save_failure_hard_fail_reason() -> None:
     assert out.outcome.reason == flowy.Reason.CONTEXT_CANCELED_SAVE_FAILED
     assert out.outcome.status is flowy.RunStatus.CANCELED
     assert isinstance(out.outcome.error, flowy.StorageError)
+    assert out.events == [] or not out.events[-1].terminal  # request_stop closed the sink
+
+
+async def test_cancel_save_failure_event_is_context_canceled_not_failed() -> None:
+    gate = asyncio.Event()
+    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp.arm(Phase.SAVE_CANCEL, error=lambda: flowy.StorageError("down"))
+    handle = await flowy.Runner(blocking_graph(gate), cp).stream("t", {})
+    collector = flowy.begin_stream_collect(handle)
+    await until_started(handle, "wait")
+    handle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await handle.wait_result()
+    assert collector.task is not None
+    await collector.task
+    assert collector.events[-1].type is flowy.EventType.CONTEXT_CANCELED
+    assert collector.events[-1].reason == flowy.Reason.CONTEXT_CANCELED_SAVE_FAILED
 
 
 async def test_external_task_cancellation_saves_then_reraises() -> None:
