@@ -145,11 +145,13 @@ class JSONCodec(Generic[S]):
         self.state_type: Any = state_type
 
     def encode(self, state: S) -> bytes:
+        """Encode ``state`` as compact UTF-8 JSON; ``TypeError`` if a value is not encodable."""
         return json.dumps(
             state, default=_json_default, separators=(",", ":"), ensure_ascii=False
         ).encode()
 
     def decode(self, data: bytes) -> S:
+        """Decode JSON bytes (into ``state_type`` if given); ``ValueError`` if malformed."""
         try:
             value = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -184,12 +186,14 @@ class MsgspecCodec(Generic[S]):
         self.state_type: Any = state_type
 
     def encode(self, state: S) -> bytes:
+        """Encode ``state`` with msgspec; ``TypeError`` if a value is not encodable."""
         try:
             return cast(bytes, self._encoder.encode(state))
         except self._msgspec.EncodeError as exc:
             raise TypeError(str(exc)) from exc
 
     def decode(self, data: bytes) -> S:
+        """Decode and validate against ``state_type``; ``ValueError`` if it does not match."""
         try:
             return cast(S, self._decoder.decode(data))
         except (self._msgspec.DecodeError, self._msgspec.ValidationError) as exc:

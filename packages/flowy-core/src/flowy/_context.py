@@ -39,7 +39,7 @@ class BindingKey(Generic[T]):
     __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
-        self.name = name
+        self.name: str = name
 
     def __repr__(self) -> str:
         return f"BindingKey({self.name!r})"

@@ -87,7 +87,7 @@ class GraphValidationError(FlowyError):
     """``GraphBuilder.compile()`` found one or more problems; ``problems`` lists them all."""
 
     def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
+        self.problems: list[str] = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"the graph is invalid ({len(self.problems)} problem(s)):\n{lines}")
 

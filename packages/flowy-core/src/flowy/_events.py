@@ -95,13 +95,13 @@ class StreamHandle(Generic[S, E]):
     """
 
     def __init__(self, thread_id: str, *, max_buffer: int = 1024) -> None:
-        self.thread_id = thread_id
+        self.thread_id: str = thread_id
         self._events: deque[RunEvent[S, E]] = deque()
         self._max_buffer = max(max_buffer, 1)
         self._ready = asyncio.Event()
         self._closed = False
         self._finished = False
-        self.dropped_events = 0
+        self.dropped_events: int = 0
         self._task: asyncio.Task[RunResult[S, E]] | None = None
         self._execution: RunControl | None = None
 

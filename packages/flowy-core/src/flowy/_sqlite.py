@@ -399,8 +399,8 @@ class SQLiteBackend(SQLiteResource, Generic[S]):
             SQLiteDatabase(path, busy_timeout=busy_timeout, clock=clock, synchronous=synchronous)
         )
         self.checkpointer: SQLiteCheckpointer[S] = SQLiteCheckpointer(self.database, codec)
-        self.leases = SQLiteLeaseManager(self.database)
-        self.outbox = SQLiteOutbox(
+        self.leases: SQLiteLeaseManager = SQLiteLeaseManager(self.database)
+        self.outbox: SQLiteOutbox = SQLiteOutbox(
             self.database, max_attempts=max_attempts, poll_interval=poll_interval
         )
 

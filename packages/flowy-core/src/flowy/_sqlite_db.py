@@ -201,10 +201,10 @@ class SQLiteDatabase:
             raise ValueError(f"busy_timeout must be >= 0 seconds, got {busy_timeout!r}")
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be 'FULL' or 'NORMAL', got {synchronous!r}")
-        self.path = os.fspath(path)
-        self.busy_timeout = busy_timeout
-        self.clock = clock
-        self.synchronous = synchronous
+        self.path: str = os.fspath(path)
+        self.busy_timeout: float = busy_timeout
+        self.clock: Clock = clock
+        self.synchronous: Literal["FULL", "NORMAL"] = synchronous
         in_memory = self.path in ("", ":memory:")
         self._domain = None if in_memory else os.path.realpath(self.path)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flowy-sqlite")
@@ -552,7 +552,7 @@ class SQLiteResource:
     """
 
     def __init__(self, database: StrPath | SQLiteDatabase) -> None:
-        self.database = (
+        self.database: SQLiteDatabase = (
             database if isinstance(database, SQLiteDatabase) else SQLiteDatabase(database)
         )
 

@@ -111,7 +111,7 @@ class Worker(Generic[S, E]):
         self.owner = owner
         self.lease_ttl = lease_ttl
         self.concurrency = concurrency
-        self.visibility_timeout = visibility_timeout or lease_ttl * 4
+        self.visibility_timeout: float = visibility_timeout or lease_ttl * 4
         self.poll_interval = poll_interval
         self.resume_options = resume_options
         self.recovery_interval = recovery_interval

@@ -84,11 +84,14 @@ class Fault:
 
 
 class _Faults:
+    """The faults armed on one wrapper and the phases they have struck so far."""
+
     def __init__(self) -> None:
         self.armed: list[Fault] = []
         self.struck: list[Phase] = []
 
     def take(self, phase: Phase) -> Fault | None:
+        """Use up one strike of the first fault armed for ``phase``; None if there is none."""
         for fault in self.armed:
             if fault.phase is phase and fault.times > 0:
                 fault.times -= 1
@@ -102,7 +105,7 @@ class FaultyCheckpointer(Generic[S]):
 
     def __init__(self, inner: Checkpointer[S]) -> None:
         self.inner = inner
-        self.faults = _Faults()
+        self.faults: _Faults = _Faults()
 
     def arm(
         self,
@@ -198,7 +201,7 @@ class FaultyOutbox:
 
     def __init__(self, inner: HandoffOutbox) -> None:
         self.inner = inner
-        self.faults = _Faults()
+        self.faults: _Faults = _Faults()
 
     def arm(
         self,

@@ -241,6 +241,7 @@ async def _client_retry(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the stress test from the command line; returns the process exit status."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--handoffs", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=1)

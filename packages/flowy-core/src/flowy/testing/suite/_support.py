@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import pytest
 
@@ -64,7 +64,7 @@ class Suite:
     """
 
     __test__ = True
-    pytestmark = [pytest.mark.anyio]  # noqa: RUF012 - pytest reads the list
+    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.anyio]
 
     short_ttl: float = 0.3
     """Seconds: the lease ttl and visibility timeout of tests that wait for an expiry."""
