@@ -46,7 +46,7 @@ from ._results import (
     Reason,
     RunResult,
 )
-from ._saving import durable_save
+from ._saving import confirm_save, durable_save
 from ._types import E, S
 
 if TYPE_CHECKING:
@@ -678,8 +678,6 @@ class Execution(Generic[S, E]):
         except LeaseLostError as exc:
             raise self._lease_lost(exc) from exc
         except Exception as exc:
-            from ._saving import confirm_save
-
             landed: int | None = None
             try:
                 landed = await confirm_save(cp, self.revision, snap)

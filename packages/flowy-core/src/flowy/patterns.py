@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ._context import use_budget
+from ._directives import completed
 from ._graph import GraphBuilder, Node, Reducer
 from ._types import E, S
 
@@ -31,8 +33,6 @@ def build_react(
     """
     if max_iterations < 1:
         raise ValueError(f"max_iterations must be >= 1, got {max_iterations!r}")
-    from ._context import use_budget
-    from ._directives import completed
 
     async def reason(state: S) -> tuple[S, object]:
         use_budget("react_iterations")
