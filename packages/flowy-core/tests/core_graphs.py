@@ -6,6 +6,8 @@ import itertools
 from typing import Any
 
 import flowy
+from flowy import storage
+from flowy.memory import MemoryOutbox
 
 State = dict[str, Any]
 
@@ -59,10 +61,10 @@ def linear_graph(n: int = 3, **compile_kw: Any) -> flowy.Graph[State, Any]:
 class PlainOutbox:
     """A non-transactional outbox over a MemoryOutbox (forces the three-phase hand-off)."""
 
-    def __init__(self, inner: flowy.MemoryOutbox) -> None:
+    def __init__(self, inner: MemoryOutbox) -> None:
         self.inner = inner
 
-    async def enqueue_intent(self, intent: flowy.HandoffIntent) -> None:
+    async def enqueue_intent(self, intent: storage.HandoffIntent) -> None:
         await self.inner.enqueue_intent(intent)
 
 

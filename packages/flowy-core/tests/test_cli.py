@@ -24,7 +24,8 @@ import pytest
 from core_graphs import approval_graph
 
 import flowy
-from flowy._sqlite import SQLiteBackend
+from flowy import storage
+from flowy.sqlite import SQLiteBackend
 
 TESTS_DIR = Path(__file__).resolve().parent
 DOCS_CLI = TESTS_DIR.parents[2] / "docs" / "cli.md"
@@ -107,12 +108,12 @@ def db(tmp_path: Path) -> Db:
     return asyncio.run(_populate(tmp_path / "flowy.db"))
 
 
-async def _load(path: Path, thread: str) -> tuple[flowy.Snapshot[Any], int]:
+async def _load(path: Path, thread: str) -> tuple[storage.Snapshot[Any], int]:
     async with SQLiteBackend[Any](path) as backend:
         return await backend.checkpointer.load(thread)
 
 
-def load(path: Path, thread: str) -> tuple[flowy.Snapshot[Any], int]:
+def load(path: Path, thread: str) -> tuple[storage.Snapshot[Any], int]:
     return asyncio.run(_load(path, thread))
 
 
@@ -183,7 +184,7 @@ def test_show_snapshot(db: Db) -> None:
 
 
 def test_show_json_with_lease_holder(db: Db) -> None:
-    async def hold() -> flowy.Lease:
+    async def hold() -> storage.Lease:
         async with SQLiteBackend[Any](db.path) as backend:
             return await backend.leases.acquire("susp", "ops-console", 60.0)
 
@@ -193,14 +194,14 @@ def test_show_json_with_lease_holder(db: Db) -> None:
     data = json.loads(proc.stdout)
     assert data["lease"] == {
         "owner": "ops-console",
-        "token": lease.token,
+        "token": lease.fencing_token,
         "expires_at": lease.expires_at,
     }
     assert data["revision"] == db.susp_revision
     assert data["status"] == "suspended"
     assert data["state"] == {"planned": True, "log": ["plan"]}
     table = run_flowy("show", "susp", "--db", db.arg).stdout
-    assert f"ops-console (fencing token {lease.token}, expires in" in table
+    assert f"ops-console (fencing token {lease.fencing_token}, expires in" in table
 
 
 def test_show_budget_limits_from_graph(tmp_path: Path) -> None:
@@ -593,8 +594,8 @@ def test_docs_cli_console_blocks_match_real_output(tmp_path: Path) -> None:
 
 
 async def _make_dead_letter(path: Path) -> str:
-    async with flowy.SQLiteBackend(path, max_attempts=1) as backend:
-        intent = flowy.HandoffIntent(
+    async with SQLiteBackend(path, max_attempts=1) as backend:
+        intent = storage.HandoffIntent(
             thread_id="poison",
             pending_snapshot_revision=3,
             committed_snapshot_revision=3,
@@ -605,9 +606,9 @@ async def _make_dead_letter(path: Path) -> str:
             execution_pointer="pay",
         )
         await backend.outbox.enqueue_intent(intent)
-        (msg,) = await backend.outbox.claim(1, 30)
-        await backend.outbox.release(msg, error="always fails")
-        (dead,) = await backend.outbox.dead_letters()
+        (msg,) = await backend.consumer.claim(1, 30)
+        await backend.consumer.release(msg, error="always fails")
+        (dead,) = await backend.consumer.dead_letters()
         return dead.message_id
 
 
@@ -639,8 +640,7 @@ def test_dead_letters_through_a_consumer_factory(tmp_path: Path) -> None:
     path = tmp_path / "dl.db"
     asyncio.run(_make_dead_letter(path))
     (tmp_path / "myconsumer.py").write_text(
-        "import flowy\n"
-        f"async def consumer():\n    return flowy.SQLiteBackend({str(path)!r}).outbox\n"
+        f"import flowy\nasync def consumer():\n    return SQLiteBackend({str(path)!r}).consumer\n"
     )
     proc = run_flowy("dead-letters", "--consumer", "myconsumer:consumer", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 import flowy
-from flowy._demo import THREAD_ID, payments_path, read_ledger
-from flowy._sqlite import SQLiteBackend
+from flowy import storage
+from flowy.cli.demo import THREAD_ID, payments_path, read_ledger
+from flowy.sqlite import SQLiteBackend
 
 
 @dataclass(frozen=True)
@@ -99,12 +100,12 @@ def test_demo_tells_the_story(demo: DemoRun) -> None:
     assert [int(line.split()[0]) for line in history[1:]] == list(range(9, 0, -1))
 
 
-async def _read(db: Path) -> tuple[flowy.Snapshot[Any], int, list[flowy.Snapshot[Any]]]:
+async def _read(db: Path) -> tuple[storage.Snapshot[Any], int, list[storage.Snapshot[Any]]]:
     async with SQLiteBackend[Any](db) as backend:
         snap, revision = await backend.checkpointer.load(THREAD_ID)
         history = await backend.checkpointer.get_history(THREAD_ID, 100)
         assert await backend.leases.holder(THREAD_ID) is None
-        assert await backend.outbox.pending_count() == 0
+        assert await backend.consumer.pending_count() == 0
         return snap, revision, history
 
 
@@ -168,5 +169,5 @@ def test_demo_default_database_is_recreated(tmp_path: Path) -> None:
 async def _stale_demo_db(db: Path) -> int:
     """A demo database left by an earlier run, with a thread of the same id."""
     async with SQLiteBackend[Any](db) as backend:
-        snap = flowy.Snapshot(THREAD_ID, {"old": True}, "plan")
+        snap = storage.Snapshot(THREAD_ID, {"old": True}, "plan")
         return await backend.checkpointer.save(0, snap)

@@ -8,6 +8,8 @@ import pytest
 from core_graphs import State, merge
 
 import flowy
+from flowy import types as ftypes
+from flowy.memory import MemoryCheckpointer
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +107,7 @@ async def test_router_returning_undeclared_target_fails_clearly() -> None:
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("a", ok).add_node("b", ok).allow_no_outgoing_route("b")
     b.add_conditional_edge("a", lambda s: "c", "b")
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     result = await flowy.Runner(b.compile(), cp).start("t", {})
     assert result.status is flowy.RunStatus.FAILED
     assert result.reason == flowy.Reason.ROUTER_TARGET_UNDECLARED
@@ -164,5 +166,5 @@ def test_directive_constructors_validate() -> None:
     with pytest.raises(TypeError):
         flowy.NoEffect()
     d = flowy.effect(flowy.suspend("x", resume_at="n"), 5)
-    assert d.kind is flowy.DirectiveKind.EFFECT and d.payload == 5
+    assert d.kind is ftypes.DirectiveKind.EFFECT and d.payload == 5
     assert d.base is not None and d.base.resume_at == "n"

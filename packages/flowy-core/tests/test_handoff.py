@@ -9,6 +9,9 @@ import pytest
 from core_graphs import PlainOutbox, State, handoff_graph
 
 import flowy
+from flowy import errors, lifecycle, storage, stream_helpers
+from flowy import types as ftypes
+from flowy.memory import MemoryBackend, MemoryCheckpointer
 from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 
 pytestmark = pytest.mark.anyio
@@ -16,16 +19,17 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(autouse=True)
 def _fresh_metrics() -> None:
-    flowy.reset_metrics()
+    lifecycle.reset_metrics()
 
 
 def counts() -> dict[str, int]:
-    return flowy.metrics()["handoff_enqueued_total"]
+    return lifecycle.metrics()["handoff_enqueued_total"]
 
 
 async def test_three_phase_success_intent_fields() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    queue = flowy.MemoryOutbox()
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = mem.checkpointer
+    queue = mem.outbox
     runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(queue))
     r = await runner.start("t", {})
     assert r.status is flowy.RunStatus.HANDOFF and r.reason == "background"
@@ -36,7 +40,7 @@ async def test_three_phase_success_intent_fields() -> None:
         (r.revision - 1, flowy.HandoffStatus.PENDING),
     ]
     assert history[1].handoff_pending_at is not None
-    (msg,) = await queue.claim(10, 30)
+    (msg,) = await mem.consumer.claim(10, 30)
     intent = msg.intent
     assert intent.pending_snapshot_revision == r.revision - 1
     assert intent.committed_snapshot_revision == r.revision == intent.snapshot_revision
@@ -49,10 +53,11 @@ async def test_three_phase_success_intent_fields() -> None:
 
 
 async def test_transactional_path_one_revision() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    queue = flowy.MemoryOutbox()
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = mem.checkpointer
+    queue = mem.outbox
     r = await flowy.Runner(handoff_graph(), cp, handoff_outbox=queue).start("t", {})
-    (msg,) = await queue.claim(10, 30)
+    (msg,) = await mem.consumer.claim(10, 30)
     intent = msg.intent
     assert intent.pending_snapshot_revision == intent.committed_snapshot_revision == r.revision
     assert intent.resume_token == r.resume_token
@@ -62,22 +67,24 @@ async def test_transactional_path_one_revision() -> None:
 
 
 async def test_transactional_commit_failure_writes_nothing() -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.COMMIT, error=lambda: flowy.StorageError("tx aborted"))
-    queue = flowy.MemoryOutbox()
+    queue = mem.outbox
     r = await flowy.Runner(handoff_graph(save_every_step=False), cp, handoff_outbox=queue).start(
         "t", {}
     )
     assert r.status is flowy.RunStatus.FAILED and r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
-    assert queue.pending_count() == 0
+    assert mem.consumer.pending_count() == 0
     with pytest.raises(flowy.ThreadNotFoundError):
         await cp.load("t")
     assert counts()["commit_failed"] == 1
 
 
 async def test_enqueue_failure_patches_orphaned() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    outbox = FaultyOutbox(PlainOutbox(flowy.MemoryOutbox()))
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = mem.checkpointer
+    outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(error=lambda: ConnectionError("queue down"))
     runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=outbox)
     r = await runner.start("t", {})
@@ -88,16 +95,17 @@ async def test_enqueue_failure_patches_orphaned() -> None:
     snap, rev = await cp.load("t")
     assert snap.handoff_status is flowy.HandoffStatus.ORPHANED and rev == r.revision
     assert counts()["enqueue_failed"] == 1
-    with pytest.raises(flowy.HandoffOrphanedError):
+    with pytest.raises(errors.HandoffOrphanedError):
         await runner.resume(r.resume_token)  # type: ignore[arg-type]
     decision = await runner.evaluate_resume(r.resume_token)  # type: ignore[arg-type]
     assert decision.kind is flowy.ResumeDecisionKind.HANDOFF_ORPHANED
 
 
 async def test_worst_case_orphan_patch_fails_snapshot_stays_enqueued() -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.PATCH_ORPHANED, error=lambda: flowy.StorageError("db down"))
-    queue = flowy.MemoryOutbox()
+    queue = mem.outbox
     outbox = FaultyOutbox(PlainOutbox(queue))
     outbox.arm(error=lambda: ConnectionError("queue down"))
     runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=outbox)
@@ -108,67 +116,73 @@ async def test_worst_case_orphan_patch_fails_snapshot_stays_enqueued() -> None:
     assert snap.handoff_status is flowy.HandoffStatus.ENQUEUED and rev == r.revision
     assert counts()["patch_orphan_failed"] == 1 and counts()["enqueue_failed"] == 1
     # runbook: false-enqueued rows need force_reenqueue
-    with pytest.raises(flowy.HandoffAlreadyEnqueuedError):
+    with pytest.raises(errors.HandoffAlreadyEnqueuedError):
         await runner.recover_stale_handoff("t")
     fixed = flowy.Runner(handoff_graph(), cp, handoff_outbox=queue)
     rec = await fixed.recover_stale_handoff("t", force_reenqueue=True)
-    assert rec.recovered and rec.handoff_status is flowy.HandoffStatus.ENQUEUED
-    (msg,) = await queue.claim(10, 30)
+    assert rec.error is None and rec.handoff_status is flowy.HandoffStatus.ENQUEUED
+    assert rec.recovered_from is flowy.HandoffStatus.ENQUEUED and rec.forced
+    (msg,) = await mem.consumer.claim(10, 30)
     assert msg.intent.resume_token == rec.resume_token
 
 
 async def test_patch_enqueued_failure_leaves_pending_recoverable_after_ttl() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
     now = [1000.0]
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.PATCH_ENQUEUED, error=lambda: flowy.StorageError("db down"))
-    queue = flowy.MemoryOutbox()
+    queue = mem.outbox
     runner = flowy.Runner(
         handoff_graph(), cp, handoff_outbox=PlainOutbox(queue), clock=lambda: now[0]
     )
     r = await runner.start("t", {})
-    assert isinstance(r.error, flowy.HandoffPatchFailedError)
+    assert isinstance(r.error, errors.HandoffPatchFailedError)
     assert r.handoff_status is flowy.HandoffStatus.PENDING
     assert counts()["patch_enqueued_failed"] == 1
-    assert queue.pending_count() == 0
-    with pytest.raises(flowy.HandoffPendingError):
+    assert mem.consumer.pending_count() == 0
+    with pytest.raises(errors.HandoffPendingError):
         await runner.resume(r.resume_token)  # type: ignore[arg-type]
-    with pytest.raises(flowy.HandoffPendingError):
+    with pytest.raises(errors.HandoffPendingError):
         await runner.recover_stale_handoff("t")  # fresh: may still be in flight
-    now[0] += flowy.DEFAULT_HANDOFF_STALE_AFTER + 1
+    now[0] += ftypes.DEFAULT_HANDOFF_STALE_AFTER + 1
     rec = await runner.recover_stale_handoff("t")
-    assert rec.recovered and rec.decision.kind is flowy.ResumeDecisionKind.HANDOFF_PENDING
-    (msg,) = await queue.claim(10, 30)
+    assert rec.decision.kind is flowy.ResumeDecisionKind.HANDOFF_PENDING
+    assert rec.recovered_from is flowy.HandoffStatus.PENDING and not rec.forced
+    assert rec.handoff_status is flowy.HandoffStatus.ENQUEUED and rec.error is None
+    (msg,) = await mem.consumer.claim(10, 30)
     assert msg.intent.pending_snapshot_revision == r.revision
     done = await runner.resume(msg.intent.resume_token)
     assert done.status is flowy.RunStatus.COMPLETED
 
 
 async def test_save_pending_failure() -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.SAVE_PENDING, error=lambda: flowy.StorageError("db down"))
-    r = await flowy.Runner(
-        handoff_graph(), cp, handoff_outbox=PlainOutbox(flowy.MemoryOutbox())
-    ).start("t", {})
+    r = await flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(mem.outbox)).start(
+        "t", {}
+    )
     assert r.status is flowy.RunStatus.FAILED and r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
     assert counts()["save_failed"] == 1
 
 
 async def test_recovery_error_matrix() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    queue = flowy.MemoryOutbox()
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = mem.checkpointer
+    queue = mem.outbox
     runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(queue))
     # none → not recoverable
-    await cp.save(0, flowy.Snapshot("plain", {}, "work", flowy.RunStatus.SUSPENDED))
-    with pytest.raises(flowy.HandoffNotRecoverableError):
+    await cp.save(0, storage.Snapshot("plain", {}, "work", flowy.RunStatus.SUSPENDED))
+    with pytest.raises(errors.HandoffNotRecoverableError):
         await runner.recover_stale_handoff("plain")
     # enqueued → already enqueued
     await runner.start("t", {})
-    with pytest.raises(flowy.HandoffAlreadyEnqueuedError):
+    with pytest.raises(errors.HandoffAlreadyEnqueuedError):
         await runner.evaluate_handoff_recovery("t")
     # an empty pending-at is stale at once
     await cp.save(
         0,
-        flowy.Snapshot(
+        storage.Snapshot(
             "p",
             {},
             "finish",
@@ -184,7 +198,7 @@ async def test_recovery_error_matrix() -> None:
     # fresh pending → pending error; with stale_after=0 → recovered
     await cp.save(
         0,
-        flowy.Snapshot(
+        storage.Snapshot(
             "fresh",
             {},
             "finish",
@@ -193,16 +207,19 @@ async def test_recovery_error_matrix() -> None:
             handoff_pending_at=time.time(),
         ),
     )
-    with pytest.raises(flowy.HandoffPendingError):
+    with pytest.raises(errors.HandoffPendingError):
         await runner.recover_stale_handoff("fresh")
-    assert (await runner.recover_stale_handoff("fresh", stale_after=0)).recovered
+    fresh = await runner.recover_stale_handoff("fresh", stale_after=0)
+    assert fresh.recovered_from is flowy.HandoffStatus.PENDING
+    assert fresh.handoff_status is flowy.HandoffStatus.ENQUEUED
     with pytest.raises(flowy.ThreadNotFoundError):
         await runner.recover_stale_handoff("missing")
 
 
 async def test_recovery_enqueue_failure_patches_orphaned_again() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    outbox = FaultyOutbox(PlainOutbox(flowy.MemoryOutbox()))
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = mem.checkpointer
+    outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(times=2, error=lambda: ConnectionError("queue down"))
     runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=outbox)
     r = await runner.start("t", {})
@@ -213,15 +230,17 @@ async def test_recovery_enqueue_failure_patches_orphaned_again() -> None:
     snap, rev = await cp.load("t")
     assert snap.handoff_status is flowy.HandoffStatus.ORPHANED
     assert info.value.resume_token == flowy.ResumeToken("t", rev)
-    assert (await runner.recover_stale_handoff("t")).recovered
+    again = await runner.recover_stale_handoff("t")
+    assert again.recovered_from is flowy.HandoffStatus.ORPHANED
+    assert again.handoff_status is flowy.HandoffStatus.ENQUEUED
 
 
 class SlowRaisingObserver:
     def __init__(self) -> None:
-        self.events: list[flowy.LifecycleEvent] = []
+        self.events: list[lifecycle.LifecycleEvent] = []
         self.thread = ""
 
-    def on_event(self, event: flowy.LifecycleEvent) -> None:
+    def on_event(self, event: lifecycle.LifecycleEvent) -> None:
         self.thread = threading.current_thread().name
         self.events.append(event)
         time.sleep(0.2)
@@ -229,24 +248,25 @@ class SlowRaisingObserver:
 
 
 async def test_observer_that_raises_or_is_slow_never_stalls_a_run() -> None:
-    from flowy._observer import flush_observer
+    mem: MemoryBackend[State] = MemoryBackend()
+    from flowy.lifecycle import flush_observers
 
     obs = SlowRaisingObserver()
-    flowy.set_lifecycle_observer(obs)
+    lifecycle.set_lifecycle_observer(obs)
     try:
-        outbox = FaultyOutbox(PlainOutbox(flowy.MemoryOutbox()))
+        outbox = FaultyOutbox(PlainOutbox(mem.outbox))
         outbox.arm(error=lambda: ConnectionError("down"))
-        runner = flowy.Runner(handoff_graph(), flowy.MemoryCheckpointer(), handoff_outbox=outbox)
+        runner = flowy.Runner(handoff_graph(), mem.checkpointer, handoff_outbox=outbox)
         started = time.monotonic()
         for i in range(3):
             await runner.start(f"t{i}", {})
         assert time.monotonic() - started < 0.3  # three runs did not wait for 0.2 s each
-        assert flush_observer(5)
+        assert flush_observers(5)
         kinds = {e.type for e in obs.events}
-        assert flowy.LifecycleEventType.HANDOFF_ENQUEUED in kinds
+        assert lifecycle.LifecycleEventType.HANDOFF_ENQUEUED in kinds
         assert obs.thread == "flowy-lifecycle-observer"
     finally:
-        flowy.set_lifecycle_observer(None)
+        lifecycle.set_lifecycle_observer(None)
 
 
 def test_metrics_view_lists_every_status() -> None:
@@ -261,7 +281,7 @@ def test_metrics_view_lists_every_status() -> None:
 
 
 async def test_handoff_without_outbox_returns_token_for_caller() -> None:
-    runner = flowy.Runner(handoff_graph(), flowy.MemoryCheckpointer[State]())
+    runner = flowy.Runner(handoff_graph(), MemoryCheckpointer[State]())
     r = await runner.start("t", {})
     assert r.status is flowy.RunStatus.HANDOFF and r.resume_token is not None
     assert r.handoff_status is flowy.HandoffStatus.NONE
@@ -270,7 +290,7 @@ async def test_handoff_without_outbox_returns_token_for_caller() -> None:
 
 
 def test_intent_wire_format_round_trip() -> None:
-    intent = flowy.HandoffIntent(
+    intent = storage.HandoffIntent(
         thread_id="t:{x}\n",
         pending_snapshot_revision=3,
         committed_snapshot_revision=4,
@@ -281,7 +301,7 @@ def test_intent_wire_format_round_trip() -> None:
         execution_pointer="n",
         created_at=12.5,
     )
-    from flowy.checkpoint import decode_intent, encode_intent
+    from flowy.storage import decode_intent, encode_intent
 
     assert decode_intent(encode_intent(intent)) == intent
     with pytest.raises(ValueError, match="malformed"):
@@ -289,14 +309,15 @@ def test_intent_wire_format_round_trip() -> None:
 
 
 async def test_enqueue_failure_and_retention_failure_are_both_reported() -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.PRUNE)
-    outbox = FaultyOutbox(PlainOutbox(flowy.MemoryOutbox()))
+    outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(error=lambda: ConnectionError("queue down"))
     handle = await flowy.Runner(handoff_graph(retention_limit=1), cp, handoff_outbox=outbox).stream(
         "t", {}
     )
-    events, r = await flowy.collect_events_and_wait(handle)
+    events, r = await stream_helpers.collect_events_and_wait(handle)
     assert r.status is flowy.RunStatus.HANDOFF
     assert r.reason == "handoff_retention_failed"
     assert isinstance(r.error, ExceptionGroup)
@@ -308,12 +329,13 @@ async def test_enqueue_failure_and_retention_failure_are_both_reported() -> None
 
 
 async def test_handoff_save_failure_is_a_failed_event_with_the_same_reason() -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    mem: MemoryBackend[State] = MemoryBackend()
+    cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.SAVE_PENDING, error=lambda: flowy.StorageError("db down"))
-    handle = await flowy.Runner(
-        handoff_graph(), cp, handoff_outbox=PlainOutbox(flowy.MemoryOutbox())
-    ).stream("t", {})
-    events, r = await flowy.collect_events_and_wait(handle)
+    handle = await flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(mem.outbox)).stream(
+        "t", {}
+    )
+    events, r = await stream_helpers.collect_events_and_wait(handle)
     assert r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
     assert events[-1].type is flowy.EventType.FAILED
     assert events[-1].reason == r.reason

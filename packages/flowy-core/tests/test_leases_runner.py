@@ -9,6 +9,8 @@ import pytest
 from core_graphs import State, approval_graph, linear_graph, merge
 
 import flowy
+from flowy import errors, storage
+from flowy.memory import MemoryBackend, MemoryCheckpointer, MemoryLeaseManager
 
 pytestmark = pytest.mark.anyio
 
@@ -28,11 +30,11 @@ def sleeper(seconds: float) -> flowy.Graph[State, Any]:
 
 
 async def test_run_lease_required_with_a_lease_manager() -> None:
-    lm = flowy.MemoryLeaseManager()
-    runner = flowy.Runner(linear_graph(), flowy.MemoryCheckpointer(leases=lm), lease_manager=lm)
-    with pytest.raises(flowy.LeaseRequiredError, match="run_lease"):
+    lm = MemoryLeaseManager()
+    runner = flowy.Runner(linear_graph(), MemoryCheckpointer(lm.store), lease_manager=lm)
+    with pytest.raises(errors.LeaseRequiredError, match="run_lease"):
         await runner.start("t", {})
-    with pytest.raises(flowy.LeaseRequiredError):
+    with pytest.raises(errors.LeaseRequiredError):
         await runner.start("t", {}, run_lease=("", 5))
     r = await runner.start("t", {}, run_lease=("w1", 5))
     assert r.status is flowy.RunStatus.COMPLETED
@@ -40,8 +42,9 @@ async def test_run_lease_required_with_a_lease_manager() -> None:
 
 
 async def test_lease_renewed_while_run_is_alive() -> None:
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    mem: MemoryBackend[State] = MemoryBackend()
+    lm = mem.leases
+    cp = mem.checkpointer
     runner = flowy.Runner(sleeper(0.5), cp, lease_manager=lm)
     r = await runner.start("t", {}, run_lease=("w1", 0.2))  # ttl shorter than the node
     assert r.status is flowy.RunStatus.SUSPENDED and r.error is None
@@ -49,8 +52,9 @@ async def test_lease_renewed_while_run_is_alive() -> None:
 
 
 async def test_busy_thread_rejected_by_lease() -> None:
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    mem: MemoryBackend[State] = MemoryBackend()
+    lm = mem.leases
+    cp = mem.checkpointer
     runner = flowy.Runner(approval_graph(), cp, lease_manager=lm)
     first = await runner.start("t", {}, run_lease=("w1", 5))
     assert first.resume_token is not None
@@ -65,8 +69,9 @@ async def test_busy_thread_rejected_by_lease() -> None:
 
 
 async def test_lost_lease_stops_run_and_its_saves_are_fenced() -> None:
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    mem: MemoryBackend[State] = MemoryBackend()
+    lm = mem.leases
+    cp = mem.checkpointer
     gate = asyncio.Event()
 
     async def wait(s: State) -> tuple[State, flowy.Directive[Any]]:
@@ -82,7 +87,7 @@ async def test_lost_lease_stops_run_and_its_saves_are_fenced() -> None:
     # the old owner stalls (e.g. a GC pause) past its TTL: simulate by stopping renewal
     ex_lease = await lm.holder("t")
     assert ex_lease is not None and ex_lease.owner == "old"
-    lm._leases["t"] = ex_lease.__class__("t", "old", ex_lease.token, 0.0)  # expire it
+    lm.store.leases["t"] = ex_lease.__class__("t", "old", ex_lease.fencing_token, 0.0)  # expire
     new = await lm.acquire("t", "new", 5)
     snap_before, rev_before = await cp.load("t")
     gate.set()
@@ -99,12 +104,12 @@ async def linear_start(s: State) -> tuple[State, flowy.Directive[Any]]:
 
 
 async def test_non_native_checkpointer_is_wrapped_in_lease_guard() -> None:
-    lm = flowy.MemoryLeaseManager()
-    plain: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()  # knows no leases
+    lm = MemoryLeaseManager()
+    plain: MemoryCheckpointer[State] = MemoryCheckpointer()  # knows no leases
     runner = flowy.Runner(approval_graph(), plain, lease_manager=lm)
-    assert isinstance(runner.checkpointer, flowy.LeaseGuardCheckpointer)
-    native = flowy.Runner(approval_graph(), flowy.MemoryCheckpointer(leases=lm), lease_manager=lm)
-    assert isinstance(native.checkpointer, flowy.MemoryCheckpointer)
+    assert isinstance(runner.checkpointer, storage.LeaseGuardCheckpointer)
+    native = flowy.Runner(approval_graph(), MemoryCheckpointer(lm.store), lease_manager=lm)
+    assert isinstance(native.checkpointer, MemoryCheckpointer)
     r = await runner.start("t", {}, run_lease=("w", 5))
     assert r.status is flowy.RunStatus.SUSPENDED
     guard = runner.checkpointer
@@ -113,7 +118,7 @@ async def test_non_native_checkpointer_is_wrapped_in_lease_guard() -> None:
         await guard.save(r.revision, (await guard.load("t"))[0])
     with pytest.raises(flowy.ThreadLeaseBusyError):
         await guard.delete_if_idle("t")
-    stale = lease.__class__("t", "someone", lease.token - 1, lease.expires_at)
+    stale = lease.__class__("t", "someone", lease.fencing_token - 1, lease.expires_at)
     with pytest.raises(flowy.LeaseLostError):
         await guard.save(r.revision, (await guard.load("t"))[0], lease=stale)
     await lm.release(lease)
@@ -123,8 +128,9 @@ async def test_non_native_checkpointer_is_wrapped_in_lease_guard() -> None:
 
 
 async def test_delete_on_success_runs_after_lease_release() -> None:
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
+    mem: MemoryBackend[State] = MemoryBackend()
+    lm = mem.leases
+    cp = mem.checkpointer
     runner = flowy.Runner(linear_graph(2, delete_on_success=True), cp, lease_manager=lm)
     r = await runner.start("t", {}, run_lease=("w", 5))
     assert r.status is flowy.RunStatus.COMPLETED

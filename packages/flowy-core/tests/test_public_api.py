@@ -1,8 +1,10 @@
-"""The public facade: exported names, one-way imports, a stdlib-only ``import flowy``."""
+"""The public facade: exported names, one-way imports with no cycles (type-only imports
+included), a stdlib-only ``import flowy``, deprecated 0.1 names, full typing."""
 
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import inspect
 import json
 import subprocess
@@ -12,102 +14,219 @@ from pathlib import Path
 import pytest
 
 import flowy
-import flowy.checkpoint
+from flowy import errors, lifecycle, storage, stream_helpers
+from flowy import types as ftypes
 
 SRC = Path(flowy.__file__).parent
 
-# Lower layers never import higher ones. A module may import modules of a lower rank.
+# Lower layers never import higher ones; a module of a subpackage has its package's
+# layer. Same-layer imports are allowed as long as the module graph has no cycle.
 RANK = {
     "_types": 0,
-    "_errors": 1,
-    "_checkpoint": 2,
-    "_codecs": 2,
-    "_directives": 2,
-    "_context": 2,
-    "_plan": 2,
-    "_observer": 2,
-    "_records": 3,
-    "_graph": 3,
-    "_results": 3,
-    "_saving": 4,
-    "_memory": 4,
-    "_guard": 4,
-    "_sqlite": 5,
-    "_events": 5,
-    "_handoff": 5,
-    "_execution": 6,
-    "_runner": 7,
-    "_worker": 8,
-    "patterns": 8,
-    "checkpoint": 8,
-    "_demo": 9,
-    "_term": 8,
-    "cli": 10,
-    "testing": 10,
-    "__init__": 11,
+    "_results": 1,
+    "_errors": 2,
+    "storage": 3,
+    "_directives": 4,
+    "_context": 4,
+    "_plan": 4,
+    "_observer": 4,
+    "memory": 4,
+    "sqlite": 4,
+    "_graph": 5,
+    "_events": 6,
+    "_handoff": 6,
+    "_execution": 7,
+    "_connect": 8,
+    "_runner": 8,
+    "_worker": 9,
+    "patterns": 9,
+    "stream_helpers": 9,
+    "errors": 9,
+    "types": 10,
+    "lifecycle": 9,
+    "cli": 11,
+    "testing": 11,
+    "__init__": 12,
 }
 
 
+def module_name(path: Path) -> str:
+    """``storage/_base.py`` → ``storage._base``; ``storage/__init__.py`` → ``storage``."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
 def rank_of(module: str) -> int:
-    name = module.split(".")[0]
-    if name.startswith("_sqlite"):
-        name = "_sqlite"
-    assert name in RANK, f"module {module!r} has no layer: add it to RANK"
-    return RANK[name]
+    top = module.split(".")[0]
+    assert top in RANK, f"module {module!r} has no layer: add it to RANK"
+    return RANK[top]
 
 
-def flowy_imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+def imports_of(path: Path) -> set[str]:
+    """Every flowy module ``path`` imports, ``if TYPE_CHECKING:`` blocks included."""
+    me = module_name(path)
+    if me == "__init__":
+        package = ""
+    elif path.name == "__init__.py":
+        package = me
+    else:
+        package = me.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            node.body = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module:
-            found.add(node.module)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowy."):
-            found.add(node.module.removeprefix("flowy."))
-    return found
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("flowy."):
+                        found.add(alias.name.removeprefix("flowy."))
+            continue
+        if node.level == 0:
+            if node.module and node.module.startswith("flowy."):
+                found.add(node.module.removeprefix("flowy."))
+            elif node.module == "flowy":
+                found.update(
+                    a.name
+                    if (SRC / a.name).exists() or (SRC / f"{a.name}.py").exists()
+                    else "__init__"
+                    for a in node.names
+                )
+            continue
+        base = package.split(".") if package else []
+        base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+        prefix = ".".join(base)
+        if node.module:
+            found.add(f"{prefix}.{node.module}" if prefix else node.module)
+        else:
+            found.update(f"{prefix}.{a.name}" if prefix else a.name for a in node.names)
+    return {m for m in found if m and m != me}
+
+
+def module_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for imported in imports_of(path):
+            # ``from ..storage import X`` names a package; ``from . import _errors`` a module
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
 
 
 def test_imports_are_one_way() -> None:
     problems: list[str] = []
-    for path in SRC.glob("*.py"):
-        mine = rank_of(path.stem)
-        for imported in flowy_imports(path):
-            if imported.startswith("testing"):
-                problems.append(f"{path.name} imports the test suite {imported}")
-            elif imported.startswith("_sqlite") and path.stem.startswith("_sqlite"):
-                continue  # the SQLite backend's own modules (one family)
-            elif path.stem != "__init__" and rank_of(imported) >= mine:
-                problems.append(f"{path.name} (layer {mine}) imports {imported}")
+    for module, targets in module_graph().items():
+        mine = rank_of(module)
+        for target in targets:
+            if target.startswith("testing") and not module.startswith("testing"):
+                problems.append(f"{module} imports the test tools {target}")
+            elif module != "__init__" and rank_of(target) > mine:
+                problems.append(f"{module} (layer {mine}) imports {target} ({rank_of(target)})")
     assert problems == []
 
 
-def test_all_is_sorted_complete_and_presented_as_flowy() -> None:
+def test_no_import_cycles_type_only_ones_included() -> None:
+    assert find_cycle(module_graph()) is None
+
+
+def test_the_cycle_check_sees_type_only_and_subpackage_imports(tmp_path: Path) -> None:
+    graph = module_graph()
+    assert "_results" in graph["_errors"]  # imported only under TYPE_CHECKING
+    assert "storage._model" in graph["storage._base"]
+    assert "storage" in graph["sqlite._store"]
+    cyclic = {**graph, "_types": {*graph["_types"], "_errors"}}
+    assert find_cycle(cyclic) is not None
+
+
+def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:
+    assert len(flowy.__all__) <= 60, len(flowy.__all__)
     assert flowy.__all__ == sorted(flowy.__all__)
     for name in flowy.__all__:
         obj = getattr(flowy, name)
         if inspect.isclass(obj) or inspect.isfunction(obj):
-            assert obj.__module__ == "flowy", name
+            assert obj.__module__ in ("flowy", "flowy.errors", "flowy.storage"), name
             assert obj.__doc__, f"flowy.{name} has no docstring"
     public = {n for n in dir(flowy) if not n.startswith("_")}
-    helpers = {"annotations", "checkpoint", "patterns", "testing", "cli"}
-    assert public - set(flowy.__all__) <= helpers
-    assert flowy.ConcurrencyConflictError.__module__ == "flowy"
-    for name in flowy.checkpoint.__all__:
-        assert hasattr(flowy.checkpoint, name)
+    modules = {
+        "annotations",
+        "cli",
+        "errors",
+        "lifecycle",
+        "memory",
+        "patterns",
+        "sqlite",
+        "storage",
+        "stream_helpers",
+        "testing",
+        "types",
+    }
+    assert public - set(flowy.__all__) <= modules
+    for module in (errors, lifecycle, storage, stream_helpers, ftypes):
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.{name}"
 
 
-def test_every_error_derives_from_flowy_error() -> None:
-    errors = [getattr(flowy, n) for n in flowy.__all__ if n.endswith("Error")]
-    assert len(errors) > 20
-    assert all(issubclass(e, flowy.FlowyError) for e in errors)
+def test_every_error_is_in_flowy_errors_and_derives_from_flowy_error() -> None:
+    tree = [getattr(errors, n) for n in errors.__all__]
+    assert len(tree) > 25
+    assert all(issubclass(e, flowy.FlowyError) and e.__module__ == "flowy.errors" for e in tree)
+    top = [getattr(flowy, n) for n in flowy.__all__ if n.endswith("Error")]
+    assert all(e is getattr(errors, e.__name__) for e in top)
+    assert "ConcurrencyConflictError" in (errors.__doc__ or "")  # the tree is drawn there
+
+
+def test_names_of_0_1_still_resolve_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="flowy.memory.MemoryCheckpointer"):
+        moved = flowy.MemoryCheckpointer  # pyright: ignore[reportAttributeAccessIssue]
+    from flowy.memory import MemoryCheckpointer
+
+    assert moved is MemoryCheckpointer
+    with pytest.warns(DeprecationWarning, match="flowy.stream_helpers"):
+        assert flowy.collect_events_and_wait is stream_helpers.collect_events_and_wait  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(AttributeError):
+        _ = flowy.NoSuchName  # pyright: ignore[reportAttributeAccessIssue]
+    lease = storage.Lease("t", "o", 3, 0.0)
+    with pytest.warns(DeprecationWarning, match="fencing_token"):
+        assert lease.token == 3
+
+
+def test_version_comes_from_the_installed_metadata() -> None:
+    assert flowy.__version__ == importlib.metadata.version("flowy-core")
 
 
 def test_import_flowy_loads_only_the_standard_library() -> None:
     code = (
-        "import sys; before = set(sys.modules); import flowy, flowy.checkpoint; "
+        "import sys; before = set(sys.modules); import flowy, flowy.storage, flowy.sqlite; "
         "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
         "print(sorted(m for m in new if m not in sys.stdlib_module_names and m != 'flowy'))"
     )
@@ -123,7 +242,7 @@ def test_no_pickle_anywhere() -> None:
 
 
 def test_generic_dataclasses_accept_type_arguments() -> None:
-    snap = flowy.Snapshot[dict[str, int]]("t", {"a": 1}, "node")
+    snap = storage.Snapshot[dict[str, int]]("t", {"a": 1}, "node")
     result = flowy.RunResult[dict[str, int], str]("t", {}, flowy.RunStatus.COMPLETED, "r", "n")
     event = flowy.RunEvent[dict[str, int], str](flowy.EventType.EFFECT, "t", effect="e")
     assert (snap.state, result.reason, event.effect) == ({"a": 1}, "r", "e")
@@ -156,12 +275,12 @@ def test_public_api_is_fully_typed() -> None:
         check=False,
     )
     report = json.loads(out.stdout)
-    errors = [
+    problems = [
         f"{symbol['name']}: {diag['message']}"
         for symbol in report["typeCompleteness"]["symbols"]
         for diag in symbol["diagnostics"]
         if diag["severity"] == "error"
     ]
     assert report["summary"]["errorCount"] == 0, report["summary"]
-    assert errors == [], "\n".join(errors)
+    assert problems == [], "\n".join(problems)
     assert out.returncode == 0, out.stderr

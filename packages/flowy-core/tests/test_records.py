@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import flowy
-from flowy.checkpoint import (
+from flowy import errors, storage
+from flowy.storage import (
     DecodeRecordOptions,
     JSONCodec,
     MsgspecCodec,
@@ -68,8 +69,8 @@ def sample_order() -> Order:
 _DEFAULT: Any = object()
 
 
-def snap(state: Any = _DEFAULT, **kw: Any) -> flowy.Snapshot[Any]:
-    return flowy.Snapshot(
+def snap(state: Any = _DEFAULT, **kw: Any) -> storage.Snapshot[Any]:
+    return storage.Snapshot(
         "thread-1",
         {"n": 1} if state is _DEFAULT else state,
         "node",
@@ -116,7 +117,7 @@ def test_msgspec_codec_typed_decode() -> None:
     back = decode_snapshot(encode_snapshot(snap(Struct("a", 2)), 1, codec), codec)
     assert back.state == Struct("a", 2)
     bad = MsgspecCodec(Struct)
-    with pytest.raises(flowy.SnapshotEnvelopeInvalidError, match="does not decode"):
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match="does not decode"):
         decode_snapshot(encode_snapshot(snap({"name": 1}), 1, JSONCodec()), _Renamed(bad))
 
 
@@ -137,7 +138,7 @@ class _Renamed:
 
 def test_codec_mismatch_is_an_envelope_error() -> None:
     data = encode_snapshot(snap(), 1, JSONCodec())
-    with pytest.raises(flowy.SnapshotEnvelopeInvalidError, match="codec"):
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match="codec"):
         decode_snapshot(data, MsgspecCodec())
 
 
@@ -155,7 +156,7 @@ def test_unencodable_state_is_a_clear_type_error() -> None:
     ],
 )
 def test_address_mismatch(options: DecodeRecordOptions, match: str) -> None:
-    with pytest.raises(flowy.SnapshotEnvelopeInvalidError, match=match):
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match=match):
         decode_record(encode_snapshot(snap(), 7), options)
 
 
@@ -164,16 +165,16 @@ def test_every_flipped_byte_is_detected() -> None:
     for i in range(len(data)):
         broken = bytearray(data)
         broken[i] ^= 0x01
-        with pytest.raises(flowy.SnapshotEnvelopeInvalidError):
+        with pytest.raises(errors.SnapshotEnvelopeInvalidError):
             decode_record(bytes(broken))
 
 
 def test_truncation_and_garbage() -> None:
     data = encode_snapshot(snap(), 3)
     for cut in (0, 3, 10, len(data) - 1):
-        with pytest.raises(flowy.SnapshotEnvelopeInvalidError):
+        with pytest.raises(errors.SnapshotEnvelopeInvalidError):
             decode_record(data[:cut])
-    with pytest.raises(flowy.SnapshotEnvelopeInvalidError, match="not a flowy record"):
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match="not a flowy record"):
         decode_record(b"\x80\x04pickle-looking bytes that must never be executed")
 
 
@@ -223,12 +224,12 @@ def test_well_formed_handmade_record_decodes() -> None:
     ],
 )
 def test_invalid_headers(changes: dict[str, Any], match: str) -> None:
-    with pytest.raises(flowy.SnapshotEnvelopeInvalidError, match=match):
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match=match):
         decode_record(_with_header(_header(**changes)))
 
 
 def test_unknown_format_version() -> None:
-    with pytest.raises(flowy.SnapshotEnvelopeInvalidError, match="unknown format version 9"):
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match="unknown format version 9"):
         decode_record(_with_header(_header(), version=9))
 
 

@@ -9,19 +9,22 @@ import pytest
 from core_graphs import State, approval_graph, linear_graph, merge
 
 import flowy
+from flowy import errors, storage, stream_helpers
+from flowy import types as ftypes
+from flowy.memory import MemoryCheckpointer
 from flowy.testing.faults import FaultyCheckpointer, Phase
 
 pytestmark = pytest.mark.anyio
 
 
 def runner_for(
-    graph: flowy.Graph[State, Any], cp: flowy.Checkpointer[State] | None = None, **kw: Any
+    graph: flowy.Graph[State, Any], cp: storage.Checkpointer[State] | None = None, **kw: Any
 ) -> flowy.Runner[State, Any]:
-    return flowy.Runner(graph, cp if cp is not None else flowy.MemoryCheckpointer(), **kw)
+    return flowy.Runner(graph, cp if cp is not None else MemoryCheckpointer(), **kw)
 
 
 async def test_start_suspend_resume_with_overlay() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(approval_graph(), cp)
     first = await runner.start("t", {})
     assert first.status is flowy.RunStatus.SUSPENDED
@@ -46,7 +49,7 @@ async def test_start_suspend_resume_with_overlay() -> None:
 
 
 async def test_stale_and_zero_tokens_conflict_and_change_nothing() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(approval_graph(), cp)
     first = await runner.start("t", {})
     assert first.resume_token is not None
@@ -62,11 +65,11 @@ async def test_stale_and_zero_tokens_conflict_and_change_nothing() -> None:
     assert await cp.get_history("t") == before
     decision = await runner.evaluate_resume(flowy.ResumeToken("t", 1))
     assert decision.kind is flowy.ResumeDecisionKind.STALE_TOKEN
-    assert decision.token == first.resume_token
+    assert decision.resume_token == first.resume_token
     ok = await runner.evaluate_resume(first.resume_token)
-    assert ok.resumable and ok.token == first.resume_token
+    assert ok.resumable and ok.resume_token == first.resume_token
     missing = await runner.evaluate_resume(flowy.ResumeToken("nope", 1))
-    assert missing.kind is flowy.ResumeDecisionKind.NOT_FOUND and missing.token is None
+    assert missing.kind is flowy.ResumeDecisionKind.NOT_FOUND and missing.resume_token is None
 
 
 async def test_second_resume_of_same_token_conflicts() -> None:
@@ -96,9 +99,9 @@ async def test_start_of_existing_thread_conflicts_before_running() -> None:
 
 @pytest.mark.parametrize("bad", ["", "x" * (16 * 1024 + 1), "a\x00b", 42])
 async def test_invalid_thread_ids(bad: Any) -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(linear_graph(), cp)
-    with pytest.raises(flowy.InvalidThreadIdError):
+    with pytest.raises(errors.InvalidThreadIdError):
         await runner.start(bad, {})
     with pytest.raises(flowy.InvalidResumeTokenError):
         await runner.resume(flowy.ResumeToken(bad, 1))
@@ -134,7 +137,7 @@ async def test_resume_pipeline_order() -> None:
         trace.append(f"overlay:loaded={state.get('loaded')}")
         return {**state, **overlay}
 
-    def policy(state: State, current: str) -> tuple[State, flowy.ResumePlan]:
+    def policy(state: State, current: str) -> tuple[State, ftypes.ResumePlan]:
         trace.append(f"policy:{current}:route_ready={state.get('route_ready')}")
         if current == "wait_user" and state.get("route_ready"):
             return state, flowy.resume_to("router")
@@ -149,7 +152,8 @@ async def test_resume_pipeline_order() -> None:
         first.resume_token,
         state_overlay={"route_ready": True},
         merge=merge_fn,
-        run_metadata=flowy.RunMetadataInput(budget_counts={"tokens": 5}, metadata={"k": "v"}),
+        # The given count replaces the stored one (10), as WithRunMetadata does: 25, not 35.
+        run_metadata=flowy.RunMetadataInput(budget_counts={"tokens": 25}, metadata={"k": "v"}),
         resume_target_policy=policy,
     )
     assert trace == [
@@ -157,11 +161,11 @@ async def test_resume_pipeline_order() -> None:
         "overlay:loaded=True",
         "policy:wait_user:route_ready=True",
         "execute:router seg=1 steps=0",
-        "budget=15 meta={'k': 'v'}",
+        "budget=25 meta={'k': 'v'}",
     ]
     assert result.status is flowy.RunStatus.COMPLETED
     assert result.step_count == 1 and result.segment == 1
-    assert result.budget_counts == {"tokens": 15}
+    assert result.budget_counts == {"tokens": 25}
 
 
 async def test_resume_plan_errors_are_rejected_before_execute() -> None:
@@ -169,17 +173,17 @@ async def test_resume_plan_errors_are_rejected_before_execute() -> None:
     first = await runner.start("t", {})
     token = first.resume_token
     assert token is not None
-    with pytest.raises(flowy.InvalidResumePlanError, match="resume_current"):
-        await runner.resume(token, resume_target_policy=lambda s, p: (s, flowy.ResumePlan()))
-    with pytest.raises(flowy.InvalidResumePlanError, match="unknown node 'ghost'"):
+    with pytest.raises(errors.InvalidResumePlanError, match="resume_current"):
+        await runner.resume(token, resume_target_policy=lambda s, p: (s, ftypes.ResumePlan()))
+    with pytest.raises(errors.InvalidResumePlanError, match="unknown node 'ghost'"):
         await runner.resume(token, resume_target_policy=lambda s, p: (s, flowy.resume_to("ghost")))
     # nothing ran, the token is still good
     assert (await runner.evaluate_resume(token)).resumable
 
 
 async def test_persisted_pointer_not_in_graph_is_rejected() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    await cp.save(0, flowy.Snapshot("t", {}, "removed_node", flowy.RunStatus.SUSPENDED))
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
+    await cp.save(0, storage.Snapshot("t", {}, "removed_node", flowy.RunStatus.SUSPENDED))
     with pytest.raises(flowy.UnknownNodeError, match="removed_node"):
         await runner_for(linear_graph(), cp).resume(flowy.ResumeToken("t", 1))
 
@@ -192,7 +196,7 @@ async def test_node_and_reducer_errors_leave_snapshot_unchanged() -> None:
 
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("boom", boom).allow_no_outgoing_route("boom")
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(b.compile(), cp)
     first = await runner.start("t", {})
     assert first.resume_token is not None
@@ -224,7 +228,7 @@ async def test_named_budget_exceeded_fails_naming_it_and_persists_across_resume(
 
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("spend", spend).allow_no_outgoing_route("spend")
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(b.compile(budgets={"llm_calls": 5}), cp)
     r = await runner.start("t", {})
     r = await runner.resume(r.resume_token)  # type: ignore[arg-type]
@@ -299,7 +303,7 @@ async def test_bindings_are_typed_and_not_persisted() -> None:
 
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("use", use).allow_no_outgoing_route("use")
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(b.compile(), cp)
     pool = Pool()
     bindings = flowy.bind(flowy.RunBindings(), pool_key, pool)
@@ -312,7 +316,7 @@ async def test_bindings_are_typed_and_not_persisted() -> None:
         bindings=bindings,  # type: ignore[arg-type]
         state_overlay={"probe_missing": True},
     )
-    assert isinstance(r2.error, flowy.MissingBindingError)
+    assert isinstance(r2.error, errors.MissingBindingError)
     assert "missing" in str(r2.error)
 
 
@@ -321,17 +325,17 @@ async def test_context_helpers_outside_runner() -> None:
         flowy.use_budget("calls")
         return {"thread": flowy.run_metadata().thread_id}, flowy.completed()
 
-    with pytest.raises(flowy.NoRunContextError):
+    with pytest.raises(errors.NoRunContextError):
         await node({})
     with flowy.context_with_run_metadata("iso", budget_counts={"calls": 2}) as meta:
         update, directive = await node({})
         assert update == {"thread": "iso"} and meta.budget_counts == {"calls": 3}
-        assert directive.kind is flowy.DirectiveKind.COMPLETED
+        assert directive.kind is ftypes.DirectiveKind.COMPLETED
         assert flowy.budget_used("calls") == 3
 
 
 async def test_delete_on_success_and_retention() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     r = await runner_for(linear_graph(4, delete_on_success=True), cp).start("t", {})
     assert r.status is flowy.RunStatus.COMPLETED and r.revision > 0
     with pytest.raises(flowy.ThreadNotFoundError):
@@ -343,7 +347,7 @@ async def test_delete_on_success_and_retention() -> None:
 
 
 async def test_in_loop_retention_failure_keeps_success_status() -> None:
-    inner: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    inner: MemoryCheckpointer[State] = MemoryCheckpointer()
     cp = FaultyCheckpointer(inner)
     runner = runner_for(approval_graph(retention_limit=1), cp)
     cp.arm(Phase.PRUNE)
@@ -356,7 +360,7 @@ async def test_in_loop_retention_failure_keeps_success_status() -> None:
 
 
 async def test_post_run_prune_failure_only_logs(caplog: pytest.LogCaptureFixture) -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.PRUNE)
     r = await runner_for(linear_graph(3, retention_limit=1), cp).start("t", {})
     assert r.status is flowy.RunStatus.COMPLETED and r.reason == "completed"
@@ -366,7 +370,7 @@ async def test_post_run_prune_failure_only_logs(caplog: pytest.LogCaptureFixture
 
 
 async def test_suspend_save_failure_hard_fail_and_skip_policy() -> None:
-    cp = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.SAVE_SUSPEND, error=lambda: flowy.StorageError("disk full"))
     r = await runner_for(approval_graph(), cp).start("t", {})
     assert r.status is flowy.RunStatus.FAILED
@@ -375,21 +379,21 @@ async def test_suspend_save_failure_hard_fail_and_skip_policy() -> None:
     assert isinstance(r.error, flowy.StorageError) and "disk full" in str(r.error)
 
     # an unknown outcome (connection lost) is retried by durable_save and succeeds
-    cp1 = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp1 = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp1.arm(Phase.SAVE_SUSPEND)
     r1 = await runner_for(approval_graph(), cp1).start("t", {})
     assert r1.status is flowy.RunStatus.SUSPENDED and r1.error is None
     assert cp1.struck == [Phase.SAVE_SUSPEND]
 
-    cp2 = FaultyCheckpointer(flowy.MemoryCheckpointer[State]())
+    cp2 = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp2.arm(Phase.SAVE_SUSPEND, times=5)
     graph = approval_graph(checkpoint_policy=flowy.CheckpointPolicy.SKIP_ON_SAVE_ERROR)
     handle = await runner_for(graph, cp2).stream("t", {})
-    events, result = await flowy.collect_events_and_wait(handle)
+    events, result = await stream_helpers.collect_events_and_wait(handle)
     assert result.status is flowy.RunStatus.SUSPENDED
     assert result.reason == "suspend_checkpoint_skipped"
     assert result.resume_token is None
-    assert isinstance(result.error, flowy.CheckpointSkippedError)
+    assert isinstance(result.error, errors.CheckpointSkippedError)
     failed = [e for e in events if e.type is flowy.EventType.CHECKPOINT_FAILED]
     assert len(failed) == 1 and failed[0].execution_pointer == "ask"
     assert events[-1].reason == result.reason
@@ -413,7 +417,7 @@ async def test_unknown_resume_at_fails_with_reason() -> None:
 
 
 async def test_ambiguous_step_save_is_resolved_not_a_conflict() -> None:
-    inner: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    inner: MemoryCheckpointer[State] = MemoryCheckpointer()
     cp = FaultyCheckpointer(inner)
     cp.arm(Phase.SAVE_STEP, after_write=True)  # the write lands, the caller sees an error
     r = await runner_for(linear_graph(3), cp).start("t", {})
@@ -425,7 +429,7 @@ async def test_ambiguous_step_save_is_resolved_not_a_conflict() -> None:
 async def test_run_without_checkpointer() -> None:
     r = await flowy.Runner(approval_graph()).start("t", {})
     assert r.status is flowy.RunStatus.SUSPENDED and r.resume_token is None
-    with pytest.raises(TypeError, match="checkpointer"):
+    with pytest.raises(TypeError, match="needs a store"):
         await flowy.Runner(approval_graph()).resume(flowy.ResumeToken("t", 1))
 
 
@@ -448,7 +452,7 @@ async def test_react_pattern_bounded_by_budget() -> None:
 
 
 async def test_resume_of_completed_thread_is_refused_unless_targeted() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     runner = runner_for(linear_graph(2), cp)
     done = await runner.start("t", {})
     token = flowy.ResumeToken("t", done.revision)

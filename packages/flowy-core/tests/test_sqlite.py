@@ -1,4 +1,4 @@
-"""Tests of the embedded SQLite backend beyond the conformance suite: the file (WAL,
+"""Tests of the embedded SQLite store beyond the conformance suite: the file (WAL,
 schema version, migrate, foreign files), reopening, closing, locking across connections
 and OS processes, the transaction handle, and the event loop staying free.
 """
@@ -16,27 +16,29 @@ from typing import Any
 
 import pytest
 
-from flowy import (
+import flowy
+from flowy.errors import (
     ConcurrencyConflictError,
-    MemoryLeaseManager,
     SchemaVersionError,
     SnapshotEnvelopeInvalidError,
     SnapshotTooLargeError,
+    SQLiteFileError,
     StorageError,
     StorageUnavailableError,
     ThreadNotFoundError,
 )
-from flowy import _sqlite_db as sqlite_db
-from flowy._sqlite import (
-    SQLiteBackend,
-    SQLiteCheckpointer,
-    SQLiteDatabase,
-    SQLiteFileError,
-    SQLiteLeaseManager,
-    SQLiteOutbox,
-    SQLiteTransaction,
+from flowy.memory import MemoryLeaseManager
+from flowy.sqlite import SQLiteBackend, SQLiteDatabase
+from flowy.sqlite import _db as sqlite_db
+from flowy.storage import (
+    HandoffIntent,
+    HandoffStatus,
+    OutboxTransaction,
+    ResumeToken,
+    Snapshot,
+    new_write_id,
 )
-from flowy.checkpoint import HandoffIntent, HandoffStatus, ResumeToken, Snapshot, new_write_id
+from flowy.testing import corrupt_head
 
 pytestmark = pytest.mark.anyio
 
@@ -117,8 +119,8 @@ async def test_reopened_file_keeps_everything(db_path: Path) -> None:
         history = await backend.checkpointer.get_history("t")
         assert [s.write_id for s in history] == [second.write_id, first.write_id]
         # The token counter survives the process: tokens never go back.
-        assert (await backend.leases.acquire("t", "b", 30)).token == lease.token + 1
-        [message] = await backend.outbox.claim(10, 30)
+        assert (await backend.leases.acquire("t", "b", 30)).fencing_token == lease.fencing_token + 1
+        [message] = await backend.consumer.claim(10, 30)
         assert message.intent == intent("t", 2)
 
 
@@ -196,9 +198,12 @@ async def test_many_connections_opening_a_new_file_at_once(db_path: Path) -> Non
 
 
 async def test_migrate_creates_a_new_file(db_path: Path) -> None:
-    async with SQLiteCheckpointer[Any](db_path) as cp:
-        assert await cp.migrate() == sqlite_db.SCHEMA_VERSION
-        assert await cp.save(0, snap("t")) == 1
+    backend = SQLiteBackend[Any](db_path)
+    try:
+        assert await backend.migrate() == sqlite_db.SCHEMA_VERSION
+        assert await backend.checkpointer.save(0, snap("t")) == 1
+    finally:
+        await backend.aclose()
 
 
 async def test_foreign_sqlite_database_is_refused(db_path: Path) -> None:
@@ -244,9 +249,8 @@ async def test_in_memory_database(tmp_path: Path) -> None:
         assert await backend.checkpointer.save(0, snap("t")) == 1
         assert (await backend.checkpointer.load("t"))[1] == 1
         assert backend.checkpointer.fences(backend.leases)
-        other = SQLiteLeaseManager(":memory:")
-        assert not backend.checkpointer.fences(other)
-        await other.aclose()
+        async with SQLiteBackend[Any](":memory:") as other:
+            assert not backend.checkpointer.fences(other.leases)
 
 
 # -- corruption, columns, sizes ----------------------------------------------------------
@@ -256,7 +260,7 @@ async def test_corrupt_hits_load_and_history_but_not_listing(backend: SQLiteBack
     cp = backend.checkpointer
     await cp.save(0, snap("bad"))
     await cp.save(0, snap("good"))
-    await backend.corrupt("bad")
+    await corrupt_head(backend, "bad")
     with pytest.raises(SnapshotEnvelopeInvalidError):
         await cp.load("bad")
     with pytest.raises(SnapshotEnvelopeInvalidError):
@@ -265,7 +269,7 @@ async def test_corrupt_hits_load_and_history_but_not_listing(backend: SQLiteBack
     # list_threads reads columns only, so a damaged record does not hide its thread.
     assert sorted(t.thread_id for t in await cp.list_threads()) == ["bad", "good"]
     with pytest.raises(ThreadNotFoundError):
-        await backend.corrupt("missing")
+        await corrupt_head(backend, "missing")
 
 
 async def test_record_over_the_length_limit_is_too_large(backend: SQLiteBackend[Any]) -> None:
@@ -327,28 +331,27 @@ async def test_event_loop_runs_while_a_save_waits_for_the_lock(db_path: Path) ->
             await ticking
 
 
-async def test_standalone_objects_on_one_file_fence_each_other(db_path: Path) -> None:
-    cp = SQLiteCheckpointer[Any](db_path)
-    leases = SQLiteLeaseManager(db_path)
-    elsewhere = SQLiteLeaseManager(db_path.with_name("other.db"))
-    try:
-        assert cp.fences(leases)
-        assert not cp.fences(elsewhere)
+async def test_backends_on_one_file_fence_each_other(db_path: Path) -> None:
+    async with (
+        SQLiteBackend[Any](db_path) as backend,
+        SQLiteBackend[Any](db_path) as peer,
+        SQLiteBackend[Any](db_path.with_name("other.db")) as elsewhere,
+    ):
+        cp = backend.checkpointer
+        assert cp.fences(peer.leases)
+        assert not cp.fences(elsewhere.leases)
         assert not cp.fences(MemoryLeaseManager())
         await cp.save(0, snap("t"))
-        lease = await leases.acquire("t", "a", 30)
-        with pytest.raises(Exception, match="leased by 'a'"):
+        lease = await peer.leases.acquire("t", "a", 30)
+        with pytest.raises(flowy.ThreadLeaseBusyError, match="leased by 'a'"):
             await cp.save(1, snap("t"))
         assert await cp.save(1, snap("t"), lease=lease) == 2
-    finally:
-        for resource in (cp, leases, elsewhere):
-            await resource.aclose()
 
 
 CHILD = r"""
 import asyncio, json, sys
-from flowy._sqlite import SQLiteBackend
-from flowy.checkpoint import Snapshot, new_write_id
+from flowy.sqlite import SQLiteBackend
+from flowy.storage import Snapshot, new_write_id
 from flowy import ConcurrencyConflictError, ThreadLeaseBusyError, ThreadNotFoundError
 
 async def head(cp, thread_id):
@@ -389,7 +392,7 @@ async def main(path, name, wins_wanted):
                 got = await cp.save(
                     expected, Snapshot("leased", {"by": name}, "n", write_id=write_id), lease=lease
                 )
-                leased.append([lease.token, got, write_id])
+                leased.append([lease.fencing_token, got, write_id])
             finally:
                 await leases.release(lease)
         print(json.dumps({"races": races, "leased": leased, "lost": lost, "busy": busy}))
@@ -456,70 +459,41 @@ async def test_processes_racing_on_one_file_keep_one_history(db_path: Path) -> N
 async def test_foreign_transaction_handles_are_refused(db_path: Path) -> None:
     async with (
         SQLiteBackend[Any](db_path) as backend,
-        SQLiteBackend[Any](db_path) as peer,
+        SQLiteBackend[Any](db_path.with_name("other.db")) as elsewhere,
     ):
-        with pytest.raises(TypeError, match="SQLiteTransaction"):
+        with pytest.raises(TypeError, match="save_with_outbox"):
             await backend.outbox.enqueue_intent_tx(object(), intent("t", 1))
 
-        async def via_peer(tx: object, revision: int) -> None:
-            await peer.outbox.enqueue_intent_tx(tx, intent("t", revision))
+        async def via_other_file(tx: object, revision: int) -> None:
+            await elsewhere.outbox.enqueue_intent_tx(tx, intent("t", revision))
 
-        with pytest.raises(ValueError, match="share a connection"):
-            await backend.checkpointer.save_with_outbox(0, snap("t"), via_peer)
+        with pytest.raises(ValueError, match="not in one store"):
+            await backend.checkpointer.save_with_outbox(0, snap("t"), via_other_file)
         kept: list[object] = []
 
         async def keep(tx: object, revision: int) -> None:
+            assert isinstance(tx, OutboxTransaction) and tx.revision == revision
             kept.append(tx)
 
         assert await backend.checkpointer.save_with_outbox(0, snap("t"), keep) == 1
         with pytest.raises(RuntimeError, match="transaction is over"):
             await backend.outbox.enqueue_intent_tx(kept[0], intent("t", 1))
-        assert await backend.outbox.claim(10, 30) == []
+        assert await backend.consumer.claim(10, 30) == []
 
 
-async def test_using_the_database_inside_the_callback_fails_fast(
-    backend: SQLiteBackend[Any],
-) -> None:
-    async def nested(tx: object, revision: int) -> None:
-        await backend.checkpointer.load("t")
-
-    with pytest.raises(RuntimeError, match="transaction handle"):
-        await asyncio.wait_for(backend.checkpointer.save_with_outbox(0, snap("t"), nested), 5)
-    with pytest.raises(ThreadNotFoundError):
-        await backend.checkpointer.load("t")
-
-
-async def test_application_rows_commit_with_the_checkpoint(backend: SQLiteBackend[Any]) -> None:
-    async def setup(tx: object, revision: int) -> None:
-        assert isinstance(tx, SQLiteTransaction)
-        await tx.execute("CREATE TABLE orders (id TEXT PRIMARY KEY, revision INTEGER)")
-
-    await backend.checkpointer.save_with_outbox(0, snap("setup"), setup)
-
-    async def write_order(tx: object, revision: int) -> None:
-        assert isinstance(tx, SQLiteTransaction)
-        await tx.execute("INSERT INTO orders VALUES (?, ?)", ("o-1", revision))
+async def test_a_failing_callback_writes_nothing(backend: SQLiteBackend[Any]) -> None:
+    async def enqueue_then_fail(tx: object, revision: int) -> None:
         await backend.outbox.enqueue_intent_tx(tx, intent("t", revision))
-        assert await tx.execute("SELECT revision FROM orders WHERE id = 'o-1'") == [(revision,)]
-
-    async def write_then_fail(tx: object, revision: int) -> None:
-        await write_order(tx, revision)
-        raise LookupError("the application failed after writing")
+        raise LookupError("the application failed after enqueueing")
 
     with pytest.raises(LookupError):
-        await backend.checkpointer.save_with_outbox(0, snap("t"), write_then_fail)
-
-    def orders(conn: sqlite3.Connection) -> list[Any]:
-        return conn.execute("SELECT id, revision FROM orders").fetchall()
-
-    assert await backend.database.run(orders, "read orders") == []
-    assert await backend.outbox.pending_count() == 0
-    assert await backend.checkpointer.save_with_outbox(0, snap("t"), write_order) == 1
-    assert await backend.database.run(orders, "read orders") == [("o-1", 1)]
-    assert await backend.outbox.pending_count() == 1
+        await backend.checkpointer.save_with_outbox(0, snap("t"), enqueue_then_fail)
+    with pytest.raises(ThreadNotFoundError):
+        await backend.checkpointer.load("t")
+    assert await backend.consumer.pending_count() == 0
 
 
-async def test_cancelled_save_with_outbox_rolls_back(db_path: Path) -> None:
+async def test_cancelled_save_with_outbox_writes_nothing(db_path: Path) -> None:
     async with (
         SQLiteBackend[Any](db_path) as backend,
         SQLiteBackend[Any](db_path, busy_timeout=1.0) as peer,
@@ -539,7 +513,7 @@ async def test_cancelled_save_with_outbox_rolls_back(db_path: Path) -> None:
         # Nothing landed, and the write lock is free for this connection and another.
         with pytest.raises(ThreadNotFoundError):
             await backend.checkpointer.load("t")
-        assert await backend.outbox.pending_count() == 0
+        assert await backend.consumer.pending_count() == 0
         assert await peer.checkpointer.save(0, snap("t")) == 1
         assert await backend.checkpointer.save(1, snap("t")) == 2
 
@@ -547,24 +521,25 @@ async def test_cancelled_save_with_outbox_rolls_back(db_path: Path) -> None:
 # -- outbox -----------------------------------------------------------------------------
 
 
-async def test_one_message_per_thread_and_committed_revision(backend: SQLiteBackend[Any]) -> None:
-    outbox = SQLiteOutbox(backend.database, max_attempts=1)
-    await outbox.enqueue_intent(intent("t", 1))
-    await outbox.enqueue_intent(intent("t", 1))
-    await outbox.enqueue_intent(intent("t", 2))
-    assert await outbox.pending_count() == 2
-    first, second = await outbox.claim(10, 30)
-    await outbox.release(first, error="boom")  # max_attempts=1: dead at once
-    [dead] = await outbox.dead_letters()
-    assert dead.message_id == first.message_id
-    # Enqueueing the same intent again revives its dead letter.
-    await outbox.enqueue_intent(intent("t", 1))
-    assert await outbox.dead_letters() == []
-    [again] = await outbox.claim(10, 30)
-    assert (again.message_id, again.attempts) == (first.message_id, 1)
-    await outbox.ack(second)
-    await outbox.ack(again)
-    assert await outbox.pending_count() == 0
+async def test_one_message_per_thread_and_committed_revision(db_path: Path) -> None:
+    async with SQLiteBackend[Any](db_path, max_attempts=1) as backend:
+        outbox, consumer = backend.outbox, backend.consumer
+        await outbox.enqueue_intent(intent("t", 1))
+        await outbox.enqueue_intent(intent("t", 1))
+        await outbox.enqueue_intent(intent("t", 2))
+        assert await consumer.pending_count() == 2
+        first, second = await consumer.claim(10, 30)
+        await consumer.release(first, error="boom")  # max_attempts=1: dead at once
+        [dead] = await consumer.dead_letters()
+        assert dead.message_id == first.message_id and dead.error == "boom"
+        # Enqueueing the same intent again revives its dead letter.
+        await outbox.enqueue_intent(intent("t", 1))
+        assert await consumer.dead_letters() == []
+        [again] = await consumer.claim(10, 30)
+        assert (again.message_id, again.attempts) == (first.message_id, 1)
+        await consumer.ack(second)
+        await consumer.ack(again)
+        assert await consumer.pending_count() == 0
 
 
 async def test_waiting_claim_sees_another_connection_enqueue(db_path: Path) -> None:
@@ -580,7 +555,7 @@ async def test_waiting_claim_sees_another_connection_enqueue(db_path: Path) -> N
 
         producer = asyncio.create_task(enqueue_later())
         started = time.monotonic()
-        messages = await backend.outbox.claim(1, 30, wait=3.0)
+        messages = await backend.consumer.claim(1, 30, wait=3.0)
         await producer
         assert [m.intent for m in messages] == [intent("t", 1)]
         assert time.monotonic() - started < 1.0
@@ -588,7 +563,7 @@ async def test_waiting_claim_sees_another_connection_enqueue(db_path: Path) -> N
 
 def test_invalid_settings_are_refused(db_path: Path) -> None:
     with pytest.raises(ValueError, match="max_attempts"):
-        SQLiteOutbox(db_path, max_attempts=0)
+        SQLiteBackend[Any](db_path, max_attempts=0)
     with pytest.raises(ValueError, match="busy_timeout"):
         SQLiteDatabase(db_path, busy_timeout=-1)
 
@@ -614,10 +589,10 @@ async def test_close_stops_the_worker_and_refuses_further_use(db_path: Path) -> 
     with pytest.raises(StorageUnavailableError, match="closed"):
         await backend.checkpointer.load("t")
     with pytest.raises(StorageUnavailableError, match="closed"):
-        await backend.outbox.claim(1, 30)
+        await backend.consumer.claim(1, 30)
     # The file is intact for the next opener.
-    async with SQLiteCheckpointer[Any](db_path) as cp:
-        assert (await cp.load("t"))[1] == 1
+    async with SQLiteBackend[Any](db_path) as again:
+        assert (await again.checkpointer.load("t"))[1] == 1
 
 
 def test_backend_survives_a_new_event_loop(db_path: Path) -> None:
@@ -626,7 +601,7 @@ def test_backend_survives_a_new_event_loop(db_path: Path) -> None:
 
     async def second_loop() -> int:
         await backend.outbox.enqueue_intent(intent("t", 1))
-        assert len(await backend.outbox.claim(1, 30, wait=0.1)) == 1
+        assert len(await backend.consumer.claim(1, 30, wait=0.1)) == 1
         try:
             await backend.checkpointer.save(0, snap("t"))
         except ConcurrencyConflictError as exc:

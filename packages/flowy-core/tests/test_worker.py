@@ -9,6 +9,9 @@ import pytest
 from core_graphs import PlainOutbox, State, handoff_graph, merge
 
 import flowy
+from flowy import storage
+from flowy import types as ftypes
+from flowy.memory import MemoryBackend, MemoryConsumer
 from flowy.testing.faults import FaultyOutbox
 
 pytestmark = pytest.mark.anyio
@@ -28,11 +31,12 @@ def counted_graph(runs: list[str]) -> flowy.Graph[State, Any]:
     return b.compile()
 
 
-def setup(runs: list[str]) -> tuple[flowy.Runner[State, Any], flowy.MemoryOutbox]:
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
-    queue = flowy.MemoryOutbox()
-    return flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=queue), queue
+def setup(runs: list[str]) -> tuple[flowy.Runner[State, Any], MemoryConsumer]:
+    mem: MemoryBackend[State] = MemoryBackend()
+    runner = flowy.Runner(
+        counted_graph(runs), mem.checkpointer, lease_manager=mem.leases, handoff_outbox=mem.outbox
+    )
+    return runner, mem.consumer
 
 
 async def test_worker_resumes_handoffs_and_acks() -> None:
@@ -53,11 +57,11 @@ async def test_redelivery_never_runs_a_segment_twice(caplog: pytest.LogCaptureFi
     await runner.start("t", {}, run_lease=("fg", 5))
     (msg,) = await queue.claim(1, 0.01)  # a consumer claims and "crashes" before ack
     worker = flowy.Worker(runner, queue, owner="w1", lease_ttl=5)
-    assert await worker.process(msg) is flowy.Outcome.RESUMED
+    assert await worker.process(msg) is ftypes.Outcome.RESUMED
     # the same message is delivered again (crash after terminal save, before ack)
-    again = flowy.OutboxMessage(msg.message_id, msg.intent, msg.attempts + 1)
+    again = storage.OutboxMessage(msg.message_id, msg.intent, msg.attempts + 1)
     caplog.set_level("INFO", logger="flowy.worker")
-    assert await worker.process(again) is flowy.Outcome.DUPLICATE
+    assert await worker.process(again) is ftypes.Outcome.DUPLICATE
     assert runs == ["t"]
     assert "already resumed" in caplog.text
 
@@ -76,6 +80,7 @@ async def test_crash_before_ack_means_redelivery_and_one_run() -> None:
 
 
 async def test_two_workers_one_message_lease_decides() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
     runs: list[str] = []
     gate = asyncio.Event()
 
@@ -90,35 +95,36 @@ async def test_two_workers_one_message_lease_decides() -> None:
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("work", work).add_node("slow", slow).add_edge("work", "slow")
     b.allow_no_outgoing_route("slow")
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
-    queue = flowy.MemoryOutbox()
+    lm = mem.leases
+    cp = mem.checkpointer
+    queue = mem.outbox
     runner_a = flowy.Runner(b.compile(), cp, lease_manager=lm, handoff_outbox=queue)
     runner_b = flowy.Runner(b.compile(), cp, lease_manager=lm, handoff_outbox=queue)
     await runner_a.start("t", {}, run_lease=("fg", 5))
-    (msg,) = await queue.claim(1, 30)
-    wa = flowy.Worker(runner_a, queue, owner="a", lease_ttl=5)
-    wb = flowy.Worker(runner_b, queue, owner="b", lease_ttl=5)
+    (msg,) = await mem.consumer.claim(1, 30)
+    wa = flowy.Worker(runner_a, mem.consumer, owner="a", lease_ttl=5)
+    wb = flowy.Worker(runner_b, mem.consumer, owner="b", lease_ttl=5)
     task = asyncio.ensure_future(wa.process(msg))
     await asyncio.sleep(0.05)
-    dup = flowy.OutboxMessage(msg.message_id, msg.intent, 2)
-    assert await wb.process(dup) in (flowy.Outcome.RETRY,)
+    dup = storage.OutboxMessage(msg.message_id, msg.intent, 2)
+    assert await wb.process(dup) in (ftypes.Outcome.RETRY,)
     gate.set()
-    assert await task is flowy.Outcome.RESUMED
+    assert await task is ftypes.Outcome.RESUMED
     assert runs == ["slow"]
 
 
 async def test_orphaned_message_goes_through_recovery() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
     runs: list[str] = []
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
-    queue = flowy.MemoryOutbox()
+    lm = mem.leases
+    cp = mem.checkpointer
+    queue = mem.outbox
     outbox = FaultyOutbox(PlainOutbox(queue))
     outbox.arm(after_write=True, error=lambda: TimeoutError("ack lost"))  # lands, then errors
     runner = flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=outbox)
     r = await runner.start("t", {}, run_lease=("fg", 5))
     assert r.reason == flowy.Reason.HANDOFF_ORPHANED  # the orphan patch landed
-    worker = flowy.Worker(runner, queue, owner="w", lease_ttl=5, stale_after=0)
+    worker = flowy.Worker(runner, mem.consumer, owner="w", lease_ttl=5, stale_after=0)
     await worker.run_until_idle()
     assert runs == ["t"]
     assert worker.stats.outcomes["recovered"] == 1
@@ -126,18 +132,19 @@ async def test_orphaned_message_goes_through_recovery() -> None:
 
 
 async def test_recovery_loop_leader_only() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
     runs: list[str] = []
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
-    queue = flowy.MemoryOutbox()
+    lm = mem.leases
+    cp = mem.checkpointer
+    queue = mem.outbox
     outbox = FaultyOutbox(PlainOutbox(queue))
     outbox.arm(times=3, error=lambda: ConnectionError("down"))
     runner = flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=outbox)
     for i in range(3):
         r = await runner.start(f"t{i}", {}, run_lease=("fg", 5))
         assert r.reason == flowy.Reason.HANDOFF_ORPHANED
-    w1 = flowy.Worker(runner, queue, owner="w1", recovery_interval=10)
-    w2 = flowy.Worker(runner, queue, owner="w2", recovery_interval=10)
+    w1 = flowy.Worker(runner, mem.consumer, owner="w1", recovery_interval=10)
+    w2 = flowy.Worker(runner, mem.consumer, owner="w2", recovery_interval=10)
     assert await w1.recover_once() == 3
     assert await w2.recover_once() == 0  # not the leader
     await w1.run_until_idle()
@@ -161,6 +168,8 @@ async def test_graceful_shutdown_drains_in_flight() -> None:
 
 
 async def test_node_error_releases_for_retry_then_dead_letter() -> None:
+    mem: MemoryBackend[State] = MemoryBackend(max_attempts=3)
+
     async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
         return {}, flowy.handoff("bg", resume_at="broken")
 
@@ -170,18 +179,19 @@ async def test_node_error_releases_for_retry_then_dead_letter() -> None:
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
     b.allow_no_outgoing_route("broken")
-    queue = flowy.MemoryOutbox(max_attempts=3)
-    runner = flowy.Runner(b.compile(), flowy.MemoryCheckpointer(), handoff_outbox=queue)
+    queue = mem.outbox
+    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=queue)
     await runner.start("t", {})
-    worker = flowy.Worker(runner, queue, owner="w")
+    worker = flowy.Worker(runner, mem.consumer, owner="w")
     await worker.run_until_idle()
-    dead = await queue.dead_letters()
+    dead = await mem.consumer.dead_letters()
     assert len(dead) == 1 and dead[0].attempts == 3
     assert worker.stats.outcomes["retry"] == 3
     _ = handoff_graph
 
 
 async def test_worker_dying_mid_segment_after_a_saved_step_is_continued() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
     ran: list[str] = []
     crash = {"armed": True}
 
@@ -202,19 +212,19 @@ async def test_worker_dying_mid_segment_after_a_saved_step_is_continued() -> Non
     builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     builder.add_node("a", a).add_node("b", b).add_node("c", c)
     builder.add_edge("a", "b").add_edge("b", "c").allow_no_outgoing_route("c")
-    lm = flowy.MemoryLeaseManager()
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer(leases=lm)
-    queue = flowy.MemoryOutbox()
+    lm = mem.leases
+    cp = mem.checkpointer
+    queue = mem.outbox
     runner = flowy.Runner(builder.compile(), cp, lease_manager=lm, handoff_outbox=queue)
     await runner.start("t", {}, run_lease=("fg", 5))
-    (msg,) = await queue.claim(1, visibility_timeout=0.05)
-    worker = flowy.Worker(runner, queue, owner="w1", lease_ttl=5, visibility_timeout=0.05)
+    (msg,) = await mem.consumer.claim(1, visibility_timeout=0.05)
+    worker = flowy.Worker(runner, mem.consumer, owner="w1", lease_ttl=5, visibility_timeout=0.05)
     with pytest.raises(asyncio.CancelledError):
         await worker.process(msg)  # died mid-segment: no ack
     head, _ = await cp.load("t")
     assert head.status in (flowy.RunStatus.RUNNING, flowy.RunStatus.CANCELED)
     await asyncio.sleep(0.06)
-    w2 = flowy.Worker(runner, queue, owner="w2", lease_ttl=5, visibility_timeout=0.05)
+    w2 = flowy.Worker(runner, mem.consumer, owner="w2", lease_ttl=5, visibility_timeout=0.05)
     assert await w2.run_until_idle() == 1
     head, _ = await cp.load("t")
     assert head.status is flowy.RunStatus.COMPLETED

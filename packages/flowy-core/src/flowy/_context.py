@@ -77,7 +77,8 @@ def bind(bindings: RunBindings, key: BindingKey[T], value: T) -> RunBindings:
 class RunMetadataInput:
     """Run metadata merged into a resumed run (``Runner.resume(run_metadata=...)``).
 
-    ``budget_counts`` are added to the persisted counts; ``metadata`` entries overwrite.
+    Each entry of ``budget_counts`` replaces the persisted count of that budget (as the
+    specification's ``WithRunMetadata``); ``metadata`` entries overwrite too.
     """
 
     budget_counts: Mapping[str, int] = field(default_factory=lambda: {})
@@ -97,6 +98,7 @@ class RunMetadata:
     budget_limits: Mapping[str, int] = field(default_factory=lambda: {})
     metadata: dict[str, JSON] = field(default_factory=lambda: {})
     bindings: RunBindings = field(default_factory=RunBindings)
+    retry_counts: dict[str, int] = field(default_factory=lambda: {})
 
 
 current_run: ContextVar[RunMetadata | None] = ContextVar("flowy_run", default=None)

@@ -5,6 +5,7 @@ exceptions, codec errors) are translated at the boundary with ``raise ... from e
 The names follow the specification's ``ErrX`` sentinels one to one as ``XError``::
 
     FlowyError
+    ├── BackendURLError                 connect(): a bad URL, unknown scheme or missing adapter
     ├── GraphValidationError            compile() found problems (all listed at once)
     ├── UnknownNodeError                a node name that is not in the graph
     ├── InvalidResumeTokenError         empty thread id, malformed token
@@ -42,9 +43,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._checkpoint import ResumeToken
+    from ._results import HandoffRecoveryResult
+    from ._types import ResumeToken
 
 __all__ = [
+    "BackendURLError",
     "CheckpointSkippedError",
     "ConcurrencyConflictError",
     "FlowyError",
@@ -81,6 +84,12 @@ __all__ = [
 
 class FlowyError(Exception):
     """Base class of every error raised by flowy."""
+
+
+class BackendURLError(FlowyError, ValueError):
+    """``flowy.connect(url)`` cannot open ``url``: it is malformed, names an unknown
+    scheme or option, or needs an adapter package that is not installed (the message
+    names the ``pip install`` to run). Passwords never appear in the message."""
 
 
 class GraphValidationError(FlowyError):
@@ -203,6 +212,7 @@ class HandoffEnqueueFailedError(HandoffError):
     ``resume_token`` is the token to retry with (``Runner.recover_stale_handoff`` or a
     manual enqueue); the snapshot is safe in the checkpointer. ``orphaned`` tells whether
     the compensating patch saved the snapshot as orphaned (else it stays enqueued).
+    Raised by ``Runner.recover_stale_handoff``, ``result`` is the recovery's result.
     """
 
     def __init__(
@@ -211,6 +221,7 @@ class HandoffEnqueueFailedError(HandoffError):
         super().__init__(message)
         self.resume_token = resume_token
         self.orphaned = orphaned
+        self.result: HandoffRecoveryResult | None = None
 
 
 class StorageError(FlowyError):
@@ -249,3 +260,13 @@ class SQLiteFileError(StorageError):
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+def _present_as_public() -> None:
+    """Tracebacks and reprs name every error by its public home, ``flowy.errors``."""
+    for name in __all__:
+        globals()[name].__module__ = "flowy.errors"
+
+
+_present_as_public()
+del _present_as_public

@@ -1,40 +1,35 @@
-"""Run events, the ``StreamHandle`` and the stream helpers that never deadlock.
+"""Run events and the ``StreamHandle``: watch a run, stop it, hand it off, collect it.
 
 Events are best-effort progress: a slow or absent consumer never blocks the run (the
 buffer drops the oldest progress events when full, never the terminal one). The
 terminal ``RunResult`` from ``wait_result()`` is the source of truth; a terminal
-event's reason always equals the result's reason.
+event's reason always equals the result's reason. Nothing here deadlocks, whatever the
+consumer does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, Literal, Protocol
 
-from ._checkpoint import Checkpointer, ResumeToken, Snapshot
-from ._errors import NoActiveExecutionError, ThreadNotFoundError
+from ._errors import NoActiveExecutionError
 from ._results import RunResult
-from ._types import E, S
-
-if TYPE_CHECKING:
-    from ._execution import RunControl
+from ._types import E, ResumeToken, S
+from .storage import Snapshot
 
 __all__ = [
+    "EventSink",
     "EventType",
+    "InterruptKind",
+    "RunControl",
     "RunEvent",
     "StreamCollectResult",
-    "StreamCollector",
     "StreamHandle",
-    "await_stream_collect",
-    "await_stream_collect_with_snapshot",
-    "begin_stream_collect",
-    "collect_events_and_wait",
-    "consume_events_and_wait",
 ]
 
 
@@ -86,87 +81,146 @@ class RunEvent(Generic[S, E]):
         return self.type in TERMINAL_EVENTS
 
 
+InterruptKind = Literal["stop", "handoff", "lease_lost"]
+
+
+class RunControl(Protocol):
+    """What a ``StreamHandle`` may do to the execution it watches."""
+
+    @property
+    def interrupt_kind(self) -> InterruptKind | None:
+        """The interrupt requested so far, if any."""
+        ...
+
+    def interrupt(self, kind: InterruptKind) -> None:
+        """Ask the run to stop at the next safe point (a node is cancelled)."""
+        ...
+
+
+class EventSink(Generic[S, E]):
+    """The producer side of a stream: the execution emits here, the handle reads."""
+
+    def __init__(self, max_buffer: int = 1024) -> None:
+        self.events: deque[RunEvent[S, E]] = deque()
+        self.max_buffer = max(max_buffer, 1)
+        self.ready = asyncio.Event()
+        self.closed = False
+        self.finished = False
+        self.dropped = 0
+
+    def emit(self, event: RunEvent[S, E]) -> None:
+        """Buffer ``event``; when full, drop the oldest progress event (never a terminal)."""
+        if self.closed:
+            return
+        if len(self.events) >= self.max_buffer:
+            for i, old in enumerate(self.events):
+                if not old.terminal:
+                    del self.events[i]
+                    self.dropped += 1
+                    break
+        self.events.append(event)
+        self.ready.set()
+
+    def close(self) -> None:
+        """The consumer stopped listening: drop what is buffered and what comes."""
+        self.closed = True
+        self.events.clear()
+        self.ready.set()
+
+    def finish(self) -> None:
+        """The run ended: iteration stops once the buffer is drained."""
+        self.finished = True
+        self.ready.set()
+
+
+@dataclass
+class StreamCollectResult(Generic[S, E]):
+    """The events a collection gathered and the terminal outcome.
+
+    ``outcome.resume_token`` owns the resume point; ``snapshot`` (the head loaded after
+    the run, when asked for) is diagnostic only.
+    """
+
+    events: list[RunEvent[S, E]]
+    outcome: RunResult[S, E]
+    snapshot: Snapshot[Any] | None = None
+
+
+LoadHead = Callable[[], Awaitable[Snapshot[Any] | None]]
+
+
 class StreamHandle(Generic[S, E]):
     """A running stream: iterate it for events, ``wait_result()`` for the outcome.
 
     ``request_stop()`` ends the run with a resumable ``context_canceled`` snapshot and
     closes the event sink; ``request_local_handoff()`` hands the run off at its current
-    point; ``cancel()`` cancels the run task (it saves, then ends with CancelledError).
+    point; ``cancel()`` cancels the run task (the same terminal save, then
+    ``CancelledError``). ``collect()`` and ``consume()`` drain events and return the
+    outcome without ever deadlocking. As ``async with``, the handle stops the run on
+    exit if it is still going.
     """
 
-    def __init__(self, thread_id: str, *, max_buffer: int = 1024) -> None:
+    def __init__(
+        self,
+        thread_id: str,
+        sink: EventSink[S, E],
+        task: asyncio.Task[RunResult[S, E]],
+        control: RunControl,
+        load_head: LoadHead | None = None,
+    ) -> None:
         self.thread_id: str = thread_id
-        self._events: deque[RunEvent[S, E]] = deque()
-        self._max_buffer = max(max_buffer, 1)
-        self._ready = asyncio.Event()
-        self._closed = False
-        self._finished = False
-        self.dropped_events: int = 0
-        self._task: asyncio.Task[RunResult[S, E]] | None = None
-        self._execution: RunControl | None = None
-
-    # -- producer side (the runner) -------------------------------------------------
-    def _emit(self, event: RunEvent[S, E]) -> None:
-        if self._closed:
-            return
-        if len(self._events) >= self._max_buffer:
-            # Drop the oldest progress event; terminal events are never dropped.
-            for i, old in enumerate(self._events):
-                if not old.terminal:
-                    del self._events[i]
-                    self.dropped_events += 1
-                    break
-        self._events.append(event)
-        self._ready.set()
-
-    def _finish(self) -> None:
-        self._finished = True
-        self._ready.set()
-
-    def _attach(self, task: asyncio.Task[RunResult[S, E]], execution: RunControl) -> None:
+        self._sink = sink
         self._task = task
-        self._execution = execution
-        task.add_done_callback(lambda _t: self._finish())
+        self._control = control
+        self._load_head = load_head
+        self._collected: list[RunEvent[S, E]] = []
+        self._collector: asyncio.Task[None] | None = None
+        task.add_done_callback(lambda _t: sink.finish())
 
-    # -- consumer side -------------------------------------------------------------
+    # -- events ----------------------------------------------------------------------
     def __aiter__(self) -> StreamHandle[S, E]:
         return self
 
     async def __anext__(self) -> RunEvent[S, E]:
+        sink = self._sink
         while True:
-            if self._events:
-                return self._events.popleft()
-            if self._closed or self._finished:
+            if sink.events:
+                return sink.events.popleft()
+            if sink.closed or sink.finished:
                 raise StopAsyncIteration
-            self._ready.clear()
-            await self._ready.wait()
+            sink.ready.clear()
+            await sink.ready.wait()
+
+    @property
+    def dropped_events(self) -> int:
+        """Progress events dropped because the consumer fell behind."""
+        return self._sink.dropped
 
     @property
     def done(self) -> bool:
         """True once the run has terminated."""
-        return self._task is not None and self._task.done()
+        return self._task.done()
 
+    # -- outcome ---------------------------------------------------------------------
     async def wait_result(self) -> RunResult[S, E]:
         """Wait for and return the terminal ``RunResult`` (the source of truth).
 
         Cancelling the waiter does not cancel the run. Raises ``CancelledError`` if the
         run itself was cancelled with ``cancel()``.
         """
-        assert self._task is not None
         return await asyncio.shield(self._task)
 
     async def wait(self) -> None:
         """Wait for the run; raise the result's ``error`` if it has one."""
         (await self.wait_result()).raise_for_error()
 
+    # -- control ---------------------------------------------------------------------
     def request_stop(self) -> None:
-        """Stop the run: it saves a resumable snapshot (reason ``context_canceled``) and the
-        event sink closes. A no-op once the run has terminated."""
-        self._closed = True
-        self._events.clear()
-        self._ready.set()
-        if self._execution is not None and not self.done:
-            self._execution.interrupt("stop")
+        """Stop the run: it saves a resumable snapshot (reason ``context_canceled``) and
+        the event sink closes. A no-op once the run has terminated."""
+        self._sink.close()
+        if not self.done:
+            self._control.interrupt("stop")
 
     async def request_local_handoff(self) -> None:
         """Hand the run off at its current point and wait until that is persisted.
@@ -176,102 +230,81 @@ class StreamHandle(Generic[S, E]):
         ``HandoffEnqueueFailedError`` if the intent could not be enqueued (the snapshot is
         saved; the error carries the retry token), or the save/retention error.
         """
-        ex = self._execution
-        if ex is None or self.done or ex.interrupt_kind == "stop" or self._closed:
+        if self.done or self._control.interrupt_kind == "stop" or self._sink.closed:
             raise NoActiveExecutionError(
-                f"thread {self.thread_id!r} has no active execution to hand off "
+                f"thread {self.thread_id!r:.200} has no active execution to hand off "
                 "(it terminated or request_stop() was called)"
             )
-        ex.interrupt("handoff")
+        self._control.interrupt("handoff")
         result = await self.wait_result()
         result.raise_for_error()
 
     def cancel(self) -> None:
         """Cancel the run task; it saves a cancel snapshot and ends with CancelledError."""
-        if self._task is not None:
-            self._task.cancel()
+        self._task.cancel()
 
+    # -- collection --------------------------------------------------------------------
+    def begin_collect(self) -> None:
+        """Start draining events in the background now. Call it before
+        ``request_stop()``, ``request_local_handoff()`` or ``cancel()``, then
+        ``await collect()``. Idempotent."""
+        if self._collector is None:
 
-async def collect_events_and_wait(
-    handle: StreamHandle[S, E],
-) -> tuple[list[RunEvent[S, E]], RunResult[S, E]]:
-    """Drain every event and return them with the terminal result. Never deadlocks."""
-    events = [ev async for ev in handle]
-    return events, await handle.wait_result()
+            async def drain() -> None:
+                async for event in self:
+                    self._collected.append(event)
 
+            self._collector = asyncio.ensure_future(drain())
 
-async def consume_events_and_wait(
-    handle: StreamHandle[S, E],
-    callback: Callable[[RunEvent[S, E]], bool | Awaitable[bool]],
-) -> RunResult[S, E]:
-    """Pass each event to ``callback``; when it returns False, ``request_stop()`` and
-    drain silently. Returns the terminal result."""
-    async for ev in handle:
-        keep = callback(ev)
-        if not isinstance(keep, bool):
-            keep = await keep
-        if not keep:
-            handle.request_stop()
-            break
-    return await handle.wait_result()
+    async def collect(self, *, snapshot: bool = False) -> StreamCollectResult[S, E]:
+        """Drain every event and wait for the outcome; with ``snapshot``, also load the
+        thread's head afterwards (diagnostic only: the outcome's ``resume_token`` is
+        authoritative; ``None`` if the thread is gone)."""
+        self.begin_collect()
+        assert self._collector is not None
+        outcome = await self.wait_result()
+        try:
+            await asyncio.shield(self._collector)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # our caller is being cancelled: never swallow that
+        result = StreamCollectResult(list(self._collected), outcome)
+        if snapshot and self._load_head is not None:
+            result.snapshot = await self._load_head()
+        return result
 
+    async def consume(
+        self, callback: Callable[[RunEvent[S, E]], bool | Awaitable[bool]]
+    ) -> RunResult[S, E]:
+        """Pass each event to ``callback``; when it returns ``False``, ``request_stop()``
+        and stop listening. Returns the terminal result."""
+        async for event in self:
+            keep = callback(event)
+            if not isinstance(keep, bool):
+                keep = await keep
+            if not keep:
+                self.request_stop()
+                break
+        return await self.wait_result()
 
-@dataclass
-class StreamCollectResult(Generic[S, E]):
-    """What ``await_stream_collect`` gathered: the events and the terminal outcome.
+    # -- ownership -------------------------------------------------------------------
+    async def __aenter__(self) -> StreamHandle[S, E]:
+        return self
 
-    ``outcome.resume_token`` owns the resume point; ``snapshot`` is diagnostic only.
-    """
-
-    events: list[RunEvent[S, E]]
-    outcome: RunResult[S, E]
-    snapshot: Snapshot[Any] | None = None
-
-
-@dataclass
-class StreamCollector(Generic[S, E]):
-    """A background drain started by ``begin_stream_collect``."""
-
-    events: list[RunEvent[S, E]] = field(default_factory=lambda: [])
-    task: asyncio.Task[None] | None = None
-
-
-def begin_stream_collect(handle: StreamHandle[S, E]) -> StreamCollector[S, E]:
-    """Start draining ``handle`` in the background. Call it before ``request_stop()``,
-    ``request_local_handoff()`` or cancellation, then ``await_stream_collect``."""
-    collector: StreamCollector[S, E] = StreamCollector()
-
-    async def drain() -> None:
-        async for ev in handle:
-            collector.events.append(ev)
-
-    collector.task = asyncio.ensure_future(drain())
-    return collector
-
-
-async def await_stream_collect(
-    handle: StreamHandle[S, E], collector: StreamCollector[S, E]
-) -> StreamCollectResult[S, E]:
-    """Wait for the run and the background drain; return events and the outcome."""
-    outcome = await handle.wait_result()
-    if collector.task is not None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await collector.task
-    return StreamCollectResult(list(collector.events), outcome)
-
-
-async def await_stream_collect_with_snapshot(
-    handle: StreamHandle[S, E],
-    collector: StreamCollector[S, E],
-    checkpointer: Checkpointer[Any],
-    thread_id: str,
-) -> StreamCollectResult[S, E]:
-    """Like ``await_stream_collect``, then load the thread's head snapshot (diagnostic
-    only: the outcome's ``resume_token`` is authoritative). A missing thread gives
-    ``snapshot=None``."""
-    result = await await_stream_collect(handle, collector)
-    try:
-        result.snapshot, _ = await checkpointer.load(thread_id)
-    except ThreadNotFoundError:
-        result.snapshot = None
-    return result
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.done:
+            self.request_stop()
+        try:
+            await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        if self._collector is not None and not self._collector.done():
+            self._collector.cancel()

@@ -10,19 +10,9 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Generic, cast
 
-from ._checkpoint import (
-    HandoffIntent,
-    HandoffStatus,
-    Lease,
-    ResumeToken,
-    RunStatus,
-    Snapshot,
-    TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
-    new_write_id,
-)
 from ._context import RunMetadata, current_run
 from ._directives import Directive, DirectiveKind
 from ._errors import (
@@ -32,31 +22,32 @@ from ._errors import (
     LeaseLostError,
     UnknownNodeError,
 )
-from ._events import EventType, RunEvent, StreamHandle
-from ._graph import CheckpointPolicy
+from ._events import EventSink, EventType, InterruptKind, RunEvent
+from ._graph import CheckpointPolicy, Graph
 from ._handoff import three_phase_tail
-from ._observer import (
-    HandoffMetricStatus,
-    LifecycleEvent,
-    LifecycleEventType,
-    count_handoff,
-    publish,
+from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
+from ._results import Reason, RunResult
+from ._types import E, ResumeToken, S
+from .storage import (
+    Checkpointer,
+    HandoffIntent,
+    HandoffOutbox,
+    HandoffStatus,
+    Lease,
+    LeaseManager,
+    RunStatus,
+    Snapshot,
+    TransactionalCheckpointer,
+    TransactionalHandoffOutbox,
+    confirm_save,
+    durable_save,
+    new_write_id,
 )
-from ._results import (
-    Reason,
-    RunResult,
-)
-from ._saving import confirm_save, durable_save
-from ._types import E, S
-
-if TYPE_CHECKING:
-    from ._runner import Runner
 
 __all__ = [
     "Execution",
-    "InterruptKind",
     "InvariantValidator",
-    "RunControl",
+    "Services",
     "maybe_await",
     "register_run",
     "unregister_run",
@@ -70,10 +61,10 @@ InvariantValidator = Callable[[S], "Awaitable[None] | None"]
 _CANCEL_SAVE_TIMEOUT = 10.0
 
 # Threads running in this process, keyed by (store identity, thread id).
-_running: set[tuple[int, str]] = set()
+_running: set[tuple[object, str]] = set()
 
 
-def register_run(key: tuple[int, str]) -> bool:
+def register_run(key: tuple[object, str]) -> bool:
     """Mark a thread as running in this process; False if it already is."""
     if key in _running:
         return False
@@ -81,7 +72,7 @@ def register_run(key: tuple[int, str]) -> bool:
     return True
 
 
-def unregister_run(key: tuple[int, str]) -> None:
+def unregister_run(key: tuple[object, str]) -> None:
     """Forget a running thread (its run ended or never started)."""
     _running.discard(key)
 
@@ -108,17 +99,17 @@ def _is_transactional(obj: object, protocol: type) -> bool:
     return isinstance(obj, protocol)
 
 
-InterruptKind = Literal["stop", "handoff", "lease_lost"]
+@dataclass(frozen=True, slots=True)
+class Services(Generic[S, E]):
+    """What an execution uses of its runner: the graph, the store's parts, the clock and
+    the telemetry."""
 
-
-class RunControl(Protocol):
-    """What a ``StreamHandle`` may do to the execution it watches."""
-
-    interrupt_kind: InterruptKind | None
-    in_node: bool
-    pointer: str
-
-    def interrupt(self, kind: InterruptKind) -> None: ...
+    graph: Graph[S, E]
+    checkpointer: Checkpointer[S] | None
+    lease_manager: LeaseManager | None
+    outbox: HandoffOutbox | None
+    clock: Callable[[], float]
+    telemetry: Telemetry
 
 
 class Execution(Generic[S, E]):
@@ -126,20 +117,22 @@ class Execution(Generic[S, E]):
 
     def __init__(
         self,
-        runner: Runner[S, E],
-        key: tuple[int, str],
+        services: Services[S, E],
+        key: tuple[object, str],
         state: S,
         pointer: str,
         revision: int,
         meta: RunMetadata,
         lease: Lease | None,
-        run_lease: tuple[str, float] | None,
+        lease_ttl: float,
         invariant: InvariantValidator[S] | None,
-        handle: StreamHandle[S, E] | None,
+        sink: EventSink[S, E] | None,
     ) -> None:
-        self.runner = runner
-        self.graph = runner.graph
-        self.cp = runner.checkpointer
+        self.services = services
+        self.graph = services.graph
+        self.cp = services.checkpointer
+        self.telemetry = services.telemetry
+        self.clock = services.clock
         self.key = key
         self.thread_id = meta.thread_id
         self.state = state
@@ -147,23 +140,18 @@ class Execution(Generic[S, E]):
         self.revision = revision
         self.meta = meta
         self.lease = lease
-        self.lease_ttl = run_lease[1] if run_lease is not None else 0.0
+        self.lease_ttl = lease_ttl
         self.invariant = invariant
-        self.handle = handle
+        self.sink = sink
         self.effects: list[E] = []
         self.interrupt_kind: InterruptKind | None = None
         self.in_node = False
         self.task: asyncio.Task[Any] | None = None
         self.renewer: asyncio.Task[None] | None = None
-        self.attempts: dict[str, int] = {}
+        self.attempts: dict[str, int] = meta.retry_counts
         self.skip_saves = self.graph.checkpoint_policy is CheckpointPolicy.SKIP_ON_SAVE_ERROR
 
     # -------------------------------------------------------------- control
-    def launch(self) -> None:
-        assert self.handle is not None
-        task = asyncio.ensure_future(self.run())
-        self.handle._attach(task, self)  # pyright: ignore[reportPrivateUsage]
-
     def interrupt(self, kind: InterruptKind) -> None:
         if self.interrupt_kind is not None and kind != "lease_lost":
             return
@@ -182,13 +170,11 @@ class Execution(Generic[S, E]):
                 task.uncancel()
 
     def _emit(self, type_: EventType, **kw: Any) -> None:
-        if self.handle is not None:
-            self.handle._emit(  # pyright: ignore[reportPrivateUsage]
-                RunEvent(type_, self.thread_id, **kw)
-            )
+        if self.sink is not None:
+            self.sink.emit(RunEvent(type_, self.thread_id, **kw))
 
     async def _renew_loop(self) -> None:
-        lm = self.runner.lease_manager
+        lm = self.services.lease_manager
         assert lm is not None and self.lease is not None
         interval = max(self.lease_ttl / 3.0, 0.01)
         while True:
@@ -232,7 +218,7 @@ class Execution(Generic[S, E]):
     async def _finish(self, result: RunResult[S, E] | None) -> None:
         if self.renewer is not None:
             self.renewer.cancel()
-        lm = self.runner.lease_manager
+        lm = self.services.lease_manager
         if self.lease is not None and lm is not None and self.interrupt_kind != "lease_lost":
             try:
                 await asyncio.shield(lm.release(self.lease))
@@ -304,8 +290,10 @@ class Execution(Generic[S, E]):
             metadata=dict(meta.metadata),
             handoff_status=handoff_status,
             handoff_pending_at=pending_at,
-            updated_at=self.runner.clock(),
+            updated_at=self.clock(),
             write_id=new_write_id(),
+            effects=cast("tuple[Any, ...]", tuple(self.effects)),
+            retry_counts=dict(self.attempts),
         )
 
     async def _save(self, snap: Snapshot[S]) -> None:
@@ -334,7 +322,7 @@ class Execution(Generic[S, E]):
                     execution_pointer=snap.execution_pointer,
                     node=self.pointer,
                 )
-                publish(
+                self.telemetry.publish(
                     LifecycleEvent(
                         LifecycleEventType.CHECKPOINT_SKIPPED,
                         self.thread_id,
@@ -358,7 +346,7 @@ class Execution(Generic[S, E]):
         try:
             await self.cp.prune(self.thread_id, limit)
         except Exception as exc:
-            publish(
+            self.telemetry.publish(
                 LifecycleEvent(LifecycleEventType.RETENTION_FAILED, self.thread_id, error=str(exc))
             )
             return f"{kind}_retention_failed", exc
@@ -398,7 +386,7 @@ class Execution(Generic[S, E]):
         budgets = graph.budgets
         max_steps = graph.max_steps
         meta = self.meta
-        emit = self.handle is not None
+        emit = self.sink is not None
         save_steps = graph.save_every_step and self.cp is not None
         while True:
             if self.interrupt_kind is not None:
@@ -548,7 +536,7 @@ class Execution(Generic[S, E]):
     async def _handoff(self, reason: str) -> RunResult[S, E]:
         """Persist a hand-off at ``self.pointer`` (transactional or three-phase)."""
         cp = self.cp
-        outbox = self.runner.handoff_outbox
+        outbox = self.services.outbox
         if cp is None:
             result = self._result(RunStatus.HANDOFF, reason)
             self._emit(EventType.HANDOFF, reason=reason, execution_pointer=self.pointer)
@@ -570,14 +558,14 @@ class Execution(Generic[S, E]):
             )
             handoff_status = HandoffStatus.ENQUEUED
         else:
-            now = self.runner.clock()
+            now = self.clock()
             snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, now)
             try:
                 await self._save(snap)
             except LeaseLostError as exc:
                 raise self._lease_lost(exc) from exc
             except Exception as exc:
-                count_handoff(HandoffMetricStatus.SAVE_FAILED)
+                self.telemetry.count_handoff(HandoffMetricStatus.SAVE_FAILED)
                 if not self.skip_saves:
                     result = self._result(RunStatus.FAILED, Reason.HANDOFF_SAVE_FAILED, error=exc)
                     self._emit(
@@ -601,7 +589,8 @@ class Execution(Generic[S, E]):
                         snap.at_revision(self.revision),
                         self.revision,
                         self.lease,
-                        self.runner.clock,
+                        self.clock,
+                        self.telemetry,
                     )
                     self.revision = token.snapshot_revision
                     handoff_status = HandoffStatus.ENQUEUED
@@ -649,10 +638,10 @@ class Execution(Generic[S, E]):
         outbox: TransactionalHandoffOutbox,
         reason: str,
     ) -> bool:
-        now = self.runner.clock()
+        now = self.clock()
         snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, now)
         thread_id = self.thread_id
-        clock = self.runner.clock
+        clock = self.clock
 
         async def enqueue(tx: object, revision: int) -> None:
             token = ResumeToken(thread_id, revision)
@@ -686,7 +675,7 @@ class Execution(Generic[S, E]):
             if landed is not None:
                 self.revision = landed
             else:
-                count_handoff(HandoffMetricStatus.COMMIT_FAILED)
+                self.telemetry.count_handoff(HandoffMetricStatus.COMMIT_FAILED)
                 if not self.skip_saves:
                     result = self._result(RunStatus.FAILED, Reason.HANDOFF_SAVE_FAILED, error=exc)
                     self._emit(
@@ -701,8 +690,8 @@ class Execution(Generic[S, E]):
                     execution_pointer=self.pointer,
                 )
                 return False
-        count_handoff(HandoffMetricStatus.SUCCESS)
-        publish(
+        self.telemetry.count_handoff(HandoffMetricStatus.SUCCESS)
+        self.telemetry.publish(
             LifecycleEvent(LifecycleEventType.HANDOFF_ENQUEUED, thread_id, revision=self.revision)
         )
         return True

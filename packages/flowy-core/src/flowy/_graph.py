@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar, get_args
 
 from ._directives import Directive
 from ._errors import GraphValidationError, UnknownNodeError
@@ -73,6 +73,7 @@ class Graph(Generic[S, E]):
     retention_limit: int | None = None
     checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR
     save_every_step: bool = True
+    state_type: Any = None
 
     def node(self, name: str) -> Node[S, E]:
         """The node called ``name``; ``UnknownNodeError`` if there is none."""
@@ -112,15 +113,25 @@ class Graph(Generic[S, E]):
         return "\n".join(lines) + "\n"
 
 
+def _concrete(tp: Any) -> bool:
+    """True for a state type a codec can decode into (not ``Any``, not a TypeVar)."""
+    return tp is not None and tp is not Any and not isinstance(tp, TypeVar)
+
+
 class GraphBuilder(Generic[S, E]):
     """Declare nodes and routes, then ``compile()`` into an immutable ``Graph``.
 
     ``reducer(state, update)`` merges a node's returned update into the state; without
     one the update replaces the state. The first node added is the entry point unless
     ``set_entry_point`` names another.
+
+    ``state`` is the state's type: stores then decode snapshots into it (a dataclass, a
+    TypedDict, ``dict[str, Any]``, …) instead of handing back plain JSON values.
+    ``GraphBuilder[Refund, Effect]()`` records ``Refund`` the same way.
     """
 
-    def __init__(self, reducer: Reducer[S] | None = None) -> None:
+    def __init__(self, reducer: Reducer[S] | None = None, *, state: type[S] | None = None) -> None:
+        self._state_type: Any = state
         self._reducer: Reducer[S] = reducer if reducer is not None else _replace
         self._nodes: dict[str, Node[S, E]] = {}
         self._entry: str | None = None
@@ -279,6 +290,11 @@ class GraphBuilder(Generic[S, E]):
         if problems:
             raise GraphValidationError(problems)
         assert self._entry is not None
+        state_type = self._state_type
+        if state_type is None:
+            # GraphBuilder[Refund, E]() leaves its type arguments on the instance.
+            args = get_args(getattr(self, "__orig_class__", None))
+            state_type = args[0] if args and _concrete(args[0]) else None
         return Graph(
             nodes=MappingProxyType(dict(self._nodes)),
             entry=self._entry,
@@ -293,4 +309,5 @@ class GraphBuilder(Generic[S, E]):
             retention_limit=retention_limit,
             checkpoint_policy=checkpoint_policy,
             save_every_step=save_every_step,
+            state_type=state_type,
         )

@@ -7,30 +7,20 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ._checkpoint import (
+from ._errors import HandoffEnqueueFailedError, HandoffPatchFailedError, LeaseLostError
+from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
+from ._types import ResumeToken
+from .storage import (
     Checkpointer,
     HandoffIntent,
     HandoffOutbox,
     HandoffStatus,
     Lease,
-    ResumeToken,
     RunStatus,
     Snapshot,
+    durable_save,
     new_write_id,
 )
-from ._errors import (
-    HandoffEnqueueFailedError,
-    HandoffPatchFailedError,
-    LeaseLostError,
-)
-from ._observer import (
-    HandoffMetricStatus,
-    LifecycleEvent,
-    LifecycleEventType,
-    count_handoff,
-    publish,
-)
-from ._saving import durable_save
 
 __all__ = ["three_phase_tail"]
 
@@ -42,6 +32,7 @@ async def three_phase_tail(
     pending_revision: int,
     lease: Lease | None,
     clock: Callable[[], float],
+    telemetry: Telemetry,
 ) -> ResumeToken:
     """Phases 2 and 3 of the hand-off FSM from a saved pending snapshot: patch enqueued,
     enqueue the intent; on enqueue failure patch orphaned. Returns the committed token."""
@@ -58,7 +49,7 @@ async def three_phase_tail(
     except LeaseLostError:
         raise
     except Exception as exc:
-        count_handoff(HandoffMetricStatus.PATCH_ENQUEUED_FAILED)
+        telemetry.count_handoff(HandoffMetricStatus.PATCH_ENQUEUED_FAILED)
         raise HandoffPatchFailedError(
             f"hand-off of thread {thread_id!r}: saving status enqueued failed ({exc}); the "
             f"snapshot stays pending at revision {pending_revision} and is recoverable "
@@ -79,7 +70,7 @@ async def three_phase_tail(
     try:
         await outbox.enqueue_intent(intent)
     except Exception as enqueue_exc:
-        count_handoff(HandoffMetricStatus.ENQUEUE_FAILED)
+        telemetry.count_handoff(HandoffMetricStatus.ENQUEUE_FAILED)
         orphan = replace(
             enqueued,
             handoff_status=HandoffStatus.ORPHANED,
@@ -89,7 +80,7 @@ async def three_phase_tail(
         try:
             orphaned = await durable_save(cp, committed, orphan, lease=lease)
         except Exception as patch_exc:
-            count_handoff(HandoffMetricStatus.PATCH_ORPHAN_FAILED)
+            telemetry.count_handoff(HandoffMetricStatus.PATCH_ORPHAN_FAILED)
             err = HandoffEnqueueFailedError(
                 f"hand-off of thread {thread_id!r}: enqueue failed ({enqueue_exc}) and the "
                 f"orphaned patch failed too ({patch_exc}); the snapshot stays enqueued at "
@@ -107,6 +98,8 @@ async def three_phase_tail(
             orphaned=True,
         )
         raise err from enqueue_exc
-    count_handoff(HandoffMetricStatus.SUCCESS)
-    publish(LifecycleEvent(LifecycleEventType.HANDOFF_ENQUEUED, thread_id, revision=committed))
+    telemetry.count_handoff(HandoffMetricStatus.SUCCESS)
+    telemetry.publish(
+        LifecycleEvent(LifecycleEventType.HANDOFF_ENQUEUED, thread_id, revision=committed)
+    )
     return token

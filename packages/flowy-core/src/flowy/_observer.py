@@ -1,9 +1,10 @@
-"""Lifecycle observer and hand-off metrics.
+"""Lifecycle observers and counters, per runner and process-wide.
 
-``set_lifecycle_observer`` installs one process-wide observer that receives hand-off,
-recovery and soft-checkpoint events. Events are delivered from a background thread
-through a bounded queue, so an observer that raises or is slow never breaks or stalls a
-run (when the queue is full, events are dropped and counted).
+Every ``Runner`` has a :class:`Telemetry`: its own observer (``Runner(observer=...)``)
+and counters (``runner.metrics()``), forwarding each event and count to the process-wide
+telemetry (``set_lifecycle_observer``, ``metrics()``). Events reach observers from one
+background thread through a bounded queue, so an observer that raises or is slow never
+breaks or stalls a run (when the queue is full, events are dropped and counted).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from typing import Protocol, runtime_checkable
 from ._types import JSON
 
 __all__ = [
+    "GLOBAL",
     "HandoffMetricStatus",
     "LifecycleEvent",
     "LifecycleEventType",
     "LifecycleObserver",
+    "Telemetry",
+    "flush_observers",
     "metrics",
     "reset_metrics",
     "set_lifecycle_observer",
@@ -38,11 +42,15 @@ class LifecycleEventType(enum.StrEnum):
 
     HANDOFF_ENQUEUED = "handoff_enqueued"
     HANDOFF_ENQUEUE_FAILED = "handoff_enqueue_failed"
+    HANDOFF_PATCH_FAILED = "handoff_patch_failed"
+    HANDOFF_SAVE_FAILED = "handoff_save_failed"
     HANDOFF_RECOVERED = "handoff_recovered"
     HANDOFF_RECOVERY_FAILED = "handoff_recovery_failed"
     CHECKPOINT_SKIPPED = "checkpoint_skipped"
+    CHECKPOINT_FAILED = "checkpoint_failed"
     RETENTION_FAILED = "retention_failed"
     RESUME_CONFLICT = "resume_conflict"
+    LEASE_LOST = "lease_lost"
 
 
 class HandoffMetricStatus(enum.StrEnum):
@@ -58,7 +66,7 @@ class HandoffMetricStatus(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class LifecycleEvent:
-    """One lifecycle event."""
+    """One lifecycle event. ``status`` is the metric label it was counted under, if any."""
 
     type: LifecycleEventType
     thread_id: str
@@ -80,27 +88,26 @@ class LifecycleObserver(Protocol):
 
 
 class _Dispatcher:
+    """The one background thread that delivers events to observers."""
+
     def __init__(self) -> None:
-        self.observer: LifecycleObserver | None = None
-        self.queue: queue.Queue[LifecycleEvent] = queue.Queue(maxsize=10_000)
+        self.queue: queue.Queue[tuple[LifecycleObserver, LifecycleEvent]] = queue.Queue(
+            maxsize=10_000
+        )
         self.dropped = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def _run(self) -> None:
         while True:
-            event = self.queue.get()
-            obs = self.observer
-            if obs is not None:
-                try:
-                    obs.on_event(event)
-                except Exception:
-                    logger.exception("flowy lifecycle observer raised on %s", event.type)
+            observer, event = self.queue.get()
+            try:
+                observer.on_event(event)
+            except Exception:
+                logger.exception("flowy lifecycle observer raised on %s", event.type)
             self.queue.task_done()
 
-    def publish(self, event: LifecycleEvent) -> None:
-        if self.observer is None:
-            return
+    def deliver(self, observer: LifecycleObserver, event: LifecycleEvent) -> bool:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -109,9 +116,11 @@ class _Dispatcher:
                     )
                     self._thread.start()
         try:
-            self.queue.put_nowait(event)
+            self.queue.put_nowait((observer, event))
         except queue.Full:
             self.dropped += 1
+            return False
+        return True
 
     def flush(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -121,39 +130,71 @@ class _Dispatcher:
 
 
 _dispatcher = _Dispatcher()
-_handoff_counts: Counter[str] = Counter()
+
+
+class Telemetry:
+    """An observer and counters; events and counts also go to ``parent``."""
+
+    def __init__(
+        self, observer: LifecycleObserver | None = None, parent: Telemetry | None = None
+    ) -> None:
+        self.observer = observer
+        self.parent = parent
+        self.handoffs: Counter[str] = Counter()
+        self.events: Counter[str] = Counter()
+        self.dropped = 0
+
+    def publish(self, event: LifecycleEvent) -> None:
+        """Count ``event`` and deliver it to the observers without blocking."""
+        self.events[event.type.value] += 1
+        if self.observer is not None and not _dispatcher.deliver(self.observer, event):
+            self.dropped += 1
+        if self.parent is not None:
+            self.parent.publish(event)
+
+    def count_handoff(self, status: HandoffMetricStatus) -> None:
+        """Increment ``handoff_enqueued_total{status}``."""
+        self.handoffs[status.value] += 1
+        if self.parent is not None:
+            self.parent.count_handoff(status)
+
+    def metrics(self) -> dict[str, dict[str, int]]:
+        """``{"handoff_enqueued_total": {status: n}, "lifecycle_events_total": {type: n},
+        "observer_events_dropped": {"total": n}}`` with every label present."""
+        return {
+            "handoff_enqueued_total": {
+                s.value: self.handoffs[s.value] for s in HandoffMetricStatus
+            },
+            "lifecycle_events_total": {t.value: self.events[t.value] for t in LifecycleEventType},
+            "observer_events_dropped": {"total": self.dropped},
+        }
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        self.handoffs.clear()
+        self.events.clear()
+        self.dropped = 0
+
+
+GLOBAL = Telemetry()
+"""The process-wide telemetry every runner forwards to."""
 
 
 def set_lifecycle_observer(observer: LifecycleObserver | None) -> None:
     """Install (or with ``None`` remove) the process-wide lifecycle observer."""
-    _dispatcher.observer = observer
-
-
-def publish(event: LifecycleEvent) -> None:
-    """Deliver ``event`` to the observer without blocking the caller."""
-    _dispatcher.publish(event)
-
-
-def flush_observer(timeout: float = 5.0) -> bool:
-    """Wait until queued events were delivered (for tests); False on timeout."""
-    return _dispatcher.flush(timeout)
-
-
-def count_handoff(status: HandoffMetricStatus) -> None:
-    """Increment ``handoff_enqueued_total{status}``."""
-    _handoff_counts[status.value] += 1
+    GLOBAL.observer = observer
 
 
 def metrics() -> dict[str, dict[str, int]]:
-    """A snapshot of flowy's counters: ``{"handoff_enqueued_total": {status: n}}`` with
-    every status present, plus ``observer_events_dropped``."""
-    return {
-        "handoff_enqueued_total": {s.value: _handoff_counts[s.value] for s in HandoffMetricStatus},
-        "observer_events_dropped": {"total": _dispatcher.dropped},
-    }
+    """The process-wide counters (every runner's together); see ``Telemetry.metrics``."""
+    return GLOBAL.metrics()
 
 
 def reset_metrics() -> None:
-    """Zero every counter (for tests)."""
-    _handoff_counts.clear()
-    _dispatcher.dropped = 0
+    """Zero the process-wide counters (for tests)."""
+    GLOBAL.reset()
+
+
+def flush_observers(timeout: float = 5.0) -> bool:
+    """Wait until queued events were delivered (for tests); False on timeout."""
+    return _dispatcher.flush(timeout)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass, field
 from typing import Generic
 
-from ._checkpoint import HandoffStatus, ResumeToken, RunStatus
-from ._types import E, S
+from ._types import E, HandoffStatus, ResumeToken, RunStatus, S
 
 __all__ = [
     "HandoffRecoveryResult",
@@ -92,22 +92,28 @@ class ResumeDecisionKind(enum.StrEnum):
     RESUMABLE = "resumable"
     """The token names the head snapshot: resume with it."""
     STALE_TOKEN = "stale_token"
-    """The head has moved past the token; ``token`` is the current core-issued one."""
+    """The head has moved past the token; ``resume_token`` is the current core-issued one."""
     HANDOFF_PENDING = "handoff_pending"
     """The head is a pending hand-off: use the recovery path."""
     HANDOFF_ORPHANED = "handoff_orphaned"
     """The head is an orphaned hand-off: use the recovery path."""
+    COMPLETED = "completed"
+    """The thread completed: nothing is left to run (a resume-target policy may run part
+    of it again on purpose)."""
+    UNKNOWN_NODE = "unknown_node"
+    """The head's execution pointer names no node of this graph (a deploy renamed or
+    removed it): a resume-target policy must choose where to continue."""
     NOT_FOUND = "not_found"
     """The thread has no snapshot."""
 
 
 @dataclass(frozen=True, slots=True)
 class ResumeDecision:
-    """A typed preflight decision with the current core-issued token."""
+    """A typed preflight decision with the current core-issued ``resume_token``."""
 
     kind: ResumeDecisionKind
     thread_id: str
-    token: ResumeToken | None
+    resume_token: ResumeToken | None
     requested: ResumeToken | None
     status: RunStatus | None = None
     handoff_status: HandoffStatus = HandoffStatus.NONE
@@ -119,13 +125,41 @@ class ResumeDecision:
         """True if ``Runner.resume(requested)`` would pass preflight."""
         return self.kind is ResumeDecisionKind.RESUMABLE
 
+    @property
+    def token(self) -> ResumeToken | None:
+        """Deprecated alias of :attr:`resume_token` (removed in 0.3)."""
+        warnings.warn(
+            "ResumeDecision.token is deprecated; use ResumeDecision.resume_token",
+            DeprecationWarning,
+            2,
+        )
+        return self.resume_token
+
 
 @dataclass(frozen=True, slots=True)
 class HandoffRecoveryResult:
-    """What ``Runner.recover_stale_handoff`` did."""
+    """What ``Runner.recover_stale_handoff`` did.
+
+    ``recovered_from`` is the hand-off status the thread had (orphaned, pending, or
+    enqueued when ``forced``); ``handoff_status`` the status it has now, at
+    ``snapshot_revision``; ``resume_token`` names that snapshot. ``error`` is set when
+    the recovery failed after persisting something (see ``HandoffEnqueueFailedError``).
+    """
 
     decision: ResumeDecision
     resume_token: ResumeToken | None
     snapshot_revision: int
-    recovered: bool
     handoff_status: HandoffStatus
+    recovered_from: HandoffStatus
+    forced: bool = False
+    error: BaseException | None = None
+
+    @property
+    def recovered(self) -> bool:
+        """Deprecated (removed in 0.3): true when the hand-off is enqueued again."""
+        warnings.warn(
+            "HandoffRecoveryResult.recovered is deprecated; check handoff_status or error",
+            DeprecationWarning,
+            2,
+        )
+        return self.error is None

@@ -1,34 +1,26 @@
 """The Runner: the public entry point that starts, resumes, streams and recovers runs.
 
 ``Runner.start`` / ``Runner.resume`` run a segment to its end and return the
-authoritative ``RunResult``; ``stream`` / ``resume_stream`` do the same in a task and
-hand back a ``StreamHandle``. The resume preflight follows the specification's order:
-token validation → load + OCC → after_load → overlay → segment reset (budget counts kept)
-→ run-metadata merge → resume-target policy → pointer validation → execute.
+authoritative ``RunResult``; ``stream`` / ``resume_stream`` do the same in a task the
+returned ``StreamHandle`` owns. ``evaluate_resume``, ``resume``, ``resume_stream`` and
+recovery share one preflight, in the specification's order: token validation → load +
+OCC → after_load → overlay → segment reset (budget counts kept) → run-metadata merge →
+resume-target policy → pointer validation → execute.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass, replace
+from types import TracebackType
 from typing import Any, Generic, cast
 
-from ._checkpoint import (
-    Checkpointer,
-    FencingCheckpointer,
-    HandoffOutbox,
-    HandoffStatus,
-    Lease,
-    LeaseManager,
-    ResumeToken,
-    RunStatus,
-    Snapshot,
-    validate_thread_id,
-)
-from ._context import RunBindings, RunMetadata, RunMetadataInput
+from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
 from ._errors import (
     ConcurrencyConflictError,
     HandoffAlreadyEnqueuedError,
@@ -44,64 +36,156 @@ from ._errors import (
     ThreadNotFoundError,
     UnknownNodeError,
 )
-from ._events import StreamHandle
-from ._execution import Execution, InvariantValidator, maybe_await, register_run, unregister_run
+from ._events import EventSink, StreamHandle
+from ._execution import (
+    Execution,
+    InvariantValidator,
+    Services,
+    maybe_await,
+    register_run,
+    unregister_run,
+)
 from ._graph import Graph
-from ._guard import LeaseGuardCheckpointer
 from ._handoff import three_phase_tail
-from ._observer import (
-    LifecycleEvent,
-    LifecycleEventType,
-    publish,
-)
+from ._observer import GLOBAL, LifecycleEvent, LifecycleEventType, LifecycleObserver, Telemetry
 from ._plan import ResumePlan, ResumeTargetPolicy
-from ._results import (
-    HandoffRecoveryResult,
-    ResumeDecision,
-    ResumeDecisionKind,
-    RunResult,
+from ._results import HandoffRecoveryResult, ResumeDecision, ResumeDecisionKind, RunResult
+from ._types import E, ResumeToken, S
+from .storage import (
+    Backend,
+    Checkpointer,
+    FencingCheckpointer,
+    HandoffOutbox,
+    HandoffStatus,
+    JSONCodec,
+    Lease,
+    LeaseGuardCheckpointer,
+    LeaseManager,
+    RunStatus,
+    Snapshot,
+    validate_thread_id,
 )
-from ._types import E, S
 
-__all__ = ["DEFAULT_HANDOFF_STALE_AFTER", "InvariantValidator", "Runner", "StateMerge"]
+__all__ = [
+    "DEFAULT_HANDOFF_STALE_AFTER",
+    "DEFAULT_LEASE_TTL",
+    "Runner",
+    "StateMerge",
+    "StreamStart",
+    "default_owner",
+]
 
 logger = logging.getLogger("flowy")
 
 DEFAULT_HANDOFF_STALE_AFTER = 300.0
 """Seconds after which a pending hand-off counts as stale (5 minutes)."""
 
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds of the run lease a runner built on a ``Backend`` takes by default."""
+
 StateMerge = Callable[[S, S], S]
 """``merge(loaded_state, overlay) -> state`` for ``resume(state_overlay=...)``."""
-
 
 AfterLoad = Callable[[S], "S | Awaitable[S]"]
 
 
-class Runner(Generic[S, E]):
-    """Runs a compiled graph against a checkpointer.
+def default_owner() -> str:
+    """A lease owner naming this process: ``host-pid``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
 
-    ``lease_manager``: with one, every start/resume/stream needs ``run_lease=(owner,
-    ttl)``; the lease is renewed about every ttl/3 and released after the terminal save.
-    A checkpointer that does not fence leases of ``lease_manager`` natively is wrapped in
-    a ``LeaseGuardCheckpointer`` (safe within one process only).
-    ``handoff_outbox``: where ``handoff()`` puts intents (transactionally when both the
-    checkpointer and the outbox support it; otherwise with the three-phase FSM).
-    ``after_load``: a state interceptor applied to every loaded snapshot's state.
+
+class StreamStart(Generic[S, E]):
+    """What ``Runner.stream`` / ``resume_stream`` return: await it for the
+    ``StreamHandle``, or use it as ``async with`` so the run is stopped (with its
+    terminal save) and awaited when the block ends."""
+
+    def __init__(self, opening: Coroutine[Any, Any, StreamHandle[S, E]]) -> None:
+        self._opening = opening
+        self._handle: StreamHandle[S, E] | None = None
+
+    def __await__(self) -> Generator[Any, None, StreamHandle[S, E]]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> StreamHandle[S, E]:
+        self._handle = await self._opening
+        return self._handle
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            await self._handle.__aexit__(exc_type, exc, tb)
+
+
+@dataclass(frozen=True, slots=True)
+class _Preflight(Generic[S]):
+    decision: ResumeDecision
+    snapshot: Snapshot[S] | None
+    revision: int
+
+
+def _is_backend(store: object) -> bool:
+    return all(hasattr(store, name) for name in ("checkpointer", "leases", "outbox", "consumer"))
+
+
+class Runner(Generic[S, E]):
+    """Runs a compiled graph against a store.
+
+    ``store`` is a ``Backend`` (``await flowy.connect(url)``) or a bare checkpointer.
+    From a backend the runner takes its checkpointer, lease manager and outbox, and
+    every run holds a fenced lease: ``run_lease`` (default: this process's
+    ``host-pid`` for ``DEFAULT_LEASE_TTL`` seconds), renewed about every ttl/3 and
+    released after the terminal save. ``lease_manager`` and ``handoff_outbox`` pass the
+    parts one by one; with an explicit lease manager and no ``run_lease`` here, every
+    start/resume/stream needs its own ``run_lease=(owner, ttl)``. A checkpointer that
+    does not fence the lease manager's leases itself is wrapped in a
+    ``LeaseGuardCheckpointer`` (safe within one process only).
+
+    When the checkpointer has no codec and the graph knows its state type
+    (``GraphBuilder(state=...)``), snapshots decode into that type.
+
+    ``handoff_outbox``: where ``handoff()`` puts intents (transactionally when the
+    checkpointer and outbox support it; otherwise the three-phase FSM). ``after_load``:
+    a state interceptor applied to every loaded state. ``observer``: this runner's
+    lifecycle observer (``metrics()`` gives its counters; both also feed the
+    process-wide ones).
     """
 
     def __init__(
         self,
         graph: Graph[S, E],
-        checkpointer: Checkpointer[S] | None = None,
+        store: Backend[S] | Checkpointer[S] | None = None,
         *,
         lease_manager: LeaseManager | None = None,
         handoff_outbox: HandoffOutbox | None = None,
+        run_lease: tuple[str, float] | None = None,
         after_load: AfterLoad[S] | None = None,
         handoff_stale_after: float = DEFAULT_HANDOFF_STALE_AFTER,
         clock: Callable[[], float] = time.time,
+        observer: LifecycleObserver | None = None,
     ) -> None:
         self.graph = graph
-        self._store_key = id(checkpointer) if checkpointer is not None else id(self)
+        self.backend: Backend[S] | None = None
+        checkpointer: Checkpointer[S] | None
+        if store is not None and _is_backend(store):
+            backend = cast(Backend[S], store)
+            self.backend = backend
+            checkpointer = backend.checkpointer
+            lease_manager = lease_manager if lease_manager is not None else backend.leases
+            handoff_outbox = handoff_outbox if handoff_outbox is not None else backend.outbox
+            if run_lease is None:
+                run_lease = (default_owner(), DEFAULT_LEASE_TTL)
+        else:
+            checkpointer = cast("Checkpointer[S] | None", store)
+        if run_lease is not None:
+            self._check_run_lease(run_lease, lease_manager)
+        if checkpointer is not None:
+            checkpointer = self._typed(checkpointer, graph)
+        domain = getattr(checkpointer, "domain", None)
+        self._store_key: object = domain if domain is not None else id(checkpointer or self)
         if (
             lease_manager is not None
             and checkpointer is not None
@@ -113,9 +197,53 @@ class Runner(Generic[S, E]):
         self.checkpointer: Checkpointer[S] | None = checkpointer
         self.lease_manager = lease_manager
         self.handoff_outbox = handoff_outbox
+        self.run_lease = run_lease
         self.after_load = after_load
         self.handoff_stale_after = handoff_stale_after
         self.clock = clock
+        self.telemetry = Telemetry(observer, GLOBAL)
+        self._services: Services[S, E] = Services(
+            graph, checkpointer, lease_manager, handoff_outbox, clock, self.telemetry
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @staticmethod
+    def _typed(checkpointer: Checkpointer[S], graph: Graph[S, E]) -> Checkpointer[S]:
+        """The checkpointer decoding into the graph's state type when it has no codec."""
+        if graph.state_type is None or getattr(checkpointer, "codec", None) is not None:
+            return checkpointer
+        with_codec = getattr(checkpointer, "with_codec", None)
+        if with_codec is None:
+            raise TypeError(
+                f"{type(checkpointer).__name__} has no codec, so it would hand this graph "
+                f"plain JSON instead of {graph.state_type!r}; give it "
+                f"codec=flowy.storage.JSONCodec({getattr(graph.state_type, '__name__', '...')})"
+            )
+        return cast(Checkpointer[S], with_codec(JSONCodec(graph.state_type)))
+
+    @staticmethod
+    def _check_run_lease(run_lease: object, lease_manager: LeaseManager | None) -> None:
+        if lease_manager is None:
+            raise ValueError(
+                "run_lease was given but this Runner has no lease manager, so nothing would "
+                "be leased; build the Runner on a Backend or pass lease_manager=..."
+            )
+        if (
+            not isinstance(run_lease, tuple)
+            or len(cast(tuple[object, ...], run_lease)) != 2
+            or not isinstance(run_lease[0], str)
+            or not run_lease[0]
+            or isinstance(run_lease[1], bool)
+            or not isinstance(run_lease[1], int | float)
+            or not run_lease[1] > 0
+        ):
+            raise LeaseRequiredError(
+                f"run_lease needs a non-empty owner and a positive ttl, got {run_lease!r:.200}"
+            )
+
+    def metrics(self) -> dict[str, dict[str, int]]:
+        """This runner's counters (the process-wide ones are ``flowy.lifecycle.metrics()``)."""
+        return self.telemetry.metrics()
 
     # ------------------------------------------------------------------ public API
     async def start(
@@ -139,7 +267,7 @@ class Runner(Generic[S, E]):
         )
         return await ex.run()
 
-    async def stream(
+    def stream(
         self,
         thread_id: str,
         state: S,
@@ -149,14 +277,18 @@ class Runner(Generic[S, E]):
         metadata: dict[str, Any] | None = None,
         invariant_validator: InvariantValidator[S] | None = None,
         max_buffer: int = 1024,
-    ) -> StreamHandle[S, E]:
-        """Like ``start`` but run in a task and return a ``StreamHandle`` of events."""
-        handle: StreamHandle[S, E] = StreamHandle(thread_id, max_buffer=max_buffer)
-        ex = await self._prepare_start(
-            thread_id, state, bindings, run_lease, metadata, invariant_validator, handle
-        )
-        ex.launch()
-        return handle
+    ) -> StreamStart[S, E]:
+        """Like ``start`` but run in a task; ``await`` it (or ``async with`` it) for the
+        ``StreamHandle`` of its events."""
+
+        async def opening() -> StreamHandle[S, E]:
+            sink: EventSink[S, E] = EventSink(max_buffer)
+            ex = await self._prepare_start(
+                thread_id, state, bindings, run_lease, metadata, invariant_validator, sink
+            )
+            return self._launch(ex, sink)
+
+        return StreamStart(opening())
 
     async def resume(
         self,
@@ -175,8 +307,9 @@ class Runner(Generic[S, E]):
         ``state_overlay`` is merged into the loaded state with ``merge`` (default: the
         graph's reducer). Raises before running anything: ``InvalidResumeTokenError``,
         ``ConcurrencyConflictError`` (stale or zero revision: see ``evaluate_resume``),
-        ``ThreadNotFoundError``, ``HandoffPendingError``, ``HandoffOrphanedError``,
-        ``InvalidResumePlanError``, ``UnknownNodeError``, lease errors.
+        ``ThreadNotFoundError``, ``ThreadCompletedError``, ``HandoffPendingError``,
+        ``HandoffOrphanedError``, ``InvalidResumePlanError``, ``UnknownNodeError``,
+        lease errors.
         """
         ex = await self._prepare_resume(
             token,
@@ -191,7 +324,7 @@ class Runner(Generic[S, E]):
         )
         return await ex.run()
 
-    async def resume_stream(
+    def resume_stream(
         self,
         token: ResumeToken,
         *,
@@ -203,35 +336,34 @@ class Runner(Generic[S, E]):
         invariant_validator: InvariantValidator[S] | None = None,
         run_lease: tuple[str, float] | None = None,
         max_buffer: int = 1024,
-    ) -> StreamHandle[S, E]:
-        """Like ``resume`` but run in a task and return a ``StreamHandle`` of events."""
-        handle: StreamHandle[S, E] = StreamHandle(token.thread_id, max_buffer=max_buffer)
-        ex = await self._prepare_resume(
-            token,
-            state_overlay,
-            merge,
-            bindings,
-            run_metadata,
-            resume_target_policy,
-            invariant_validator,
-            run_lease,
-            handle,
-        )
-        ex.launch()
-        return handle
+    ) -> StreamStart[S, E]:
+        """Like ``resume`` but run in a task; ``await`` it (or ``async with`` it) for the
+        ``StreamHandle`` of its events."""
+
+        async def opening() -> StreamHandle[S, E]:
+            sink: EventSink[S, E] = EventSink(max_buffer)
+            ex = await self._prepare_resume(
+                token,
+                state_overlay,
+                merge,
+                bindings,
+                run_metadata,
+                resume_target_policy,
+                invariant_validator,
+                run_lease,
+                sink,
+            )
+            return self._launch(ex, sink)
+
+        return StreamStart(opening())
 
     async def evaluate_resume(self, token: ResumeToken) -> ResumeDecision:
-        """The preflight decision for ``token`` with the current core-issued token.
+        """The preflight decision for ``token``, with the current core-issued token.
 
-        Never raises for stale or hand-off states: they are decision kinds.
+        Never raises for stale, finished or hand-off states: they are decision kinds.
+        ``RESUMABLE`` means ``resume(token)`` passes its preflight.
         """
-        thread_id = self._validate_token(token)
-        cp = self._require_checkpointer("evaluate_resume")
-        try:
-            snap, revision = await cp.load(thread_id)
-        except ThreadNotFoundError:
-            return ResumeDecision(ResumeDecisionKind.NOT_FOUND, thread_id, None, token)
-        return self._decide(token, snap, revision)
+        return (await self._preflight(token)).decision
 
     async def evaluate_handoff_recovery(
         self,
@@ -262,22 +394,22 @@ class Runner(Generic[S, E]):
         """Re-enqueue an orphaned or stale pending hand-off (or, forced, an enqueued one).
 
         Always the three-phase path: patch enqueued → enqueue → on failure patch orphaned
-        (then ``HandoffEnqueueFailedError`` with the retry token). Does not take a run
-        lease: run it from a single leader (``flowy.Worker`` does).
+        (then ``HandoffEnqueueFailedError`` with the retry token and ``result``). Does
+        not take a run lease: run it from a single leader (``flowy.Worker`` does).
         """
         cp = self._require_checkpointer("recover_stale_handoff")
         if self.handoff_outbox is None:
-            raise TypeError("recover_stale_handoff needs Runner(handoff_outbox=...)")
+            raise TypeError("recover_stale_handoff needs Runner(handoff_outbox=...) or a Backend")
         validate_thread_id(thread_id)
         snap, revision = await cp.load(thread_id)
         decision = self._recovery_decision(snap, revision, stale_after, force_reenqueue)
         pending = replace(snap, handoff_pending_at=snap.handoff_pending_at or self.clock())
         try:
             token = await three_phase_tail(
-                cp, self.handoff_outbox, pending, revision, None, self.clock
+                cp, self.handoff_outbox, pending, revision, None, self.clock, self.telemetry
             )
         except HandoffEnqueueFailedError as exc:
-            publish(
+            self.telemetry.publish(
                 LifecycleEvent(
                     LifecycleEventType.HANDOFF_RECOVERY_FAILED,
                     thread_id,
@@ -285,8 +417,18 @@ class Runner(Generic[S, E]):
                     error=str(exc),
                 )
             )
+            failed_at = exc.resume_token
+            exc.result = HandoffRecoveryResult(
+                decision=decision,
+                resume_token=failed_at,
+                snapshot_revision=failed_at.snapshot_revision if failed_at else revision,
+                handoff_status=HandoffStatus.ORPHANED if exc.orphaned else HandoffStatus.ENQUEUED,
+                recovered_from=snap.handoff_status,
+                forced=snap.handoff_status is HandoffStatus.ENQUEUED,
+                error=exc,
+            )
             raise
-        publish(
+        self.telemetry.publish(
             LifecycleEvent(
                 LifecycleEventType.HANDOFF_RECOVERED, thread_id, revision=token.snapshot_revision
             )
@@ -295,40 +437,67 @@ class Runner(Generic[S, E]):
             decision=decision,
             resume_token=token,
             snapshot_revision=token.snapshot_revision,
-            recovered=True,
             handoff_status=HandoffStatus.ENQUEUED,
+            recovered_from=snap.handoff_status,
+            forced=snap.handoff_status is HandoffStatus.ENQUEUED,
         )
 
     # ------------------------------------------------------------------ internals
+    def _launch(self, ex: Execution[S, E], sink: EventSink[S, E]) -> StreamHandle[S, E]:
+        task = asyncio.ensure_future(ex.run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return StreamHandle(ex.thread_id, sink, task, ex, self._head_loader(ex.thread_id))
+
+    def _head_loader(self, thread_id: str) -> Callable[[], Awaitable[Snapshot[Any] | None]]:
+        async def load() -> Snapshot[Any] | None:
+            if self.checkpointer is None:
+                return None
+            try:
+                snap, _ = await self.checkpointer.load(thread_id)
+            except ThreadNotFoundError:
+                return None
+            return snap
+
+        return load
+
     def _require_checkpointer(self, what: str) -> Checkpointer[S]:
         if self.checkpointer is None:
-            raise TypeError(f"{what} needs a checkpointer: Runner(graph, checkpointer)")
+            raise TypeError(f"{what} needs a store: Runner(graph, backend)")
         return self.checkpointer
 
     @staticmethod
     def _validate_token(token: ResumeToken) -> str:
         if not isinstance(token, ResumeToken):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise InvalidResumeTokenError(f"expected a flowy.ResumeToken, got {token!r}")
+            raise InvalidResumeTokenError(
+                f"expected a flowy.ResumeToken (ResumeToken.parse('thread@7') reads a printed "
+                f"one), got {token!r:.200}"
+            )
         thread_id = validate_thread_id(token.thread_id)
         if not isinstance(token.snapshot_revision, int) or isinstance(  # pyright: ignore[reportUnnecessaryIsInstance]
             token.snapshot_revision, bool
         ):
             raise InvalidResumeTokenError(
-                f"resume token revision must be an int, got {token.snapshot_revision!r}"
+                f"resume token revision must be an int, got {token.snapshot_revision!r:.80}"
             )
         return thread_id
 
-    @staticmethod
-    def _decide(token: ResumeToken | None, snap: Snapshot[Any], revision: int) -> ResumeDecision:
+    def _decide(
+        self, token: ResumeToken | None, snap: Snapshot[Any], revision: int
+    ) -> ResumeDecision:
         current = ResumeToken(snap.thread_id, revision)
         if snap.handoff_status is HandoffStatus.PENDING:
             kind = ResumeDecisionKind.HANDOFF_PENDING
         elif snap.handoff_status is HandoffStatus.ORPHANED:
             kind = ResumeDecisionKind.HANDOFF_ORPHANED
-        elif token is not None and token.snapshot_revision == revision:
-            kind = ResumeDecisionKind.RESUMABLE
-        else:
+        elif token is None or token.snapshot_revision != revision:
             kind = ResumeDecisionKind.STALE_TOKEN
+        elif snap.status is RunStatus.COMPLETED:
+            kind = ResumeDecisionKind.COMPLETED
+        elif not self.graph.has_node(snap.execution_pointer):
+            kind = ResumeDecisionKind.UNKNOWN_NODE
+        else:
+            kind = ResumeDecisionKind.RESUMABLE
         return ResumeDecision(
             kind,
             snap.thread_id,
@@ -339,6 +508,59 @@ class Runner(Generic[S, E]):
             execution_pointer=snap.execution_pointer,
             handoff_pending_at=snap.handoff_pending_at,
         )
+
+    async def _preflight(self, token: ResumeToken) -> _Preflight[S]:
+        """Steps 1 and 2 of every resume: validate the token, load the head, decide."""
+        thread_id = self._validate_token(token)
+        cp = self._require_checkpointer("resume")
+        try:
+            snap, revision = await cp.load(thread_id)
+        except ThreadNotFoundError:
+            return _Preflight(
+                ResumeDecision(ResumeDecisionKind.NOT_FOUND, thread_id, None, token), None, 0
+            )
+        return _Preflight(self._decide(token, snap, revision), snap, revision)
+
+    def _refuse(self, pre: _Preflight[S], token: ResumeToken, has_policy: bool) -> None:
+        """Raise the error the decision of a resume stands for (nothing for RESUMABLE,
+        nor for COMPLETED/UNKNOWN_NODE when a policy may choose a target)."""
+        decision = pre.decision
+        thread = f"thread {decision.thread_id!r:.200}"
+        kind = decision.kind
+        if kind is ResumeDecisionKind.NOT_FOUND:
+            raise ThreadNotFoundError(f"no checkpoint for {thread}")
+        if token.snapshot_revision == 0 or token.snapshot_revision != pre.revision:
+            self.telemetry.publish(
+                LifecycleEvent(
+                    LifecycleEventType.RESUME_CONFLICT,
+                    decision.thread_id,
+                    revision=pre.revision,
+                    details={"token_revision": token.snapshot_revision},
+                )
+            )
+            raise ConcurrencyConflictError(
+                f"resume token {token} is stale: {thread} is at revision {pre.revision}; "
+                "call Runner.evaluate_resume(token) for the current token",
+                thread_id=decision.thread_id,
+                expected=token.snapshot_revision,
+                actual=pre.revision,
+            )
+        if kind is ResumeDecisionKind.HANDOFF_PENDING:
+            raise HandoffPendingError(
+                f"{thread} has a pending hand-off at revision {pre.revision}; use "
+                "Runner.recover_stale_handoff once it is stale"
+            )
+        if kind is ResumeDecisionKind.HANDOFF_ORPHANED:
+            raise HandoffOrphanedError(
+                f"{thread} has an orphaned hand-off at revision {pre.revision}; use "
+                "Runner.recover_stale_handoff to re-enqueue it"
+            )
+        if kind is ResumeDecisionKind.COMPLETED and not has_policy:
+            raise ThreadCompletedError(
+                f"{thread} completed at revision {pre.revision}; there is nothing to resume "
+                "(a resume_target_policy returning resume_to(node) runs part of it again on "
+                "purpose)"
+            )
 
     def _recovery_decision(
         self,
@@ -357,7 +579,7 @@ class Runner(Generic[S, E]):
             if at is None or at <= 0 or self.clock() - at >= ttl:
                 return decision
             raise HandoffPendingError(
-                f"hand-off of thread {snap.thread_id!r} is pending since "
+                f"hand-off of thread {snap.thread_id!r:.200} is pending since "
                 f"{self.clock() - at:.1f}s (stale after {ttl:.0f}s); it may still be in "
                 "flight: retry after the TTL"
             )
@@ -365,35 +587,34 @@ class Runner(Generic[S, E]):
             if force:
                 return replace(decision, kind=ResumeDecisionKind.RESUMABLE)
             raise HandoffAlreadyEnqueuedError(
-                f"hand-off of thread {snap.thread_id!r} is already enqueued at revision "
+                f"hand-off of thread {snap.thread_id!r:.200} is already enqueued at revision "
                 f"{revision}; pass force_reenqueue=True if its outbox message is known lost"
             )
         raise HandoffNotRecoverableError(
-            f"thread {snap.thread_id!r} has no hand-off to recover (status {status.value!r})"
+            f"thread {snap.thread_id!r:.200} has no hand-off to recover (status {status.value!r})"
         )
 
-    def _register(self, thread_id: str) -> tuple[int, str]:
+    def _register(self, thread_id: str) -> tuple[object, str]:
         key = (self._store_key, thread_id)
         if not register_run(key):
             raise ThreadAlreadyRunningError(
-                f"thread {thread_id!r} is already running in this process; wait for it or "
-                "stop it before starting or resuming it again"
+                f"thread {thread_id!r:.200} is already running in this process; wait for it "
+                "or stop it before starting or resuming it again"
             )
         return key
 
     async def _acquire(self, thread_id: str, run_lease: tuple[str, float] | None) -> Lease | None:
+        if run_lease is not None:
+            self._check_run_lease(run_lease, self.lease_manager)
         if self.lease_manager is None:
             return None
+        run_lease = run_lease or self.run_lease
         if run_lease is None:
             raise LeaseRequiredError(
                 "this Runner has a lease manager, so start/resume/stream need "
                 "run_lease=(owner, ttl_seconds), e.g. run_lease=('worker-1', 30.0)"
             )
         owner, ttl = run_lease
-        if not owner or ttl <= 0:
-            raise LeaseRequiredError(
-                f"run_lease needs a non-empty owner and a positive ttl, got {run_lease!r}"
-            )
         return await self.lease_manager.acquire(thread_id, owner, ttl)
 
     async def _prepare_start(
@@ -404,7 +625,7 @@ class Runner(Generic[S, E]):
         run_lease: tuple[str, float] | None,
         metadata: dict[str, Any] | None,
         invariant: InvariantValidator[S] | None,
-        handle: StreamHandle[S, E] | None,
+        sink: EventSink[S, E] | None,
     ) -> Execution[S, E]:
         validate_thread_id(thread_id)
         key = self._register(thread_id)
@@ -418,8 +639,9 @@ class Runner(Generic[S, E]):
                     pass
                 else:
                     raise ConcurrencyConflictError(
-                        f"thread {thread_id!r} already exists at revision {revision}; resume "
-                        "it with its resume token (Runner.evaluate_resume gives the current one)",
+                        f"thread {thread_id!r:.200} already exists at revision {revision}; "
+                        "resume it with its resume token (Runner.evaluate_resume gives the "
+                        "current one)",
                         thread_id=thread_id,
                         expected=0,
                         actual=revision,
@@ -433,8 +655,9 @@ class Runner(Generic[S, E]):
             metadata=dict(metadata or {}),
             bindings=bindings if bindings is not None else RunBindings(),
         )
+        ttl = (run_lease or self.run_lease or ("", 0.0))[1]
         return Execution(
-            self, key, state, self.graph.entry, 0, meta, lease, run_lease, invariant, handle
+            self._services, key, state, self.graph.entry, 0, meta, lease, ttl, invariant, sink
         )
 
     async def _prepare_resume(
@@ -447,96 +670,73 @@ class Runner(Generic[S, E]):
         policy: ResumeTargetPolicy[S] | None,
         invariant: InvariantValidator[S] | None,
         run_lease: tuple[str, float] | None,
-        handle: StreamHandle[S, E] | None,
+        sink: EventSink[S, E] | None,
     ) -> Execution[S, E]:
         # 1. token validation
         thread_id = self._validate_token(token)
-        cp = self._require_checkpointer("resume")
+        self._require_checkpointer("resume")
         key = self._register(thread_id)
         lease: Lease | None = None
         try:
             lease = await self._acquire(thread_id, run_lease)
-            # 2. load + OCC
-            snap, revision = await cp.load(thread_id)
-            if token.snapshot_revision == 0 or token.snapshot_revision != revision:
-                publish(
-                    LifecycleEvent(
-                        LifecycleEventType.RESUME_CONFLICT,
-                        thread_id,
-                        revision=revision,
-                        details={"token_revision": token.snapshot_revision},
-                    )
-                )
-                raise ConcurrencyConflictError(
-                    f"resume token {token} is stale: thread {thread_id!r} is at revision "
-                    f"{revision}; call Runner.evaluate_resume(token) for the current token",
-                    thread_id=thread_id,
-                    expected=token.snapshot_revision,
-                    actual=revision,
-                )
-            if snap.handoff_status is HandoffStatus.PENDING:
-                raise HandoffPendingError(
-                    f"thread {thread_id!r} has a pending hand-off at revision {revision}; "
-                    "use Runner.recover_stale_handoff once it is stale"
-                )
-            if snap.handoff_status is HandoffStatus.ORPHANED:
-                raise HandoffOrphanedError(
-                    f"thread {thread_id!r} has an orphaned hand-off at revision {revision}; "
-                    "use Runner.recover_stale_handoff to re-enqueue it"
-                )
-            if snap.status is RunStatus.COMPLETED and policy is None:
-                raise ThreadCompletedError(
-                    f"thread {thread_id!r} completed at revision {revision}; there is nothing "
-                    "to resume (a resume_target_policy returning resume_to(node) runs part "
-                    "of it again on purpose)"
-                )
-            state = snap.state
-            # 3. after_load interceptor
-            if self.after_load is not None:
-                state = cast(S, await maybe_await(self.after_load(state)))
-            # 4. state overlay
-            if overlay is not None:
-                state = (merge or self.graph.reducer)(state, overlay)
-            # 5. segment reset (budget counts kept)
-            budget_counts = dict(snap.budget_counts)
-            metadata: dict[str, Any] = dict(snap.metadata)
-            # 6. run-metadata merge
-            if run_metadata is not None:
-                for name, n in run_metadata.budget_counts.items():
-                    budget_counts[name] = budget_counts.get(name, 0) + n
-                metadata.update(run_metadata.metadata)
-            # 7. resume-target policy
-            pointer = snap.execution_pointer
-            if policy is not None:
-                planned = cast(tuple[S, object], await maybe_await(policy(state, pointer)))
-                state, plan = planned
-                pointer = self._apply_plan(plan, pointer)
+            # 2. load + OCC (the preflight evaluate_resume shares)
+            pre = await self._preflight(token)
+            self._refuse(pre, token, policy is not None)
+            snap, revision = pre.snapshot, pre.revision
+            assert snap is not None
+            # The run context exists from here on: after_load, the overlay merge and the
+            # policy may read run_metadata() and binding().
+            meta = RunMetadata(
+                thread_id=thread_id,
+                segment=snap.segment + 1,
+                total_steps=snap.total_steps,
+                budget_counts=dict(snap.budget_counts),
+                budget_limits=self.graph.budgets,
+                metadata=dict(snap.metadata),
+                bindings=bindings if bindings is not None else RunBindings(),
+                retry_counts=dict(snap.retry_counts),
+            )
+            ctx = current_run.set(meta)
+            try:
+                state = snap.state
+                # 3. after_load interceptor
+                if self.after_load is not None:
+                    state = cast(S, await maybe_await(self.after_load(state)))
+                # 4. state overlay
+                if overlay is not None:
+                    state = (merge or self.graph.reducer)(state, overlay)
+                # 5. segment reset: step_count starts at 0, budget counts kept (above)
+                # 6. run-metadata merge: given budget counts replace the stored ones
+                if run_metadata is not None:
+                    meta.budget_counts.update(run_metadata.budget_counts)
+                    meta.metadata.update(run_metadata.metadata)
+                # 7. resume-target policy
+                pointer = snap.execution_pointer
+                if policy is not None:
+                    planned = cast(tuple[S, object], await maybe_await(policy(state, pointer)))
+                    state, plan = planned
+                    pointer = self._apply_plan(plan, pointer)
+            finally:
+                current_run.reset(ctx)
             # 8. pointer validation
             if not pointer or not self.graph.has_node(pointer):
                 raise UnknownNodeError(
-                    f"thread {thread_id!r} cannot resume at {pointer!r}: not a node of this "
-                    f"graph (known: {sorted(self.graph.nodes)})"
+                    f"thread {thread_id!r:.200} cannot resume at {pointer!r}: not a node of "
+                    f"this graph (known: {sorted(self.graph.nodes)}); a resume_target_policy "
+                    "can choose another node"
                 )
         except BaseException:
             await self._abort(key, lease)
             raise
-        meta = RunMetadata(
-            thread_id=thread_id,
-            segment=snap.segment + 1,
-            total_steps=snap.total_steps,
-            budget_counts=budget_counts,
-            budget_limits=self.graph.budgets,
-            metadata=metadata,
-            bindings=bindings if bindings is not None else RunBindings(),
-        )
+        ttl = (run_lease or self.run_lease or ("", 0.0))[1]
         return Execution(
-            self, key, state, pointer, revision, meta, lease, run_lease, invariant, handle
+            self._services, key, state, pointer, revision, meta, lease, ttl, invariant, sink
         )
 
     def _apply_plan(self, plan: object, pointer: str) -> str:
         if not isinstance(plan, ResumePlan) or plan.empty:
             raise InvalidResumePlanError(
-                f"resume-target policy returned {plan!r}; return flowy.resume_current() "
+                f"resume-target policy returned {plan!r:.200}; return flowy.resume_current() "
                 "or flowy.resume_to(node)"
             )
         if plan.target is not None:
@@ -548,10 +748,11 @@ class Runner(Generic[S, E]):
             return plan.target
         return pointer
 
-    async def _abort(self, key: tuple[int, str], lease: Lease | None) -> None:
+    async def _abort(self, key: tuple[object, str], lease: Lease | None) -> None:
         unregister_run(key)
         if lease is not None and self.lease_manager is not None:
             try:
                 await asyncio.shield(self.lease_manager.release(lease))
             except Exception as exc:
+                # caller's own error is the one to report
                 logger.warning("flowy: releasing lease of %r failed: %s", lease.thread_id, exc)

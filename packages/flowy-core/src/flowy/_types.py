@@ -1,10 +1,16 @@
-"""Type variables and aliases shared by every module (imports nothing of ours)."""
+"""Type variables, aliases, the resume token and the status enums: the leaf every other
+module may import.
+
+It imports nothing of ours, so nothing can form an import cycle through it.
+"""
 
 from __future__ import annotations
 
+import enum
+from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
-__all__ = ["JSON", "E", "S", "T"]
+__all__ = ["JSON", "E", "HandoffStatus", "ResumeToken", "RunStatus", "S", "T"]
 
 S = TypeVar("S")
 """The application's state type."""
@@ -16,3 +22,61 @@ T = TypeVar("T")
 
 JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
 """A JSON value: what run metadata and stored headers may contain."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeToken:
+    """Names one persisted snapshot: a resume succeeds only while it is still the head.
+
+    ``str(token)`` is ``"thread@revision"``; :meth:`parse` reads that form back, so a
+    token can travel through a URL, a form field or a log line.
+    """
+
+    thread_id: str
+    snapshot_revision: int
+
+    def __str__(self) -> str:
+        return f"{self.thread_id}@{self.snapshot_revision}"
+
+    @classmethod
+    def parse(cls, text: str) -> ResumeToken:
+        """Read a token printed as ``"thread@revision"``.
+
+        The revision is the part after the last ``@`` (a thread id may itself contain
+        ``@``). Raises ``ValueError`` if ``text`` has no ``@``, an empty thread id, or a
+        revision that is not a positive decimal integer.
+        """
+        if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"ResumeToken.parse needs a str, got {type(text).__name__}")
+        thread_id, sep, revision = text.rpartition("@")
+        if not sep or not thread_id:
+            raise ValueError(f"not a resume token (expected 'thread@revision'): {text!r}")
+        if not revision.isascii() or not revision.isdigit() or len(revision) > 19:
+            raise ValueError(
+                f"the revision of resume token {text!r} must be a positive integer, "
+                f"got {revision!r}"
+            )
+        number = int(revision)
+        if number < 1:
+            raise ValueError(f"the revision of resume token {text!r} must be >= 1")
+        return cls(thread_id, number)
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run stands, as persisted in its snapshot."""
+
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    HANDOFF = "handoff"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class HandoffStatus(enum.StrEnum):
+    """The hand-off outbox state of a snapshot."""
+
+    NONE = "none"
+    PENDING = "pending"
+    ENQUEUED = "enqueued"
+    ORPHANED = "orphaned"

@@ -16,15 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from ._checkpoint import (
-    HandoffIntent,
-    HandoffStatus,
-    Lease,
-    OutboxConsumer,
-    OutboxMessage,
-    ResumeToken,
-    RunStatus,
-)
 from ._errors import (
     ConcurrencyConflictError,
     HandoffError,
@@ -35,8 +26,9 @@ from ._errors import (
     ThreadNotFoundError,
 )
 from ._results import ResumeDecisionKind, RunResult
-from ._runner import Runner
-from ._types import E, S
+from ._runner import Runner, default_owner
+from ._types import E, ResumeToken, S
+from .storage import HandoffIntent, HandoffStatus, Lease, OutboxConsumer, OutboxMessage, RunStatus
 
 __all__ = ["Outcome", "RECOVERY_LEADER_THREAD", "Worker"]
 
@@ -70,12 +62,15 @@ class WorkerStats:
 
 
 ResumeOptions = Callable[[HandoffIntent], Mapping[str, Any]]
+ResultHook = Callable[[HandoffIntent, RunResult[Any, Any]], Any]
 
 
 class Worker(Generic[S, E]):
-    """Resumes handed-off runs from ``consumer`` with ``runner``.
+    """Resumes handed-off runs with ``runner``, from ``consumer`` (by default the
+    consumer of the runner's ``Backend``).
 
-    ``owner`` names this worker in leases; ``lease_ttl`` is the run lease TTL;
+    ``owner`` names this worker in leases (default: ``host-pid``); ``lease_ttl`` is the
+    run lease TTL;
     ``concurrency`` bounds runs in flight; ``visibility_timeout`` (default: 4 × lease_ttl)
     is how long a claimed message stays hidden. ``resume_options(intent)`` may return
     extra keyword arguments for ``Runner.resume`` (bindings, overlay, …).
@@ -85,14 +80,16 @@ class Worker(Generic[S, E]):
     that have been *enqueued* that long without being resumed: the runbook's worst case
     (enqueue and orphan patch both failed) leaves such rows without a message. A
     duplicate message this may create is harmless: ``evaluate_resume`` drops it.
+    ``on_result(intent, result)`` is called with the result of every run this worker
+    resumes (exceptions it raises are logged and ignored).
     """
 
     def __init__(
         self,
         runner: Runner[S, E],
-        consumer: OutboxConsumer,
+        consumer: OutboxConsumer | None = None,
         *,
-        owner: str,
+        owner: str | None = None,
         lease_ttl: float = 30.0,
         concurrency: int = 4,
         visibility_timeout: float | None = None,
@@ -101,7 +98,16 @@ class Worker(Generic[S, E]):
         recovery_interval: float | None = None,
         stale_after: float | None = None,
         reenqueue_enqueued_after: float | None = None,
+        on_result: ResultHook | None = None,
     ) -> None:
+        if consumer is None:
+            if runner.backend is None:
+                raise TypeError(
+                    "Worker needs a consumer: build the Runner on a Backend, or pass "
+                    "Worker(runner, backend.consumer)"
+                )
+            consumer = runner.backend.consumer
+        owner = default_owner() if owner is None else owner
         if not owner:
             raise ValueError("Worker needs a non-empty owner name")
         if concurrency < 1:
@@ -122,7 +128,7 @@ class Worker(Generic[S, E]):
         self._outcomes: dict[str, int] = {o.value: 0 for o in Outcome}
         self._recovered = 0
         self._leader: Lease | None = None
-        self.last_results: dict[str, RunResult[S, E]] = {}
+        self.on_result = on_result
 
     @property
     def stats(self) -> WorkerStats:
@@ -218,7 +224,7 @@ class Worker(Generic[S, E]):
                 "flowy worker: %s was already resumed (thread is at revision %s, status %s); "
                 "acknowledging the duplicate delivery without running it",
                 intent.resume_token,
-                decision.token.snapshot_revision if decision.token else "?",
+                decision.resume_token.snapshot_revision if decision.resume_token else "?",
                 decision.status,
             )
             return await self._ack(message, Outcome.DUPLICATE)
@@ -226,7 +232,7 @@ class Worker(Generic[S, E]):
             # Either the hand-off was re-enqueued at a newer revision, or a worker died
             # (or was cancelled) in the middle of the resumed segment after saving steps:
             # continue from the head. The lease keeps a live run from being doubled.
-            token = decision.token
+            token = decision.resume_token
         assert token is not None
         extra = dict(self.resume_options(intent)) if self.resume_options else {}
         try:
@@ -242,11 +248,19 @@ class Worker(Generic[S, E]):
         except Exception as exc:
             logger.warning("flowy worker: resuming %s failed: %s", token, exc)
             return await self._retry(message, f"resume failed: {exc}")
-        self.last_results[intent.thread_id] = result
+        self._report(intent, result)
         if result.status is RunStatus.FAILED and result.revision == token.snapshot_revision:
             # Nothing was persisted (a node raised, the lease was lost…): try again later.
             return await self._retry(message, f"run failed without saving: {result.reason}")
         return await self._ack(message, Outcome.RESUMED)
+
+    def _report(self, intent: HandoffIntent, result: RunResult[S, E]) -> None:
+        if self.on_result is None:
+            return
+        try:
+            self.on_result(intent, result)
+        except Exception:
+            logger.exception("flowy worker %s: on_result raised", self.owner)
 
     async def _recover(self, message: OutboxMessage) -> Outcome:
         try:

@@ -1,14 +1,14 @@
-"""The flowy conformance suite: contract tests every storage backend must pass.
+"""Testing tools: the conformance suite every store passes, fault injection, the stress
+run, and hooks for the stores in core.
 
-An adapter opts in from its own test package::
+A store opts in from its own test package::
 
     # conftest.py
     pytest_plugins = ["flowy.testing.plugin"]
 
     @pytest.fixture
-    async def flowy_backend():          # one fresh, isolated backend per test
-        ...
-        yield BackendBundle(checkpointer=..., leases=..., outbox=..., consumer=...)
+    def flowy_url() -> str:          # a fresh, isolated store for each test
+        return f"mystore://localhost/?prefix=t{uuid.uuid4().hex}"
 
     # test_conformance.py
     from flowy.testing.suite import *  # noqa: F403
@@ -18,6 +18,7 @@ See ``docs/adapters.md``.
 
 from __future__ import annotations
 
-from ._bundle import BackendBundle as BackendBundle
+from .hooks import Corrupt as Corrupt
+from .hooks import corrupt_head as corrupt_head
 
-__all__ = ["BackendBundle"]
+__all__ = ["Corrupt", "corrupt_head"]

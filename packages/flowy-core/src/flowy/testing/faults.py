@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic
 
-from .._checkpoint import (
+from .._errors import StorageUnavailableError
+from .._types import S
+from ..storage import (
     Checkpointer,
     EnqueueCallback,
     HandoffIntent,
@@ -25,12 +27,11 @@ from .._checkpoint import (
     LeaseManager,
     RunStatus,
     Snapshot,
+    StateCodec,
     ThreadSummary,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
 )
-from .._errors import StorageUnavailableError
-from .._types import S
 
 __all__ = ["Fault", "FaultyCheckpointer", "FaultyOutbox", "Phase", "phase_of"]
 
@@ -131,6 +132,25 @@ class FaultyCheckpointer(Generic[S]):
         """True if the wrapped checkpointer is transactional."""
         return isinstance(self.inner, TransactionalCheckpointer)
 
+    @property
+    def codec(self) -> StateCodec[S] | None:
+        """The wrapped checkpointer's codec."""
+        return self.inner.codec
+
+    @property
+    def domain(self) -> object:
+        """The wrapped checkpointer's store (the runner's one-run-per-thread key)."""
+        return getattr(self.inner, "domain", None)
+
+    def with_codec(self, codec: StateCodec[Any]) -> FaultyCheckpointer[Any]:
+        """The same faults over a view of the wrapped checkpointer using ``codec``."""
+        with_codec = getattr(self.inner, "with_codec", None)
+        if with_codec is None:
+            raise TypeError(f"{type(self.inner).__name__} has no with_codec")
+        view: FaultyCheckpointer[Any] = FaultyCheckpointer(with_codec(codec))
+        view.faults = self.faults
+        return view
+
     def fences(self, leases: LeaseManager) -> bool:
         fences = getattr(self.inner, "fences", None)
         return bool(fences(leases)) if callable(fences) else False
@@ -192,8 +212,11 @@ class FaultyCheckpointer(Generic[S]):
         *,
         handoff_statuses: frozenset[HandoffStatus] | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[ThreadSummary]:
-        return await self.inner.list_threads(handoff_statuses=handoff_statuses, limit=limit)
+        return await self.inner.list_threads(
+            handoff_statuses=handoff_statuses, limit=limit, after=after
+        )
 
 
 class FaultyOutbox:

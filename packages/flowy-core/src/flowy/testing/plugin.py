@@ -1,16 +1,27 @@
-"""pytest plugin of the conformance suite: enable with ``pytest_plugins``.
+"""pytest plugin of the conformance suite: enable it with ``pytest_plugins``.
 
-It provides the ``anyio_backend`` fixture (asyncio) and a default ``flowy_backend``
-fixture that fails with instructions; an adapter's conftest overrides ``flowy_backend``.
-Loading it also registers :mod:`flowy.testing.suite` for pytest's assertion rewriting, so
-a failing suite assertion reports the compared values.
+A store's tests define one fixture, ``flowy_url``: a URL of a fresh, isolated store
+(its own table, key prefix or file) for each test. The plugin opens it with
+``flowy.connect`` as ``flowy_backend``, closes it after the test, and the suite's test
+classes do the rest. ``flowy_corrupt`` (optional, ``None`` by default) flips a byte of a
+thread's stored head record, for the corruption tests.
+
+Loading the plugin also registers :mod:`flowy.testing.suite` for pytest's assertion
+rewriting, so a failing suite assertion reports the compared values.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from typing import Any
+
 import pytest
 
-__all__ = ["anyio_backend", "flowy_backend"]
+from .._connect import connect
+from ..storage import Backend
+from .hooks import Corrupt
+
+__all__ = ["anyio_backend", "flowy_backend", "flowy_corrupt", "flowy_url"]
 
 # Must run before the suite is imported (the plugin is loaded first, by ``-p`` or
 # ``pytest_plugins``); otherwise a failed ``assert`` in the suite reports no values.
@@ -19,14 +30,29 @@ pytest.register_assert_rewrite("flowy.testing.suite")
 
 @pytest.fixture
 def anyio_backend() -> str:
-    """Run ``@pytest.mark.anyio`` tests on asyncio (every flowy backend is asyncio-based)."""
+    """Run ``@pytest.mark.anyio`` tests on asyncio (every flowy store is asyncio-based)."""
     return "asyncio"
 
 
 @pytest.fixture
-def flowy_backend() -> object:
-    """Placeholder: an adapter's conftest defines the real ``flowy_backend`` fixture."""
+def flowy_url() -> str:
+    """Placeholder: a store's conftest defines the real ``flowy_url`` fixture."""
     pytest.fail(
-        "the flowy conformance suite needs a `flowy_backend` fixture yielding a "
-        "flowy.testing.BackendBundle; define it in your conftest.py (see docs/adapters.md)"
+        "the flowy conformance suite needs a `flowy_url` fixture returning the URL of a "
+        "fresh, isolated store for each test; define it in your conftest.py "
+        "(see docs/adapters.md)"
     )
+
+
+@pytest.fixture
+async def flowy_backend(flowy_url: str) -> AsyncGenerator[Backend[Any]]:
+    """The store at ``flowy_url``, opened with ``flowy.connect`` and closed afterwards."""
+    async with connect(flowy_url) as backend:
+        yield backend
+
+
+@pytest.fixture
+def flowy_corrupt() -> Corrupt | None:
+    """Override to return ``async def corrupt(backend, thread_id)`` flipping one byte of
+    the thread's stored head record (the corruption tests skip without it)."""
+    return None

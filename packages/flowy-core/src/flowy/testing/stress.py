@@ -25,7 +25,6 @@ import random
 import sys
 from typing import Any
 
-from .._checkpoint import HandoffIntent, HandoffOutbox, OutboxMessage, ResumeToken, RunStatus
 from .._context import run_metadata
 from .._directives import Directive, completed, handoff
 from .._errors import (
@@ -36,10 +35,18 @@ from .._errors import (
     ThreadLeaseBusyError,
 )
 from .._graph import Graph, GraphBuilder
-from .._memory import MemoryCheckpointer, MemoryLeaseManager, MemoryOutbox
 from .._results import ResumeDecisionKind
 from .._runner import Runner
 from .._worker import Worker
+from ..memory import MemoryBackend, MemoryCheckpointer, MemoryConsumer, MemoryOutbox
+from ..storage import (
+    DeadLetter,
+    HandoffIntent,
+    HandoffOutbox,
+    OutboxMessage,
+    ResumeToken,
+    RunStatus,
+)
 from .faults import Fault, FaultyCheckpointer, FaultyOutbox, Phase
 
 __all__ = ["main", "run_stress"]
@@ -84,7 +91,7 @@ class _PlainOutbox:
 class _CrashingConsumer:
     """A consumer whose ack sometimes never happens (the worker died after the run)."""
 
-    def __init__(self, inner: MemoryOutbox, rng: random.Random, rate: float) -> None:
+    def __init__(self, inner: MemoryConsumer, rng: random.Random, rate: float) -> None:
         self.inner = inner
         self.rng = rng
         self.rate = rate
@@ -102,10 +109,10 @@ class _CrashingConsumer:
             return  # crashed before the ack: redelivered after the visibility timeout
         await self.inner.ack(message)
 
-    async def release(self, message: OutboxMessage, *, error: str = "") -> None:
-        await self.inner.release(message, error=error)
+    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+        await self.inner.release(message, error=error, delay=delay)
 
-    async def dead_letters(self, limit: int = 100) -> list[OutboxMessage]:
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         return await self.inner.dead_letters(limit)
 
     async def retry_dead_letter(self, message_id: str) -> None:
@@ -142,9 +149,10 @@ async def run_stress(
     rng = random.Random(seed)
     effects: collections.Counter[str] = collections.Counter()
     graph = _graph(effects)
-    leases = MemoryLeaseManager()
-    store: MemoryCheckpointer[State] = MemoryCheckpointer(leases=leases)
-    queue = MemoryOutbox(max_attempts=1000)
+    backend: MemoryBackend[State] = MemoryBackend(max_attempts=1000)
+    leases = backend.leases
+    store: MemoryCheckpointer[State] = backend.checkpointer
+    queue: MemoryOutbox = backend.outbox
     faulty_cp = FaultyCheckpointer(store)
     cp_faults = _RandomFaults(
         rng,
@@ -166,7 +174,7 @@ async def run_stress(
     plain_outbox.faults = ob_faults  # type: ignore[assignment]
     runner_tx = Runner(graph, faulty_cp, lease_manager=leases, handoff_outbox=tx_outbox)
     runner_3p = Runner(graph, faulty_cp, lease_manager=leases, handoff_outbox=plain_outbox)
-    consumer = _CrashingConsumer(queue, rng, crash_rate)
+    consumer = _CrashingConsumer(backend.consumer, rng, crash_rate)
     clean = Runner(graph, store, lease_manager=leases, handoff_outbox=queue)
     pool = [
         Worker(
@@ -228,8 +236,8 @@ async def _client_retry(
         if decision.kind is ResumeDecisionKind.NOT_FOUND:
             await runner.start(tid, {}, run_lease=("client", 30))
         elif decision.status in (RunStatus.RUNNING, RunStatus.FAILED, RunStatus.CANCELED):
-            assert decision.token is not None
-            await runner.resume(decision.token, run_lease=("client", 30))
+            assert decision.resume_token is not None
+            await runner.resume(decision.resume_token, run_lease=("client", 30))
         elif decision.kind in (
             ResumeDecisionKind.HANDOFF_ORPHANED,
             ResumeDecisionKind.HANDOFF_PENDING,

@@ -7,7 +7,7 @@ An adapter opts in with one fixture and one test module::
     @pytest.fixture
     async def flowy_backend():          # one fresh, isolated backend per test
         ...
-        yield BackendBundle(checkpointer=..., leases=..., outbox=..., consumer=...)
+        yield Backend[Any](checkpointer=..., leases=..., outbox=..., consumer=...)
 
     # test_conformance.py
     from flowy.testing.suite import *  # noqa: F403
@@ -22,6 +22,7 @@ See ``docs/adapters.md``.
 # ruff: noqa: F405 - the names below come from the star imports, on purpose
 from __future__ import annotations
 
+from ._arguments import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
 from ._leases import *  # noqa: F403
@@ -29,6 +30,7 @@ from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
 
 __all__ = [
+    "ArgumentSuite",
     "CheckpointerSuite",
     "ConcurrencySuite",
     "CorruptionSuite",

@@ -8,8 +8,15 @@ from typing import Any, cast
 
 import pytest
 
-from ..._checkpoint import (
+from ..._errors import (
+    ConcurrencyConflictError,
+    InvalidThreadIdError,
+    SnapshotEnvelopeInvalidError,
+    ThreadNotFoundError,
+)
+from ...storage import (
     MAX_THREAD_ID_BYTES,
+    Backend,
     Checkpointer,
     HandoffStatus,
     RunStatus,
@@ -17,14 +24,8 @@ from ..._checkpoint import (
     ThreadSummary,
     new_write_id,
 )
-from ..._errors import (
-    ConcurrencyConflictError,
-    InvalidThreadIdError,
-    SnapshotEnvelopeInvalidError,
-    ThreadNotFoundError,
-)
-from .._bundle import BackendBundle
 from ._support import (
+    Corrupt,
     Suite,
     fixed_time,
     history_revisions,
@@ -54,7 +55,7 @@ async def _expect_conflict(
 class CheckpointerSuite(Suite):
     """``save`` / ``load``: strict optimistic concurrency and an exact round trip."""
 
-    async def test_create_at_revision_zero_returns_one(self, flowy_backend: BackendBundle) -> None:
+    async def test_create_at_revision_zero_returns_one(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("create")
         snap = make_snapshot(tid, {"step": "first"})
@@ -65,7 +66,7 @@ class CheckpointerSuite(Suite):
         assert loaded.state == {"step": "first"}
         assert loaded.write_id == snap.write_id
 
-    async def test_update_returns_next_revision(self, flowy_backend: BackendBundle) -> None:
+    async def test_update_returns_next_revision(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("update")
         assert await cp.save(0, make_snapshot(tid, {"n": 1})) == 1
@@ -79,7 +80,7 @@ class CheckpointerSuite(Suite):
         assert revision == 6
         assert loaded.state == {"n": 6}
 
-    async def test_create_over_existing_conflicts(self, flowy_backend: BackendBundle) -> None:
+    async def test_create_over_existing_conflicts(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("recreate")
         [first] = await saved_chain(cp, tid, 1)
@@ -88,7 +89,7 @@ class CheckpointerSuite(Suite):
         assert (loaded, revision) == (first, 1)
         assert await history_revisions(cp, tid) == [1]
 
-    async def test_stale_update_conflicts(self, flowy_backend: BackendBundle) -> None:
+    async def test_stale_update_conflicts(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("stale")
         saved = await saved_chain(cp, tid, 3)
@@ -98,7 +99,7 @@ class CheckpointerSuite(Suite):
         assert await history_revisions(cp, tid) == [3, 2, 1]
 
     async def test_expected_revision_ahead_of_head_conflicts(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("ahead")
@@ -107,7 +108,7 @@ class CheckpointerSuite(Suite):
         assert await cp.load(tid) == (saved[-1], 1)
         assert await history_revisions(cp, tid) == [1]
 
-    async def test_update_of_missing_thread_conflicts(self, flowy_backend: BackendBundle) -> None:
+    async def test_update_of_missing_thread_conflicts(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("missing")
         await _expect_conflict(cp, 1, make_snapshot(tid), actual=0)
@@ -117,13 +118,13 @@ class CheckpointerSuite(Suite):
         assert await cp.save(0, make_snapshot(tid)) == 1
 
     async def test_load_of_missing_thread_raises_not_found(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         cp = flowy_backend.checkpointer
         with pytest.raises(ThreadNotFoundError):
             await cp.load(new_thread_id("never-saved"))
 
-    async def test_load_round_trips_every_field(self, flowy_backend: BackendBundle) -> None:
+    async def test_load_round_trips_every_field(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("round-trip")
         snap: Snapshot[Any] = Snapshot(
@@ -167,7 +168,7 @@ class CheckpointerSuite(Suite):
         assert loaded.updated_at == fixed_time + 1.5
         assert loaded.write_id == snap.write_id
 
-    async def test_load_returns_the_newest_revision(self, flowy_backend: BackendBundle) -> None:
+    async def test_load_returns_the_newest_revision(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("newest")
         saved = await saved_chain(cp, tid, 4)
@@ -177,7 +178,7 @@ class CheckpointerSuite(Suite):
         assert loaded.revision == 4
 
     async def test_stored_revision_ignores_snapshot_revision_field(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         """The store assigns revisions; a stale ``Snapshot.revision`` is not trusted."""
         cp = flowy_backend.checkpointer
@@ -189,7 +190,7 @@ class CheckpointerSuite(Suite):
         assert (await cp.load(tid))[0].revision == 2
 
     async def test_failed_saves_leave_the_record_unchanged(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("unchanged")
@@ -209,7 +210,7 @@ class CheckpointerSuite(Suite):
 class HistorySuite(Suite):
     """``get_history``, ``prune``, ``delete``, ``delete_if_idle`` and ``list_threads``."""
 
-    async def test_history_is_newest_first(self, flowy_backend: BackendBundle) -> None:
+    async def test_history_is_newest_first(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("history")
         saved = await saved_chain(cp, tid, 5)
@@ -217,7 +218,7 @@ class HistorySuite(Suite):
         assert [s.revision for s in history] == [5, 4, 3, 2, 1]
         assert history == list(reversed(saved))
 
-    async def test_history_limit(self, flowy_backend: BackendBundle) -> None:
+    async def test_history_limit(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("history-limit")
         await saved_chain(cp, tid, 5)
@@ -226,17 +227,17 @@ class HistorySuite(Suite):
         assert await history_revisions(cp, tid, 5) == [5, 4, 3, 2, 1]
         assert await history_revisions(cp, tid, 50) == [5, 4, 3, 2, 1]
 
-    async def test_history_limit_zero_is_empty(self, flowy_backend: BackendBundle) -> None:
+    async def test_history_limit_zero_is_empty(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("history-zero")
         await saved_chain(cp, tid, 2)
         assert await cp.get_history(tid, 0) == []
 
-    async def test_history_of_missing_thread_is_empty(self, flowy_backend: BackendBundle) -> None:
+    async def test_history_of_missing_thread_is_empty(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         assert await cp.get_history(new_thread_id("no-history")) == []
 
-    async def test_prune_keeps_the_newest(self, flowy_backend: BackendBundle) -> None:
+    async def test_prune_keeps_the_newest(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("prune")
         saved = await saved_chain(cp, tid, 6)
@@ -247,7 +248,7 @@ class HistorySuite(Suite):
         assert await cp.save(6, make_snapshot(tid)) == 7
 
     async def test_prune_more_than_exists_keeps_everything(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("prune-all")
@@ -255,7 +256,7 @@ class HistorySuite(Suite):
         await cp.prune(tid, 10)
         assert await history_revisions(cp, tid) == [3, 2, 1]
 
-    async def test_prune_zero_keeps_the_head(self, flowy_backend: BackendBundle) -> None:
+    async def test_prune_zero_keeps_the_head(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("prune-zero")
         saved = await saved_chain(cp, tid, 4)
@@ -265,13 +266,22 @@ class HistorySuite(Suite):
         await cp.prune(tid, 1)
         assert await history_revisions(cp, tid) == [4]
 
-    async def test_prune_of_missing_thread_is_fine(self, flowy_backend: BackendBundle) -> None:
+    async def test_prune_touches_only_its_thread(self, flowy_backend: Backend[Any]) -> None:
+        cp = flowy_backend.checkpointer
+        tid, other = new_thread_id("prune-mine"), new_thread_id("prune-other")
+        await saved_chain(cp, tid, 4)
+        await saved_chain(cp, other, 4)
+        await cp.prune(tid, 1)
+        assert await history_revisions(cp, tid) == [4]
+        assert await history_revisions(cp, other) == [4, 3, 2, 1]
+
+    async def test_prune_of_missing_thread_is_fine(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("prune-missing")
         await cp.prune(tid, 1)
         assert await try_load(cp, tid) is None
 
-    async def test_delete_removes_head_and_history(self, flowy_backend: BackendBundle) -> None:
+    async def test_delete_removes_head_and_history(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("delete")
         other = new_thread_id("delete-bystander")
@@ -284,7 +294,7 @@ class HistorySuite(Suite):
         assert tid not in {s.thread_id for s in await cp.list_threads(limit=1000)}
         assert await cp.load(other) == (kept[0], 1)
 
-    async def test_delete_of_missing_thread_is_fine(self, flowy_backend: BackendBundle) -> None:
+    async def test_delete_of_missing_thread_is_fine(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("delete-missing")
         await cp.delete(tid)
@@ -292,7 +302,7 @@ class HistorySuite(Suite):
         assert await try_load(cp, tid) is None
 
     async def test_deleted_thread_is_created_again_at_revision_one(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         """A deleted thread has no snapshot, so it is at revision 0 again: the next
         create returns 1 and the old history does not come back."""
@@ -308,9 +318,7 @@ class HistorySuite(Suite):
         assert await history_revisions(cp, tid) == [1]
         assert await cp.save(1, make_snapshot(tid)) == 2
 
-    async def test_delete_if_idle_deletes_an_idle_thread(
-        self, flowy_backend: BackendBundle
-    ) -> None:
+    async def test_delete_if_idle_deletes_an_idle_thread(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("idle")
         await saved_chain(cp, tid, 2)
@@ -318,7 +326,7 @@ class HistorySuite(Suite):
         assert await try_load(cp, tid) is None
         assert await cp.get_history(tid) == []
 
-    async def test_list_threads_reports_heads(self, flowy_backend: BackendBundle) -> None:
+    async def test_list_threads_reports_heads(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         specs = {
             HandoffStatus.NONE: (RunStatus.RUNNING, None),
@@ -370,7 +378,7 @@ class HistorySuite(Suite):
             assert got.updated_at == pytest.approx(want.updated_at, abs=1e-3)
 
     async def test_list_threads_filters_by_handoff_status(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         cp = flowy_backend.checkpointer
         by_status: dict[HandoffStatus, str] = {}
@@ -392,7 +400,7 @@ class HistorySuite(Suite):
         }
         assert await listed(frozenset()) == set()
 
-    async def test_list_threads_follows_the_head(self, flowy_backend: BackendBundle) -> None:
+    async def test_list_threads_follows_the_head(self, flowy_backend: Backend[Any]) -> None:
         """The listed status is the head's: an update moves the thread between filters."""
         cp = flowy_backend.checkpointer
         tid = new_thread_id("list-moves")
@@ -405,7 +413,7 @@ class HistorySuite(Suite):
         [summary] = await cp.list_threads(handoff_statuses=enqueued)
         assert (summary.thread_id, summary.revision) == (tid, 2)
 
-    async def test_list_threads_limit(self, flowy_backend: BackendBundle) -> None:
+    async def test_list_threads_limit(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         created = {new_thread_id(f"limit-{i}") for i in range(5)}
         for tid in created:
@@ -472,7 +480,7 @@ class ThreadIdSuite(Suite):
 
     special_ids: tuple[str, ...] = _SPECIAL_IDS
 
-    async def test_special_ids_round_trip(self, flowy_backend: BackendBundle) -> None:
+    async def test_special_ids_round_trip(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         for index, tid in enumerate(self.special_ids):
             assert await cp.save(0, make_snapshot(tid, {"id": tid, "i": index})) == 1, tid
@@ -484,7 +492,7 @@ class ThreadIdSuite(Suite):
             [entry] = await cp.get_history(tid)
             assert entry.thread_id == tid
 
-    async def test_special_ids_are_isolated(self, flowy_backend: BackendBundle) -> None:
+    async def test_special_ids_are_isolated(self, flowy_backend: Backend[Any]) -> None:
         """Each id is its own thread: updating or deleting one leaves the others alone."""
         cp = flowy_backend.checkpointer
         for tid in self.special_ids:
@@ -506,14 +514,14 @@ class ThreadIdSuite(Suite):
             else:
                 assert (await cp.load(tid))[0].state["id"] == tid
 
-    async def test_special_ids_are_listed_exactly(self, flowy_backend: BackendBundle) -> None:
+    async def test_special_ids_are_listed_exactly(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         for tid in self.special_ids:
             await cp.save(0, make_snapshot(tid))
         listed = [s.thread_id for s in await cp.list_threads(limit=1000)]
         assert sorted(listed) == sorted(self.special_ids)
 
-    async def test_special_ids_have_separate_leases(self, flowy_backend: BackendBundle) -> None:
+    async def test_special_ids_have_separate_leases(self, flowy_backend: Backend[Any]) -> None:
         leases = require_leases(flowy_backend)
         pairs = [("x", "x\n"), ("a:b", "a"), ("{tag}", "{tag}:x"), ("é", "e\u0301")]
         pairs.append(("k" * 10_239 + "a", "k" * 10_239 + "b"))
@@ -523,11 +531,11 @@ class ThreadIdSuite(Suite):
             assert (held.thread_id, other.thread_id) == (first, second)
             holder = await leases.holder(first)
             assert holder is not None
-            assert (holder.owner, holder.token) == ("owner-1", held.token)
+            assert (holder.owner, holder.fencing_token) == ("owner-1", held.fencing_token)
             await leases.release(held)
             await leases.release(other)
 
-    async def test_longest_valid_id(self, flowy_backend: BackendBundle) -> None:
+    async def test_longest_valid_id(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = "é" * (MAX_THREAD_ID_BYTES // 2)  # exactly MAX_THREAD_ID_BYTES UTF-8 bytes
         assert len(tid.encode("utf-8")) == MAX_THREAD_ID_BYTES
@@ -547,7 +555,7 @@ class ThreadIdSuite(Suite):
         None,
     )
 
-    async def testinvalid_ids_are_refused_by_save(self, flowy_backend: BackendBundle) -> None:
+    async def test_invalid_ids_are_refused_by_save(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         for bad in self.invalid_ids:
             snap = make_snapshot(cast(str, bad))
@@ -555,14 +563,14 @@ class ThreadIdSuite(Suite):
                 await cp.save(0, snap)
         assert await cp.list_threads(limit=1000) == []
 
-    async def testinvalid_ids_are_refused_by_load(self, flowy_backend: BackendBundle) -> None:
+    async def test_invalid_ids_are_refused_by_load(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         for bad in self.invalid_ids:
             with pytest.raises(InvalidThreadIdError):
                 await cp.load(cast(str, bad))
 
-    async def testinvalid_ids_are_refused_by_other_methods(
-        self, flowy_backend: BackendBundle
+    async def test_invalid_ids_are_refused_by_other_methods(
+        self, flowy_backend: Backend[Any]
     ) -> None:
         cp = flowy_backend.checkpointer
         for bad in self.invalid_ids:
@@ -577,7 +585,7 @@ class ThreadIdSuite(Suite):
                 await cp.delete_if_idle(tid)
         assert await cp.list_threads(limit=1000) == []
 
-    async def testinvalid_ids_are_refused_by_acquire(self, flowy_backend: BackendBundle) -> None:
+    async def test_invalid_ids_are_refused_by_acquire(self, flowy_backend: Backend[Any]) -> None:
         leases = require_leases(flowy_backend)
         for bad in self.invalid_ids:
             with pytest.raises(InvalidThreadIdError):
@@ -587,32 +595,38 @@ class ThreadIdSuite(Suite):
 class CorruptionSuite(Suite):
     """A corrupted stored record is reported, never half-decoded or skipped."""
 
-    async def test_load_of_corrupt_record_raises(self, flowy_backend: BackendBundle) -> None:
-        corrupt = require_corrupt(flowy_backend)
+    async def test_load_of_corrupt_record_raises(
+        self, flowy_backend: Backend[Any], flowy_corrupt: Corrupt | None
+    ) -> None:
+        corrupt = require_corrupt(flowy_corrupt, flowy_backend)
         cp = flowy_backend.checkpointer
         tid = new_thread_id("corrupt")
         await saved_chain(cp, tid, 2)
-        await corrupt(tid)
+        await corrupt(flowy_backend, tid)
         with pytest.raises(SnapshotEnvelopeInvalidError):
             await cp.load(tid)
 
-    async def test_history_with_corrupt_record_raises(self, flowy_backend: BackendBundle) -> None:
-        corrupt = require_corrupt(flowy_backend)
+    async def test_history_with_corrupt_record_raises(
+        self, flowy_backend: Backend[Any], flowy_corrupt: Corrupt | None
+    ) -> None:
+        corrupt = require_corrupt(flowy_corrupt, flowy_backend)
         cp = flowy_backend.checkpointer
         tid = new_thread_id("corrupt-history")
         await saved_chain(cp, tid, 2)
-        await corrupt(tid)
+        await corrupt(flowy_backend, tid)
         with pytest.raises(SnapshotEnvelopeInvalidError):
             await cp.get_history(tid, 100)
 
-    async def test_corruption_stays_in_its_thread(self, flowy_backend: BackendBundle) -> None:
-        corrupt = require_corrupt(flowy_backend)
+    async def test_corruption_stays_in_its_thread(
+        self, flowy_backend: Backend[Any], flowy_corrupt: Corrupt | None
+    ) -> None:
+        corrupt = require_corrupt(flowy_corrupt, flowy_backend)
         cp = flowy_backend.checkpointer
         tid = new_thread_id("corrupt-one")
         other = new_thread_id("corrupt-bystander")
         await saved_chain(cp, tid, 1)
         kept = await saved_chain(cp, other, 1)
-        await corrupt(tid)
+        await corrupt(flowy_backend, tid)
         with pytest.raises(SnapshotEnvelopeInvalidError):
             await cp.load(tid)
         assert await cp.load(other) == (kept[0], 1)

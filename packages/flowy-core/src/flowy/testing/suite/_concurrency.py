@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from ..._checkpoint import (
+from ..._errors import ConcurrencyConflictError, ThreadLeaseBusyError
+from ...storage import (
+    Backend,
     Checkpointer,
     HandoffOutbox,
     Lease,
     LeaseManager,
     OutboxConsumer,
     OutboxMessage,
+    TransactionalCheckpointer,
+    TransactionalHandoffOutbox,
 )
-from ..._errors import ConcurrencyConflictError, ThreadLeaseBusyError
-from .._bundle import BackendBundle
 from ._support import (
     Suite,
     history_revisions,
@@ -88,20 +90,20 @@ class ConcurrencySuite(Suite):
         assert history[0] == expected + 1
         assert history.count(expected + 1) == 1
 
-    async def test_racing_updates_have_one_winner(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_updates_have_one_winner(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("race-update")
         await saved_chain(cp, tid, 2)
         await self._save_race([cp], 2, tid)
         assert await history_revisions(cp, tid) == [3, 2, 1]
 
-    async def test_racing_creates_have_one_winner(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_creates_have_one_winner(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tid = new_thread_id("race-create")
         await self._save_race([cp], 0, tid)
         assert await history_revisions(cp, tid) == [1]
 
-    async def test_racing_updates_across_peers(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_updates_across_peers(self, flowy_backend: Backend[Any]) -> None:
         async with peer_of(flowy_backend) as peer:
             cps = [flowy_backend.checkpointer, peer.checkpointer]
             tid = new_thread_id("race-peers")
@@ -109,14 +111,39 @@ class ConcurrencySuite(Suite):
             await self._save_race(cps, 1, tid)
             assert await history_revisions(cps[1], tid) == [2, 1]
 
-    async def test_racing_creates_across_peers(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_transactional_saves_have_one_winner_and_one_message(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        async with peer_of(flowy_backend) as peer:
+            stores = [flowy_backend, peer]
+            tid = new_thread_id("race-tx")
+            await saved_chain(flowy_backend.checkpointer, tid, 1)
+
+            def save(i: int) -> Awaitable[int]:
+                store = stores[i % 2]
+                outbox = cast(TransactionalHandoffOutbox, store.outbox)
+
+                async def enqueue(handle: object, revision: int) -> None:
+                    await outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+
+                cp = cast(TransactionalCheckpointer[Any], store.checkpointer)
+                return cp.save_with_outbox(1, make_snapshot(tid, {"racer": i}), enqueue)
+
+            outcomes = await _race([save(i) for i in range(self.racers)])
+            wins, losses = _split(outcomes, ConcurrencyConflictError)
+            assert wins == [2] and len(losses) == self.racers - 1
+            assert await history_revisions(flowy_backend.checkpointer, tid) == [2, 1]
+            claimed = await flowy_backend.consumer.claim(self.racers, self.long_ttl)
+            assert [m.intent.snapshot_revision for m in claimed] == [2]
+
+    async def test_racing_creates_across_peers(self, flowy_backend: Backend[Any]) -> None:
         async with peer_of(flowy_backend) as peer:
             cps = [flowy_backend.checkpointer, peer.checkpointer]
             tid = new_thread_id("race-peers-create")
             await self._save_race(cps, 0, tid)
             assert await history_revisions(cps[1], tid) == [1]
 
-    async def test_peer_sees_writes(self, flowy_backend: BackendBundle) -> None:
+    async def test_peer_sees_writes(self, flowy_backend: Backend[Any]) -> None:
         async with peer_of(flowy_backend) as peer:
             tid = new_thread_id("peer-visible")
             [first] = await saved_chain(flowy_backend.checkpointer, tid, 1)
@@ -125,7 +152,7 @@ class ConcurrencySuite(Suite):
             assert await peer.checkpointer.save(1, second) == 2
             assert await flowy_backend.checkpointer.load(tid) == (second.at_revision(2), 2)
 
-    async def test_parallel_creates_of_distinct_threads(self, flowy_backend: BackendBundle) -> None:
+    async def test_parallel_creates_of_distinct_threads(self, flowy_backend: Backend[Any]) -> None:
         cp = flowy_backend.checkpointer
         tids = [new_thread_id(f"parallel-{i}") for i in range(self.racers)]
         snaps = [make_snapshot(tid, {"own": tid}) for tid in tids]
@@ -154,12 +181,12 @@ class ConcurrencySuite(Suite):
         for manager in managers:
             holder = await manager.holder(tid)
             assert holder is not None
-            assert (holder.owner, holder.token) == (winner.owner, winner.token)
+            assert (holder.owner, holder.fencing_token) == (winner.owner, winner.fencing_token)
 
-    async def test_racing_acquires_have_one_winner(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_acquires_have_one_winner(self, flowy_backend: Backend[Any]) -> None:
         await self._lease_race([require_leases(flowy_backend)])
 
-    async def test_racing_acquires_across_peers(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_acquires_across_peers(self, flowy_backend: Backend[Any]) -> None:
         leases = require_leases(flowy_backend)
         async with peer_of(flowy_backend) as peer:
             await self._lease_race([leases, require_leases(peer)])
@@ -184,15 +211,15 @@ class ConcurrencySuite(Suite):
         assert sorted(m.intent.thread_id for m in delivered) == sorted(i.thread_id for i in intents)
         assert all(m.attempts == 1 for m in delivered)
 
-    async def test_racing_claims_deliver_once(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_claims_deliver_once(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         await self._claim_race(outbox, [consumer], messages=1, limit=1)
 
-    async def test_racing_batch_claims_deliver_once(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_batch_claims_deliver_once(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         await self._claim_race(outbox, [consumer], messages=20, limit=5)
 
-    async def test_racing_claims_across_peers(self, flowy_backend: BackendBundle) -> None:
+    async def test_racing_claims_across_peers(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         async with peer_of(flowy_backend) as peer:
             _, peer_consumer = require_consumer(peer)

@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
-from ..._checkpoint import (
+from ..._errors import ConcurrencyConflictError
+from ...storage import (
+    Backend,
+    BaseOutbox,
     HandoffIntent,
     HandoffStatus,
     OutboxConsumer,
     OutboxMessage,
+    OutboxRow,
     ResumeToken,
     decode_intent,
     encode_intent,
 )
-from ..._errors import ConcurrencyConflictError
-from .._bundle import BackendBundle
 from ._support import (
     Suite,
     fixed_time,
@@ -29,6 +32,7 @@ from ._support import (
     make_snapshot,
     max_attempts_of,
     new_thread_id,
+    peer_of,
     require_consumer,
     require_transactional,
     saved_chain,
@@ -36,6 +40,15 @@ from ._support import (
 )
 
 __all__ = ["OutboxSuite", "TransactionalOutboxSuite"]
+
+POISON: tuple[bytes, ...] = (
+    b"not json at all",
+    b"[" * 100_000,  # nested past any recursion limit
+    b'{"v": 1, "thread_id": "t", "pending": 1' + b"9" * 5000 + b"}",  # a huge integer
+    '{"v": 1, "thread_id": "\udcff"}'.encode("utf-8", "surrogatepass"),
+    b'{"v": 2}',
+)
+"""Stored payloads no intent decodes from: a consumer must bury them, never stall."""
 
 
 def _rich_intent(thread_id: str) -> HandoffIntent:
@@ -62,7 +75,7 @@ async def _claim_one(consumer: OutboxConsumer, visibility_timeout: float) -> Out
 class OutboxSuite(Suite):
     """``enqueue_intent`` and the consumer: at-least-once delivery with dead letters."""
 
-    async def test_claim_returns_the_intent(self, flowy_backend: BackendBundle) -> None:
+    async def test_claim_returns_the_intent(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         intent = _rich_intent(new_thread_id("intent"))
         assert decode_intent(encode_intent(intent)) == intent
@@ -72,17 +85,17 @@ class OutboxSuite(Suite):
         assert message.attempts == 1
         assert message.message_id
 
-    async def test_claim_of_an_empty_outbox(self, flowy_backend: BackendBundle) -> None:
+    async def test_claim_of_an_empty_outbox(self, flowy_backend: Backend[Any]) -> None:
         _, consumer = require_consumer(flowy_backend)
         assert await consumer.claim(10, self.long_ttl) == []
 
-    async def test_claimed_message_is_hidden(self, flowy_backend: BackendBundle) -> None:
+    async def test_claimed_message_is_hidden(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         await outbox.enqueue_intent(make_intent(new_thread_id("hidden"), 1))
         await _claim_one(consumer, self.long_ttl)
         assert await consumer.claim(10, self.long_ttl) == []
 
-    async def test_unacked_message_is_redelivered(self, flowy_backend: BackendBundle) -> None:
+    async def test_unacked_message_is_redelivered(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         intent = make_intent(new_thread_id("redeliver"), 2)
         await outbox.enqueue_intent(intent)
@@ -94,7 +107,7 @@ class OutboxSuite(Suite):
         assert second.intent == intent
         assert second.attempts == 2
 
-    async def test_ack_removes_for_good(self, flowy_backend: BackendBundle) -> None:
+    async def test_ack_removes_for_good(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         await outbox.enqueue_intent(make_intent(new_thread_id("ack"), 1))
         message = await _claim_one(consumer, self.short_ttl)
@@ -103,7 +116,7 @@ class OutboxSuite(Suite):
         assert await consumer.claim(10, self.long_ttl) == []
         assert await consumer.dead_letters() == []
 
-    async def test_release_makes_it_claimable_at_once(self, flowy_backend: BackendBundle) -> None:
+    async def test_release_makes_it_claimable_at_once(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         intent = make_intent(new_thread_id("release"), 1)
         await outbox.enqueue_intent(intent)
@@ -117,7 +130,7 @@ class OutboxSuite(Suite):
         assert second.attempts == 2
 
     async def test_released_max_attempts_times_is_dead_lettered(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         max_attempts = max_attempts_of(consumer)
@@ -137,7 +150,7 @@ class OutboxSuite(Suite):
         assert dead.attempts == max_attempts
 
     async def test_timed_out_max_attempts_times_is_dead_lettered(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         max_attempts = max_attempts_of(consumer)
@@ -152,7 +165,7 @@ class OutboxSuite(Suite):
         [dead] = await consumer.dead_letters()
         assert (dead.message_id, dead.intent) == (last.message_id, intent)
 
-    async def test_retry_dead_letter_resets_attempts(self, flowy_backend: BackendBundle) -> None:
+    async def test_retry_dead_letter_resets_attempts(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         max_attempts = max_attempts_of(consumer)
         intent = make_intent(new_thread_id("retry"), 1)
@@ -170,7 +183,7 @@ class OutboxSuite(Suite):
         assert await consumer.claim(10, self.long_ttl) == []
 
     async def test_retry_of_unknown_dead_letter_raises_key_error(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         await outbox.enqueue_intent(make_intent(new_thread_id("not-dead"), 1))
@@ -184,7 +197,78 @@ class OutboxSuite(Suite):
         # A failed retry changed nothing: the live message is still hidden.
         assert await consumer.claim(10, self.long_ttl) == []
 
-    async def test_dead_letters_limit(self, flowy_backend: BackendBundle) -> None:
+    async def test_ack_removes_only_that_message(self, flowy_backend: Backend[Any]) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        tid = new_thread_id("ack-one")
+        await outbox.enqueue_intent(make_intent(tid, 1))
+        await outbox.enqueue_intent(make_intent(tid, 2))
+        first, second = sorted(
+            await consumer.claim(10, self.short_ttl), key=lambda m: m.intent.snapshot_revision
+        )
+        await consumer.ack(first)
+        await self.expire()
+        [again] = await consumer.claim(10, self.long_ttl)
+        assert again.message_id == second.message_id and again.intent == make_intent(tid, 2)
+
+    async def test_enqueue_again_leaves_a_live_message_as_it_is(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("re-enqueue"), 1)
+        await outbox.enqueue_intent(intent)
+        claimed = await _claim_one(consumer, self.short_ttl)
+        await outbox.enqueue_intent(intent)  # a duplicate hand-off of the same revision
+        assert await consumer.claim(10, self.long_ttl) == []  # still hidden by the claim
+        await self.expire()
+        again = await _claim_one(consumer, self.long_ttl)
+        assert (again.message_id, again.attempts) == (claimed.message_id, 2)
+
+    async def test_release_keeps_the_error_and_waits_the_delay(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        await outbox.enqueue_intent(make_intent(new_thread_id("delay"), 1))
+        first = await _claim_one(consumer, self.long_ttl)
+        assert first.last_error == ""
+        await consumer.release(first, error="ValueError: bad input", delay=self.short_ttl)
+        assert await consumer.claim(10, self.long_ttl) == []  # not before the delay
+        await self.expire()
+        second = await _claim_one(consumer, self.long_ttl)
+        assert second.message_id == first.message_id and second.attempts == 2
+        assert second.last_error == "ValueError: bad input"
+
+    async def test_dead_letters_keep_the_last_error(self, flowy_backend: Backend[Any]) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("dead-error"), 1)
+        await outbox.enqueue_intent(intent)
+        for attempt in range(max_attempts_of(consumer)):
+            message = await _claim_one(consumer, self.long_ttl)
+            await consumer.release(message, error=f"RuntimeError: attempt {attempt + 1}")
+        [dead] = await consumer.dead_letters()
+        assert dead.intent == intent and dead.thread_id == intent.thread_id
+        assert dead.error == f"RuntimeError: attempt {max_attempts_of(consumer)}"
+
+    async def test_poison_payload_is_dead_lettered_and_the_rest_delivered(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        outbox, consumer = require_consumer(flowy_backend)
+        if not isinstance(outbox, BaseOutbox):
+            pytest.skip(f"{type(outbox).__name__} is not a BaseOutbox: no raw rows to plant")
+        good = make_intent(new_thread_id("behind-poison"), 1)
+        for index, payload in enumerate(POISON):
+            await outbox._append(  # pyright: ignore[reportPrivateUsage]
+                OutboxRow(new_thread_id(f"poison-{index}"), 1, payload)
+            )
+        await outbox.enqueue_intent(good)
+        delivered = await consumer.claim(10, self.long_ttl)
+        assert [m.intent for m in delivered] == [good]
+        dead = await consumer.dead_letters()
+        assert len(dead) == len(POISON)
+        assert all(d.intent is None and "undecodable" in d.error for d in dead)
+        assert sorted(d.payload for d in dead) == sorted(POISON)
+        assert await consumer.claim(10, self.long_ttl) == []
+
+    async def test_dead_letters_limit(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         max_attempts = max_attempts_of(consumer)
         for index in range(3):
@@ -195,7 +279,7 @@ class OutboxSuite(Suite):
         assert len(await consumer.dead_letters()) == 3
         assert len(await consumer.dead_letters(limit=2)) == 2
 
-    async def test_claim_respects_limit(self, flowy_backend: BackendBundle) -> None:
+    async def test_claim_respects_limit(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         intents = [make_intent(new_thread_id(f"limit-{i}"), 1) for i in range(5)]
         for intent in intents:
@@ -208,7 +292,7 @@ class OutboxSuite(Suite):
         assert await consumer.claim(10, self.long_ttl) == []
 
     async def test_waiting_claim_returns_when_a_message_arrives(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         intent = make_intent(new_thread_id("wait"), 1)
@@ -227,7 +311,7 @@ class OutboxSuite(Suite):
         assert [m.intent for m in messages] == [intent]
         assert elapsed < 1.5, f"claim(wait=3) took {elapsed:.2f}s to see a message"
 
-    async def test_waiting_claim_times_out_empty(self, flowy_backend: BackendBundle) -> None:
+    async def test_waiting_claim_times_out_empty(self, flowy_backend: Backend[Any]) -> None:
         _, consumer = require_consumer(flowy_backend)
         wait = 0.5
         started = time.monotonic()
@@ -239,7 +323,7 @@ class OutboxSuite(Suite):
 class TransactionalOutboxSuite(Suite):
     """``save_with_outbox``: the snapshot and the intent commit together or not at all."""
 
-    async def test_commits_snapshot_and_intent(self, flowy_backend: BackendBundle) -> None:
+    async def test_commits_snapshot_and_intent(self, flowy_backend: Backend[Any]) -> None:
         tx = require_transactional(flowy_backend)
         tid = new_thread_id("tx-commit")
         seen: list[int] = []
@@ -253,14 +337,12 @@ class TransactionalOutboxSuite(Suite):
         assert revision == 1
         assert seen == [1]
         assert await tx.checkpointer.load(tid) == (snap.at_revision(1), 1)
-        if tx.consumer is None:
-            return
         message = await _claim_one(tx.consumer, self.long_ttl)
         assert message.intent == make_intent(tid, 1)
         assert message.intent.snapshot_revision == revision
         assert message.attempts == 1
 
-    async def test_callback_gets_the_new_revision(self, flowy_backend: BackendBundle) -> None:
+    async def test_callback_gets_the_new_revision(self, flowy_backend: Backend[Any]) -> None:
         tx = require_transactional(flowy_backend)
         tid = new_thread_id("tx-revision")
         await saved_chain(tx.checkpointer, tid, 2)
@@ -273,11 +355,10 @@ class TransactionalOutboxSuite(Suite):
         assert await tx.checkpointer.save_with_outbox(2, make_snapshot(tid), enqueue) == 3
         assert await tx.checkpointer.save_with_outbox(3, make_snapshot(tid), enqueue) == 4
         assert seen == [3, 4]
-        if tx.consumer is not None:
-            claimed = await tx.consumer.claim(10, self.long_ttl)
-            assert sorted(m.intent.snapshot_revision for m in claimed) == [3, 4]
+        claimed = await tx.consumer.claim(10, self.long_ttl)
+        assert sorted(m.intent.snapshot_revision for m in claimed) == [3, 4]
 
-    async def test_conflict_commits_nothing(self, flowy_backend: BackendBundle) -> None:
+    async def test_conflict_commits_nothing(self, flowy_backend: Backend[Any]) -> None:
         tx = require_transactional(flowy_backend)
         tid = new_thread_id("tx-conflict")
         await saved_chain(tx.checkpointer, tid, 1)
@@ -291,10 +372,9 @@ class TransactionalOutboxSuite(Suite):
                 await tx.checkpointer.save_with_outbox(expected, make_snapshot(tid), enqueue)
         assert await tx.checkpointer.load(tid) == before
         assert await history_revisions(tx.checkpointer, tid) == [1]
-        if tx.consumer is not None:
-            assert await tx.consumer.claim(10, self.long_ttl) == []
+        assert await tx.consumer.claim(10, self.long_ttl) == []
 
-    async def test_failing_callback_commits_nothing(self, flowy_backend: BackendBundle) -> None:
+    async def test_failing_callback_commits_nothing(self, flowy_backend: Backend[Any]) -> None:
         tx = require_transactional(flowy_backend)
         tid = new_thread_id("tx-fails")
 
@@ -315,11 +395,34 @@ class TransactionalOutboxSuite(Suite):
             await tx.checkpointer.save_with_outbox(1, make_snapshot(tid), enqueue)
         assert await tx.checkpointer.load(tid) == before
         assert await history_revisions(tx.checkpointer, tid) == [1]
-        if tx.consumer is not None:
-            assert await tx.consumer.claim(10, self.long_ttl) == []
+        assert await tx.consumer.claim(10, self.long_ttl) == []
 
         # The failed attempts left no lock or reservation behind.
         async def enqueue_ok(handle: object, revision: int) -> None:
             await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
 
         assert await tx.checkpointer.save_with_outbox(1, make_snapshot(tid), enqueue_ok) == 2
+
+    async def test_cancelled_save_commits_nothing_and_frees_the_store(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        tx = require_transactional(flowy_backend)
+        tid = new_thread_id("tx-cancel")
+        inside = asyncio.Event()
+
+        async def hang(handle: object, revision: int) -> None:
+            await tx.outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
+            inside.set()
+            await asyncio.Event().wait()
+
+        saving = asyncio.ensure_future(
+            tx.checkpointer.save_with_outbox(0, make_snapshot(tid), hang)
+        )
+        await asyncio.wait_for(inside.wait(), self.long_ttl)
+        saving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await saving
+        assert await try_load(tx.checkpointer, tid) is None
+        assert await tx.consumer.claim(10, self.long_ttl) == []
+        async with peer_of(flowy_backend) as peer:  # no transaction was left holding a lock
+            assert await asyncio.wait_for(peer.checkpointer.save(0, make_snapshot(tid)), 10) == 1

@@ -13,14 +13,6 @@ from typing import Any
 
 import pytest
 
-from ..._checkpoint import (
-    HandoffIntent,
-    HandoffOutbox,
-    ResumeToken,
-    RunStatus,
-    TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
-)
 from ..._directives import Directive, completed, handoff, suspend
 from ..._errors import (
     ConcurrencyConflictError,
@@ -33,9 +25,17 @@ from ..._errors import (
 from ..._graph import Graph, GraphBuilder
 from ..._results import ResumeDecisionKind
 from ..._runner import Runner
-from ..._saving import durable_save
 from ..._worker import Worker
-from .._bundle import BackendBundle
+from ...storage import (
+    Backend,
+    HandoffIntent,
+    HandoffOutbox,
+    ResumeToken,
+    RunStatus,
+    TransactionalCheckpointer,
+    TransactionalHandoffOutbox,
+    durable_save,
+)
 from ..faults import FaultyCheckpointer, FaultyOutbox, Phase
 from ._support import (
     Suite,
@@ -101,11 +101,11 @@ def _effect_graph(
     return builder.compile()
 
 
-def _lease(bundle: BackendBundle, owner: str) -> tuple[str, float] | None:
-    return (owner, 30.0) if bundle.leases is not None else None
+def _lease(bundle: Backend[Any], owner: str) -> tuple[str, float]:
+    return (owner, 30.0)
 
 
-async def _assert_single_chain(bundle: BackendBundle, thread_id: str) -> list[int]:
+async def _assert_single_chain(bundle: Backend[Any], thread_id: str) -> list[int]:
     revisions = await history_revisions(bundle.checkpointer, thread_id)
     assert revisions == sorted(set(revisions), reverse=True), revisions
     head = revisions[0]
@@ -117,7 +117,7 @@ class WriteOwnershipSuite(Suite):
     """Two runners (two "processes") resuming one token: exactly one runs."""
 
     async def test_two_runners_resume_one_token_exactly_one_runs(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         bundle = flowy_backend
         effects: list[str] = []
@@ -157,15 +157,14 @@ class WriteOwnershipSuite(Suite):
         winners = [o for o in outcomes if not isinstance(o, Exception)]
         assert len(winners) == 1, outcomes
         assert len(losers) == 1, outcomes
-        if bundle.leases is not None:
-            assert len(runs) == 1, f"with leases the loser must not run any node: {runs}"
+        assert len(runs) == 1, f"with leases the loser must not run any node: {runs}"
         snap, _ = await bundle.checkpointer.load(thread_id)
         assert snap.status is RunStatus.HANDOFF
         assert snap.state["who"] == getattr(winners[0], "state", {}).get("who")
         await _assert_single_chain(bundle, thread_id)
 
     async def test_stale_token_after_another_runner_advanced(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         bundle = flowy_backend
         effects: list[str] = []
@@ -188,7 +187,7 @@ class WriteOwnershipSuite(Suite):
             decision = await runner_b.evaluate_resume(first.resume_token)
             assert decision.kind is ResumeDecisionKind.STALE_TOKEN
             head, revision = await peer.checkpointer.load(thread_id)
-            assert decision.token == ResumeToken(thread_id, revision)
+            assert decision.resume_token == ResumeToken(thread_id, revision)
             assert head.status is RunStatus.HANDOFF
         await _assert_single_chain(bundle, thread_id)
 
@@ -202,7 +201,7 @@ class FaultSuite(Suite):
 
     async def _scenario(
         self,
-        bundle: BackendBundle,
+        bundle: Backend[Any],
         *,
         phase: Phase,
         after_write: bool,
@@ -213,7 +212,7 @@ class FaultSuite(Suite):
             isinstance(bundle.checkpointer, TransactionalCheckpointer)
             and isinstance(outbox, TransactionalHandoffOutbox)
         ):
-            pytest.skip(f"backend {bundle.name!r} has no transactional outbox")
+            pytest.skip(f"{type(bundle).__name__} has no transactional outbox")
         effects: list[str] = []
         thread_id = new_thread_id(f"fault-{phase.value}")
         graph = _effect_graph(effects)
@@ -272,7 +271,7 @@ class FaultSuite(Suite):
     @pytest.mark.parametrize("after_write", [False, True], ids=["before-write", "after-write"])
     @pytest.mark.parametrize("phase", [*_SAVE_PHASES, Phase.ENQUEUE], ids=lambda p: p.value)
     async def test_three_phase_fault(
-        self, flowy_backend: BackendBundle, phase: Phase, after_write: bool
+        self, flowy_backend: Backend[Any], phase: Phase, after_write: bool
     ) -> None:
         await self._scenario(
             flowy_backend, phase=phase, after_write=after_write, transactional=False
@@ -280,14 +279,14 @@ class FaultSuite(Suite):
 
     @pytest.mark.parametrize("after_write", [False, True], ids=["before-write", "after-write"])
     async def test_transactional_commit_fault(
-        self, flowy_backend: BackendBundle, after_write: bool
+        self, flowy_backend: Backend[Any], after_write: bool
     ) -> None:
         await self._scenario(
             flowy_backend, phase=Phase.COMMIT, after_write=after_write, transactional=True
         )
 
     async def test_ambiguous_save_is_resolved_not_reported_as_conflict(
-        self, flowy_backend: BackendBundle
+        self, flowy_backend: Backend[Any]
     ) -> None:
         bundle = flowy_backend
         thread_id = new_thread_id("ambiguous")
@@ -303,7 +302,7 @@ class FaultSuite(Suite):
         assert await durable_save(faulty, 2, make_snapshot(thread_id, {"n": 3})) == 3
         assert await history_revisions(bundle.checkpointer, thread_id) == [3, 2, 1]
 
-    async def test_ambiguous_step_saves_during_a_run(self, flowy_backend: BackendBundle) -> None:
+    async def test_ambiguous_step_saves_during_a_run(self, flowy_backend: Backend[Any]) -> None:
         bundle = flowy_backend
         effects: list[str] = []
         thread_id = new_thread_id("amb-run")

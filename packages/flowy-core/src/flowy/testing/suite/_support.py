@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 import pytest
 
-from ..._checkpoint import (
+from ..._connect import connect
+from ..._errors import ThreadNotFoundError
+from ...storage import (
+    Backend,
     Checkpointer,
     FencingCheckpointer,
     HandoffIntent,
@@ -29,10 +32,11 @@ from ..._checkpoint import (
     TransactionalHandoffOutbox,
     new_write_id,
 )
-from ..._errors import ThreadNotFoundError
-from .._bundle import BackendBundle
+from ..backends import require_backends
+from ..hooks import Corrupt
 
 __all__ = [
+    "Corrupt",
     "Suite",
     "Transactional",
     "fixed_time",
@@ -162,66 +166,64 @@ def make_intent(
     )
 
 
-def _skip(bundle: BackendBundle, what: str) -> NoReturn:
-    pytest.skip(f"backend {bundle.name!r} does not provide {what}")
+def require_leases(backend: Backend[Any]) -> LeaseManager:
+    """The store's lease manager."""
+    return backend.leases
 
 
-def require_leases(bundle: BackendBundle) -> LeaseManager:
-    """The bundle's lease manager, or skip the test."""
-    if bundle.leases is None:
-        _skip(bundle, "a lease manager (BackendBundle.leases is None)")
-    return bundle.leases
+def require_fencing(backend: Backend[Any]) -> tuple[FencingCheckpointer[Any], LeaseManager]:
+    """The store's checkpointer as a native fencing one with its lease manager; every
+    store must fence its own leases."""
+    leases = backend.leases
+    cp = backend.checkpointer
+    if not isinstance(cp, FencingCheckpointer) or not cp.fences(leases):
+        pytest.fail(
+            f"{type(cp).__name__} must fence the leases of its own store: "
+            "checkpointer.fences(backend.leases) must be True (same domain)"
+        )
+    return cp, leases
 
 
-def require_fencing(bundle: BackendBundle) -> tuple[FencingCheckpointer[Any], LeaseManager]:
-    """The bundle's checkpointer as a native fencing one with its lease manager, or skip."""
-    leases = require_leases(bundle)
-    cp = bundle.checkpointer
-    if not isinstance(cp, FencingCheckpointer):
-        _skip(bundle, "native fencing (the checkpointer is not a FencingCheckpointer)")
-    fencing: FencingCheckpointer[Any] = cp
-    if not fencing.fences(leases):
-        _skip(bundle, "native fencing (checkpointer.fences(bundle.leases) returned False)")
-    return fencing, leases
-
-
-def require_consumer(bundle: BackendBundle) -> tuple[HandoffOutbox, OutboxConsumer]:
-    """The bundle's outbox and consumer, or skip the test."""
-    if bundle.outbox is None:
-        _skip(bundle, "an outbox (BackendBundle.outbox is None)")
-    if bundle.consumer is None:
-        _skip(bundle, "an outbox consumer (BackendBundle.consumer is None)")
-    return bundle.outbox, bundle.consumer
+def require_consumer(backend: Backend[Any]) -> tuple[HandoffOutbox, OutboxConsumer]:
+    """The store's outbox and consumer."""
+    return backend.outbox, backend.consumer
 
 
 @dataclass(frozen=True)
 class Transactional:
-    """The pieces of the transactional hand-off path of one bundle."""
+    """The pieces of the transactional hand-off path of one store."""
 
     checkpointer: TransactionalCheckpointer[Any]
     outbox: TransactionalHandoffOutbox
-    consumer: OutboxConsumer | None
+    consumer: OutboxConsumer
 
 
-def require_transactional(bundle: BackendBundle) -> Transactional:
-    """The bundle's transactional checkpointer and outbox, or skip the test."""
-    cp = bundle.checkpointer
-    if not isinstance(cp, TransactionalCheckpointer):
-        _skip(
-            bundle, "a transactional outbox (the checkpointer is not a TransactionalCheckpointer)"
+def require_transactional(backend: Backend[Any]) -> Transactional:
+    """The store's transactional checkpointer and outbox (every store has them)."""
+    cp = backend.checkpointer
+    outbox = backend.outbox
+    if not isinstance(cp, TransactionalCheckpointer) or not isinstance(
+        outbox, TransactionalHandoffOutbox
+    ):
+        pytest.fail(
+            f"{type(cp).__name__} / {type(outbox).__name__} must implement the "
+            "transactional outbox (save_with_outbox / enqueue_intent_tx)"
         )
-    tx_cp: TransactionalCheckpointer[Any] = cp
-    outbox = bundle.outbox
-    if outbox is None or not isinstance(outbox, TransactionalHandoffOutbox):
-        _skip(bundle, "a transactional outbox (the outbox is not a TransactionalHandoffOutbox)")
-    return Transactional(tx_cp, outbox, bundle.consumer)
+    return Transactional(cp, outbox, backend.consumer)
 
 
-def require_corrupt(bundle: BackendBundle) -> Callable[[str], Awaitable[None]]:
-    """The bundle's ``corrupt`` hook, or skip the test."""
-    if bundle.corrupt is None:
-        _skip(bundle, "a corruption hook (BackendBundle.corrupt is None)")
-    return bundle.corrupt
+def require_corrupt(corrupt: Corrupt | None, backend: Backend[Any]) -> Corrupt:
+    """The ``flowy_corrupt`` fixture's hook, or skip (fail under
+    ``FLOWY_REQUIRE_BACKENDS=1``: every store's tests provide one)."""
+    if corrupt is None:
+        reason = (
+            f"no flowy_corrupt fixture for {type(backend).__name__}: define one that flips a "
+            "byte of a thread's stored head record"
+        )
+        if require_backends():
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return corrupt
 
 
 def max_attempts_of(consumer: OutboxConsumer) -> int:
@@ -237,15 +239,8 @@ def max_attempts_of(consumer: OutboxConsumer) -> int:
 
 
 @asynccontextmanager
-async def peer_of(bundle: BackendBundle) -> AsyncGenerator[BackendBundle]:
-    """A second bundle over the same store (``open_peer``), closed on exit; the bundle
-    itself when the backend cannot open peers."""
-    if bundle.open_peer is None:
-        yield bundle
-        return
-    peer = await bundle.open_peer()
-    try:
+async def peer_of(backend: Backend[Any]) -> AsyncGenerator[Backend[Any]]:
+    """A second backend over the same store, with its own connections (a stand-in for
+    a second process), opened from ``backend.url`` and closed on exit."""
+    async with connect(backend.url) as peer:
         yield peer
-    finally:
-        if peer.close is not None:
-            await peer.close()

@@ -13,9 +13,10 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from ._checkpoint import Checkpointer, Lease, Snapshot, new_write_id
-from ._errors import StorageUnavailableError, ThreadNotFoundError
-from ._types import S
+from .._errors import StorageUnavailableError, ThreadNotFoundError
+from .._types import S
+from ._model import Lease, Snapshot, new_write_id
+from ._protocols import Checkpointer
 
 __all__ = ["confirm_save", "durable_save"]
 

@@ -26,17 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
-from ._checkpoint import (
-    HandoffStatus,
-    OutboxConsumer,
-    OutboxMessage,
-    ResumeToken,
-    RunStatus,
-    Snapshot,
-    ThreadSummary,
-)
-from ._codecs import StateCodec
-from ._errors import (
+from .._errors import (
     ConcurrencyConflictError,
     FlowyError,
     GraphValidationError,
@@ -45,12 +35,23 @@ from ._errors import (
     ThreadLeaseBusyError,
     ThreadNotFoundError,
 )
-from ._graph import Graph
-from ._plan import ResumePlan, resume_to
-from ._results import RunResult
-from ._runner import DEFAULT_HANDOFF_STALE_AFTER, Runner
-from ._sqlite import SQLiteBackend
-from ._term import (
+from .._graph import Graph
+from .._plan import ResumePlan, resume_to
+from .._results import RunResult
+from .._runner import DEFAULT_HANDOFF_STALE_AFTER, Runner
+from .._worker import Outcome, Worker
+from ..sqlite import SQLiteBackend
+from ..storage import (
+    HandoffStatus,
+    OutboxConsumer,
+    OutboxMessage,
+    ResumeToken,
+    RunStatus,
+    Snapshot,
+    StateCodec,
+    ThreadSummary,
+)
+from ._render import (
     ColorMode,
     Console,
     EventPrinter,
@@ -62,7 +63,6 @@ from ._term import (
     result_line,
     set_console,
 )
-from ._worker import Outcome, Worker
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -343,7 +343,11 @@ async def _cmd_show(args: argparse.Namespace, out: Console) -> int:
         data["lease"] = (
             None
             if lease is None
-            else {"owner": lease.owner, "token": lease.token, "expires_at": lease.expires_at}
+            else {
+                "owner": lease.owner,
+                "token": lease.fencing_token,
+                "expires_at": lease.expires_at,
+            }
         )
         _print_json(out, data)
         return 0
@@ -356,7 +360,7 @@ async def _cmd_show(args: argparse.Namespace, out: Console) -> int:
     lease_text = (
         "none"
         if lease is None
-        else f"{clean(lease.owner, 60)} (fencing token {lease.token}, expires in "
+        else f"{clean(lease.owner, 60)} (fencing token {lease.fencing_token}, expires in "
         f"{max(lease.expires_at - time.time(), 0.0):.1f}s)"
     )
     dot = out.sym("dot")
@@ -717,7 +721,7 @@ async def _cmd_worker(args: argparse.Namespace, out: Console) -> int:
         runner.printer = EventPrinter(
             out, label="" if args.concurrency == 1 else "run", path=main_path(graph)
         )
-        consumer: OutboxConsumer = backend.outbox
+        consumer: OutboxConsumer = backend.consumer
         worker = _CliWorker(
             runner,
             consumer,
@@ -770,7 +774,7 @@ async def _open_consumer(
         if args.db is None:
             raise CliError("give --db FILE (SQLite) or --consumer MODULE:ATTR", 2)
         backend = _open(args)
-        return backend.outbox, backend.aclose
+        return backend.consumer, backend.aclose
     obj = load_object(spec, "--consumer")
     if not isinstance(obj, OutboxConsumer):
         obj = _call_factory(obj, spec, "--consumer")
@@ -813,11 +817,12 @@ async def _cmd_dead_letters(args: argparse.Namespace, out: Console) -> int:
             [
                 {
                     "message_id": m.message_id,
-                    "thread_id": m.intent.thread_id,
-                    "revision": m.intent.snapshot_revision,
+                    "thread_id": m.thread_id,
+                    "revision": m.intent.snapshot_revision if m.intent else None,
                     "attempts": m.attempts,
-                    "reason": m.intent.reason,
-                    "pointer": m.intent.execution_pointer,
+                    "reason": m.intent.reason if m.intent else None,
+                    "pointer": m.intent.execution_pointer if m.intent else None,
+                    "error": m.error,
                 }
                 for m in dead
             ],
@@ -831,11 +836,11 @@ async def _cmd_dead_letters(args: argparse.Namespace, out: Console) -> int:
         [
             [
                 clean(m.message_id, 24),
-                clean(m.intent.thread_id, 48),
-                str(m.intent.snapshot_revision),
+                clean(m.thread_id or "(undecodable)", 48),
+                str(m.intent.snapshot_revision) if m.intent else "-",
                 str(m.attempts),
-                clean(m.intent.reason, 32),
-                clean(m.intent.execution_pointer, 32),
+                clean(m.intent.reason if m.intent else m.error, 32),
+                clean(m.intent.execution_pointer if m.intent else "-", 32),
             ]
             for m in dead
         ],
@@ -844,7 +849,7 @@ async def _cmd_dead_letters(args: argparse.Namespace, out: Console) -> int:
 
 
 async def _cmd_demo(args: argparse.Namespace, out: Console) -> int:
-    from ._demo import DemoError, DemoSettings, describe_failure, inspect_commands, run_demo
+    from .demo import DemoError, DemoSettings, describe_failure, inspect_commands, run_demo
 
     db = cast(Path, args.db)
     settings = DemoSettings(db=db, fast=args.fast, color=args.color)
@@ -901,7 +906,7 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flowy`` argument parser."""
-    from . import __version__
+    from .. import __version__
 
     common = _Parser(add_help=False)
     common.add_argument(

@@ -12,7 +12,7 @@ outbox. ``issue_refund`` calls a payments "gateway" (a table in a second SQLite 
 with the idempotency key the proposal put in the state, so a worker that dies after the
 gateway accepted the refund cannot make a second worker pay twice.
 
-``build_graph`` is the factory ``flowy worker --graph flowy._demo:build_graph`` loads;
+``build_graph`` is the factory ``flowy worker --graph flowy.cli.demo:build_graph`` loads;
 ``crashing_worker_graph`` is the same graph whose worker process kills itself right
 after the gateway call (the demo's first worker runs it). :func:`run_demo` plays the
 whole story and prints it.
@@ -34,18 +34,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeAlias, TypedDict
 
-from ._checkpoint import HandoffStatus, ResumeToken, RunStatus
-from ._context import run_metadata, use_budget
-from ._directives import Directive, completed, effect, end, handoff, suspend
-from ._errors import ConcurrencyConflictError, FlowyError
-from ._events import StreamHandle
-from ._graph import Graph, GraphBuilder
-from ._plan import ResumePlan, resume_to
-from ._results import RunResult
-from ._runner import Runner
-from ._sqlite import SQLiteBackend
-from ._sqlite_db import APPLICATION_ID
-from ._term import ColorMode, Console, EventPrinter, clean, console, main_path, result_line
+from .._context import run_metadata, use_budget
+from .._directives import Directive, completed, effect, end, handoff, suspend
+from .._errors import ConcurrencyConflictError, FlowyError
+from .._events import StreamHandle
+from .._graph import Graph, GraphBuilder
+from .._plan import ResumePlan, resume_to
+from .._results import RunResult
+from .._runner import Runner
+from ..sqlite import SQLiteBackend
+from ..sqlite._db import APPLICATION_ID
+from ..storage import HandoffStatus, ResumeToken, RunStatus
+from ._render import ColorMode, Console, EventPrinter, clean, console, main_path, result_line
 
 __all__ = [
     "DemoError",
@@ -63,8 +63,8 @@ __all__ = [
 THREAD_ID = "refund-A1001"
 """The thread the demo runs."""
 
-GRAPH_SPEC = "flowy._demo:build_graph"
-CRASHING_GRAPH_SPEC = "flowy._demo:crashing_worker_graph"
+GRAPH_SPEC = "flowy.cli.demo:build_graph"
+CRASHING_GRAPH_SPEC = "flowy.cli.demo:crashing_worker_graph"
 LEDGER_APPLICATION_ID = 0x464C5950
 """``PRAGMA application_id`` of the demo's payments ledger (the bytes ``FLYP``)."""
 
@@ -495,7 +495,7 @@ async def notify_customer(state: RefundState) -> Step:
 
 
 def build_graph(*, crash_after_gateway: bool = False) -> Graph[RefundState, DemoEffect]:
-    """The refund agent's graph (``flowy worker --graph flowy._demo:build_graph``)."""
+    """The refund agent's graph (``flowy worker --graph flowy.cli.demo:build_graph``)."""
     builder: GraphBuilder[RefundState, DemoEffect] = GraphBuilder(merge_state)
     builder.add_node("plan", plan)
     builder.add_node("lookup_order", lookup_order)
@@ -744,7 +744,7 @@ async def run_demo(settings: DemoSettings, out: Console) -> DemoReport:
         decision = await runner.evaluate_resume(token1)
         story.note(
             f"nothing ran and nothing was written; evaluate_resume({token1}) {out.sym('arrow')} "
-            f"{decision.kind.value}, current token {decision.token}"
+            f"{decision.kind.value}, current token {decision.resume_token}"
         )
 
         p2 = proposal_of(second.state)
@@ -762,7 +762,7 @@ async def run_demo(settings: DemoSettings, out: Console) -> DemoReport:
             )
         )
         handoff_token = _expect_token(third, RunStatus.HANDOFF)
-        pending = await backend.outbox.pending_count()
+        pending = await backend.consumer.pending_count()
         story.note(
             f"the checkpoint (revision {third.revision}) and the outbox message ({pending} "
             "waiting) were written in one SQLite transaction"
@@ -786,7 +786,7 @@ async def run_demo(settings: DemoSettings, out: Console) -> DemoReport:
         story.note(
             f"head still at revision {revision} ({snapshot.status.value}, hand-off "
             f"{snapshot.handoff_status.value}) {dot} lease {lease_text} {dot} "
-            f"outbox: {await backend.outbox.pending_count()} message not acked"
+            f"outbox: {await backend.consumer.pending_count()} message not acked"
         )
         if revision != handoff_token.snapshot_revision:
             raise DemoError(f"the crash moved the head to revision {revision}")

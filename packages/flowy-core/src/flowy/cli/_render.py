@@ -14,10 +14,10 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TextIO, cast
 
-from ._checkpoint import RunStatus
-from ._events import EventType, RunEvent
-from ._graph import Graph
-from ._results import RunResult
+from .._events import EventType, RunEvent
+from .._graph import Graph
+from .._results import RunResult
+from ..storage import RunStatus
 
 __all__ = [
     "ColorMode",

@@ -4,8 +4,9 @@ write transactions and the translation of ``sqlite3`` errors into flowy errors.
 
 Every blocking ``sqlite3`` call runs on the database's single worker thread (a
 connection is bound to the thread that made it), so the event loop never waits on disk
-or on another process's lock. An ``asyncio.Lock`` keeps the calls of one transaction
-together: nothing else runs on the connection between ``BEGIN IMMEDIATE`` and ``COMMIT``.
+or on another process's lock. Each write is one job on that thread, wrapped in
+``BEGIN IMMEDIATE`` … ``COMMIT`` (:func:`immediate`): nothing else runs on the
+connection in between, and a cancelled caller cannot leave a transaction open.
 
 Several processes may open the same file: SQLite's file locks serialise writers
 (``BEGIN IMMEDIATE`` takes the write lock up front and waits up to ``busy_timeout``),
@@ -16,17 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import os
 import sqlite3
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
-from types import TracebackType
-from typing import Any, Literal, Self, TypeVar, cast
+from typing import Literal, TypeVar
 
-from ._errors import (
+from .._errors import (
     SchemaVersionError,
     SnapshotTooLargeError,
     SQLiteFileError,
@@ -40,9 +38,6 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "SQLiteDatabase",
-    "SQLiteFileError",
-    "SQLiteResource",
-    "SQLiteTransaction",
     "StrPath",
     "immediate",
 ]
@@ -105,11 +100,6 @@ SCHEMA_VERSION = len(MIGRATIONS)
 _CLOSED_HINT = "open a new SQLiteBackend (or component) to use the file again"
 
 
-_active_tx: contextvars.ContextVar[SQLiteTransaction | None] = contextvars.ContextVar(
-    "flowy_sqlite_active_tx", default=None
-)
-
-
 def immediate(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
     """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction: commit if it returns, roll
     back if it raises. Runs on the worker thread."""
@@ -129,43 +119,6 @@ def _rollback(conn: sqlite3.Connection | None) -> None:
         # transaction whose connection closes anyway.
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-
-
-class SQLiteTransaction:
-    """The explicit transaction handle ``SQLiteCheckpointer.save_with_outbox`` passes to
-    its ``enqueue`` callback.
-
-    Hand it to ``SQLiteOutbox.enqueue_intent_tx``, or write the application's own rows
-    with :meth:`execute`: all of it commits with the checkpoint or not at all. The handle
-    is usable only while the callback runs.
-    """
-
-    def __init__(self, database: SQLiteDatabase) -> None:
-        self._database = database
-
-    @property
-    def database(self) -> SQLiteDatabase:
-        """The database (connection) this transaction runs on."""
-        return self._database
-
-    @property
-    def is_open(self) -> bool:
-        """True while the transaction can still take writes."""
-        return self._database.active_transaction is self
-
-    async def run(self, job: Callable[[sqlite3.Connection], T], action: str) -> T:
-        """Run ``job(connection)`` on the worker thread inside this transaction."""
-        return await self._database.run_in(self, job, action)
-
-    async def execute(
-        self, sql: str, parameters: Sequence[object] | Mapping[str, object] = ()
-    ) -> list[tuple[Any, ...]]:
-        """Execute one SQL statement inside the transaction and return its rows."""
-
-        def job(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            return cast(list[tuple[Any, ...]], conn.execute(sql, parameters).fetchall())
-
-        return await self.run(job, "execute a statement in a save_with_outbox transaction")
 
 
 class SQLiteDatabase:
@@ -211,7 +164,6 @@ class SQLiteDatabase:
         self._conn: sqlite3.Connection | None = None  # used on the worker thread only
         self._ready = False  # the schema check passed (worker thread only)
         self._closed = False
-        self._active: SQLiteTransaction | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
@@ -221,14 +173,10 @@ class SQLiteDatabase:
 
     # -- identity -------------------------------------------------------------------
 
-    def same_domain(self, other: SQLiteDatabase) -> bool:
-        """True if ``other`` is the same file (one coordination domain)."""
-        return other is self or (self._domain is not None and self._domain == other._domain)
-
     @property
-    def active_transaction(self) -> SQLiteTransaction | None:
-        """The transaction ``save_with_outbox`` holds open right now, if any."""
-        return self._active
+    def domain(self) -> object:
+        """The coordination domain: the file's real path (this object for ``:memory:``)."""
+        return self._domain if self._domain is not None else self
 
     @property
     def closed(self) -> bool:
@@ -253,24 +201,10 @@ class SQLiteDatabase:
             raise StorageUnavailableError(
                 f"the SQLite database {self.path!r} is closed (aclose() was called); {_CLOSED_HINT}"
             )
-        tx = _active_tx.get()
-        if tx is not None and tx.database is self and tx.is_open:
-            raise RuntimeError(
-                f"cannot use the SQLite database {self.path!r} from inside the enqueue "
-                "callback of save_with_outbox: its transaction holds the connection. "
-                "Write through the transaction handle instead "
-                "(outbox.enqueue_intent_tx(tx, intent) or tx.execute(...))."
-            )
 
     async def _submit(self, job: Job[T], action: str, *, check_schema: bool = True) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._call, job, action, check_schema)
-
-    async def _shielded(self, job: Job[object], action: str) -> None:
-        # Queued at once and never cancelled: the worker runs jobs in order, so it takes
-        # effect before any job queued later, even if the awaiting task is cancelled.
-        future = self._executor.submit(self._call_open, job, action)
-        await asyncio.shield(asyncio.wrap_future(future))
 
     async def run(self, job: Job[T], action: str) -> T:
         """Run ``job(connection)`` on the worker thread; ``action`` names it in errors.
@@ -283,49 +217,6 @@ class SQLiteDatabase:
         async with lock:
             self._check_usable()
             return await self._submit(job, action)
-
-    async def run_in(self, tx: SQLiteTransaction, job: Job[T], action: str) -> T:
-        """Run ``job`` inside ``tx``, which must be this database's open transaction."""
-        if tx.database is not self:
-            raise ValueError(
-                f"the transaction handle belongs to {tx.database!r}, not to {self!r}; "
-                "build the checkpointer and the outbox on one SQLiteBackend (or one "
-                "SQLiteDatabase) so they share a connection"
-            )
-        if not tx.is_open:
-            raise RuntimeError(
-                "the save_with_outbox transaction is over; write through its handle only "
-                "inside the enqueue callback, before it returns"
-            )
-        return await self._submit(job, action)
-
-    @asynccontextmanager
-    async def transaction(self, action: str) -> AsyncGenerator[SQLiteTransaction, None]:
-        """Hold one ``BEGIN IMMEDIATE`` transaction across several awaits.
-
-        Commits when the block ends, rolls back if it raises (cancellation included).
-        Waiting claimers are woken after a commit.
-        """
-        self._check_usable()
-        lock, wakeup = self._primitives()
-        async with lock:
-            self._check_usable()
-            tx = SQLiteTransaction(self)
-            self._active = tx
-            token = _active_tx.set(tx)
-            try:
-                await self._submit(_begin, action)
-                yield tx
-                self._active = None
-                await self._shielded(_commit, action)
-            except BaseException:
-                self._active = None
-                await self._shielded(_rollback_job, action)
-                raise
-            finally:
-                self._active = None
-                _active_tx.reset(token)
-        wakeup.set()
 
     def notify(self) -> None:
         """Wake the tasks of this process waiting in ``claim(wait=...)``."""
@@ -382,14 +273,6 @@ class SQLiteDatabase:
             return job(conn)
         except sqlite3.Error as exc:
             raise self._translate(exc, action) from exc
-
-    def _call_open(self, job: Job[object], action: str) -> None:
-        # Only for commit / rollback: never (re)opens the file.
-        if self._conn is not None:
-            try:
-                job(self._conn)
-            except sqlite3.Error as exc:
-                raise self._translate(exc, action) from exc
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
@@ -525,66 +408,3 @@ class SQLiteDatabase:
                 "before retrying"
             )
         return StorageError(f"{where} failed to {action}: {exc}")
-
-
-def _begin(conn: sqlite3.Connection) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-
-
-def _commit(conn: sqlite3.Connection) -> None:
-    try:
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-
-
-def _rollback_job(conn: sqlite3.Connection) -> None:
-    _rollback(conn)
-
-
-class SQLiteResource:
-    """Base of the SQLite backend objects: the database they use and its lifecycle.
-
-    ``database`` is a path (this object opens its own connection) or a
-    :class:`SQLiteDatabase` shared with other objects. Closing any of them closes the
-    shared connection.
-    """
-
-    def __init__(self, database: StrPath | SQLiteDatabase) -> None:
-        self.database: SQLiteDatabase = (
-            database if isinstance(database, SQLiteDatabase) else SQLiteDatabase(database)
-        )
-
-    @property
-    def path(self) -> str:
-        """The database file."""
-        return self.database.path
-
-    async def open(self) -> None:
-        """Open the file now and check its schema (operations otherwise do it lazily)."""
-        await self.database.open()
-
-    async def migrate(self) -> int:
-        """Create or upgrade the schema of the file; see :meth:`SQLiteDatabase.migrate`."""
-        return await self.database.migrate()
-
-    async def aclose(self) -> None:
-        """Close the database connection and its worker thread. Idempotent."""
-        await self.database.aclose()
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.open()
-        except BaseException:
-            await self.aclose()
-            raise
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

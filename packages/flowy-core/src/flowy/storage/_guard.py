@@ -10,18 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Generic
 
-from ._checkpoint import (
-    Checkpointer,
-    EnqueueCallback,
-    HandoffStatus,
-    Lease,
-    LeaseManager,
-    Snapshot,
-    ThreadSummary,
-    TransactionalCheckpointer,
-)
-from ._errors import LeaseLostError, ThreadLeaseBusyError
-from ._types import S
+from .._errors import LeaseLostError, ThreadLeaseBusyError
+from .._types import S
+from ._codecs import StateCodec
+from ._model import HandoffStatus, Lease, Snapshot, ThreadSummary
+from ._protocols import Checkpointer, EnqueueCallback, LeaseManager, TransactionalCheckpointer
 
 __all__ = ["LeaseGuardCheckpointer"]
 
@@ -32,6 +25,11 @@ class LeaseGuardCheckpointer(Generic[S]):
     def __init__(self, inner: Checkpointer[S], leases: LeaseManager) -> None:
         self.inner = inner
         self.leases = leases
+
+    @property
+    def codec(self) -> StateCodec[S] | None:
+        """The inner checkpointer's codec."""
+        return self.inner.codec
 
     @property
     def transactional(self) -> bool:
@@ -49,9 +47,14 @@ class LeaseGuardCheckpointer(Generic[S]):
                 raise ThreadLeaseBusyError(
                     f"thread {thread_id!r} is leased by {live.owner!r}; save with its lease"
                 )
-        elif live is None or live.token != lease.token or live.owner != lease.owner:
+        elif (
+            live is None
+            or live.fencing_token != lease.fencing_token
+            or live.owner != lease.owner
+            or lease.thread_id != thread_id
+        ):
             raise LeaseLostError(
-                f"save refused: lease {lease.token} of {lease.owner!r} on thread "
+                f"save refused: lease {lease.fencing_token} of {lease.owner!r} on thread "
                 f"{thread_id!r} is no longer live (fenced)"
             )
 
@@ -104,5 +107,8 @@ class LeaseGuardCheckpointer(Generic[S]):
         *,
         handoff_statuses: frozenset[HandoffStatus] | None = None,
         limit: int = 100,
+        after: str | None = None,
     ) -> list[ThreadSummary]:
-        return await self.inner.list_threads(handoff_statuses=handoff_statuses, limit=limit)
+        return await self.inner.list_threads(
+            handoff_statuses=handoff_statuses, limit=limit, after=after
+        )

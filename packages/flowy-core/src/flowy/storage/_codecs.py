@@ -16,9 +16,9 @@ import types
 import typing
 from typing import Any, Generic, Protocol, cast, runtime_checkable
 
-from ._types import S
+from .._types import S
 
-__all__ = ["JSONCodec", "MsgspecCodec", "StateCodec"]
+__all__ = ["JSONCodec", "MsgspecCodec", "StateCodec", "json_default"]
 
 
 @runtime_checkable
@@ -36,7 +36,7 @@ class StateCodec(Protocol[S]):
         ...
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     """``json.dumps`` hook for the types JSON lacks (called only for those)."""
     if isinstance(value, enum.Enum):
         return value.value
@@ -54,7 +54,25 @@ def _json_default(value: Any) -> Any:
     )
 
 
-def _from_json(tp: Any, value: Any) -> Any:
+class _Mismatch(ValueError):
+    """A stored value that does not fit the declared type, with where it sits."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path or 'state'}: {message}")
+        self.path = path
+
+
+def _name(tp: object) -> str:
+    return str(getattr(tp, "__name__", tp))
+
+
+def _at(path: str, key: object) -> str:
+    return f"{path}.{key}" if isinstance(key, str) and key.isidentifier() else f"{path}[{key!r}]"
+
+
+def _from_json(tp: Any, value: Any, path: str = "") -> Any:
+    """Convert the JSON ``value`` into ``tp``; a mismatch raises ``_Mismatch`` naming the
+    field (``state.items[2].amount``)."""
     if tp is Any or tp is object:
         return value
     origin = typing.get_origin(tp)
@@ -67,65 +85,87 @@ def _from_json(tp: Any, value: Any) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _from_json(arg, value)
+                return _from_json(arg, value, path)
             except (TypeError, ValueError) as exc:
                 errors.append(str(exc))
-        raise ValueError(f"{value!r} matches no member of {tp}: {errors}")
+        raise _Mismatch(path, f"{value!r:.80} matches no member of {tp}")
     if origin is typing.Literal:
         if value not in typing.get_args(tp):
-            raise ValueError(f"{value!r} is not one of {typing.get_args(tp)}")
+            raise _Mismatch(path, f"{value!r:.80} is not one of {typing.get_args(tp)}")
         return value
     if origin in (list, set, frozenset, tuple) or tp in (list, set, frozenset, tuple):
         if not isinstance(value, list):
-            raise ValueError(f"expected a list for {tp}, got {value!r}")
+            raise _Mismatch(path, f"expected a list for {tp}, got {value!r:.80}")
         args = typing.get_args(tp)
         items = cast("list[Any]", value)
         if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             if len(args) != len(items):
-                raise ValueError(f"expected {len(args)} items for {tp}, got {len(items)}")
-            return tuple(_from_json(a, v) for a, v in zip(args, items, strict=True))
+                raise _Mismatch(path, f"expected {len(args)} items for {tp}, got {len(items)}")
+            return tuple(
+                _from_json(a, v, f"{path}[{i}]")
+                for i, (a, v) in enumerate(zip(args, items, strict=True))
+            )
         item_tp = args[0] if args else Any
-        converted = [_from_json(item_tp, v) for v in items]
+        converted = [_from_json(item_tp, v, f"{path}[{i}]") for i, v in enumerate(items)]
         container: Any = origin or tp
         return converted if container is list else container(converted)
     if origin is dict or tp is dict or origin in (typing.Mapping, dict):
         if not isinstance(value, dict):
-            raise ValueError(f"expected an object for {tp}, got {value!r}")
+            raise _Mismatch(path, f"expected an object for {tp}, got {value!r:.80}")
         args = typing.get_args(tp)
         val_tp = args[1] if len(args) == 2 else Any
-        return {k: _from_json(val_tp, v) for k, v in cast(dict[str, Any], value).items()}
+        return {
+            k: _from_json(val_tp, v, _at(path, k)) for k, v in cast(dict[str, Any], value).items()
+        }
     if isinstance(tp, type):
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
-                raise ValueError(f"expected an object for {tp.__name__}, got {value!r}")
+                raise _Mismatch(path, f"expected an object for {tp.__name__}, got {value!r:.80}")
             hints = typing.get_type_hints(tp)
             raw = cast(dict[str, Any], value)
-            kwargs = {
-                f.name: _from_json(hints.get(f.name, Any), raw[f.name])
-                for f in dataclasses.fields(tp)
-                if f.name in raw
-            }
+            kwargs: dict[str, Any] = {}
+            for f in dataclasses.fields(tp):
+                if f.name in raw:
+                    kwargs[f.name] = _from_json(
+                        hints.get(f.name, Any), raw[f.name], _at(path, f.name)
+                    )
+                elif (
+                    f.init
+                    and f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING
+                ):
+                    raise _Mismatch(
+                        _at(path, f.name),
+                        f"missing in the stored state, and {tp.__name__}.{f.name} has no default",
+                    )
             return tp(**kwargs)
         if issubclass(tp, enum.Enum):
-            return tp(value)
-        if issubclass(tp, dt.datetime):
-            return dt.datetime.fromisoformat(value)
-        if issubclass(tp, dt.date):
-            return dt.date.fromisoformat(value)
-        if issubclass(tp, dt.timedelta):
-            return dt.timedelta(seconds=value)
+            try:
+                return tp(value)
+            except ValueError:
+                raise _Mismatch(path, f"{value!r:.80} is not a {tp.__name__}") from None
+        try:
+            if issubclass(tp, dt.datetime):
+                return dt.datetime.fromisoformat(value)
+            if issubclass(tp, dt.date):
+                return dt.date.fromisoformat(value)
+            if issubclass(tp, dt.timedelta):
+                return dt.timedelta(seconds=value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _Mismatch(path, f"expected {_name(cast(object, tp))}: {exc}") from None
         if typing.is_typeddict(cast(Any, tp)):
             if not isinstance(value, dict):
-                raise ValueError(f"expected an object for {tp!r}, got {value!r}")
+                raise _Mismatch(path, f"expected an object for {tp!r}, got {value!r:.80}")
             hints = typing.get_type_hints(cast(Any, tp))
             return {
-                k: _from_json(hints.get(k, Any), v) for k, v in cast(dict[str, Any], value).items()
+                k: _from_json(hints.get(k, Any), v, _at(path, k))
+                for k, v in cast(dict[str, Any], value).items()
             }
         if tp is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if tp in (int, float, str, bool):
             if type(value) is not tp:
-                raise ValueError(f"expected {tp.__name__}, got {value!r}")
+                raise _Mismatch(path, f"expected {tp.__name__}, got {value!r:.80}")
             return value
     return value
 
@@ -147,7 +187,7 @@ class JSONCodec(Generic[S]):
     def encode(self, state: S) -> bytes:
         """Encode ``state`` as compact UTF-8 JSON; ``TypeError`` if a value is not encodable."""
         return json.dumps(
-            state, default=_json_default, separators=(",", ":"), ensure_ascii=False
+            state, default=json_default, separators=(",", ":"), ensure_ascii=False
         ).encode()
 
     def decode(self, data: bytes) -> S:
@@ -159,7 +199,9 @@ class JSONCodec(Generic[S]):
         if self.state_type is None:
             return cast(S, value)
         try:
-            return cast(S, _from_json(self.state_type, value))
+            return cast(S, _from_json(self.state_type, value, "state"))
+        except _Mismatch:
+            raise
         except (TypeError, KeyError) as exc:
             raise ValueError(f"state does not match {self.state_type!r}: {exc}") from exc
 

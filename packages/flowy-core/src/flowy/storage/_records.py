@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ._checkpoint import HandoffStatus, RunStatus, Snapshot
-from ._codecs import JSONCodec, StateCodec
-from ._errors import SnapshotEnvelopeInvalidError
-from ._types import JSON, S
+from .._errors import SnapshotEnvelopeInvalidError
+from .._types import JSON, S
+from ._codecs import JSONCodec, StateCodec, json_default
+from ._intents import loads_bounded
+from ._model import HandoffStatus, RunStatus, Snapshot
 
 __all__ = [
     "FORMAT_VERSION",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 1024 * 1024
+"""The largest record header decoded (thread id, pointer, metadata, effects)."""
+MAX_HEADER_DEPTH = 64
+"""The deepest nesting a record header may have (metadata and effects included)."""
 _MAGIC = b"FLWY"
 _DIGEST = 16
 _U32 = struct.Struct(">I")
@@ -63,6 +68,8 @@ class Record:
     handoff_pending_at: float | None = None
     updated_at: float = 0.0
     write_id: str = ""
+    effects: tuple[JSON, ...] = ()
+    retry_counts: Mapping[str, int] = field(default_factory=lambda: {})
     format_version: int = FORMAT_VERSION
 
     @classmethod
@@ -73,9 +80,9 @@ class Record:
         c: StateCodec[Any] = codec if codec is not None else JSONCodec()
         try:
             state = c.encode(snapshot.state)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise TypeError(
-                f"cannot encode the state of thread {snapshot.thread_id!r} with {c!r}: {exc}"
+                f"cannot encode the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
             ) from exc
         return cls(
             thread_id=snapshot.thread_id,
@@ -94,6 +101,8 @@ class Record:
             handoff_pending_at=snapshot.handoff_pending_at,
             updated_at=snapshot.updated_at,
             write_id=snapshot.write_id,
+            effects=tuple(snapshot.effects),
+            retry_counts=dict(snapshot.retry_counts),
         )
 
     def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
@@ -107,9 +116,15 @@ class Record:
             )
         try:
             state = c.decode(self.state)
+        except RecursionError:
+            raise SnapshotEnvelopeInvalidError(
+                f"state of thread {self.thread_id!r:.200} rev {self.revision} is nested too "
+                "deeply to decode"
+            ) from None
         except (TypeError, ValueError) as exc:
             raise SnapshotEnvelopeInvalidError(
-                f"state of thread {self.thread_id!r} rev {self.revision} does not decode: {exc}"
+                f"state of thread {self.thread_id!r:.200} rev {self.revision} does not "
+                f"decode with {c!r}: {exc}"
             ) from exc
         return Snapshot(
             thread_id=self.thread_id,
@@ -127,6 +142,8 @@ class Record:
             handoff_pending_at=self.handoff_pending_at,
             updated_at=self.updated_at,
             write_id=self.write_id,
+            effects=self.effects,
+            retry_counts=dict(self.retry_counts),
         )
 
 
@@ -141,27 +158,36 @@ class DecodeRecordOptions:
 
 def encode_record(record: Record) -> bytes:
     """Encode a record into envelope bytes."""
-    header = json.dumps(
-        {
-            "thread_id": record.thread_id,
-            "revision": record.revision,
-            "execution_pointer": record.execution_pointer,
-            "status": record.status.value,
-            "codec": record.codec,
-            "reason": record.reason,
-            "step_count": record.step_count,
-            "segment": record.segment,
-            "total_steps": record.total_steps,
-            "budget_counts": dict(record.budget_counts),
-            "metadata": dict(record.metadata),
-            "handoff_status": record.handoff_status.value,
-            "handoff_pending_at": record.handoff_pending_at,
-            "updated_at": record.updated_at,
-            "write_id": record.write_id,
-        },
-        separators=(",", ":"),
-        ensure_ascii=False,
-    ).encode("utf-8")
+    fields: dict[str, object] = {
+        "thread_id": record.thread_id,
+        "revision": record.revision,
+        "execution_pointer": record.execution_pointer,
+        "status": record.status.value,
+        "codec": record.codec,
+        "reason": record.reason,
+        "step_count": record.step_count,
+        "segment": record.segment,
+        "total_steps": record.total_steps,
+        "budget_counts": dict(record.budget_counts),
+        "metadata": dict(record.metadata),
+        "handoff_status": record.handoff_status.value,
+        "handoff_pending_at": record.handoff_pending_at,
+        "updated_at": record.updated_at,
+        "write_id": record.write_id,
+    }
+    if record.effects:
+        fields["effects"] = list(record.effects)
+    if record.retry_counts:
+        fields["retry_counts"] = dict(record.retry_counts)
+    try:
+        header = json.dumps(
+            fields, default=json_default, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(
+            f"cannot encode the run metadata or effects of thread {record.thread_id!r:.200} "
+            f"as JSON: {exc}"
+        ) from exc
     body = b"".join(
         (
             _MAGIC,
@@ -212,9 +238,11 @@ def decode_record(
     if hend + 4 + slen != len(buf) - _DIGEST:
         raise _invalid("state length does not match the record size")
     try:
-        header = json.loads(buf[9:hend])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _invalid(f"header is not JSON: {exc}") from exc
+        header = loads_bounded(
+            buf[9:hend], max_bytes=MAX_HEADER_BYTES, max_depth=MAX_HEADER_DEPTH, what="header"
+        )
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
     if not isinstance(header, dict):
         raise _invalid("header is not an object")
     h = cast(dict[str, Any], header)
@@ -235,6 +263,15 @@ def decode_record(
     budget_counts = _field(h, "budget_counts", dict)
     if not all(isinstance(v, int) for v in cast(dict[str, Any], budget_counts).values()):
         raise _invalid("budget_counts values must be integers")
+    effects = h.get("effects", [])
+    if not isinstance(effects, list):
+        raise _invalid("effects must be a list")
+    retry_counts = h.get("retry_counts", {})
+    if not isinstance(retry_counts, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool)
+        for v in cast(dict[str, Any], retry_counts).values()
+    ):
+        raise _invalid("retry_counts must map node names to integers")
     pending_at = h.get("handoff_pending_at")
     if pending_at is not None and not isinstance(pending_at, int | float):
         raise _invalid("handoff_pending_at must be a number or null")
@@ -266,6 +303,8 @@ def decode_record(
         handoff_pending_at=None if pending_at is None else float(pending_at),
         updated_at=float(_field(h, "updated_at", (int, float))),
         write_id=_field(h, "write_id", str),
+        effects=tuple(cast(list[JSON], effects)),
+        retry_counts=cast(dict[str, int], retry_counts),
         format_version=version,
     )
 

@@ -1,0 +1,141 @@
+"""``flowy.connect(url)``: open any store by URL.
+
+Core knows ``memory://`` and ``sqlite:`` itself; every other scheme comes from an
+installed adapter that registers an opener in the ``flowy.backends`` entry-point group
+(core never imports an adapter). An opener is ``async def open_backend(url: StoreURL,
+*, codec) -> BaseBackend`` returning an unopened backend; ``connect`` opens it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from collections.abc import Awaitable, Callable, Generator
+from types import TracebackType
+from typing import Any, cast
+
+from ._errors import BackendURLError
+from .storage import Backend, BaseBackend, StateCodec, StoreURL
+
+__all__ = ["ENTRY_POINT_GROUP", "Connecting", "connect", "schemes"]
+
+ENTRY_POINT_GROUP = "flowy.backends"
+"""The entry-point group adapters register their openers in (name: the URL scheme)."""
+
+Opener = Callable[..., Awaitable[BaseBackend[Any]]]
+
+_BUILTIN = {
+    "memory": "flowy.memory:open_backend",
+    "sqlite": "flowy.sqlite:open_backend",
+}
+
+_EXTRAS = {
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "redis": "redis",
+    "rediss": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "dynamodb": "dynamodb",
+}
+
+
+def _load(spec: str) -> Opener:
+    module, _, attr = spec.partition(":")
+    return cast(Opener, getattr(importlib.import_module(module), attr))
+
+
+def _registered() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def schemes() -> list[str]:
+    """The URL schemes ``connect`` can open here (built in and installed adapters)."""
+    return sorted(set(_BUILTIN) | set(_registered()))
+
+
+def _opener(url: StoreURL) -> Opener:
+    if url.scheme in _BUILTIN:
+        return _load(_BUILTIN[url.scheme])
+    entry = _registered().get(url.scheme)
+    if entry is not None:
+        try:
+            return cast(Opener, entry.load())
+        except ImportError as exc:
+            raise BackendURLError(
+                f"the adapter for {url.scheme}:// is registered but does not import ({exc}); "
+                f'reinstall it: pip install "flowy-core[{_EXTRAS.get(url.scheme, url.scheme)}]"'
+            ) from exc
+    extra = _EXTRAS.get(url.scheme)
+    if extra is not None:
+        raise BackendURLError(
+            f"{url.redacted!r} needs the flowy-{extra} adapter, which is not installed: "
+            f'pip install "flowy-core[{extra}]"'
+        )
+    raise BackendURLError(
+        f"unknown store scheme {url.scheme!r} in {url.redacted!r}; known here: "
+        f"{', '.join(s + '://' for s in schemes())}"
+    )
+
+
+def _parse(url: str) -> StoreURL:
+    if isinstance(url, str) and "://" not in url and url.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
+        # A bare path is a SQLite file.
+        return StoreURL("sqlite:///" + url, "sqlite", "", "/" + url, {})
+    return StoreURL.parse(url)
+
+
+async def _open(url: str, codec: StateCodec[Any] | None) -> Backend[Any]:
+    parsed = _parse(url)
+    backend = await _opener(parsed)(parsed, codec=codec)
+    await backend.open()
+    return cast(Backend[Any], backend)
+
+
+class Connecting:
+    """What :func:`connect` returns: await it for the backend, or use it as
+    ``async with`` to close the backend on exit."""
+
+    def __init__(self, url: str, codec: StateCodec[Any] | None) -> None:
+        self._url = url
+        self._codec = codec
+        self._backend: Backend[Any] | None = None
+
+    def __await__(self) -> Generator[Any, None, Backend[Any]]:
+        return _open(self._url, self._codec).__await__()
+
+    async def __aenter__(self) -> Backend[Any]:
+        self._backend = await _open(self._url, self._codec)
+        return self._backend
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._backend is not None:
+            await self._backend.aclose()
+
+
+def connect(url: str, *, codec: StateCodec[Any] | None = None) -> Connecting:
+    """Open the store at ``url``::
+
+        backend = await flowy.connect("sqlite:///flowy.db")
+        async with flowy.connect("postgresql://app@db/app?schema=flowy") as backend:
+            runner = flowy.Runner(graph, backend)
+
+    Schemes: ``memory://`` (``memory://NAME`` shares a store by name in this process),
+    ``sqlite:///path.db`` or a bare path, ``postgresql://…`` / ``postgres://…``
+    (flowy-postgres), ``redis://…``, ``rediss://…``, ``redis+cluster://…``
+    (flowy-redis), ``dynamodb://TABLE?region=…`` (flowy-dynamodb). Store options are
+    query parameters, documented per store in ``docs/storage.md``; an unknown one is an
+    error. ``codec`` encodes states (by default the runner uses a typed graph's state
+    type). A new store gets its schema; an older schema needs ``await
+    backend.migrate()``.
+
+    Raises ``BackendURLError`` for a malformed URL, an unknown scheme or option, or an
+    adapter that is not installed (naming the ``pip install`` to run); passwords never
+    appear in its message.
+    """
+    return Connecting(url, codec)

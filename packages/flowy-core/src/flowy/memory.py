@@ -1,0 +1,378 @@
+"""The in-memory store: the reference implementation of every storage contract.
+
+``flowy.connect("memory://")`` opens a new, private store; ``memory://NAME`` opens the
+store called ``NAME`` in this process (created on first use), so several runners and
+workers of one process can share it. Records are stored encoded, so envelope and codec
+rules hold exactly as in durable stores. Everything lives in this process's memory and
+is gone when it exits: for development and tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic
+
+from ._types import S
+from .storage import (
+    BaseBackend,
+    BaseCheckpointer,
+    BaseConsumer,
+    BaseLeaseManager,
+    BaseOutbox,
+    Busy,
+    HandoffStatus,
+    Lease,
+    OutboxRow,
+    RawMessage,
+    Refused,
+    StateCodec,
+    StoreURL,
+    ThreadSummary,
+    Write,
+)
+
+__all__ = [
+    "MemoryBackend",
+    "MemoryCheckpointer",
+    "MemoryConsumer",
+    "MemoryLeaseManager",
+    "MemoryOutbox",
+    "MemoryStore",
+]
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class _Thread:
+    head: int = 0
+    summary: ThreadSummary | None = None
+    history: dict[int, bytes] = field(default_factory=lambda: {})
+
+
+@dataclass
+class _Message:
+    message_id: str
+    thread_id: str
+    committed_revision: int
+    payload: bytes
+    attempts: int = 0
+    visible_at: float = 0.0
+    error: str = ""
+
+
+class MemoryStore:
+    """The data of one in-memory store, shared by its components."""
+
+    def __init__(self, *, clock: Clock = time.time) -> None:
+        self.clock = clock
+        self.threads: dict[str, _Thread] = {}
+        self.leases: dict[str, Lease] = {}
+        self.tokens: dict[str, int] = {}
+        self.messages: dict[str, _Message] = {}
+        self.dead: dict[str, _Message] = {}
+        self.ids = itertools.count(1)
+        self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+
+    def live_lease(self, thread_id: str) -> Lease | None:
+        """The thread's lease if it has not expired."""
+        lease = self.leases.get(thread_id)
+        if lease is not None and lease.expires_at > self.clock():
+            return lease
+        return None
+
+    def wakeup(self) -> asyncio.Event:
+        """The event that wakes this loop's waiting consumers."""
+        loop = asyncio.get_running_loop()
+        event = self._wakeups.get(loop)
+        if event is None:
+            self._wakeups = {lp: ev for lp, ev in self._wakeups.items() if not lp.is_closed()}
+            event = self._wakeups[loop] = asyncio.Event()
+        return event
+
+    def notify(self) -> None:
+        """Wake waiting consumers (of every event loop using this store)."""
+        for loop, event in list(self._wakeups.items()):
+            if loop.is_closed():
+                continue
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                event.set()
+            else:
+                loop.call_soon_threadsafe(event.set)
+
+    def append(self, row: OutboxRow) -> None:
+        """Add an outbox row unless its (thread, revision) is there; revive a dead copy."""
+        for entry in self.messages.values():
+            if (
+                entry.thread_id == row.thread_id
+                and entry.committed_revision == row.committed_revision
+            ):
+                return
+        for message_id, entry in list(self.dead.items()):
+            if (
+                entry.thread_id == row.thread_id
+                and entry.committed_revision == row.committed_revision
+            ):
+                entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
+                self.messages[message_id] = self.dead.pop(message_id)
+                self.notify()
+                return
+        message_id = str(next(self.ids))
+        self.messages[message_id] = _Message(
+            message_id, row.thread_id, row.committed_revision, row.payload
+        )
+        self.notify()
+
+
+class MemoryCheckpointer(BaseCheckpointer[S]):
+    """The checkpointer of a :class:`MemoryStore` (native fencing, transactional).
+
+    Components built without a store each get a private one; give them one store (or
+    use :class:`MemoryBackend`) to fence and commit hand-offs together.
+    """
+
+    def __init__(
+        self, store: MemoryStore | None = None, *, codec: StateCodec[S] | None = None
+    ) -> None:
+        super().__init__(codec=codec)
+        self.store = store if store is not None else MemoryStore()
+        self.domain = self.store
+
+    async def _write(self, write: Write) -> Refused | None:
+        store = self.store
+        thread = store.threads.get(write.thread_id)
+        actual = thread.head if thread is not None else 0
+        holder = store.live_lease(write.thread_id)
+        lease = write.lease
+        fenced = (
+            holder is None
+            if lease is None
+            else holder is not None
+            and holder.owner == lease.owner
+            and holder.fencing_token == lease.fencing_token
+        )
+        if actual != write.expected_revision or not fenced:
+            return Refused(actual, holder)
+        if thread is None:
+            thread = store.threads[write.thread_id] = _Thread()
+        thread.history[write.revision] = write.record
+        thread.head = write.revision
+        thread.summary = write.summary
+        for row in write.outbox:
+            store.append(row)
+        return None
+
+    async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        thread = self.store.threads.get(thread_id)
+        if thread is None or thread.head == 0:
+            return None
+        return thread.head, thread.history[thread.head]
+
+    async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
+        thread = self.store.threads.get(thread_id)
+        if thread is None:
+            return []
+        return [(r, thread.history[r]) for r in sorted(thread.history, reverse=True)[:limit]]
+
+    async def _prune(self, thread_id: str, keep: int) -> None:
+        thread = self.store.threads.get(thread_id)
+        if thread is None:
+            return
+        kept = set(sorted(thread.history, reverse=True)[:keep]) | {thread.head}
+        for revision in [r for r in thread.history if r not in kept]:
+            del thread.history[revision]
+
+    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        holder = self.store.live_lease(thread_id)
+        if if_idle and holder is not None:
+            return holder
+        self.store.threads.pop(thread_id, None)
+        return None
+
+    async def _list_heads(
+        self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
+    ) -> list[ThreadSummary]:
+        out: list[ThreadSummary] = []
+        for thread_id in sorted(self.store.threads):
+            if after is not None and thread_id <= after:
+                continue
+            summary = self.store.threads[thread_id].summary
+            if summary is None or (statuses is not None and summary.handoff_status not in statuses):
+                continue
+            out.append(summary)
+            if len(out) >= limit:
+                break
+        return out
+
+
+class MemoryLeaseManager(BaseLeaseManager):
+    """The lease manager of a :class:`MemoryStore` (leases protect nothing across
+    processes: for development and tests)."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.store = store if store is not None else MemoryStore()
+        self.domain = self.store
+
+    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        store = self.store
+        live = store.live_lease(thread_id)
+        if live is not None:
+            return Busy(live)
+        token = store.tokens.get(thread_id, 0) + 1
+        store.tokens[thread_id] = token
+        lease = store.leases[thread_id] = Lease(thread_id, owner, token, store.clock() + ttl)
+        return lease
+
+    def _current(self, lease: Lease) -> bool:
+        live = self.store.live_lease(lease.thread_id)
+        return (
+            live is not None
+            and live.owner == lease.owner
+            and live.fencing_token == lease.fencing_token
+        )
+
+    async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
+        if not self._current(lease):
+            return None
+        renewed = self.store.leases[lease.thread_id] = replace(
+            self.store.leases[lease.thread_id], expires_at=self.store.clock() + ttl
+        )
+        return renewed
+
+    async def _release(self, lease: Lease) -> bool:
+        if not self._current(lease):
+            return False
+        del self.store.leases[lease.thread_id]
+        return True
+
+    async def _holder(self, thread_id: str) -> Lease | None:
+        return self.store.live_lease(thread_id)
+
+
+class MemoryOutbox(BaseOutbox):
+    """The outbox of a :class:`MemoryStore`."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.store = store if store is not None else MemoryStore()
+        self.domain = self.store
+
+    async def _append(self, row: OutboxRow) -> None:
+        self.store.append(row)
+
+
+class MemoryConsumer(BaseConsumer):
+    """The outbox consumer of a :class:`MemoryStore`."""
+
+    def __init__(self, store: MemoryStore | None = None, *, max_attempts: int = 5) -> None:
+        super().__init__(max_attempts=max_attempts)
+        self.store = store if store is not None else MemoryStore()
+        self.domain = self.store
+
+    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        now = self.store.clock()
+        out: list[RawMessage] = []
+        for entry in list(self.store.messages.values()):
+            if len(out) >= limit:
+                break
+            if entry.visible_at > now:
+                continue
+            entry.attempts += 1
+            entry.visible_at = now + visibility_timeout
+            out.append(RawMessage(entry.message_id, entry.payload, entry.attempts, entry.error))
+        return out
+
+    async def _ack(self, message_id: str) -> None:
+        self.store.messages.pop(message_id, None)
+
+    async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
+        entry = self.store.messages.get(message_id)
+        if entry is None:
+            return
+        entry.error = error
+        if dead:
+            self.store.dead[message_id] = self.store.messages.pop(message_id)
+        else:
+            entry.visible_at = self.store.clock() + delay
+            self.store.notify()
+
+    async def _dead_letters(self, limit: int) -> list[RawMessage]:
+        return [
+            RawMessage(e.message_id, e.payload, e.attempts, e.error)
+            for e in list(self.store.dead.values())[:limit]
+        ]
+
+    async def _retry_dead_letter(self, message_id: str) -> bool:
+        entry = self.store.dead.pop(message_id, None)
+        if entry is None:
+            return False
+        entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
+        self.store.messages[message_id] = entry
+        self.store.notify()
+        return True
+
+    async def _wait(self, seconds: float) -> None:
+        wakeup = self.store.wakeup()
+        wakeup.clear()
+        try:
+            await asyncio.wait_for(wakeup.wait(), min(seconds, 1.0))
+        except TimeoutError:
+            pass
+
+    def pending_count(self) -> int:
+        """Messages not yet acked (claimed or not), dead letters excluded."""
+        return len(self.store.messages)
+
+
+class MemoryBackend(BaseBackend[S], Generic[S]):
+    """An in-memory store: ``flowy.connect("memory://")``, or built directly.
+
+    Args:
+        store: the data to use (a new :class:`MemoryStore` by default).
+        codec: the state codec (JSON by default; a runner gives a typed graph's type).
+        max_attempts: deliveries of a hand-off message before it is dead-lettered.
+    """
+
+    def __init__(
+        self,
+        store: MemoryStore | None = None,
+        *,
+        codec: StateCodec[S] | None = None,
+        max_attempts: int = 5,
+        url: str = "memory://",
+    ) -> None:
+        self.store = store if store is not None else MemoryStore()
+        self.url = url
+        self.checkpointer: MemoryCheckpointer[S] = MemoryCheckpointer(self.store, codec=codec)
+        self.leases: MemoryLeaseManager = MemoryLeaseManager(self.store)
+        self.outbox: MemoryOutbox = MemoryOutbox(self.store)
+        self.consumer: MemoryConsumer = MemoryConsumer(self.store, max_attempts=max_attempts)
+
+    async def _open(self) -> None:
+        return None
+
+    async def _migrate(self) -> int:
+        return 1
+
+    async def _close(self) -> None:
+        return None
+
+
+_named: dict[str, MemoryStore] = {}
+
+OPTIONS = {"max_attempts": "deliveries before a hand-off is dead-lettered (default 5)"}
+
+
+async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> MemoryBackend[Any]:
+    """The opener of ``memory://`` (and ``memory://NAME`` for a store shared by name)."""
+    url.check_options(OPTIONS)
+    name = url.netloc + url.path.rstrip("/")
+    store = _named.setdefault(name, MemoryStore()) if name else MemoryStore()
+    return MemoryBackend(store, codec=codec, max_attempts=url.count("max_attempts", 5), url=url.raw)

@@ -1,0 +1,429 @@
+"""The primitives of the SQLite store: checkpointer, lease manager, outbox and consumer
+over one :class:`SQLiteDatabase` (one file, one coordination domain).
+
+Every write is one job on the database's worker thread inside ``BEGIN IMMEDIATE``, so
+"revision matches AND lease is mine", "checkpoint + outbox rows" and "claim this batch"
+are each one transaction. The file holds:
+
+- ``flowy_threads``: the head of each thread (revision, pointer, status, reason,
+  hand-off status and time, updated-at as columns, plus the head record), so ``load``
+  is one row read and ``list_threads`` an index range;
+- ``flowy_history``: every stored record, keyed by (thread, revision);
+- ``flowy_leases``: owner, fencing token and expiry per thread; a released or deleted
+  thread keeps its row, so tokens never go back;
+- ``flowy_outbox``: one row per (thread, committed revision), with attempts,
+  visibility, the last error and a dead-letter flag.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Generic
+
+from .._errors import SnapshotTooLargeError
+from .._types import S
+from ..storage import (
+    BaseCheckpointer,
+    BaseConsumer,
+    BaseLeaseManager,
+    BaseOutbox,
+    Busy,
+    HandoffStatus,
+    Lease,
+    OutboxRow,
+    RawMessage,
+    Refused,
+    StateCodec,
+    ThreadSummary,
+    Write,
+)
+from ._db import SQLiteDatabase, immediate
+
+__all__ = ["SQLiteCheckpointer", "SQLiteConsumer", "SQLiteLeaseManager", "SQLiteOutbox"]
+
+_UPSERT_HEAD = (
+    "INSERT INTO flowy_threads (thread_id, revision, pointer, status, reason, "
+    "handoff_status, handoff_pending_at, updated_at, record) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+    "revision = excluded.revision, pointer = excluded.pointer, status = excluded.status, "
+    "reason = excluded.reason, handoff_status = excluded.handoff_status, "
+    "handoff_pending_at = excluded.handoff_pending_at, updated_at = excluded.updated_at, "
+    "record = excluded.record"
+)
+
+# A live message is left as it is; a dead one comes back with its attempts reset.
+_APPEND = (
+    "INSERT INTO flowy_outbox (thread_id, committed_revision, payload, created_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id, committed_revision) DO UPDATE SET "
+    "payload = excluded.payload, attempts = 0, visible_at = 0, error = '', dead = 0 "
+    "WHERE dead = 1"
+)
+
+_SUMMARY_COLUMNS = (
+    "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at, updated_at"
+)
+
+
+def _live_lease(conn: sqlite3.Connection, thread_id: str, now: float) -> Lease | None:
+    row = conn.execute(
+        "SELECT owner, token, expires_at FROM flowy_leases WHERE thread_id = ?", (thread_id,)
+    ).fetchone()
+    if row is None or row[0] is None or float(row[2]) <= now:
+        return None
+    return Lease(thread_id, str(row[0]), int(row[1]), float(row[2]))
+
+
+def _holds(conn: sqlite3.Connection, lease: Lease, now: float) -> bool:
+    live = _live_lease(conn, lease.thread_id, now)
+    return (
+        live is not None and live.owner == lease.owner and live.fencing_token == lease.fencing_token
+    )
+
+
+def _append(conn: sqlite3.Connection, row: OutboxRow, now: float) -> None:
+    conn.execute(_APPEND, (row.thread_id, row.committed_revision, row.payload, now))
+
+
+class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
+    """The checkpointer of a SQLite file (native fencing, transactional)."""
+
+    def __init__(self, database: SQLiteDatabase, *, codec: StateCodec[S] | None = None) -> None:
+        super().__init__(codec=codec)
+        self.database = database
+        self.domain = database.domain
+
+    def _body(self, conn: sqlite3.Connection, write: Write) -> Refused | None:
+        now = self.database.clock()
+        thread_id = write.thread_id
+        holder = _live_lease(conn, thread_id, now)
+        lease = write.lease
+        if lease is None:
+            fenced = holder is None
+        else:
+            fenced = (
+                holder is not None
+                and holder.owner == lease.owner
+                and holder.fencing_token == lease.fencing_token
+            )
+        row = conn.execute(
+            "SELECT revision FROM flowy_threads WHERE thread_id = ?", (thread_id,)
+        ).fetchone()
+        actual = int(row[0]) if row is not None else 0
+        if not fenced or actual != write.expected_revision:
+            return Refused(actual, holder)
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+        if len(write.record) > limit:
+            raise SnapshotTooLargeError(
+                f"the record of thread {thread_id!r:.80} is {len(write.record)} bytes; this "
+                f"SQLite stores at most {limit} bytes per value. Keep large data outside the "
+                "state (store a reference)",
+                size=len(write.record),
+                limit=limit,
+            )
+        head = write.summary
+        conn.execute(
+            "INSERT OR REPLACE INTO flowy_history (thread_id, revision, record) VALUES (?, ?, ?)",
+            (thread_id, write.revision, write.record),
+        )
+        conn.execute(
+            _UPSERT_HEAD,
+            (
+                thread_id,
+                write.revision,
+                head.execution_pointer,
+                head.status.value,
+                head.reason,
+                head.handoff_status.value,
+                head.handoff_pending_at,
+                head.updated_at,
+                write.record,
+            ),
+        )
+        for outbox_row in write.outbox:
+            _append(conn, outbox_row, now)
+        return None
+
+    async def _write(self, write: Write) -> Refused | None:
+        refused = await self.database.run(
+            lambda conn: immediate(conn, lambda: self._body(conn, write)),
+            f"save thread {write.thread_id!r:.80} at revision {write.revision}",
+        )
+        if refused is None and write.outbox:
+            self.database.notify()
+        return refused
+
+    async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        row = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT revision, record FROM flowy_threads WHERE thread_id = ?", (thread_id,)
+            ).fetchone(),
+            f"load thread {thread_id!r:.80}",
+        )
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT revision, record FROM flowy_history WHERE thread_id = ? "
+                "ORDER BY revision DESC LIMIT ?",
+                (thread_id, limit),
+            ).fetchall(),
+            f"read the history of thread {thread_id!r:.80}",
+        )
+        return [(int(revision), bytes(record)) for revision, record in rows]
+
+    async def _prune(self, thread_id: str, keep: int) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM flowy_history WHERE thread_id = ? AND revision <= ("
+                "SELECT revision FROM flowy_history WHERE thread_id = ? "
+                "ORDER BY revision DESC LIMIT 1 OFFSET ?) "
+                "AND revision <> coalesce("
+                "(SELECT revision FROM flowy_threads WHERE thread_id = ?), -1)",
+                (thread_id, thread_id, keep, thread_id),
+            )
+
+        await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)),
+            f"prune the history of thread {thread_id!r:.80}",
+        )
+
+    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        def body(conn: sqlite3.Connection) -> Lease | None:
+            if if_idle:
+                live = _live_lease(conn, thread_id, self.database.clock())
+                if live is not None:
+                    return live
+            conn.execute("DELETE FROM flowy_history WHERE thread_id = ?", (thread_id,))
+            conn.execute("DELETE FROM flowy_threads WHERE thread_id = ?", (thread_id,))
+            return None
+
+        return await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)), f"delete thread {thread_id!r:.80}"
+        )
+
+    async def _list_heads(
+        self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
+    ) -> list[ThreadSummary]:
+        sql = f"SELECT {_SUMMARY_COLUMNS} FROM flowy_threads WHERE thread_id > ?"
+        params: list[object] = [after or ""]
+        if statuses is not None:
+            values = sorted(s.value for s in statuses)
+            sql += f" AND handoff_status IN ({', '.join('?' * len(values))})"
+            params.extend(values)
+        sql += " ORDER BY thread_id LIMIT ?"
+        params.append(limit)
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(sql, params).fetchall(), "list threads"
+        )
+        return [self.summary(str(row[0]), *row[1:]) for row in rows]
+
+
+class SQLiteLeaseManager(BaseLeaseManager):
+    """Run leases in a SQLite file, by the local clock (the processes sharing the file
+    must run on one machine)."""
+
+    def __init__(self, database: SQLiteDatabase) -> None:
+        self.database = database
+        self.domain = database.domain
+
+    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        def body(conn: sqlite3.Connection) -> Lease | Busy:
+            now = self.database.clock()
+            live = _live_lease(conn, thread_id, now)
+            if live is not None:
+                return Busy(live)
+            row = conn.execute(
+                "SELECT token FROM flowy_leases WHERE thread_id = ?", (thread_id,)
+            ).fetchone()
+            lease = Lease(thread_id, owner, (int(row[0]) if row else 0) + 1, now + ttl)
+            conn.execute(
+                "INSERT INTO flowy_leases (thread_id, owner, token, expires_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+                "owner = excluded.owner, token = excluded.token, "
+                "expires_at = excluded.expires_at",
+                (thread_id, owner, lease.fencing_token, lease.expires_at),
+            )
+            return lease
+
+        return await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)),
+            f"acquire a lease on thread {thread_id!r:.80}",
+        )
+
+    async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
+        def body(conn: sqlite3.Connection) -> Lease | None:
+            now = self.database.clock()
+            if not _holds(conn, lease, now):
+                return None
+            conn.execute(
+                "UPDATE flowy_leases SET expires_at = ? WHERE thread_id = ?",
+                (now + ttl, lease.thread_id),
+            )
+            return Lease(lease.thread_id, lease.owner, lease.fencing_token, now + ttl)
+
+        return await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)),
+            f"renew the lease on thread {lease.thread_id!r:.80}",
+        )
+
+    async def _release(self, lease: Lease) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            if not _holds(conn, lease, self.database.clock()):
+                return False
+            conn.execute(
+                "UPDATE flowy_leases SET owner = NULL, expires_at = 0 WHERE thread_id = ?",
+                (lease.thread_id,),
+            )
+            return True
+
+        return await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)),
+            f"release the lease on thread {lease.thread_id!r:.80}",
+        )
+
+    async def _holder(self, thread_id: str) -> Lease | None:
+        return await self.database.run(
+            lambda conn: _live_lease(conn, thread_id, self.database.clock()),
+            f"read the lease on thread {thread_id!r:.80}",
+        )
+
+
+class SQLiteOutbox(BaseOutbox):
+    """The hand-off outbox in a SQLite file."""
+
+    def __init__(self, database: SQLiteDatabase) -> None:
+        self.database = database
+        self.domain = database.domain
+
+    async def _append(self, row: OutboxRow) -> None:
+        await self.database.run(
+            lambda conn: immediate(conn, lambda: _append(conn, row, self.database.clock())),
+            f"enqueue a hand-off of thread {row.thread_id!r:.80}",
+        )
+        self.database.notify()
+
+
+class SQLiteConsumer(BaseConsumer):
+    """The outbox consumer of a SQLite file: consumers of this process are woken at once
+    by an enqueue; other processes' messages are seen by polling."""
+
+    def __init__(
+        self, database: SQLiteDatabase, *, max_attempts: int = 5, poll_interval: float = 0.05
+    ) -> None:
+        super().__init__(max_attempts=max_attempts, poll_interval=poll_interval)
+        self.database = database
+        self.domain = database.domain
+
+    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        def job(conn: sqlite3.Connection) -> list[RawMessage]:
+            now = self.database.clock()
+            # Most polls find nothing: look before taking the write lock.
+            if (
+                conn.execute(
+                    "SELECT 1 FROM flowy_outbox WHERE dead = 0 AND visible_at <= ? LIMIT 1",
+                    (now,),
+                ).fetchone()
+                is None
+            ):
+                return []
+
+            def body() -> list[RawMessage]:
+                rows = conn.execute(
+                    "SELECT id, payload, attempts, error FROM flowy_outbox "
+                    "WHERE dead = 0 AND visible_at <= ? ORDER BY id LIMIT ?",
+                    (now, limit),
+                ).fetchall()
+                conn.executemany(
+                    "UPDATE flowy_outbox SET attempts = attempts + 1, visible_at = ? WHERE id = ?",
+                    [(now + visibility_timeout, row[0]) for row in rows],
+                )
+                return [
+                    RawMessage(str(row[0]), bytes(row[1]), int(row[2]) + 1, str(row[3]))
+                    for row in rows
+                ]
+
+            return immediate(conn, body)
+
+        return await self.database.run(job, "claim outbox messages")
+
+    async def _ack(self, message_id: str) -> None:
+        row_id = _row_id(message_id)
+        if row_id is None:
+            return
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute(
+                    "DELETE FROM flowy_outbox WHERE id = ? AND dead = 0", (row_id,)
+                ),
+            ),
+            f"ack outbox message {message_id!r}",
+        )
+
+    async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
+        row_id = _row_id(message_id)
+        if row_id is None:
+            return
+        now = self.database.clock()
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute(
+                    "UPDATE flowy_outbox SET dead = ?, error = ?, visible_at = ? "
+                    "WHERE id = ? AND dead = 0",
+                    (int(dead), error, now + delay, row_id),
+                ),
+            ),
+            f"release outbox message {message_id!r}",
+        )
+        self.database.notify()
+
+    async def _dead_letters(self, limit: int) -> list[RawMessage]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT id, payload, attempts, error FROM flowy_outbox WHERE dead = 1 "
+                "ORDER BY id LIMIT ?",
+                (limit,),
+            ).fetchall(),
+            "list dead letters",
+        )
+        return [RawMessage(str(r[0]), bytes(r[1]), int(r[2]), str(r[3])) for r in rows]
+
+    async def _retry_dead_letter(self, message_id: str) -> bool:
+        row_id = _row_id(message_id)
+        if row_id is None:
+            return False
+        changed = await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: (
+                    conn.execute(
+                        "UPDATE flowy_outbox SET dead = 0, attempts = 0, visible_at = 0, "
+                        "error = '' WHERE id = ? AND dead = 1",
+                        (row_id,),
+                    ).rowcount
+                ),
+            ),
+            f"retry dead letter {message_id!r}",
+        )
+        if changed:
+            self.database.notify()
+        return bool(changed)
+
+    async def _wait(self, seconds: float) -> None:
+        self.database.clear_notified()
+        await self.database.wait_notified(min(seconds, self.poll_interval))
+
+    async def pending_count(self) -> int:
+        """Messages not yet acked (claimed or not), dead letters excluded."""
+        return await self.database.run(
+            lambda conn: int(
+                conn.execute("SELECT count(*) FROM flowy_outbox WHERE dead = 0").fetchone()[0]
+            ),
+            "count outbox messages",
+        )
+
+
+def _row_id(message_id: str) -> int | None:
+    return int(message_id) if message_id.isascii() and message_id.isdigit() else None

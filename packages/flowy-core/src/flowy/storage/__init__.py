@@ -1,0 +1,134 @@
+"""The store-facing API of flowy: protocols, values, the record envelope, codecs and the
+bases a store is built on.
+
+Applications open a store with ``flowy.connect(url)`` and rarely import this module. A
+new store subclasses :class:`BaseCheckpointer`, :class:`BaseLeaseManager`,
+:class:`BaseOutbox`, :class:`BaseConsumer` and :class:`BaseBackend`, implements their
+atomic primitives, registers an opener in the ``flowy.backends`` entry-point group, and
+runs the conformance suite of :mod:`flowy.testing` (``docs/adapters.md``).
+
+Stored bytes are read with :func:`decode_record` / :func:`decode_snapshot`, which
+validate the envelope against its storage address and raise
+``SnapshotEnvelopeInvalidError`` on any mismatch or corruption; no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+from .._types import ResumeToken as ResumeToken
+from ._backend import BaseBackend as BaseBackend
+from ._backend import StoreURL as StoreURL
+from ._backend import redact_url as redact_url
+from ._base import BaseCheckpointer as BaseCheckpointer
+from ._base import BaseLeaseManager as BaseLeaseManager
+from ._base import Busy as Busy
+from ._base import OutboxRow as OutboxRow
+from ._base import OutboxTransaction as OutboxTransaction
+from ._base import Refused as Refused
+from ._base import Write as Write
+from ._base import show_id as show_id
+from ._codecs import JSONCodec as JSONCodec
+from ._codecs import MsgspecCodec as MsgspecCodec
+from ._codecs import StateCodec as StateCodec
+from ._guard import LeaseGuardCheckpointer as LeaseGuardCheckpointer
+from ._intents import decode_intent as decode_intent
+from ._intents import encode_intent as encode_intent
+from ._model import MAX_THREAD_ID_BYTES as MAX_THREAD_ID_BYTES
+from ._model import DeadLetter as DeadLetter
+from ._model import HandoffIntent as HandoffIntent
+from ._model import HandoffStatus as HandoffStatus
+from ._model import Lease as Lease
+from ._model import OutboxMessage as OutboxMessage
+from ._model import RunStatus as RunStatus
+from ._model import Snapshot as Snapshot
+from ._model import ThreadSummary as ThreadSummary
+from ._model import new_write_id as new_write_id
+from ._model import validate_thread_id as validate_thread_id
+from ._outbox import BaseConsumer as BaseConsumer
+from ._outbox import BaseOutbox as BaseOutbox
+from ._outbox import RawMessage as RawMessage
+from ._protocols import Backend as Backend
+from ._protocols import Checkpointer as Checkpointer
+from ._protocols import EnqueueCallback as EnqueueCallback
+from ._protocols import FencingCheckpointer as FencingCheckpointer
+from ._protocols import HandoffOutbox as HandoffOutbox
+from ._protocols import LeaseManager as LeaseManager
+from ._protocols import OutboxConsumer as OutboxConsumer
+from ._protocols import TransactionalCheckpointer as TransactionalCheckpointer
+from ._protocols import TransactionalHandoffOutbox as TransactionalHandoffOutbox
+from ._records import FORMAT_VERSION as FORMAT_VERSION
+from ._records import DecodeRecordOptions as DecodeRecordOptions
+from ._records import Record as Record
+from ._records import decode_record as decode_record
+from ._records import decode_snapshot as decode_snapshot
+from ._records import encode_record as encode_record
+from ._records import encode_snapshot as encode_snapshot
+from ._saving import confirm_save as confirm_save
+from ._saving import durable_save as durable_save
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAX_THREAD_ID_BYTES",
+    "Backend",
+    "BaseBackend",
+    "BaseCheckpointer",
+    "BaseConsumer",
+    "BaseLeaseManager",
+    "BaseOutbox",
+    "Busy",
+    "Checkpointer",
+    "DeadLetter",
+    "DecodeRecordOptions",
+    "EnqueueCallback",
+    "FencingCheckpointer",
+    "HandoffIntent",
+    "HandoffOutbox",
+    "HandoffStatus",
+    "JSONCodec",
+    "Lease",
+    "LeaseGuardCheckpointer",
+    "LeaseManager",
+    "MsgspecCodec",
+    "OutboxConsumer",
+    "OutboxMessage",
+    "OutboxRow",
+    "OutboxTransaction",
+    "RawMessage",
+    "Record",
+    "Refused",
+    "ResumeToken",
+    "RunStatus",
+    "Snapshot",
+    "StateCodec",
+    "StoreURL",
+    "ThreadSummary",
+    "TransactionalCheckpointer",
+    "TransactionalHandoffOutbox",
+    "Write",
+    "confirm_save",
+    "decode_intent",
+    "decode_record",
+    "decode_snapshot",
+    "durable_save",
+    "encode_intent",
+    "encode_record",
+    "encode_snapshot",
+    "new_write_id",
+    "redact_url",
+    "show_id",
+    "validate_thread_id",
+]
+
+
+def _present_as_public() -> None:
+    """Make reprs and tracebacks say ``flowy.storage.X`` rather than the private module."""
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("flowy.storage._"):
+            try:
+                obj.__module__ = __name__
+            except (AttributeError, TypeError):
+                pass
+
+
+_present_as_public()
+del _present_as_public

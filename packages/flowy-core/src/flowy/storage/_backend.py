@@ -1,0 +1,224 @@
+"""The base of a store object, and the parsed form of the URLs ``flowy.connect`` opens.
+
+A store's ``Backend`` holds its four components and owns their shared resources (a
+connection, a pool, a client): :class:`BaseBackend` gives every store the same
+lifecycle (``open`` on connect, ``migrate``, ``aclose``, ``async with``) and a repr
+that never shows a password. :class:`StoreURL` parses ``scheme://…?option=value`` and
+checks options the same way for every store.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, Self, TypeVar
+
+from .._errors import BackendURLError
+from .._types import S
+
+__all__ = ["BaseBackend", "StoreURL", "redact_url"]
+
+V = TypeVar("V")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _flag(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {text!r}")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if math.isnan(value) or math.isinf(value) or value <= 0:
+        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A store URL split into its parts, with its query options checked.
+
+    ``options`` holds each query option once (a repeated option is an error).
+    """
+
+    raw: str
+    scheme: str
+    netloc: str
+    path: str
+    options: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, url: str) -> StoreURL:
+        """Split ``url``; ``BackendURLError`` if it is not ``scheme://…``."""
+        if not isinstance(url, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise BackendURLError(f"a store URL must be a str, got {type(url).__name__}")
+        try:
+            parts = urllib.parse.urlsplit(url)
+            query = urllib.parse.parse_qsl(
+                parts.query, keep_blank_values=True, strict_parsing=False
+            )
+        except ValueError as exc:
+            raise BackendURLError(
+                f"cannot parse the store URL {redact_url(url)!r}: {exc}"
+            ) from None
+        if not parts.scheme or "://" not in url:
+            raise BackendURLError(
+                f"{redact_url(url)!r} is not a store URL; expected scheme://..., e.g. "
+                "memory://, sqlite:///flowy.db, postgresql://host/db, redis://host, "
+                "dynamodb://TABLE?region=..."
+            )
+        options: dict[str, str] = {}
+        for name, value in query:
+            if name in options:
+                raise BackendURLError(f"option {name!r} is given twice in {redact_url(url)!r}")
+            options[name] = value
+        return cls(url, parts.scheme.lower(), parts.netloc, parts.path, options)
+
+    @property
+    def redacted(self) -> str:
+        """The URL with its password masked (what errors, logs and reprs show)."""
+        return redact_url(self.raw)
+
+    def without_options(self) -> str:
+        """The URL without its query string (password kept: for the driver only)."""
+        return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.raw)._replace(query=""))
+
+    def check_options(self, known: Mapping[str, str]) -> None:
+        """``BackendURLError`` naming the unknown options and the known ones
+        (``known`` maps each option to a one-line description)."""
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            listing = ", ".join(f"{name} ({what})" for name, what in sorted(known.items()))
+            raise BackendURLError(
+                f"unknown option(s) {', '.join(unknown)} in {self.redacted!r}; "
+                f"{self.scheme}:// accepts: {listing or 'no options'}"
+            )
+
+    def option(self, name: str, convert: Callable[[str], V], default: V) -> V:
+        """The converted value of option ``name``, or ``default``; a bad value is a
+        ``BackendURLError`` naming the option."""
+        text = self.options.get(name)
+        if text is None:
+            return default
+        try:
+            return convert(text)
+        except ValueError as exc:
+            raise BackendURLError(f"option {name}={text!r} in {self.redacted!r}: {exc}") from None
+
+    def flag(self, name: str, default: bool) -> bool:
+        """A boolean option (1/0, true/false, yes/no, on/off)."""
+        return self.option(name, _flag, default)
+
+    def seconds(self, name: str, default: float) -> float:
+        """A positive number of seconds."""
+        return self.option(name, _seconds, default)
+
+    def count(self, name: str, default: int) -> int:
+        """A whole number >= 1."""
+        return self.option(name, _count, default)
+
+
+class BaseBackend(abc.ABC, Generic[S]):
+    """One store: ``checkpointer``, ``leases``, ``outbox`` and ``consumer`` in one
+    coordination domain, with their shared resources.
+
+    Subclasses set ``url``, build the four components in ``__init__`` (subclasses of
+    the other bases, as attributes of those names) and implement :meth:`_open`,
+    :meth:`_migrate` and :meth:`_close`. ``flowy.connect`` calls :meth:`open`, which
+    creates the schema of a new store (an older schema needs an explicit
+    :meth:`migrate`).
+    """
+
+    url: str
+
+    _closed: bool = False
+    _opened: bool = False
+
+    @abc.abstractmethod
+    async def _open(self) -> None:
+        """Connect, and create the schema if the store has none (check its version)."""
+
+    @abc.abstractmethod
+    async def _migrate(self) -> int:
+        """Create or upgrade the schema; return its version."""
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Release the resources this backend opened (not those it was given)."""
+
+    async def open(self) -> Self:
+        """Connect and set the store up (``flowy.connect`` and ``async with`` do this);
+        returns ``self``. Idempotent; on failure the backend is closed."""
+        if self._opened:
+            return self
+        try:
+            await self._open()
+        except BaseException:
+            await self.aclose()
+            raise
+        self._opened = True
+        return self
+
+    async def migrate(self) -> int:
+        """Create or upgrade the store's schema; return its version. Idempotent."""
+        return await self._migrate()
+
+    async def aclose(self) -> None:
+        """Release the store's resources. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`aclose` was called."""
+        return self._closed
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact_url(self.url)!r})"

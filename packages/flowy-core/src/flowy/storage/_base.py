@@ -1,0 +1,512 @@
+"""The bases of a checkpointer and a lease manager: everything but the atomic primitives.
+
+A store subclasses :class:`BaseCheckpointer` and :class:`BaseLeaseManager` and
+implements the ``_``-prefixed abstract methods; the bases own argument checks, the
+record envelope, the translation of a refused write into the right error (with the same
+type and message on every store), summaries and the codec. ``docs/adapters.md`` walks
+through writing a store.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from .._errors import (
+    ConcurrencyConflictError,
+    FlowyError,
+    LeaseLostError,
+    SnapshotEnvelopeInvalidError,
+    SnapshotTooLargeError,
+    ThreadLeaseBusyError,
+    ThreadNotFoundError,
+)
+from .._types import S
+from ._checks import check_count, check_lease, check_owner, check_revision, check_seconds
+from ._codecs import StateCodec
+from ._intents import encode_intent
+from ._model import (
+    HandoffIntent,
+    HandoffStatus,
+    Lease,
+    RunStatus,
+    Snapshot,
+    ThreadSummary,
+    validate_thread_id,
+)
+from ._protocols import EnqueueCallback, LeaseManager
+from ._records import decode_snapshot, encode_snapshot
+
+__all__ = [
+    "BaseCheckpointer",
+    "BaseLeaseManager",
+    "Busy",
+    "OutboxRow",
+    "OutboxTransaction",
+    "Refused",
+    "Write",
+    "show_id",
+]
+
+
+def show_id(thread_id: str, limit: int = 80) -> str:
+    """A thread id for error messages: quoted, and shortened past ``limit`` characters."""
+    if len(thread_id) <= limit:
+        return repr(thread_id)
+    return f"{thread_id[:limit]!r}… ({len(thread_id)} characters)"
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One outbox message to write: unique per (``thread_id``, ``committed_revision``)."""
+
+    thread_id: str
+    committed_revision: int
+    payload: bytes
+
+    @classmethod
+    def of(cls, intent: HandoffIntent) -> OutboxRow:
+        """The row of ``intent`` (its payload is ``encode_intent(intent)``)."""
+        return cls(intent.thread_id, intent.committed_snapshot_revision, encode_intent(intent))
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One conditional write, as the base hands it to ``BaseCheckpointer._write``.
+
+    Write ``record`` as revision ``expected_revision + 1`` of ``summary.thread_id`` —
+    head and history — together with every row of ``outbox``, in ONE atomic operation,
+    and only if (a) the thread's head is at ``expected_revision`` (0: the thread does not
+    exist) and (b) with ``lease``, that lease (owner and fencing token) is the thread's
+    live lease; without, no live lease holds the thread. ``summary`` carries the head's
+    columns (for listing without decoding records).
+    """
+
+    expected_revision: int
+    record: bytes
+    summary: ThreadSummary
+    lease: Lease | None
+    outbox: tuple[OutboxRow, ...] = ()
+
+    @property
+    def thread_id(self) -> str:
+        """The thread written."""
+        return self.summary.thread_id
+
+    @property
+    def revision(self) -> int:
+        """The revision the write creates."""
+        return self.expected_revision + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a conditional write wrote nothing: what the store saw when it refused.
+
+    ``actual_revision`` is the head's revision (0 if the thread does not exist);
+    ``holder`` the thread's live lease, if any.
+    """
+
+    actual_revision: int
+    holder: Lease | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """What ``BaseLeaseManager._acquire`` returns when a live lease holds the thread."""
+
+    holder: Lease
+
+
+@dataclass(eq=False)
+class OutboxTransaction:
+    """The transaction handle ``save_with_outbox`` passes to its enqueue callback.
+
+    ``enqueue_intent_tx(tx, intent)`` of an outbox of the same store adds a row to it;
+    the checkpointer writes the rows in the same atomic operation as the snapshot, at
+    ``revision``. The handle is usable only inside the callback.
+    """
+
+    domain: Hashable
+    thread_id: str
+    revision: int
+    rows: list[OutboxRow] = field(default_factory=lambda: [])
+    open: bool = True
+
+    def add(self, domain: Hashable, row: OutboxRow) -> None:
+        """Add ``row``, checking that the outbox belongs to this transaction's store."""
+        if not self.open:
+            raise RuntimeError(
+                "the save_with_outbox transaction is over; enqueue through its handle only "
+                "inside the enqueue callback, before it returns"
+            )
+        if domain != self.domain:
+            raise ValueError(
+                "the outbox and the checkpointer are not in one store, so their writes "
+                "cannot commit together; use the .outbox and .checkpointer of one Backend"
+            )
+        self.rows.append(row)
+
+
+def _diagnose(write: Write, refused: Refused, *, final: bool) -> FlowyError | None:
+    """The error ``refused`` explains, checking the lease first as stores fence first."""
+    thread = show_id(write.thread_id)
+    holder = refused.holder
+    lease = write.lease
+    if lease is not None:
+        if (
+            holder is None
+            or holder.owner != lease.owner
+            or holder.fencing_token != lease.fencing_token
+        ):
+            now = (
+                f"held by {holder.owner!r} (fencing token {holder.fencing_token})"
+                if holder is not None
+                else "free"
+            )
+            return LeaseLostError(
+                f"save refused: lease {lease.fencing_token} of {lease.owner!r} on thread "
+                f"{thread} is no longer live (fenced; the thread is {now}); stop this "
+                "run, it lost the thread"
+            )
+    elif holder is not None:
+        return ThreadLeaseBusyError(
+            f"thread {thread} is leased by {holder.owner!r} (fencing token "
+            f"{holder.fencing_token}); save with its lease, or wait for it to end"
+        )
+    if refused.actual_revision != write.expected_revision or final:
+        return ConcurrencyConflictError(
+            f"thread {thread} is at revision {refused.actual_revision}, not "
+            f"{write.expected_revision}; reload it and decide again",
+            thread_id=write.thread_id,
+            expected=write.expected_revision,
+            actual=refused.actual_revision,
+        )
+    return None
+
+
+class BaseCheckpointer(abc.ABC, Generic[S]):
+    """A strict-OCC, fencing, transactional checkpointer over five primitives.
+
+    Subclasses set ``domain`` (equal for every component of one store, so the runner
+    knows this checkpointer fences that store's leases) and may set
+    ``max_record_bytes``. ``codec`` encodes states (JSON when ``None``; the runner gives
+    a typed graph's state type).
+    """
+
+    domain: Hashable = None
+    max_record_bytes: int | None = None
+
+    def __init__(self, *, codec: StateCodec[S] | None = None) -> None:
+        self.codec: StateCodec[S] | None = codec
+
+    # -- the primitives a store implements ---------------------------------------------
+    @abc.abstractmethod
+    async def _write(self, write: Write) -> Refused | None:
+        """Perform ``write`` atomically (see :class:`Write`); ``None`` once written.
+
+        When the revision or lease condition fails, write nothing and return what was
+        seen (:class:`Refused`), from the same atomic operation where the store can.
+        A lost connection raises ``StorageUnavailableError`` (outcome unknown).
+        """
+
+    @abc.abstractmethod
+    async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        """The head's revision and record bytes, or ``None``; one read, O(1) in history."""
+
+    @abc.abstractmethod
+    async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` (> 0) history entries ``(revision, record)``, newest first."""
+
+    @abc.abstractmethod
+    async def _prune(self, thread_id: str, keep: int) -> None:
+        """Delete this thread's history entries but the newest ``keep`` (>= 1) and the head."""
+
+    @abc.abstractmethod
+    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        """Delete the thread's head and history (never its fencing token counter).
+
+        With ``if_idle``, atomically refuse while a live lease holds the thread: write
+        nothing and return that lease. Return ``None`` once deleted (or absent).
+        """
+
+    @abc.abstractmethod
+    async def _list_heads(
+        self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
+    ) -> list[ThreadSummary]:
+        """Up to ``limit`` (> 0) heads ordered by thread id, past ``after`` if given,
+        only those whose hand-off status is in ``statuses`` if given (non-empty). Build
+        each with :meth:`summary`; read columns, not records."""
+
+    async def _diagnose(self, write: Write) -> Refused:
+        """A fresh look at the thread when a refusal explained nothing (its report was
+        not read atomically with the condition, and a racing save committed meanwhile).
+        The default re-reads the head and reports a conflict at its revision."""
+        head = await self._read_head(write.thread_id)
+        return Refused(0 if head is None else head[0], write.lease)
+
+    # -- shared helpers ------------------------------------------------------------------
+    @staticmethod
+    def summary(
+        thread_id: str,
+        revision: object,
+        execution_pointer: object,
+        status: object,
+        reason: object,
+        handoff_status: object,
+        handoff_pending_at: object,
+        updated_at: object,
+    ) -> ThreadSummary:
+        """A :class:`ThreadSummary` from raw stored columns; an unknown status raises
+        ``SnapshotEnvelopeInvalidError``."""
+        try:
+            return ThreadSummary(
+                thread_id=thread_id,
+                revision=int(str(revision)),
+                execution_pointer=str(execution_pointer),
+                status=RunStatus(str(status)),
+                reason=str(reason),
+                handoff_status=HandoffStatus(str(handoff_status)),
+                handoff_pending_at=(
+                    None if handoff_pending_at is None else float(str(handoff_pending_at))
+                ),
+                updated_at=float(str(updated_at)),
+            )
+        except ValueError as exc:
+            raise SnapshotEnvelopeInvalidError(
+                f"the head columns of thread {show_id(thread_id)} are invalid: {exc}"
+            ) from exc
+
+    def fences(self, leases: LeaseManager) -> bool:
+        """True for the lease manager of the same store (``domain``): saves check its
+        leases atomically with the write."""
+        return (
+            self.domain is not None
+            and isinstance(leases, BaseLeaseManager)
+            and leases.domain == self.domain
+        )
+
+    def with_codec(self, codec: StateCodec[Any]) -> BaseCheckpointer[Any]:
+        """A view of this checkpointer (same store, same connections) using ``codec``."""
+        view = copy.copy(self)
+        view.codec = codec
+        return view
+
+    def _prepare(self, expected_revision: int, snapshot: Snapshot[S], lease: Lease | None) -> Write:
+        if not isinstance(snapshot, Snapshot):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"expected a flowy.storage.Snapshot, got {type(snapshot).__name__}")
+        thread_id = validate_thread_id(snapshot.thread_id)
+        check_revision(expected_revision)
+        pointer = snapshot.execution_pointer
+        if not isinstance(pointer, str) or not pointer:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(
+                f"the snapshot of thread {show_id(thread_id)} has an empty execution "
+                "pointer; a stored head must name the node to resume at"
+            )
+        if lease is not None:
+            check_lease(lease)
+            if lease.thread_id != thread_id:
+                raise LeaseLostError(
+                    f"save refused: the lease given is for thread {show_id(lease.thread_id)}"
+                    f", not {show_id(thread_id)}"
+                )
+        revision = expected_revision + 1
+        record = encode_snapshot(snapshot, revision, self.codec)
+        limit = self.max_record_bytes
+        if limit is not None and len(record) > limit:
+            raise SnapshotTooLargeError(
+                f"the record of thread {show_id(thread_id)} is {len(record)} bytes; "
+                f"{type(self).__name__} stores at most {limit}. Keep large data outside "
+                "the state (store a reference)",
+                size=len(record),
+                limit=limit,
+            )
+        summary = ThreadSummary(
+            thread_id=thread_id,
+            revision=revision,
+            execution_pointer=pointer,
+            status=RunStatus(snapshot.status),
+            reason=snapshot.reason,
+            handoff_status=HandoffStatus(snapshot.handoff_status),
+            handoff_pending_at=snapshot.handoff_pending_at,
+            updated_at=snapshot.updated_at,
+        )
+        return Write(expected_revision, record, summary, lease)
+
+    async def _commit(self, write: Write) -> int:
+        refused = await self._write(write)
+        if refused is None:
+            return write.revision
+        error = _diagnose(write, refused, final=False)
+        if error is None:
+            error = _diagnose(write, await self._diagnose(write), final=True)
+        assert error is not None
+        raise error
+
+    # -- the protocol ----------------------------------------------------------------------
+    async def save(
+        self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None
+    ) -> int:
+        """Store ``snapshot`` at ``expected_revision + 1`` (``Checkpointer.save``)."""
+        return await self._commit(self._prepare(expected_revision, snapshot, lease))
+
+    async def save_with_outbox(
+        self,
+        expected_revision: int,
+        snapshot: Snapshot[S],
+        enqueue: EnqueueCallback,
+        *,
+        lease: Lease | None = None,
+    ) -> int:
+        """Save like :meth:`save` and commit what ``await enqueue(tx, new_revision)``
+        enqueued through ``tx`` (an :class:`OutboxTransaction`) in the same atomic write;
+        if either fails, nothing is written."""
+        write = self._prepare(expected_revision, snapshot, lease)
+        tx = OutboxTransaction(self.domain, write.thread_id, write.revision)
+        try:
+            await enqueue(tx, write.revision)
+        finally:
+            tx.open = False
+        return await self._commit(
+            Write(write.expected_revision, write.record, write.summary, lease, tuple(tx.rows))
+        )
+
+    async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
+        """The head snapshot and its revision; ``ThreadNotFoundError`` if none."""
+        validate_thread_id(thread_id)
+        head = await self._read_head(thread_id)
+        if head is None:
+            raise ThreadNotFoundError(f"no checkpoint for thread {show_id(thread_id)}")
+        revision, record = head
+        snapshot: Snapshot[S] = decode_snapshot(
+            record, self.codec, thread_id=thread_id, revision=revision
+        )
+        return snapshot, revision
+
+    async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
+        """Up to ``limit`` stored snapshots, newest first."""
+        validate_thread_id(thread_id)
+        if check_count(limit, "limit") == 0:
+            return []
+        return [
+            decode_snapshot(record, self.codec, thread_id=thread_id, revision=revision)
+            for revision, record in await self._read_history(thread_id, limit)
+        ]
+
+    async def prune(self, thread_id: str, retain: int) -> None:
+        """Keep only the newest ``retain`` history entries of the thread (at least the head)."""
+        validate_thread_id(thread_id)
+        await self._prune(thread_id, max(check_count(retain, "retain"), 1))
+
+    async def delete(self, thread_id: str) -> None:
+        """Delete the thread's head and history (a missing thread is fine)."""
+        validate_thread_id(thread_id)
+        await self._delete(thread_id, if_idle=False)
+
+    async def delete_if_idle(self, thread_id: str) -> None:
+        """Delete the thread unless a live lease holds it (``ThreadLeaseBusyError``)."""
+        validate_thread_id(thread_id)
+        holder = await self._delete(thread_id, if_idle=True)
+        if holder is not None:
+            raise ThreadLeaseBusyError(
+                f"thread {show_id(thread_id)} is leased by {holder.owner!r} (fencing token "
+                f"{holder.fencing_token}); not deleting it while its run may be alive"
+            )
+
+    async def list_threads(
+        self,
+        *,
+        handoff_statuses: frozenset[HandoffStatus] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[ThreadSummary]:
+        """Thread heads ordered by thread id (see ``Checkpointer.list_threads``)."""
+        if check_count(limit, "limit") == 0:
+            return []
+        statuses: frozenset[HandoffStatus] | None = None
+        if handoff_statuses is not None:
+            statuses = frozenset(HandoffStatus(s) for s in handoff_statuses)
+            if not statuses:
+                return []
+        if after is not None:
+            validate_thread_id(after)
+        return await self._list_heads(statuses, limit, after)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(codec={self.codec!r})"
+
+
+class BaseLeaseManager(abc.ABC):
+    """Exclusive, expiring, fenced leases over four primitives.
+
+    Subclasses set ``domain`` to the same value as their store's checkpointer.
+    """
+
+    domain: Hashable = None
+
+    @abc.abstractmethod
+    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        """Atomically: if no live lease holds the thread, take it for ``ttl`` seconds
+        with a fencing token greater than every earlier one of the thread (release and
+        delete never reset it) and return it; else return :class:`Busy` with the holder."""
+
+    @abc.abstractmethod
+    async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
+        """Atomically extend ``lease`` to now + ``ttl`` if it is the live lease (same
+        owner, compared exactly, and fencing token); else ``None``."""
+
+    @abc.abstractmethod
+    async def _release(self, lease: Lease) -> bool:
+        """Atomically give ``lease`` up if it is the live lease (keeping the token
+        counter); ``False`` if it expired or was taken over."""
+
+    @abc.abstractmethod
+    async def _holder(self, thread_id: str) -> Lease | None:
+        """The live lease on the thread, or ``None``."""
+
+    async def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease:
+        """Take the thread for ``ttl`` seconds (``LeaseManager.acquire``)."""
+        validate_thread_id(thread_id)
+        check_owner(owner)
+        seconds = check_seconds(ttl, "lease ttl")
+        got = await self._acquire(thread_id, owner, seconds)
+        if isinstance(got, Busy):
+            holder = got.holder
+            raise ThreadLeaseBusyError(
+                f"thread {show_id(thread_id)} is leased by {holder.owner!r} (fencing token "
+                f"{holder.fencing_token}) until {holder.expires_at:.3f}; wait for it to end"
+            )
+        return got
+
+    async def renew(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a live lease to now + ``ttl``; ``LeaseLostError`` if it is not current."""
+        check_lease(lease)
+        seconds = check_seconds(ttl, "lease ttl")
+        renewed = await self._renew(lease, seconds)
+        if renewed is None:
+            raise self._lost(lease, "renew")
+        return renewed
+
+    async def release(self, lease: Lease) -> None:
+        """Give the lease up; ``LeaseLostError`` if it expired or was taken over."""
+        check_lease(lease)
+        if not await self._release(lease):
+            raise self._lost(lease, "release")
+
+    async def holder(self, thread_id: str) -> Lease | None:
+        """The live lease on the thread, or ``None``."""
+        validate_thread_id(thread_id)
+        return await self._holder(thread_id)
+
+    @staticmethod
+    def _lost(lease: Lease, action: str) -> LeaseLostError:
+        return LeaseLostError(
+            f"cannot {action} lease {lease.fencing_token} of {lease.owner!r} on thread "
+            f"{show_id(lease.thread_id)}: it expired or was taken over"
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

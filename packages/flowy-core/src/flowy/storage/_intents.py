@@ -1,0 +1,133 @@
+"""The outbox wire format of hand-off intents, shared by every store.
+
+Decoding is defensive: stored payloads are bytes from outside this process, so any
+malformed, oversized or deeply nested payload raises ``ValueError`` (never
+``RecursionError`` or a half-built intent), and a consumer dead-letters it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, cast
+
+from .._types import ResumeToken
+from ._model import HandoffIntent, HandoffStatus
+
+__all__ = ["MAX_INTENT_BYTES", "decode_intent", "encode_intent", "loads_bounded"]
+
+MAX_INTENT_BYTES = 64 * 1024
+"""The largest intent payload decoded (an intent is a few hundred bytes; a thread id at
+most 16 KiB)."""
+
+_MAX_DEPTH = 32
+
+
+def _depth(value: object, limit: int) -> int:
+    """Nesting depth of a decoded JSON value, stopping at ``limit`` (iterative)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > deepest:
+            deepest = level
+            if deepest > limit:
+                return deepest
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in cast(dict[str, object], item).values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in cast(list[object], item))
+    return deepest
+
+
+def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> Any:
+    """``json.loads`` for untrusted bytes: size and nesting bounded, every failure a
+    ``ValueError`` naming ``what``."""
+    if len(data) > max_bytes:
+        raise ValueError(f"{what} is {len(data)} bytes; at most {max_bytes} are read")
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, int digit limit
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+    if _depth(value, max_depth) > max_depth:
+        raise ValueError(f"{what} is nested more than {max_depth} levels deep")
+    return value
+
+
+def encode_intent(intent: HandoffIntent) -> bytes:
+    """Encode an intent as JSON bytes (the outbox wire format of every store)."""
+    body: dict[str, object] = {
+        "v": 1,
+        "thread_id": intent.thread_id,
+        "pending": intent.pending_snapshot_revision,
+        "committed": intent.committed_snapshot_revision,
+        "revision": intent.snapshot_revision,
+        "token_revision": intent.resume_token.snapshot_revision,
+        "handoff_status": intent.handoff_status.value,
+        "reason": intent.reason,
+        "pointer": intent.execution_pointer,
+        "created_at": intent.created_at or time.time(),
+    }
+    if intent.trace:
+        body["trace"] = dict(intent.trace)
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _int(raw: dict[str, Any], name: str) -> int:
+    value = raw[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"field {name!r} is not a non-negative integer: {value!r:.80}")
+    return value
+
+
+def _str(raw: dict[str, Any], name: str) -> str:
+    value = raw[name]
+    if not isinstance(value, str):
+        raise ValueError(f"field {name!r} is not a string: {value!r:.80}")
+    return value
+
+
+def decode_intent(data: bytes | str) -> HandoffIntent:
+    """Decode bytes made by :func:`encode_intent`.
+
+    Raises ``ValueError`` for anything else: not JSON, another format version, a
+    missing or mistyped field, a payload over ``MAX_INTENT_BYTES`` or nested deeper than
+    an intent ever is.
+    """
+    raw_any = loads_bounded(
+        data, max_bytes=MAX_INTENT_BYTES, max_depth=_MAX_DEPTH, what="hand-off intent"
+    )
+    if not isinstance(raw_any, dict):
+        raise ValueError("malformed hand-off intent: not a JSON object")
+    raw = cast(dict[str, Any], raw_any)
+    if raw.get("v") != 1:
+        raise ValueError(f"malformed hand-off intent: unknown format {raw.get('v')!r:.40}")
+    try:
+        thread_id = _str(raw, "thread_id")
+        created_at = raw["created_at"]
+        if isinstance(created_at, bool) or not isinstance(created_at, int | float):
+            raise ValueError(f"field 'created_at' is not a number: {created_at!r:.80}")
+        trace_raw = raw.get("trace", {})
+        if not isinstance(trace_raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, str)
+            for k, v in cast(dict[object, object], trace_raw).items()
+        ):
+            raise ValueError("field 'trace' is not an object of strings")
+        return HandoffIntent(
+            thread_id=thread_id,
+            pending_snapshot_revision=_int(raw, "pending"),
+            committed_snapshot_revision=_int(raw, "committed"),
+            snapshot_revision=_int(raw, "revision"),
+            resume_token=ResumeToken(thread_id, _int(raw, "token_revision")),
+            handoff_status=HandoffStatus(_str(raw, "handoff_status")),
+            reason=_str(raw, "reason"),
+            execution_pointer=_str(raw, "pointer"),
+            created_at=float(created_at),
+            trace=cast(dict[str, str], trace_raw),
+        )
+    except KeyError as exc:
+        raise ValueError(f"malformed hand-off intent: missing field {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"malformed hand-off intent: {exc}") from None

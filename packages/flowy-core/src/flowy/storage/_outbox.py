@@ -1,0 +1,214 @@
+"""The bases of an outbox and its consumer: everything but the atomic primitives.
+
+:class:`BaseOutbox` turns intents into rows; :class:`BaseConsumer` owns the claim loop
+(waiting, decoding, burying poison messages and messages delivered too often), ack,
+release with a delay, and the dead letters. A store implements the ``_``-prefixed
+primitives; see ``docs/adapters.md``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from ._base import OutboxRow, OutboxTransaction
+from ._checks import check_count, check_seconds
+from ._intents import decode_intent
+from ._model import DeadLetter, HandoffIntent, OutboxMessage
+
+__all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage"]
+
+MAX_ERROR_CHARS = 4000
+"""The longest error text kept on a message."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """A stored message as a consumer primitive returns it (payload not yet decoded).
+
+    ``attempts`` counts deliveries, this one included for a claim; ``error`` is the last
+    error recorded on it.
+    """
+
+    message_id: str
+    payload: bytes
+    attempts: int
+    error: str = ""
+
+
+def _clip(error: str) -> str:
+    return error if len(error) <= MAX_ERROR_CHARS else error[: MAX_ERROR_CHARS - 1] + "…"
+
+
+class BaseOutbox(abc.ABC):
+    """The producing side of an outbox over one primitive, transactional with the
+    checkpointer of the same store (same ``domain``)."""
+
+    domain: Hashable = None
+
+    @abc.abstractmethod
+    async def _append(self, row: OutboxRow) -> None:
+        """Durably add ``row`` unless a message of the same (thread, committed revision)
+        exists: a live one is left exactly as it is (claims, attempts and all); a
+        dead-lettered one comes back to life with its attempts reset."""
+
+    async def enqueue_intent(self, intent: HandoffIntent) -> None:
+        """Durably enqueue ``intent`` (``HandoffOutbox.enqueue_intent``)."""
+        if not isinstance(intent, HandoffIntent):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"expected a flowy.storage.HandoffIntent, got {type(intent).__name__}")
+        await self._append(OutboxRow.of(intent))
+
+    async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
+        """Enqueue ``intent`` in the ``save_with_outbox`` transaction ``tx``."""
+        if not isinstance(tx, OutboxTransaction):
+            raise TypeError(
+                f"{type(self).__name__}.enqueue_intent_tx needs the handle that "
+                f"save_with_outbox passes to its callback, got {type(tx).__name__}"
+            )
+        if not isinstance(intent, HandoffIntent):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"expected a flowy.storage.HandoffIntent, got {type(intent).__name__}")
+        tx.add(self.domain, OutboxRow.of(intent))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class BaseConsumer(abc.ABC):
+    """The consuming side of an outbox over six primitives.
+
+    ``max_attempts`` deliveries without an ack dead-letter a message; ``poll_interval``
+    is how often ``claim(wait=...)`` looks again when the store has no wake-up of its own.
+    """
+
+    domain: Hashable = None
+
+    def __init__(self, *, max_attempts: int = 5, poll_interval: float = 0.05) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"max_attempts must be an int, got {max_attempts!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
+        self.max_attempts = max_attempts
+        self.poll_interval = check_seconds(poll_interval, "poll_interval")
+
+    # -- the primitives a store implements ---------------------------------------------
+    @abc.abstractmethod
+    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        """Atomically take up to ``limit`` (> 0) visible live messages, oldest first:
+        count one more delivery on each and hide it for ``visibility_timeout`` seconds.
+        Two consumers never take the same message while it is hidden."""
+
+    @abc.abstractmethod
+    async def _ack(self, message_id: str) -> None:
+        """Delete that live message, and no other (an unknown id is no error)."""
+
+    @abc.abstractmethod
+    async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
+        """Record ``error`` on that live message and make it visible again after
+        ``delay`` seconds; with ``dead``, move it to the dead letters instead."""
+
+    @abc.abstractmethod
+    async def _dead_letters(self, limit: int) -> list[RawMessage]:
+        """Up to ``limit`` (> 0) dead-lettered messages, oldest first."""
+
+    @abc.abstractmethod
+    async def _retry_dead_letter(self, message_id: str) -> bool:
+        """Move that dead letter back to the live messages, visible now, attempts and
+        error reset; ``False`` if there is no such dead letter."""
+
+    async def _wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for new messages (default: a poll interval's sleep)."""
+        await asyncio.sleep(min(seconds, self.poll_interval))
+
+    # -- the protocol ----------------------------------------------------------------------
+    async def claim(
+        self, limit: int, visibility_timeout: float, wait: float = 0.0
+    ) -> list[OutboxMessage]:
+        """Claim up to ``limit`` messages (``OutboxConsumer.claim``)."""
+        check_count(limit, "limit")
+        hide = check_seconds(visibility_timeout, "visibility_timeout")
+        wait = check_seconds(wait, "wait", allow_zero=True)
+        if limit == 0:
+            return []
+        deadline = time.monotonic() + wait
+        while True:
+            raws = await self._claim(limit, hide)
+            out: list[OutboxMessage] = []
+            for raw in raws:
+                message = await self._accept(raw)
+                if message is not None:
+                    out.append(message)
+            remaining = deadline - time.monotonic()
+            if out or remaining <= 0:
+                return out
+            if not raws:
+                await self._wait(remaining)
+
+    async def _accept(self, raw: RawMessage) -> OutboxMessage | None:
+        """The message to deliver, or ``None`` after burying it (poison or over-delivered)."""
+        if raw.attempts > self.max_attempts:
+            await self._release(
+                raw.message_id,
+                error=raw.error or f"not acked after {self.max_attempts} deliveries",
+                delay=0.0,
+                dead=True,
+            )
+            return None
+        try:
+            intent = decode_intent(raw.payload)
+        except ValueError as exc:
+            await self._release(
+                raw.message_id, error=_clip(f"undecodable payload: {exc}"), delay=0.0, dead=True
+            )
+            return None
+        return OutboxMessage(raw.message_id, intent, raw.attempts, raw.error)
+
+    async def ack(self, message: OutboxMessage) -> None:
+        """Remove this delivered message for good."""
+        await self._ack(self._message_id(message))
+
+    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+        """Give the message back for another delivery after ``delay`` seconds, recording
+        ``error``; dead-letter it once it was delivered ``max_attempts`` times."""
+        message_id = self._message_id(message)
+        if not isinstance(error, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"error must be a str, got {type(error).__name__}")
+        seconds = check_seconds(delay, "delay", allow_zero=True)
+        await self._release(
+            message_id,
+            error=_clip(error),
+            delay=seconds,
+            dead=message.attempts >= self.max_attempts,
+        )
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """Dead-lettered messages, oldest first, undecodable ones included."""
+        if check_count(limit, "limit") == 0:
+            return []
+        out: list[DeadLetter] = []
+        for raw in await self._dead_letters(limit):
+            try:
+                intent: HandoffIntent | None = decode_intent(raw.payload)
+            except ValueError:
+                intent = None
+            out.append(DeadLetter(raw.message_id, intent, raw.attempts, raw.error, raw.payload))
+        return out
+
+    async def retry_dead_letter(self, message_id: str) -> None:
+        """Move a dead letter back to the outbox with its attempts reset; ``KeyError`` if
+        there is none with that id."""
+        if not isinstance(message_id, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"message_id must be a str, got {type(message_id).__name__}")
+        if not message_id or not await self._retry_dead_letter(message_id):
+            raise KeyError(f"no dead letter with id {message_id!r}")
+
+    @staticmethod
+    def _message_id(message: object) -> str:
+        if not isinstance(message, OutboxMessage):
+            raise TypeError(f"expected a flowy.storage.OutboxMessage, got {type(message).__name__}")
+        return message.message_id
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_attempts={self.max_attempts})"

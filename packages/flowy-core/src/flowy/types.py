@@ -1,0 +1,46 @@
+"""Secondary public types: what annotations and advanced calls name.
+
+The everyday names are in ``flowy`` itself; these are the rest, one import away.
+"""
+
+from __future__ import annotations
+
+from ._connect import Connecting as Connecting
+from ._context import RunMetadata as RunMetadata
+from ._directives import DirectiveKind as DirectiveKind
+from ._events import InterruptKind as InterruptKind
+from ._events import StreamCollectResult as StreamCollectResult
+from ._execution import InvariantValidator as InvariantValidator
+from ._graph import Node as Node
+from ._graph import Reducer as Reducer
+from ._graph import Router as Router
+from ._plan import ResumePlan as ResumePlan
+from ._plan import ResumeTargetPolicy as ResumeTargetPolicy
+from ._runner import DEFAULT_HANDOFF_STALE_AFTER as DEFAULT_HANDOFF_STALE_AFTER
+from ._runner import DEFAULT_LEASE_TTL as DEFAULT_LEASE_TTL
+from ._runner import StateMerge as StateMerge
+from ._runner import StreamStart as StreamStart
+from ._types import JSON as JSON
+from ._worker import Outcome as Outcome
+from ._worker import WorkerStats as WorkerStats
+
+__all__ = [
+    "DEFAULT_HANDOFF_STALE_AFTER",
+    "DEFAULT_LEASE_TTL",
+    "JSON",
+    "Connecting",
+    "DirectiveKind",
+    "InterruptKind",
+    "InvariantValidator",
+    "Node",
+    "Outcome",
+    "Reducer",
+    "ResumePlan",
+    "ResumeTargetPolicy",
+    "Router",
+    "RunMetadata",
+    "StateMerge",
+    "StreamCollectResult",
+    "StreamStart",
+    "WorkerStats",
+]
