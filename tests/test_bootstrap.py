@@ -19,6 +19,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def clean_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory: pytest.TempPathFactory) -> Clone:
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clone]:
     reason = not_managed_reason()
     if reason is not None:
         if os.environ.get("FLOWY_REQUIRE_BOOTSTRAP") == "1":
@@ -131,7 +132,9 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Clone:
     path = tmp_path_factory.mktemp("clone") / "flowy"
     subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(path)], check=True)
     subprocess.run(["git", "checkout", "--quiet", "--detach", head], cwd=path, check=True)
-    return Clone(path, env)
+    yield Clone(path, env)
+    # The full dev environment is ~500 MB when uv cannot hardlink from its cache.
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_make_demo_on_an_externally_managed_python(clone: Clone) -> None:
