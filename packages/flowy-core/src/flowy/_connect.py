@@ -17,7 +17,7 @@ from typing import Any, cast
 from ._errors import BackendURLError
 from .storage import Backend, BaseBackend, StateCodec, StoreURL
 
-__all__ = ["ENTRY_POINT_GROUP", "Connecting", "connect", "schemes"]
+__all__ = ["ENTRY_POINT_GROUP", "Connecting", "connect", "register_backend", "schemes"]
 
 ENTRY_POINT_GROUP = "flowy.backends"
 """The entry-point group adapters register their openers in (name: the URL scheme)."""
@@ -50,11 +50,29 @@ def _registered() -> dict[str, importlib.metadata.EntryPoint]:
 
 
 def schemes() -> list[str]:
-    """The URL schemes ``connect`` can open here (built in and installed adapters)."""
-    return sorted(set(_BUILTIN) | set(_registered()))
+    """The URL schemes ``connect`` can open here (built in, installed, registered)."""
+    return sorted(set(_BUILTIN) | set(_registered()) | set(_registered_here))
+
+
+_registered_here: dict[str, Opener] = {}
+
+
+def register_backend(scheme: str, opener: Opener) -> None:
+    """Make ``flowy.connect`` open ``scheme://`` URLs with ``opener`` in this process.
+
+    Installed adapters register through the ``flowy.backends`` entry-point group
+    instead; this is for a store that lives in an application or a test suite.
+    ``opener`` is ``async def open_backend(url: StoreURL, *, codec) -> BaseBackend``
+    returning an unopened backend.
+    """
+    if not scheme or not scheme.replace("+", "").isalnum() or scheme != scheme.lower():
+        raise ValueError(f"a scheme is lowercase letters, digits and '+', got {scheme!r}")
+    _registered_here[scheme] = opener
 
 
 def _opener(url: StoreURL) -> Opener:
+    if url.scheme in _registered_here:
+        return _registered_here[url.scheme]
     if url.scheme in _BUILTIN:
         return _load(_BUILTIN[url.scheme])
     entry = _registered().get(url.scheme)

@@ -6,6 +6,8 @@ The everyday names are in ``flowy`` itself; these are the rest, one import away.
 from __future__ import annotations
 
 from ._connect import Connecting as Connecting
+from ._connect import register_backend as register_backend
+from ._connect import schemes as schemes
 from ._context import RunMetadata as RunMetadata
 from ._directives import DirectiveKind as DirectiveKind
 from ._events import InterruptKind as InterruptKind
@@ -43,4 +45,6 @@ __all__ = [
     "StreamCollectResult",
     "StreamStart",
     "WorkerStats",
+    "register_backend",
+    "schemes",
 ]
