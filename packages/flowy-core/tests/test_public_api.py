@@ -36,7 +36,6 @@ RANK = {
     "_events": 6,
     "_handoff": 6,
     "_execution": 7,
-    "_connect": 8,
     "_runner": 8,
     "_worker": 9,
     "patterns": 9,

@@ -19,7 +19,6 @@ import importlib.metadata as _metadata
 import warnings as _warnings
 from typing import Any as _Any
 
-from ._connect import connect as connect
 from ._context import BindingKey as BindingKey
 from ._context import RunBindings as RunBindings
 from ._context import RunMetadataInput as RunMetadataInput
@@ -73,6 +72,7 @@ from ._types import ResumeToken as ResumeToken
 from ._types import RunStatus as RunStatus
 from ._worker import Worker as Worker
 from .storage import Backend as Backend
+from .storage import connect as connect
 
 __version__: str = _metadata.version("flowy-core")
 

@@ -102,11 +102,11 @@ class EventSink(Generic[S, E]):
 
     def __init__(self, max_buffer: int = 1024) -> None:
         self.events: deque[RunEvent[S, E]] = deque()
-        self.max_buffer = max(max_buffer, 1)
-        self.ready = asyncio.Event()
-        self.closed = False
-        self.finished = False
-        self.dropped = 0
+        self.max_buffer: int = max(max_buffer, 1)
+        self.ready: asyncio.Event = asyncio.Event()
+        self.closed: bool = False
+        self.finished: bool = False
+        self.dropped: int = 0
 
     def emit(self, event: RunEvent[S, E]) -> None:
         """Buffer ``event``; when full, drop the oldest progress event (never a terminal)."""

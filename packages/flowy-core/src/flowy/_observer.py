@@ -142,7 +142,7 @@ class Telemetry:
         self.parent = parent
         self.handoffs: Counter[str] = Counter()
         self.events: Counter[str] = Counter()
-        self.dropped = 0
+        self.dropped: int = 0
 
     def publish(self, event: LifecycleEvent) -> None:
         """Count ``event`` and deliver it to the observers without blocking."""

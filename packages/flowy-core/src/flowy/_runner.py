@@ -201,7 +201,7 @@ class Runner(Generic[S, E]):
         self.after_load = after_load
         self.handoff_stale_after = handoff_stale_after
         self.clock = clock
-        self.telemetry = Telemetry(observer, GLOBAL)
+        self.telemetry: Telemetry = Telemetry(observer, GLOBAL)
         self._services: Services[S, E] = Services(
             graph, checkpointer, lease_manager, handoff_outbox, clock, self.telemetry
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
@@ -75,7 +75,7 @@ class MemoryStore:
         self.tokens: dict[str, int] = {}
         self.messages: dict[str, _Message] = {}
         self.dead: dict[str, _Message] = {}
-        self.ids = itertools.count(1)
+        self.ids: itertools.count[int] = itertools.count(1)
         self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
 
     def live_lease(self, thread_id: str) -> Lease | None:
@@ -143,8 +143,8 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         self, store: MemoryStore | None = None, *, codec: StateCodec[S] | None = None
     ) -> None:
         super().__init__(codec=codec)
-        self.store = store if store is not None else MemoryStore()
-        self.domain = self.store
+        self.store: MemoryStore = store if store is not None else MemoryStore()
+        self.domain: Hashable = self.store
 
     async def _write(self, write: Write) -> Refused | None:
         store = self.store
@@ -218,8 +218,8 @@ class MemoryLeaseManager(BaseLeaseManager):
     processes: for development and tests)."""
 
     def __init__(self, store: MemoryStore | None = None) -> None:
-        self.store = store if store is not None else MemoryStore()
-        self.domain = self.store
+        self.store: MemoryStore = store if store is not None else MemoryStore()
+        self.domain: Hashable = self.store
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
         store = self.store
@@ -261,8 +261,8 @@ class MemoryOutbox(BaseOutbox):
     """The outbox of a :class:`MemoryStore`."""
 
     def __init__(self, store: MemoryStore | None = None) -> None:
-        self.store = store if store is not None else MemoryStore()
-        self.domain = self.store
+        self.store: MemoryStore = store if store is not None else MemoryStore()
+        self.domain: Hashable = self.store
 
     async def _append(self, row: OutboxRow) -> None:
         self.store.append(row)
@@ -273,8 +273,8 @@ class MemoryConsumer(BaseConsumer):
 
     def __init__(self, store: MemoryStore | None = None, *, max_attempts: int = 5) -> None:
         super().__init__(max_attempts=max_attempts)
-        self.store = store if store is not None else MemoryStore()
-        self.domain = self.store
+        self.store: MemoryStore = store if store is not None else MemoryStore()
+        self.domain: Hashable = self.store
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
         now = self.store.clock()
@@ -348,8 +348,8 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
         max_attempts: int = 5,
         url: str = "memory://",
     ) -> None:
-        self.store = store if store is not None else MemoryStore()
-        self.url = url
+        self.store: MemoryStore = store if store is not None else MemoryStore()
+        self.url: str = url
         self.checkpointer: MemoryCheckpointer[S] = MemoryCheckpointer(self.store, codec=codec)
         self.leases: MemoryLeaseManager = MemoryLeaseManager(self.store)
         self.outbox: MemoryOutbox = MemoryOutbox(self.store)

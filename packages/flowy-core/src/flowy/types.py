@@ -5,9 +5,6 @@ The everyday names are in ``flowy`` itself; these are the rest, one import away.
 
 from __future__ import annotations
 
-from ._connect import Connecting as Connecting
-from ._connect import register_backend as register_backend
-from ._connect import schemes as schemes
 from ._context import RunMetadata as RunMetadata
 from ._directives import DirectiveKind as DirectiveKind
 from ._events import InterruptKind as InterruptKind
@@ -30,7 +27,6 @@ __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
     "DEFAULT_LEASE_TTL",
     "JSON",
-    "Connecting",
     "DirectiveKind",
     "InterruptKind",
     "InvariantValidator",
@@ -45,6 +41,4 @@ __all__ = [
     "StreamCollectResult",
     "StreamStart",
     "WorkerStats",
-    "register_backend",
-    "schemes",
 ]

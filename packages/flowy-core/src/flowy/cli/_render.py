@@ -163,7 +163,7 @@ class Console:
     def __init__(self, stream: TextIO | None = None, *, color: bool = False) -> None:
         self.stream: TextIO = stream if stream is not None else sys.stdout
         self.color = color
-        self.unicode = _can_encode(self.stream, "".join(_UNICODE.values()) + "…")
+        self.unicode: bool = _can_encode(self.stream, "".join(_UNICODE.values()) + "…")
 
     @classmethod
     def for_stream(cls, stream: TextIO, mode: ColorMode = "auto") -> Console:

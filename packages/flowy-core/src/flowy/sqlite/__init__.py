@@ -61,10 +61,10 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
         synchronous: Literal["FULL", "NORMAL"] = "FULL",
         poll_interval: float = 0.05,
     ) -> None:
-        self.database = SQLiteDatabase(
+        self.database: SQLiteDatabase = SQLiteDatabase(
             path, busy_timeout=busy_timeout, clock=clock, synchronous=synchronous
         )
-        self.url = f"sqlite:///{self.database.path}"
+        self.url: str = f"sqlite:///{self.database.path}"
         self.checkpointer: SQLiteCheckpointer[S] = SQLiteCheckpointer(self.database, codec=codec)
         self.leases: SQLiteLeaseManager = SQLiteLeaseManager(self.database)
         self.outbox: SQLiteOutbox = SQLiteOutbox(self.database)

@@ -20,7 +20,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar
 
@@ -174,7 +174,7 @@ class SQLiteDatabase:
     # -- identity -------------------------------------------------------------------
 
     @property
-    def domain(self) -> object:
+    def domain(self) -> Hashable:
         """The coordination domain: the file's real path (this object for ``:memory:``)."""
         return self._domain if self._domain is not None else self
 

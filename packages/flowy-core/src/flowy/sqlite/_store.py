@@ -18,6 +18,7 @@ are each one transaction. The file holds:
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Hashable
 from typing import Any, Generic
 
 from .._errors import SnapshotTooLargeError
@@ -90,7 +91,7 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
     def __init__(self, database: SQLiteDatabase, *, codec: StateCodec[S] | None = None) -> None:
         super().__init__(codec=codec)
         self.database = database
-        self.domain = database.domain
+        self.domain: Hashable = database.domain
 
     def _body(self, conn: sqlite3.Connection, write: Write) -> Refused | None:
         now = self.database.clock()
@@ -225,7 +226,7 @@ class SQLiteLeaseManager(BaseLeaseManager):
 
     def __init__(self, database: SQLiteDatabase) -> None:
         self.database = database
-        self.domain = database.domain
+        self.domain: Hashable = database.domain
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
         def body(conn: sqlite3.Connection) -> Lease | Busy:
@@ -294,7 +295,7 @@ class SQLiteOutbox(BaseOutbox):
 
     def __init__(self, database: SQLiteDatabase) -> None:
         self.database = database
-        self.domain = database.domain
+        self.domain: Hashable = database.domain
 
     async def _append(self, row: OutboxRow) -> None:
         await self.database.run(
@@ -313,7 +314,7 @@ class SQLiteConsumer(BaseConsumer):
     ) -> None:
         super().__init__(max_attempts=max_attempts, poll_interval=poll_interval)
         self.database = database
-        self.domain = database.domain
+        self.domain: Hashable = database.domain
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
         def job(conn: sqlite3.Connection) -> list[RawMessage]:

@@ -27,6 +27,11 @@ from ._base import Refused as Refused
 from ._base import Write as Write
 from ._base import show_id as show_id
 from ._codecs import JSONCodec as JSONCodec
+from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from ._connect import Connecting as Connecting
+from ._connect import connect as connect
+from ._connect import register_backend as register_backend
+from ._connect import schemes as schemes
 from ._codecs import MsgspecCodec as MsgspecCodec
 from ._codecs import StateCodec as StateCodec
 from ._guard import LeaseGuardCheckpointer as LeaseGuardCheckpointer
@@ -66,6 +71,7 @@ from ._saving import confirm_save as confirm_save
 from ._saving import durable_save as durable_save
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "FORMAT_VERSION",
     "MAX_THREAD_ID_BYTES",
     "Backend",
@@ -76,6 +82,7 @@ __all__ = [
     "BaseOutbox",
     "Busy",
     "Checkpointer",
+    "Connecting",
     "DeadLetter",
     "DecodeRecordOptions",
     "EnqueueCallback",
@@ -105,6 +112,7 @@ __all__ = [
     "TransactionalHandoffOutbox",
     "Write",
     "confirm_save",
+    "connect",
     "decode_intent",
     "decode_record",
     "decode_snapshot",
@@ -114,6 +122,8 @@ __all__ = [
     "encode_snapshot",
     "new_write_id",
     "redact_url",
+    "register_backend",
+    "schemes",
     "show_id",
     "validate_thread_id",
 ]

@@ -90,8 +90,8 @@ class BaseConsumer(abc.ABC):
             raise TypeError(f"max_attempts must be an int, got {max_attempts!r}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
-        self.max_attempts = max_attempts
-        self.poll_interval = check_seconds(poll_interval, "poll_interval")
+        self.max_attempts: int = max_attempts
+        self.poll_interval: float = check_seconds(poll_interval, "poll_interval")
 
     # -- the primitives a store implements ---------------------------------------------
     @abc.abstractmethod

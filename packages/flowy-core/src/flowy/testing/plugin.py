@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .._connect import connect
+from ..storage import connect
 from ..storage import Backend
 from .hooks import Corrupt
 

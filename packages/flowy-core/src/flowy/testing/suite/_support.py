@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..._connect import connect
+from ...storage import connect
 from ..._errors import ThreadNotFoundError
 from ...storage import (
     Backend,

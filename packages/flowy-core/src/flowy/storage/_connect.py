@@ -14,8 +14,10 @@ from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any, cast
 
-from ._errors import BackendURLError
-from .storage import Backend, BaseBackend, StateCodec, StoreURL
+from .._errors import BackendURLError
+from ._backend import BaseBackend, StoreURL
+from ._codecs import StateCodec
+from ._protocols import Backend
 
 __all__ = ["ENTRY_POINT_GROUP", "Connecting", "connect", "register_backend", "schemes"]
 
