@@ -27,13 +27,13 @@ from ._base import Refused as Refused
 from ._base import Write as Write
 from ._base import show_id as show_id
 from ._codecs import JSONCodec as JSONCodec
+from ._codecs import MsgspecCodec as MsgspecCodec
+from ._codecs import StateCodec as StateCodec
 from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from ._connect import Connecting as Connecting
 from ._connect import connect as connect
 from ._connect import register_backend as register_backend
 from ._connect import schemes as schemes
-from ._codecs import MsgspecCodec as MsgspecCodec
-from ._codecs import StateCodec as StateCodec
 from ._guard import LeaseGuardCheckpointer as LeaseGuardCheckpointer
 from ._intents import decode_intent as decode_intent
 from ._intents import encode_intent as encode_intent

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from ..storage import connect
-from ..storage import Backend
+from ..storage import Backend, connect
 from .hooks import Corrupt
 
 __all__ = ["anyio_backend", "flowy_backend", "flowy_corrupt", "flowy_url"]

@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ...storage import connect
 from ..._errors import ThreadNotFoundError
 from ...storage import (
     Backend,
@@ -30,6 +29,7 @@ from ...storage import (
     Snapshot,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
+    connect,
     new_write_id,
 )
 from ..backends import require_backends
