@@ -319,10 +319,14 @@ async def test_enqueue_failure_and_retention_failure_are_both_reported() -> None
     )
     events, r = await stream_helpers.collect_events_and_wait(handle)
     assert r.status is flowy.RunStatus.HANDOFF
-    assert r.reason == "handoff_retention_failed"
-    assert isinstance(r.error, ExceptionGroup)
-    kinds = {type(e) for e in r.error.exceptions}
-    assert kinds == {flowy.HandoffEnqueueFailedError, flowy.StorageUnavailableError}
+    # The orphaned hand-off is what needs acting on: its reason is kept, and the error is
+    # still catchable as what it is, carrying the prune failure along.
+    assert r.reason == flowy.Reason.HANDOFF_ORPHANED
+    with pytest.raises(flowy.HandoffEnqueueFailedError) as info:
+        r.raise_for_error()
+    assert info.value.orphaned
+    assert isinstance(info.value.retention_error, flowy.StorageUnavailableError)
+    assert any("pruning the history failed" in note for note in info.value.__notes__)
     assert events[-1].type is flowy.EventType.HANDOFF and events[-1].reason == r.reason
     snap, _ = await cp.load("t")
     assert snap.handoff_status is flowy.HandoffStatus.ORPHANED

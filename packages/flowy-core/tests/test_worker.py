@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from typing import Any
 
 import pytest
-from core_graphs import PlainOutbox, State, handoff_graph, merge
+from core_graphs import PlainOutbox, State, linear_graph, merge
 
 import flowy
 from flowy import storage
@@ -167,7 +169,9 @@ async def test_graceful_shutdown_drains_in_flight() -> None:
     assert sorted(runs) == [f"t{i}" for i in range(4)] and queue.pending_count() == 0
 
 
-async def test_node_error_releases_for_retry_then_dead_letter() -> None:
+async def test_node_error_is_logged_stored_retried_with_backoff_then_dead_lettered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     mem: MemoryBackend[State] = MemoryBackend(max_attempts=3)
 
     async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
@@ -179,15 +183,70 @@ async def test_node_error_releases_for_retry_then_dead_letter() -> None:
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
     b.allow_no_outgoing_route("broken")
-    queue = mem.outbox
-    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=queue)
+    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
     await runner.start("t", {})
-    worker = flowy.Worker(runner, mem.consumer, owner="w")
-    await worker.run_until_idle()
-    dead = await mem.consumer.dead_letters()
-    assert len(dead) == 1 and dead[0].attempts == 3
-    assert worker.stats.outcomes["retry"] == 3
-    _ = handoff_graph
+    failures: list[ftypes.Failure] = []
+    results: list[flowy.RunResult[Any, Any]] = []
+    worker = flowy.Worker(
+        runner,
+        mem.consumer,
+        owner="w",
+        retry_delay=0.05,
+        max_retry_delay=0.2,
+        on_failure=failures.append,
+        on_result=lambda _intent, result: results.append(result),
+    )
+    with caplog.at_level(logging.WARNING, logger="flowy.worker"):
+        assert await worker.run_until_idle(idle_wait=0.5) == 3
+    # Stored on the message, kept on the dead letter.
+    [dead] = await mem.consumer.dead_letters()
+    assert dead.attempts == 3
+    assert dead.error == "run failed (node_error): RuntimeError: always fails"
+    # Backoff: 0.05 then 0.1 (each up to 25 % more), then dead.
+    assert [f.dead for f in failures] == [False, False, True]
+    assert 0.05 <= failures[0].retry_in <= 0.0625 and 0.1 <= failures[1].retry_in <= 0.125
+    assert all(isinstance(f.exception, RuntimeError) for f in failures)
+    assert [r.reason for r in results] == ["node_error"] * 3
+    assert worker.stats.outcomes["retry"] == 2 and worker.stats.outcomes["dead_lettered"] == 1
+    # Logged with the traceback, thread id quoted.
+    records = [r for r in caplog.records if r.name == "flowy.worker"]
+    assert len(records) == 3 and all(r.exc_info is not None for r in records)
+    assert "thread 't'" in records[0].getMessage() and records[-1].levelno == logging.ERROR
+
+
+async def test_default_backoff_waits_at_least_a_second_and_grows() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
+    runner = flowy.Runner(linear_graph(), mem)
+    worker = flowy.Worker(runner)
+    first, second, third = (worker.backoff(n) for n in (1, 2, 3))
+    assert 1.0 <= first <= 1.25 and 2.0 <= second <= 2.5 and 4.0 <= third <= 5.0
+    assert worker.backoff(50) == 300.0
+
+
+async def test_a_released_message_is_not_redelivered_before_its_backoff() -> None:
+    mem: MemoryBackend[State] = MemoryBackend(max_attempts=5)
+
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="broken")
+
+    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
+        raise ValueError("bad input")
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
+    b.allow_no_outgoing_route("broken")
+    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+    await runner.start("t", {})
+    worker = flowy.Worker(runner, mem.consumer, owner="w")  # default backoff: >= 1 s
+    (msg,) = await mem.consumer.claim(1, 30)
+    assert await worker.process(msg) is ftypes.Outcome.RETRY
+    assert await mem.consumer.claim(1, 30, wait=0.3) == []  # not within the backoff
+    deadline = time.monotonic() + 5
+    again: list[storage.OutboxMessage] = []
+    while not again and time.monotonic() < deadline:
+        again = await mem.consumer.claim(1, 30, wait=0.2)
+    assert again and again[0].attempts == 2
+    assert again[0].last_error == "run failed (node_error): ValueError: bad input"
 
 
 async def test_worker_dying_mid_segment_after_a_saved_step_is_continued() -> None:

@@ -213,6 +213,8 @@ class HandoffEnqueueFailedError(HandoffError):
     manual enqueue); the snapshot is safe in the checkpointer. ``orphaned`` tells whether
     the compensating patch saved the snapshot as orphaned (else it stays enqueued).
     Raised by ``Runner.recover_stale_handoff``, ``result`` is the recovery's result.
+    When pruning the history failed as well, ``retention_error`` holds that error (the
+    run's reason stays ``handoff_orphaned``).
     """
 
     def __init__(
@@ -222,6 +224,7 @@ class HandoffEnqueueFailedError(HandoffError):
         self.resume_token = resume_token
         self.orphaned = orphaned
         self.result: HandoffRecoveryResult | None = None
+        self.retention_error: BaseException | None = None
 
 
 class StorageError(FlowyError):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Protocol
 
-from ._errors import NoActiveExecutionError
+from ._errors import CheckpointSkippedError, NoActiveExecutionError
 from ._results import RunResult
-from ._types import E, ResumeToken, S
+from ._types import E, ResumeToken, RunStatus, S
 from .storage import Snapshot
 
 __all__ = [
@@ -87,10 +87,8 @@ InterruptKind = Literal["stop", "handoff", "lease_lost"]
 class RunControl(Protocol):
     """What a ``StreamHandle`` may do to the execution it watches."""
 
-    @property
-    def interrupt_kind(self) -> InterruptKind | None:
-        """The interrupt requested so far, if any."""
-        ...
+    interrupt_kind: InterruptKind | None
+    """The interrupt requested so far, if any."""
 
     def interrupt(self, kind: InterruptKind) -> None:
         """Ask the run to stop at the next safe point (a node is cancelled)."""
@@ -225,8 +223,10 @@ class StreamHandle(Generic[S, E]):
     async def request_local_handoff(self) -> None:
         """Hand the run off at its current point and wait until that is persisted.
 
-        Raises ``NoActiveExecutionError`` if the run has terminated or was stopped,
-        ``CheckpointSkippedError`` if SKIP_ON_SAVE_ERROR skipped the save,
+        Returns only when the hand-off was persisted. Raises ``NoActiveExecutionError``
+        if the run has terminated, was stopped, or ended on its own (suspended, completed,
+        failed) while the request was in flight; ``CheckpointSkippedError`` if
+        SKIP_ON_SAVE_ERROR skipped the save or the runner has no store to persist it in;
         ``HandoffEnqueueFailedError`` if the intent could not be enqueued (the snapshot is
         saved; the error carries the retry token), or the save/retention error.
         """
@@ -237,7 +237,19 @@ class StreamHandle(Generic[S, E]):
             )
         self._control.interrupt("handoff")
         result = await self.wait_result()
+        if result.status is not RunStatus.HANDOFF:
+            # The run ended on its own (suspended, completed, failed) before it reached a
+            # point where it could hand off: nothing was handed off.
+            raise NoActiveExecutionError(
+                f"thread {self.thread_id!r:.200} ended on its own ({result.status.value}, "
+                f"{result.reason}) before the hand-off; nothing was handed off"
+            )
         result.raise_for_error()
+        if result.resume_token is None:
+            raise CheckpointSkippedError(
+                f"the hand-off of thread {self.thread_id!r:.200} was not persisted: the runner "
+                "has no store"
+            )
 
     def cancel(self) -> None:
         """Cancel the run task; it saves a cancel snapshot and ends with CancelledError."""

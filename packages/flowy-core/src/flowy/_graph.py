@@ -74,6 +74,7 @@ class Graph(Generic[S, E]):
     checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR
     save_every_step: bool = True
     state_type: Any = None
+    max_total_steps: int | None = 10_000
 
     def node(self, name: str) -> Node[S, E]:
         """The node called ``name``; ``UnknownNodeError`` if there is none."""
@@ -275,10 +276,14 @@ class GraphBuilder(Generic[S, E]):
         retention_limit: int | None = None,
         checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR,
         save_every_step: bool = True,
+        max_total_steps: int | None = 10_000,
     ) -> Graph[S, E]:
         """Validate and freeze the graph.
 
-        ``max_steps`` bounds the steps of one segment (a start or a resume). ``budgets``
+        ``max_steps`` bounds the steps of one segment (a start or a resume);
+        ``max_total_steps`` (default 10,000; ``None``: no bound) the steps of a thread
+        across all its segments, persisted, so a graph that keeps handing off to itself
+        ends with ``max_total_steps_exceeded`` instead of spinning a worker. ``budgets``
         declares named budgets (``use_budget``) and their limits, persisted across
         resumes. ``delete_on_success`` deletes a completed thread (if idle);
         ``retention_limit`` keeps that many history entries. ``save_every_step`` saves a
@@ -287,6 +292,8 @@ class GraphBuilder(Generic[S, E]):
         """
         budgets = {**self._budgets, **(budgets or {})}
         problems = self._validate(max_steps, budgets, retention_limit)
+        if max_total_steps is not None and max_total_steps < 1:
+            problems.append(f"max_total_steps must be >= 1 or None, got {max_total_steps!r}")
         if problems:
             raise GraphValidationError(problems)
         assert self._entry is not None
@@ -310,4 +317,5 @@ class GraphBuilder(Generic[S, E]):
             checkpoint_policy=checkpoint_policy,
             save_every_step=save_every_step,
             state_type=state_type,
+            max_total_steps=max_total_steps,
         )

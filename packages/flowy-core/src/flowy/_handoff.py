@@ -1,15 +1,30 @@
-"""Phases two and three of the hand-off FSM, shared by runs and recovery: patch the
-pending snapshot to enqueued, enqueue the intent, and on failure patch it orphaned."""
+"""Hand-offs: the transactional path (one ``save_with_outbox``) and the three-phase FSM
+(save pending → patch enqueued → enqueue the intent; an enqueue failure patches the
+snapshot orphaned), shared by runs (``HandoffSegment``) and recovery
+(``three_phase_tail``).
+
+Every failure is counted under its ``handoff_enqueued_total`` label and published to
+the lifecycle observers with that label in ``LifecycleEvent.status``.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from ._errors import HandoffEnqueueFailedError, HandoffPatchFailedError, LeaseLostError
+from ._errors import (
+    CheckpointSkippedError,
+    HandoffEnqueueFailedError,
+    HandoffPatchFailedError,
+    LeaseLostError,
+)
+from ._events import EventType
 from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
-from ._types import ResumeToken
+from ._results import Reason, RunResult
+from ._segment import Segment
+from ._types import E, ResumeToken, S
 from .storage import (
     Checkpointer,
     HandoffIntent,
@@ -18,11 +33,36 @@ from .storage import (
     Lease,
     RunStatus,
     Snapshot,
+    TransactionalCheckpointer,
+    TransactionalHandoffOutbox,
+    confirm_save,
     durable_save,
     new_write_id,
 )
 
-__all__ = ["three_phase_tail"]
+__all__ = ["HandoffSegment", "three_phase_tail"]
+
+logger = logging.getLogger("flowy")
+
+
+def _failed(
+    telemetry: Telemetry,
+    status: HandoffMetricStatus,
+    type_: LifecycleEventType,
+    thread_id: str,
+    revision: int,
+    error: BaseException,
+) -> None:
+    telemetry.count_handoff(status)
+    telemetry.publish(
+        LifecycleEvent(
+            type_,
+            thread_id,
+            revision=revision,
+            status=status.value,
+            error=f"{type(error).__name__}: {error}",
+        )
+    )
 
 
 async def three_phase_tail(
@@ -49,10 +89,17 @@ async def three_phase_tail(
     except LeaseLostError:
         raise
     except Exception as exc:
-        telemetry.count_handoff(HandoffMetricStatus.PATCH_ENQUEUED_FAILED)
+        _failed(
+            telemetry,
+            HandoffMetricStatus.PATCH_ENQUEUED_FAILED,
+            LifecycleEventType.HANDOFF_PATCH_FAILED,
+            thread_id,
+            pending_revision,
+            exc,
+        )
         raise HandoffPatchFailedError(
-            f"hand-off of thread {thread_id!r}: saving status enqueued failed ({exc}); the "
-            f"snapshot stays pending at revision {pending_revision} and is recoverable "
+            f"hand-off of thread {thread_id!r:.200}: saving status enqueued failed ({exc}); "
+            f"the snapshot stays pending at revision {pending_revision} and is recoverable "
             "after the stale TTL"
         ) from exc
     token = ResumeToken(thread_id, committed)
@@ -70,7 +117,14 @@ async def three_phase_tail(
     try:
         await outbox.enqueue_intent(intent)
     except Exception as enqueue_exc:
-        telemetry.count_handoff(HandoffMetricStatus.ENQUEUE_FAILED)
+        _failed(
+            telemetry,
+            HandoffMetricStatus.ENQUEUE_FAILED,
+            LifecycleEventType.HANDOFF_ENQUEUE_FAILED,
+            thread_id,
+            committed,
+            enqueue_exc,
+        )
         orphan = replace(
             enqueued,
             handoff_status=HandoffStatus.ORPHANED,
@@ -80,26 +134,207 @@ async def three_phase_tail(
         try:
             orphaned = await durable_save(cp, committed, orphan, lease=lease)
         except Exception as patch_exc:
-            telemetry.count_handoff(HandoffMetricStatus.PATCH_ORPHAN_FAILED)
-            err = HandoffEnqueueFailedError(
-                f"hand-off of thread {thread_id!r}: enqueue failed ({enqueue_exc}) and the "
-                f"orphaned patch failed too ({patch_exc}); the snapshot stays enqueued at "
+            _failed(
+                telemetry,
+                HandoffMetricStatus.PATCH_ORPHAN_FAILED,
+                LifecycleEventType.HANDOFF_PATCH_FAILED,
+                thread_id,
+                committed,
+                patch_exc,
+            )
+            raise HandoffEnqueueFailedError(
+                f"hand-off of thread {thread_id!r:.200}: enqueue failed ({enqueue_exc}) and "
+                f"the orphaned patch failed too ({patch_exc}); the snapshot stays enqueued at "
                 f"revision {committed} without an outbox message: recover it with "
                 "recover_stale_handoff(force_reenqueue=True)",
                 resume_token=token,
                 orphaned=False,
-            )
-            raise err from enqueue_exc
-        err = HandoffEnqueueFailedError(
-            f"hand-off of thread {thread_id!r}: enqueue failed ({enqueue_exc}); the snapshot "
-            f"is saved as orphaned at revision {orphaned}: recover it with "
+            ) from enqueue_exc
+        raise HandoffEnqueueFailedError(
+            f"hand-off of thread {thread_id!r:.200}: enqueue failed ({enqueue_exc}); the "
+            f"snapshot is saved as orphaned at revision {orphaned}: recover it with "
             "recover_stale_handoff or retry with the error's resume_token",
             resume_token=ResumeToken(thread_id, orphaned),
             orphaned=True,
-        )
-        raise err from enqueue_exc
+        ) from enqueue_exc
     telemetry.count_handoff(HandoffMetricStatus.SUCCESS)
     telemetry.publish(
-        LifecycleEvent(LifecycleEventType.HANDOFF_ENQUEUED, thread_id, revision=committed)
+        LifecycleEvent(
+            LifecycleEventType.HANDOFF_ENQUEUED,
+            thread_id,
+            revision=committed,
+            status=HandoffMetricStatus.SUCCESS.value,
+        )
     )
     return token
+
+
+def _is_transactional(obj: object, protocol: type) -> bool:
+    """True if ``obj`` implements ``protocol``; wrappers (the lease guard, fault
+    injectors) say whether the object they wrap does through a ``transactional`` flag."""
+    flag = getattr(obj, "transactional", None)
+    if isinstance(flag, bool):
+        return flag
+    return isinstance(obj, protocol)
+
+
+class HandoffSegment(Segment[S, E]):
+    """The hand-off terminal path of a segment."""
+
+    def _no_progress(self) -> bool:
+        """True when the segment hands off where it started with the state it started
+        with: a graph that hands off to itself without doing anything."""
+        return (
+            self.meta.step_count > 0
+            and self.pointer == self.start_pointer
+            and self.state == self.start_state
+        )
+
+    async def _handoff(self, reason: str) -> RunResult[S, E]:
+        """Persist a hand-off at ``self.pointer`` (transactional or three-phase)."""
+        if self._no_progress():
+            self._warn_no_progress()
+        cp = self.cp
+        outbox = self.services.outbox
+        if cp is None:
+            result = self._result(RunStatus.HANDOFF, reason)
+            self._emit(EventType.HANDOFF, reason=reason, execution_pointer=self.pointer)
+            return result
+        error: BaseException | None = None
+        handoff_status = HandoffStatus.NONE
+        if outbox is None:
+            error = await self._save_or_stop(self._snapshot(RunStatus.HANDOFF, reason), "handoff")
+        elif _is_transactional(cp, TransactionalCheckpointer) and _is_transactional(
+            outbox, TransactionalHandoffOutbox
+        ):
+            error = await self._handoff_tx(
+                cast(TransactionalCheckpointer[S], cp),
+                cast(TransactionalHandoffOutbox, outbox),
+                reason,
+            )
+            handoff_status = HandoffStatus.ENQUEUED
+        else:
+            reason, handoff_status, error = await self._handoff_three_phase(cp, outbox, reason)
+        persisted = not isinstance(error, CheckpointSkippedError)
+        if persisted:
+            reason, retention_error = await self._retention(reason, "handoff")
+            if retention_error is not None:
+                if isinstance(error, HandoffEnqueueFailedError):
+                    # Still catchable as what it is, and still saying handoff_orphaned
+                    # when the snapshot was patched orphaned; the prune failure rides
+                    # along on the error.
+                    error.retention_error = retention_error
+                    error.add_note(f"also, pruning the history failed: {retention_error!r}")
+                    if error.orphaned:
+                        reason = Reason.HANDOFF_ORPHANED
+                else:
+                    error = retention_error
+        else:
+            reason = Reason.HANDOFF_CHECKPOINT_SKIPPED
+            handoff_status = HandoffStatus.NONE
+        result = self._result(
+            RunStatus.HANDOFF, reason, token=persisted, error=error, handoff_status=handoff_status
+        )
+        self._emit(
+            EventType.HANDOFF,
+            reason=reason,
+            execution_pointer=self.pointer,
+            resume_token=result.resume_token,
+        )
+        return result
+
+    async def _handoff_three_phase(
+        self, cp: Checkpointer[S], outbox: HandoffOutbox, reason: str
+    ) -> tuple[str, HandoffStatus, BaseException | None]:
+        snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, self.clock())
+        try:
+            await self._save(snap)
+        except LeaseLostError as exc:
+            raise self._lease_lost(exc) from exc
+        except Exception as exc:
+            self._count(
+                HandoffMetricStatus.SAVE_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc
+            )
+            if not self.skip_saves:
+                self._save_failed("handoff", exc)
+            return reason, HandoffStatus.NONE, self._skipped("handoff", exc)
+        try:
+            token = await three_phase_tail(
+                cp,
+                outbox,
+                snap.at_revision(self.revision),
+                self.revision,
+                self.lease,
+                self.clock,
+                self.telemetry,
+            )
+        except LeaseLostError as exc:
+            raise self._lease_lost(exc) from exc
+        except HandoffPatchFailedError as exc:
+            return reason, HandoffStatus.PENDING, exc
+        except HandoffEnqueueFailedError as exc:
+            if exc.resume_token is not None:
+                self.revision = exc.resume_token.snapshot_revision
+            if exc.orphaned:
+                return Reason.HANDOFF_ORPHANED, HandoffStatus.ORPHANED, exc
+            return reason, HandoffStatus.ENQUEUED, exc
+        self.revision = token.snapshot_revision
+        return reason, HandoffStatus.ENQUEUED, None
+
+    async def _handoff_tx(
+        self,
+        cp: TransactionalCheckpointer[S],
+        outbox: TransactionalHandoffOutbox,
+        reason: str,
+    ) -> BaseException | None:
+        snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, self.clock())
+        thread_id = self.thread_id
+        clock = self.clock
+
+        async def enqueue(tx: object, revision: int) -> None:
+            await outbox.enqueue_intent_tx(
+                tx,
+                HandoffIntent(
+                    thread_id=thread_id,
+                    pending_snapshot_revision=revision,
+                    committed_snapshot_revision=revision,
+                    snapshot_revision=revision,
+                    resume_token=ResumeToken(thread_id, revision),
+                    handoff_status=HandoffStatus.ENQUEUED,
+                    reason=reason,
+                    execution_pointer=snap.execution_pointer,
+                    created_at=clock(),
+                ),
+            )
+
+        try:
+            self.revision = await cp.save_with_outbox(
+                self.revision, snap, enqueue, lease=self.lease
+            )
+        except LeaseLostError as exc:
+            raise self._lease_lost(exc) from exc
+        except Exception as exc:
+            try:
+                landed = await confirm_save(cp, self.revision, snap)
+            except Exception:
+                landed = None
+            if landed is None:
+                self._count(
+                    HandoffMetricStatus.COMMIT_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc
+                )
+                if not self.skip_saves:
+                    self._save_failed("handoff", exc)
+                return self._skipped("handoff", exc)
+            self.revision = landed
+        self.telemetry.count_handoff(HandoffMetricStatus.SUCCESS)
+        self._publish(LifecycleEventType.HANDOFF_ENQUEUED, status=HandoffMetricStatus.SUCCESS.value)
+        return None
+
+    def _warn_no_progress(self) -> None:
+        logger.warning(
+            "flowy: thread %r hands off at %r with the state it started the segment with: "
+            "no progress (a node that hands off to itself?)",
+            self.thread_id,
+            self.pointer,
+        )
+        self._publish(LifecycleEventType.NO_PROGRESS, reason=self.pointer)

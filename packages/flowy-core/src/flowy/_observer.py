@@ -51,6 +51,8 @@ class LifecycleEventType(enum.StrEnum):
     RETENTION_FAILED = "retention_failed"
     RESUME_CONFLICT = "resume_conflict"
     LEASE_LOST = "lease_lost"
+    NO_PROGRESS = "no_progress"
+    STEP_LIMIT_EXCEEDED = "step_limit_exceeded"
 
 
 class HandoffMetricStatus(enum.StrEnum):

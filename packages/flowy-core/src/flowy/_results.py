@@ -29,6 +29,7 @@ class Reason(enum.StrEnum):
     ROUTER_TARGET_UNDECLARED = "router_target_undeclared"
     RETRY_EXHAUSTED = "retry_exhausted"
     MAX_STEPS_EXCEEDED = "max_steps_exceeded"
+    MAX_TOTAL_STEPS_EXCEEDED = "max_total_steps_exceeded"
     BUDGET_EXCEEDED = "budget_exceeded"
     INVARIANT_VIOLATION = "invariant_violation"
     LEASE_LOST = "lease_lost"

@@ -37,19 +37,13 @@ from ._errors import (
     UnknownNodeError,
 )
 from ._events import EventSink, StreamHandle
-from ._execution import (
-    Execution,
-    InvariantValidator,
-    Services,
-    maybe_await,
-    register_run,
-    unregister_run,
-)
+from ._execution import Execution
 from ._graph import Graph
 from ._handoff import three_phase_tail
 from ._observer import GLOBAL, LifecycleEvent, LifecycleEventType, LifecycleObserver, Telemetry
 from ._plan import ResumePlan, ResumeTargetPolicy
 from ._results import HandoffRecoveryResult, ResumeDecision, ResumeDecisionKind, RunResult
+from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
 from ._types import E, ResumeToken, S
 from .storage import (
     Backend,

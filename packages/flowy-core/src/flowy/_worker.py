@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Callable, Mapping
+import random
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import Any, Generic, cast
 
 from ._errors import (
     ConcurrencyConflictError,
-    HandoffError,
     HandoffPendingError,
     LeaseError,
     ThreadAlreadyRunningError,
@@ -30,12 +30,13 @@ from ._runner import Runner, default_owner
 from ._types import E, ResumeToken, S
 from .storage import HandoffIntent, HandoffStatus, Lease, OutboxConsumer, OutboxMessage, RunStatus
 
-__all__ = ["Outcome", "RECOVERY_LEADER_THREAD", "Worker"]
+__all__ = ["RECOVERY_LEADER", "Failure", "Outcome", "Worker", "WorkerStats"]
 
 logger = logging.getLogger("flowy.worker")
 
-RECOVERY_LEADER_THREAD = "flowy:recovery-leader"
-"""The lease name the recovery loop's leader election uses."""
+RECOVERY_LEADER = "recovery-leader"
+"""The system lease the recovery loop's leader election uses (a namespace no thread id
+can reach: ``BaseLeaseManager.acquire_system``)."""
 
 
 class Outcome(enum.StrEnum):
@@ -50,7 +51,10 @@ class Outcome(enum.StrEnum):
     GONE = "gone"
     """The thread no longer exists; acked."""
     RETRY = "retry"
-    """Released for another delivery (lease busy, transient error, node error)."""
+    """Released for another delivery after a backoff (lease busy, transient error, node
+    error)."""
+    DEAD_LETTERED = "dead_lettered"
+    """Failed on its last allowed delivery: moved to the dead letters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +65,26 @@ class WorkerStats:
     recovered: int
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What ``on_failure`` gets: a message the worker could not finish.
+
+    ``error`` is ``"Type: message"`` (what is stored on the message and shown by
+    ``flowy dead-letters``); ``exception`` the exception itself when there was one;
+    ``dead`` tells whether the message went to the dead letters (else it is retried
+    after ``retry_in`` seconds).
+    """
+
+    message: OutboxMessage
+    error: str
+    exception: BaseException | None
+    dead: bool
+    retry_in: float
+
+
 ResumeOptions = Callable[[HandoffIntent], Mapping[str, Any]]
 ResultHook = Callable[[HandoffIntent, RunResult[Any, Any]], Any]
+FailureHook = Callable[[Failure], Any]
 
 
 class Worker(Generic[S, E]):
@@ -81,7 +103,15 @@ class Worker(Generic[S, E]):
     (enqueue and orphan patch both failed) leaves such rows without a message. A
     duplicate message this may create is harmless: ``evaluate_resume`` drops it.
     ``on_result(intent, result)`` is called with the result of every run this worker
-    resumes (exceptions it raises are logged and ignored).
+    resumes, ``on_failure(failure)`` with every message it gives back or dead-letters
+    (exceptions either hook raises are logged and ignored).
+
+    A message that fails (a node raised, the thread is busy, the store failed) is logged
+    with its traceback on the ``flowy.worker`` logger, released with ``"Type: message"``
+    as its error, and redelivered after an exponential backoff with jitter:
+    ``retry_delay`` seconds after the first failure (at least 1 s by default), doubling
+    up to ``max_retry_delay``; after the consumer's ``max_attempts`` deliveries it is
+    dead-lettered.
     """
 
     def __init__(
@@ -99,6 +129,10 @@ class Worker(Generic[S, E]):
         stale_after: float | None = None,
         reenqueue_enqueued_after: float | None = None,
         on_result: ResultHook | None = None,
+        on_failure: FailureHook | None = None,
+        retry_delay: float = 1.0,
+        max_retry_delay: float = 300.0,
+        retry_jitter: float = 0.25,
     ) -> None:
         if consumer is None:
             if runner.backend is None:
@@ -112,6 +146,11 @@ class Worker(Generic[S, E]):
             raise ValueError("Worker needs a non-empty owner name")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        if not 0 <= retry_delay <= max_retry_delay or not 0 <= retry_jitter <= 1:
+            raise ValueError(
+                "need 0 <= retry_delay <= max_retry_delay and 0 <= retry_jitter <= 1, got "
+                f"{retry_delay!r}, {max_retry_delay!r}, {retry_jitter!r}"
+            )
         self.runner = runner
         self.consumer = consumer
         self.owner = owner
@@ -129,6 +168,10 @@ class Worker(Generic[S, E]):
         self._recovered = 0
         self._leader: Lease | None = None
         self.on_result = on_result
+        self.on_failure = on_failure
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.retry_jitter = retry_jitter
 
     @property
     def stats(self) -> WorkerStats:
@@ -180,8 +223,8 @@ class Worker(Generic[S, E]):
     async def _claim(self, limit: int, wait: float) -> list[OutboxMessage]:
         try:
             return await self.consumer.claim(limit, self.visibility_timeout, wait)
-        except Exception as exc:
-            logger.warning("flowy worker %s: claim failed: %s", self.owner, exc)
+        except Exception:
+            logger.exception("flowy worker %r: claim failed", self.owner)
             await asyncio.sleep(min(wait, 1.0) or 0.1)
             return []
 
@@ -193,12 +236,46 @@ class Worker(Generic[S, E]):
         await self.consumer.ack(message)
         return self._count(outcome)
 
-    async def _retry(self, message: OutboxMessage, error: str) -> Outcome:
+    def backoff(self, attempts: int) -> float:
+        """Seconds before the next delivery of a message that failed ``attempts`` times."""
+        base = min(self.max_retry_delay, self.retry_delay * 2 ** max(attempts - 1, 0))
+        return min(self.max_retry_delay, base * (1 + self.retry_jitter * random.random()))
+
+    async def _retry(
+        self, message: OutboxMessage, what: str, exc: BaseException | None = None
+    ) -> Outcome:
+        """Give ``message`` back after a backoff (or dead-letter it on its last delivery),
+        with the error stored on it, logged with its traceback, and reported."""
+        error = f"{what}: {type(exc).__name__}: {exc}" if exc is not None else what
+        dead = message.attempts >= self.consumer.max_attempts
+        delay = 0.0 if dead else self.backoff(message.attempts)
+        thread = message.intent.thread_id
+        level = logging.ERROR if dead else logging.WARNING
+        logger.log(
+            level,
+            "flowy worker %r: thread %r (delivery %d of %d) %s: %s",
+            self.owner,
+            thread,
+            message.attempts,
+            self.consumer.max_attempts,
+            "dead-lettered" if dead else f"retried in {delay:.1f}s",
+            error,
+            exc_info=exc,
+        )
         try:
-            await self.consumer.release(message, error=error)
-        except Exception as exc:  # the visibility timeout redelivers it anyway
-            logger.warning("flowy worker %s: release failed: %s", self.owner, exc)
-        return self._count(Outcome.RETRY)
+            await self.consumer.release(message, error=error, delay=delay)
+        except Exception:
+            logger.exception("flowy worker %r: releasing thread %r failed", self.owner, thread)
+        self._notify(Failure(message, error, exc, dead, delay))
+        return self._count(Outcome.DEAD_LETTERED if dead else Outcome.RETRY)
+
+    def _notify(self, failure: Failure) -> None:
+        if self.on_failure is None:
+            return
+        try:
+            self.on_failure(failure)
+        except Exception:
+            logger.exception("flowy worker %r: on_failure raised", self.owner)
 
     async def process(self, message: OutboxMessage) -> Outcome:
         """Handle one message: evaluate, resume (or recover / drop a duplicate), ack."""
@@ -207,7 +284,7 @@ class Worker(Generic[S, E]):
         try:
             decision = await runner.evaluate_resume(intent.resume_token)
         except Exception as exc:
-            return await self._retry(message, f"evaluate_resume failed: {exc}")
+            return await self._retry(message, "evaluate_resume failed", exc)
         kind = decision.kind
         if kind is ResumeDecisionKind.NOT_FOUND:
             logger.info("flowy worker: thread %r is gone; dropping its message", intent.thread_id)
@@ -221,9 +298,10 @@ class Worker(Generic[S, E]):
             or decision.handoff_status not in (HandoffStatus.ENQUEUED, HandoffStatus.NONE)
         ):
             logger.info(
-                "flowy worker: %s was already resumed (thread is at revision %s, status %s); "
-                "acknowledging the duplicate delivery without running it",
-                intent.resume_token,
+                "flowy worker: thread %r revision %d was already resumed (the thread is at "
+                "revision %s, status %s); acknowledging the duplicate delivery",
+                intent.thread_id,
+                intent.resume_token.snapshot_revision,
                 decision.resume_token.snapshot_revision if decision.resume_token else "?",
                 decision.status,
             )
@@ -236,22 +314,20 @@ class Worker(Generic[S, E]):
         assert token is not None
         extra = dict(self.resume_options(intent)) if self.resume_options else {}
         try:
-            result = await runner.resume(token, run_lease=(self.owner, self.lease_ttl), **extra)
+            lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
+            result = await runner.resume(token, run_lease=lease, **extra)
         except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
-            return await self._retry(message, f"thread busy: {exc}")
+            return await self._retry(message, "thread busy", exc)
         except ConcurrencyConflictError as exc:
-            return await self._retry(message, f"thread moved on: {exc}")
+            return await self._retry(message, "thread moved on", exc)
         except ThreadNotFoundError:
             return await self._ack(message, Outcome.GONE)
-        except (HandoffError, LeaseError) as exc:
-            return await self._retry(message, str(exc))
         except Exception as exc:
-            logger.warning("flowy worker: resuming %s failed: %s", token, exc)
-            return await self._retry(message, f"resume failed: {exc}")
+            return await self._retry(message, "resume failed", exc)
         self._report(intent, result)
         if result.status is RunStatus.FAILED and result.revision == token.snapshot_revision:
             # Nothing was persisted (a node raised, the lease was lost…): try again later.
-            return await self._retry(message, f"run failed without saving: {result.reason}")
+            return await self._retry(message, f"run failed ({result.reason})", result.error)
         return await self._ack(message, Outcome.RESUMED)
 
     def _report(self, intent: HandoffIntent, result: RunResult[S, E]) -> None:
@@ -260,7 +336,7 @@ class Worker(Generic[S, E]):
         try:
             self.on_result(intent, result)
         except Exception:
-            logger.exception("flowy worker %s: on_result raised", self.owner)
+            logger.exception("flowy worker %r: on_result raised", self.owner)
 
     async def _recover(self, message: OutboxMessage) -> Outcome:
         try:
@@ -268,11 +344,9 @@ class Worker(Generic[S, E]):
                 message.intent.thread_id, stale_after=self.stale_after
             )
         except HandoffPendingError as exc:
-            return await self._retry(message, str(exc))
-        except HandoffError as exc:
-            return await self._retry(message, f"recovery failed: {exc}")
+            return await self._retry(message, "hand-off still pending", exc)
         except Exception as exc:
-            return await self._retry(message, f"recovery failed: {exc}")
+            return await self._retry(message, "recovery failed", exc)
         self._recovered += 1
         return await self._ack(message, Outcome.RECOVERED)
 
@@ -306,10 +380,8 @@ class Worker(Generic[S, E]):
                 )
             except HandoffPendingError:
                 continue
-            except Exception as exc:
-                logger.warning(
-                    "flowy worker: recovering thread %r failed: %s", summary.thread_id, exc
-                )
+            except Exception:
+                logger.exception("flowy worker: recovering thread %r failed", summary.thread_id)
                 continue
             recovered += 1
         self._recovered += recovered
@@ -326,8 +398,13 @@ class Worker(Generic[S, E]):
                 return True
             except LeaseError:
                 self._leader = None
+        acquire_system = getattr(lm, "acquire_system", None)
         try:
-            self._leader = await lm.acquire(RECOVERY_LEADER_THREAD, self.owner, ttl)
+            if callable(acquire_system):
+                leader = acquire_system(RECOVERY_LEADER, self.owner, ttl)
+                self._leader = cast(Lease, await cast(Awaitable[object], leader))
+            else:  # a lease manager without system leases: a reserved-looking thread id
+                self._leader = await lm.acquire(f"flowy:{RECOVERY_LEADER}", self.owner, ttl)
             return True
         except ThreadLeaseBusyError:
             return False
@@ -335,7 +412,7 @@ class Worker(Generic[S, E]):
     async def _release_leader(self) -> None:
         lm = self.runner.lease_manager
         if self._leader is not None and lm is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # it expires on its own anyway
                 await lm.release(self._leader)
             self._leader = None
 
@@ -343,7 +420,7 @@ class Worker(Generic[S, E]):
         while not self._stopping.is_set():
             try:
                 await self.recover_once()
-            except Exception as exc:
-                logger.warning("flowy worker %s: recovery scan failed: %s", self.owner, exc)
+            except Exception:
+                logger.exception("flowy worker %r: recovery scan failed", self.owner)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), interval)

@@ -38,6 +38,7 @@ from ._guard import LeaseGuardCheckpointer as LeaseGuardCheckpointer
 from ._intents import decode_intent as decode_intent
 from ._intents import encode_intent as encode_intent
 from ._model import MAX_THREAD_ID_BYTES as MAX_THREAD_ID_BYTES
+from ._model import SYSTEM_LEASE_PREFIX as SYSTEM_LEASE_PREFIX
 from ._model import DeadLetter as DeadLetter
 from ._model import HandoffIntent as HandoffIntent
 from ._model import HandoffStatus as HandoffStatus
@@ -74,6 +75,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FORMAT_VERSION",
     "MAX_THREAD_ID_BYTES",
+    "SYSTEM_LEASE_PREFIX",
     "Backend",
     "BaseBackend",
     "BaseCheckpointer",

@@ -25,7 +25,14 @@ from .._errors import (
     ThreadNotFoundError,
 )
 from .._types import S
-from ._checks import check_count, check_lease, check_owner, check_revision, check_seconds
+from ._checks import (
+    check_count,
+    check_lease,
+    check_owner,
+    check_revision,
+    check_seconds,
+    check_system_name,
+)
 from ._codecs import StateCodec
 from ._intents import encode_intent
 from ._model import (
@@ -478,6 +485,21 @@ class BaseLeaseManager(abc.ABC):
             raise ThreadLeaseBusyError(
                 f"thread {show_id(thread_id)} is leased by {holder.owner!r} (fencing token "
                 f"{holder.fencing_token}) until {holder.expires_at:.3f}; wait for it to end"
+            )
+        return got
+
+    async def acquire_system(self, name: str, owner: str, ttl: float) -> Lease:
+        """Take flowy's own lease ``name`` (e.g. the recovery leader's) for ``ttl``
+        seconds. Its key starts with ``SYSTEM_LEASE_PREFIX``, which no thread id can, so
+        it never collides with a thread; renew and release it like any lease."""
+        key = check_system_name(name)
+        check_owner(owner)
+        seconds = check_seconds(ttl, "lease ttl")
+        got = await self._acquire(key, owner, seconds)
+        if isinstance(got, Busy):
+            raise ThreadLeaseBusyError(
+                f"the {name!r} lease is held by {got.holder.owner!r} until "
+                f"{got.holder.expires_at:.3f}"
             )
         return got
 

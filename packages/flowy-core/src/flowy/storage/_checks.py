@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ._model import Lease, validate_thread_id
+from ._model import SYSTEM_LEASE_PREFIX, Lease, validate_thread_id
 
 __all__ = [
     "MAX_LEASE_TTL",
@@ -15,6 +15,7 @@ __all__ = [
     "check_owner",
     "check_revision",
     "check_seconds",
+    "check_system_name",
 ]
 
 MAX_OWNER_CHARS = 1024
@@ -67,11 +68,20 @@ def check_owner(owner: object) -> str:
     return owner
 
 
+def check_system_name(name: object) -> str:
+    """The key of a system lease named ``name`` (a valid thread id, prefixed)."""
+    return SYSTEM_LEASE_PREFIX + validate_thread_id(name)
+
+
 def check_lease(lease: object) -> Lease:
-    """A ``Lease`` whose fields have the right types."""
+    """A ``Lease`` (of a thread, or a system lease) whose fields have the right types."""
     if not isinstance(lease, Lease):
         raise TypeError(f"expected a flowy.storage.Lease, got {type(lease).__name__}")
-    validate_thread_id(lease.thread_id)
+    key = lease.thread_id
+    if isinstance(key, str) and key.startswith(SYSTEM_LEASE_PREFIX):  # pyright: ignore[reportUnnecessaryIsInstance]
+        validate_thread_id(key[len(SYSTEM_LEASE_PREFIX) :])
+    else:
+        validate_thread_id(key)
     check_owner(lease.owner)
     token = lease.fencing_token
     if isinstance(token, bool) or not isinstance(token, int):  # pyright: ignore[reportUnnecessaryIsInstance]

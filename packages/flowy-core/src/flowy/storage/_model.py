@@ -14,6 +14,7 @@ from .._types import JSON, HandoffStatus, ResumeToken, RunStatus, S
 
 __all__ = [
     "MAX_THREAD_ID_BYTES",
+    "SYSTEM_LEASE_PREFIX",
     "DeadLetter",
     "HandoffIntent",
     "HandoffStatus",
@@ -29,13 +30,17 @@ __all__ = [
 MAX_THREAD_ID_BYTES = 16 * 1024
 """The longest thread id accepted, in UTF-8 bytes."""
 
+SYSTEM_LEASE_PREFIX = "\x1f"
+"""Leases of flowy's own (the recovery leader's) are named with this first character,
+which no thread id may start with, so no thread can collide with them."""
+
 
 def validate_thread_id(thread_id: object) -> str:
     """Return ``thread_id`` if it is a usable thread id, else raise ``InvalidThreadIdError``.
 
     A thread id is a non-empty ``str`` of at most ``MAX_THREAD_ID_BYTES`` UTF-8 bytes with
-    no NUL character. Any other content (``{``, ``:``, newlines, non-ASCII) is allowed and
-    stored exactly.
+    no NUL character, not starting with U+001F (reserved for flowy's own leases). Any
+    other content (``{``, ``:``, newlines, non-ASCII) is allowed and stored exactly.
     """
     if not isinstance(thread_id, str):
         raise InvalidThreadIdError(
@@ -43,6 +48,11 @@ def validate_thread_id(thread_id: object) -> str:
         )
     if not thread_id:
         raise InvalidThreadIdError("thread id must not be empty")
+    if thread_id.startswith(SYSTEM_LEASE_PREFIX):
+        raise InvalidThreadIdError(
+            f"thread id must not start with U+001F (reserved for flowy's own leases): "
+            f"{thread_id!r:.200}"
+        )
     if "\x00" in thread_id:
         raise InvalidThreadIdError(f"thread id must not contain NUL characters: {thread_id!r:.200}")
     try:

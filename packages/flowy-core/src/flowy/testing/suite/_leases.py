@@ -13,11 +13,12 @@ import pytest
 
 from ..._errors import (
     ConcurrencyConflictError,
+    InvalidThreadIdError,
     LeaseLostError,
     ThreadLeaseBusyError,
     ThreadNotFoundError,
 )
-from ...storage import Backend, Lease, LeaseManager, Snapshot
+from ...storage import Backend, BaseLeaseManager, Lease, LeaseManager, Snapshot
 from ._support import (
     Suite,
     history_revisions,
@@ -242,6 +243,24 @@ class LeaseSuite(Suite):
         await cp.delete_if_idle(tid)
         third = await leases.acquire(tid, "owner-3", self.long_ttl)
         assert third.fencing_token > again.fencing_token
+
+    async def test_system_leases_never_collide_with_threads(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        leases = require_leases(flowy_backend)
+        if not isinstance(leases, BaseLeaseManager):
+            pytest.skip(f"{type(leases).__name__} has no system leases (not a BaseLeaseManager)")
+        name = new_thread_id("leader")
+        system = await leases.acquire_system(name, "owner-1", self.long_ttl)
+        thread = await leases.acquire(name, "owner-2", self.long_ttl)  # same name, a thread
+        assert await leases.holder(name) == thread
+        with pytest.raises(ThreadLeaseBusyError):
+            await leases.acquire_system(name, "owner-3", self.long_ttl)
+        renewed = await leases.renew(system, self.long_ttl)
+        await leases.release(renewed)
+        with pytest.raises(InvalidThreadIdError):
+            await leases.acquire(system.thread_id, "owner-4", self.long_ttl)
+        await leases.release(thread)
 
     async def test_release_frees_the_thread(self, flowy_backend: Backend[Any]) -> None:
         leases = require_leases(flowy_backend)

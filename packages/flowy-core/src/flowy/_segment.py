@@ -1,0 +1,292 @@
+"""What every part of a run segment shares: its mutable state, the services it uses,
+results and snapshots built from it, saves with their failure policy, events and the
+lifecycle telemetry. ``_handoff`` and ``_execution`` build on this class.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, cast
+
+from ._context import RunMetadata
+from ._errors import CheckpointSkippedError, LeaseLostError
+from ._events import EventSink, EventType, InterruptKind, RunEvent
+from ._graph import CheckpointPolicy, Graph
+from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
+from ._results import Reason, RunResult
+from ._types import E, ResumeToken, S
+from .storage import (
+    Checkpointer,
+    HandoffOutbox,
+    HandoffStatus,
+    Lease,
+    LeaseManager,
+    RunStatus,
+    Snapshot,
+    durable_save,
+    new_write_id,
+)
+
+__all__ = [
+    "InvariantValidator",
+    "Segment",
+    "Services",
+    "Stop",
+    "maybe_await",
+    "register_run",
+    "unregister_run",
+]
+
+logger = logging.getLogger("flowy")
+
+InvariantValidator = Callable[[S], "Awaitable[None] | None"]
+"""Called with the state after every step; raising fails the run (invariant_violation)."""
+
+# Threads running in this process, keyed by (store identity, thread id).
+_running: set[tuple[object, str]] = set()
+
+
+def register_run(key: tuple[object, str]) -> bool:
+    """Mark a thread as running in this process; False if it already is."""
+    if key in _running:
+        return False
+    _running.add(key)
+    return True
+
+
+def unregister_run(key: tuple[object, str]) -> None:
+    """Forget a running thread (its run ended or never started)."""
+    _running.discard(key)
+
+
+async def maybe_await(value: Any) -> Any:
+    """``await value`` if it is awaitable, else ``value`` (sync or async callbacks)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class Stop(Exception):
+    """Ends the execution loop with a finished result."""
+
+    def __init__(self, result: RunResult[Any, Any]) -> None:
+        self.result = result
+
+
+@dataclass(frozen=True, slots=True)
+class Services(Generic[S, E]):
+    """What a segment uses of its runner: the graph, the store's parts, the clock and
+    the telemetry."""
+
+    graph: Graph[S, E]
+    checkpointer: Checkpointer[S] | None
+    lease_manager: LeaseManager | None
+    outbox: HandoffOutbox | None
+    clock: Callable[[], float]
+    telemetry: Telemetry
+
+
+class Segment(Generic[S, E]):
+    """The state of one run segment (a start or a resume) and its shared machinery."""
+
+    interrupt_kind: InterruptKind | None
+
+    def __init__(
+        self,
+        services: Services[S, E],
+        key: tuple[object, str],
+        state: S,
+        pointer: str,
+        revision: int,
+        meta: RunMetadata,
+        lease: Lease | None,
+        lease_ttl: float,
+        invariant: InvariantValidator[S] | None,
+        sink: EventSink[S, E] | None,
+    ) -> None:
+        self.services = services
+        self.graph = services.graph
+        self.cp = services.checkpointer
+        self.telemetry = services.telemetry
+        self.clock = services.clock
+        self.key = key
+        self.thread_id = meta.thread_id
+        self.state = state
+        self.pointer = pointer
+        self.revision = revision
+        self.meta = meta
+        self.lease: Lease | None = lease
+        self.lease_ttl = lease_ttl
+        self.invariant = invariant
+        self.sink = sink
+        self.effects: list[E] = []
+        self.interrupt_kind = None
+        self.attempts: dict[str, int] = meta.retry_counts
+        self.skip_saves = self.graph.checkpoint_policy is CheckpointPolicy.SKIP_ON_SAVE_ERROR
+        # Where the segment started, to notice one that hands off without progress.
+        self.start_pointer = pointer
+        self.start_state = state
+
+    # -- events and telemetry --------------------------------------------------------
+    def _emit(self, type_: EventType, **kw: Any) -> None:
+        if self.sink is not None:
+            self.sink.emit(RunEvent(type_, self.thread_id, **kw))
+
+    def _publish(
+        self,
+        type_: LifecycleEventType,
+        *,
+        reason: str = "",
+        status: str = "",
+        error: BaseException | str | None = None,
+        revision: int | None = None,
+    ) -> None:
+        text = "" if error is None else error if isinstance(error, str) else _describe(error)
+        self.telemetry.publish(
+            LifecycleEvent(
+                type_,
+                self.thread_id,
+                revision=self.revision if revision is None else revision,
+                reason=reason,
+                status=status,
+                error=text,
+            )
+        )
+
+    def _count(
+        self, status: HandoffMetricStatus, type_: LifecycleEventType, error: BaseException
+    ) -> None:
+        """Count a failed hand-off under its metric label and tell the observers."""
+        self.telemetry.count_handoff(status)
+        self._publish(type_, status=status.value, error=error)
+
+    # -- results and snapshots -------------------------------------------------------
+    def _result(
+        self,
+        status: RunStatus,
+        reason: str,
+        *,
+        token: bool = False,
+        error: BaseException | None = None,
+        handoff_status: HandoffStatus = HandoffStatus.NONE,
+    ) -> RunResult[S, E]:
+        return RunResult(
+            thread_id=self.thread_id,
+            state=self.state,
+            status=status,
+            reason=reason,
+            execution_pointer=self.pointer,
+            resume_token=ResumeToken(self.thread_id, self.revision) if token else None,
+            effects=self.effects,
+            step_count=self.meta.step_count,
+            total_steps=self.meta.total_steps,
+            segment=self.meta.segment,
+            budget_counts=dict(self.meta.budget_counts),
+            handoff_status=handoff_status,
+            error=error,
+            revision=self.revision,
+        )
+
+    def _snapshot(
+        self,
+        status: RunStatus,
+        reason: str,
+        handoff_status: HandoffStatus = HandoffStatus.NONE,
+        pending_at: float | None = None,
+    ) -> Snapshot[S]:
+        meta = self.meta
+        return Snapshot(
+            thread_id=self.thread_id,
+            state=self.state,
+            execution_pointer=self.pointer,
+            status=status,
+            reason=reason,
+            step_count=meta.step_count,
+            segment=meta.segment,
+            total_steps=meta.total_steps,
+            budget_counts=dict(meta.budget_counts),
+            metadata=dict(meta.metadata),
+            handoff_status=handoff_status,
+            handoff_pending_at=pending_at,
+            updated_at=self.clock(),
+            write_id=new_write_id(),
+            effects=cast("tuple[Any, ...]", tuple(self.effects)),
+            retry_counts=dict(self.attempts),
+        )
+
+    # -- saves -----------------------------------------------------------------------
+    async def _save(self, snap: Snapshot[S]) -> None:
+        assert self.cp is not None
+        self.revision = await durable_save(self.cp, self.revision, snap, lease=self.lease)
+
+    def _lease_lost(self, exc: BaseException) -> Stop:
+        self.interrupt_kind = "lease_lost"
+        self._publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
+        result = self._result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
+        self._emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)
+        return Stop(result)
+
+    def _skipped(self, kind: str, exc: BaseException) -> CheckpointSkippedError:
+        """SKIP_ON_SAVE_ERROR skipped the ``kind`` checkpoint: event, observer, log."""
+        reason = f"{kind}_checkpoint_skipped"
+        self._emit(
+            EventType.CHECKPOINT_FAILED,
+            reason=reason,
+            execution_pointer=self.pointer,
+            node=self.pointer,
+        )
+        self._publish(LifecycleEventType.CHECKPOINT_SKIPPED, reason=reason, error=exc)
+        logger.warning("flowy: %s checkpoint of %r skipped: %s", kind, self.thread_id, exc)
+        skipped = CheckpointSkippedError(
+            f"the {kind} checkpoint of thread {self.thread_id!r:.200} was skipped: {exc}"
+        )
+        skipped.__cause__ = exc
+        return skipped
+
+    def _save_failed(self, kind: str, exc: BaseException) -> NoReturn:
+        """A hard save failure (FAIL_ON_SAVE_ERROR): a failed result, the same reason on
+        the result, the event and the observer."""
+        reason = f"{kind}_save_failed"
+        self._publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
+        result = self._result(RunStatus.FAILED, reason, error=exc)
+        self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
+        raise Stop(result) from exc
+
+    async def _save_or_stop(self, snap: Snapshot[S], kind: str) -> BaseException | None:
+        """Save ``snap``: ``None`` once persisted, the ``CheckpointSkippedError`` when the
+        policy skipped it; a hard failure raises ``Stop`` (reason ``{kind}_save_failed``)."""
+        try:
+            await self._save(snap)
+            return None
+        except LeaseLostError as exc:
+            raise self._lease_lost(exc) from exc
+        except Exception as exc:
+            if self.skip_saves:
+                return self._skipped(kind, exc)
+            self._save_failed(kind, exc)
+
+    async def _retention(self, base_reason: str, kind: str) -> tuple[str, BaseException | None]:
+        """In-loop prune after a persisted suspend/handoff/cancel save."""
+        limit = self.graph.retention_limit
+        if limit is None or self.cp is None:
+            return base_reason, None
+        try:
+            await self.cp.prune(self.thread_id, limit)
+        except Exception as exc:
+            self._publish(LifecycleEventType.RETENTION_FAILED, reason=kind, error=exc)
+            return f"{kind}_retention_failed", exc
+        return base_reason, None
+
+    def _fail_unsaved(self, reason: str, error: BaseException) -> RunResult[S, E]:
+        """A node/reducer/router exception: nothing is saved; the last checkpoint stays."""
+        result = self._result(RunStatus.FAILED, reason, error=error)
+        self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
+        return result
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message`` of an error (what observers and logs get)."""
+    return f"{type(error).__name__}: {error}"
