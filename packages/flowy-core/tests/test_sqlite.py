@@ -118,8 +118,8 @@ async def test_reopened_file_keeps_everything(db_path: Path) -> None:
         assert await backend.checkpointer.load("t") == (second.at_revision(2), 2)
         history = await backend.checkpointer.get_history("t")
         assert [s.write_id for s in history] == [second.write_id, first.write_id]
-        # The token counter survives the process: tokens never go back.
-        assert (await backend.leases.acquire("t", "b", 30)).fencing_token == lease.fencing_token + 1
+        # Tokens never go back, across processes and with the released record gone.
+        assert (await backend.leases.acquire("t", "b", 30)).fencing_token > lease.fencing_token
         [message] = await backend.consumer.claim(10, 30)
         assert message.intent == intent("t", 2)
 
@@ -251,6 +251,34 @@ async def test_in_memory_database(tmp_path: Path) -> None:
         assert backend.checkpointer.fences(backend.leases)
         async with SQLiteBackend[Any](":memory:") as other:
             assert not backend.checkpointer.fences(other.leases)
+
+
+async def test_lease_records_of_released_and_deleted_threads_go_away(db_path: Path) -> None:
+    def lease_rows() -> list[Any]:
+        conn = raw(db_path)
+        try:
+            return conn.execute("SELECT thread_id FROM flowy_leases ORDER BY 1").fetchall()
+        finally:
+            conn.close()
+
+    now = [1_000_000.0]
+    async with SQLiteBackend[Any](db_path, clock=lambda: now[0]) as backend:
+        first = await backend.leases.acquire("released", "a", 30)
+        await backend.checkpointer.save(0, snap("released"), lease=first)
+        await backend.leases.release(first)
+        held = await backend.leases.acquire("deleted", "a", 5)
+        await backend.checkpointer.save(0, snap("deleted"), lease=held)
+        crashed = await backend.leases.acquire("crashed", "a", 5)
+        assert lease_rows() == [("crashed",), ("deleted",)]  # released: gone at once
+        now[0] += 10  # both expired
+        await backend.checkpointer.delete("deleted")
+        assert lease_rows() == [("crashed",)]  # deleted: gone with its thread
+        now[0] += 3600  # an hour after it expired, the crashed owner's record is swept
+        again = await backend.leases.acquire("released", "b", 30)
+        assert lease_rows() == [("released",)]
+        assert again.fencing_token > first.fencing_token
+        fresh = await backend.leases.acquire("crashed", "b", 30)
+        assert fresh.fencing_token > crashed.fencing_token
 
 
 # -- corruption, columns, sizes ----------------------------------------------------------
@@ -449,8 +477,10 @@ async def test_processes_racing_on_one_file_keep_one_history(db_path: Path) -> N
             history = await cp.get_history(thread_id, limit=total + 10)
             assert [s.revision for s in history] == list(range(total, 0, -1))
             assert {s.revision: s.write_id for s in history} == won
-        tokens = [token for r in reports for token, _, _ in r["leased"]]
-        assert sorted(tokens) == list(range(1, total + 1))
+        # Fencing tokens: one per lease, growing with the revisions they wrote.
+        by_revision = sorted((rev, token) for r in reports for token, rev, _ in r["leased"])
+        tokens = [token for _, token in by_revision]
+        assert len(set(tokens)) == total and tokens == sorted(tokens)
 
 
 # -- the transaction handle -------------------------------------------------------------

@@ -166,12 +166,18 @@ class NonAtomicOutboxCheckpointer(MemoryCheckpointer[Any]):
 
 
 class TokenResetLeases(MemoryLeaseManager):
-    """Forgets the fencing counter on release: the next lease reuses token 1."""
+    """Counts tokens per lease record without the clock floor, and release deletes the
+    record: the next lease reuses token 1."""
 
-    async def _release(self, lease: Lease) -> bool:
-        released = await super()._release(lease)
-        self.store.tokens.pop(lease.thread_id, None)
-        return released
+    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        live = self.store.live_lease(thread_id)
+        if live is not None:
+            return Busy(live)
+        old = self.store.leases.get(thread_id)
+        token = (old.fencing_token if old else 0) + 1
+        lease = Lease(thread_id, owner, token, self.store.clock() + ttl)
+        self.store.leases[thread_id] = lease
+        return lease
 
 
 class ReentrantLeases(MemoryLeaseManager):
@@ -322,22 +328,28 @@ class PruneEverywhereSQLiteCheckpointer(SQLiteCheckpointer[Any]):
         await self.database.run(lambda conn: immediate(conn, lambda: body(conn)), "prune")
 
 
-class DeleteResetsTokensSQLiteCheckpointer(SQLiteCheckpointer[Any]):
-    """``delete`` also deletes the thread's lease row, so tokens start again at 1."""
+class CountingSQLiteLeases(SQLiteLeaseManager):
+    """Counts tokens on the lease record without the clock floor; since release and
+    delete remove the record, the next lease starts again at token 1."""
 
-    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
-        holder = await super()._delete(thread_id, if_idle=if_idle)
-        if holder is None:
-            await self.database.run(
-                lambda conn: immediate(
-                    conn,
-                    lambda: conn.execute(
-                        "DELETE FROM flowy_leases WHERE thread_id = ?", (thread_id,)
-                    ),
-                ),
-                "delete the lease row",
+    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        def body(conn: sqlite3.Connection) -> Lease | Busy:
+            now = self.database.clock()
+            row = conn.execute(
+                "SELECT owner, token, expires_at FROM flowy_leases WHERE thread_id = ?",
+                (thread_id,),
+            ).fetchone()
+            if row is not None and row[0] is not None and float(row[2]) > now:
+                return Busy(Lease(thread_id, str(row[0]), int(row[1]), float(row[2])))
+            lease = Lease(thread_id, owner, (int(row[1]) if row else 0) + 1, now + ttl)
+            conn.execute(
+                "INSERT OR REPLACE INTO flowy_leases (thread_id, owner, token, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                (thread_id, owner, lease.fencing_token, lease.expires_at),
             )
-        return holder
+            return lease
+
+        return await self.database.run(lambda conn: immediate(conn, lambda: body(conn)), "acq")
 
 
 class StubbornDeleteSQLiteCheckpointer(SQLiteCheckpointer[Any]):
@@ -621,10 +633,13 @@ CASES = [
         ((S.LeaseSuite, "test_owners_compare_exactly"),),
     ),
     Case(
-        "delete resets the fencing tokens",
+        "fencing tokens counted on the lease record: release and delete reset them",
         "sqlite",
-        {"checkpointer": DeleteResetsTokensSQLiteCheckpointer},
-        ((S.LeaseSuite, "test_tokens_increase_across_delete"),),
+        {"leases": CountingSQLiteLeases},
+        (
+            (S.LeaseSuite, "test_tokens_increase_across_delete"),
+            (S.LeaseSuite, "test_tokens_increase_across_release"),
+        ),
     ),
     Case(
         "delete_if_idle refuses after the lease expired",

@@ -33,6 +33,7 @@ from .storage import (
     StoreURL,
     ThreadSummary,
     Write,
+    next_fencing_token,
 )
 
 __all__ = [
@@ -72,7 +73,6 @@ class MemoryStore:
         self.clock = clock
         self.threads: dict[str, _Thread] = {}
         self.leases: dict[str, Lease] = {}
-        self.tokens: dict[str, int] = {}
         self.messages: dict[str, _Message] = {}
         self.dead: dict[str, _Message] = {}
         self.ids: itertools.count[int] = itertools.count(1)
@@ -195,6 +195,8 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         if if_idle and holder is not None:
             return holder
         self.store.threads.pop(thread_id, None)
+        if holder is None:
+            self.store.leases.pop(thread_id, None)  # tokens go on from the clock
         return None
 
     async def _list_heads(
@@ -226,9 +228,10 @@ class MemoryLeaseManager(BaseLeaseManager):
         live = store.live_lease(thread_id)
         if live is not None:
             return Busy(live)
-        token = store.tokens.get(thread_id, 0) + 1
-        store.tokens[thread_id] = token
-        lease = store.leases[thread_id] = Lease(thread_id, owner, token, store.clock() + ttl)
+        expired = store.leases.get(thread_id)
+        now = store.clock()
+        token = next_fencing_token(expired.fencing_token if expired else None, now)
+        lease = store.leases[thread_id] = Lease(thread_id, owner, token, now + ttl)
         return lease
 
     def _current(self, lease: Lease) -> bool:

@@ -9,8 +9,10 @@ are each one transaction. The file holds:
   hand-off status and time, updated-at as columns, plus the head record), so ``load``
   is one row read and ``list_threads`` an index range;
 - ``flowy_history``: every stored record, keyed by (thread, revision);
-- ``flowy_leases``: owner, fencing token and expiry per thread; a released or deleted
-  thread keeps its row, so tokens never go back;
+- ``flowy_leases``: owner, fencing token and expiry of each held lease; a released
+  lease's row is deleted, as is a deleted thread's, and rows of leases that expired an
+  hour ago are swept by later acquisitions (tokens are floored by the clock, so they
+  never go back);
 - ``flowy_outbox``: one row per (thread, committed revision), with attempts,
   visibility, the last error and a dead-letter flag.
 """
@@ -37,10 +39,20 @@ from ..storage import (
     StateCodec,
     ThreadSummary,
     Write,
+    next_fencing_token,
 )
 from ._db import SQLiteDatabase, immediate
 
-__all__ = ["SQLiteCheckpointer", "SQLiteConsumer", "SQLiteLeaseManager", "SQLiteOutbox"]
+__all__ = [
+    "LEASE_RECORD_GRACE",
+    "SQLiteCheckpointer",
+    "SQLiteConsumer",
+    "SQLiteLeaseManager",
+    "SQLiteOutbox",
+]
+
+LEASE_RECORD_GRACE = 3600.0
+"""Seconds a lease record is kept after it expired, before an acquisition sweeps it."""
 
 _UPSERT_HEAD = (
     "INSERT INTO flowy_threads (thread_id, revision, pointer, status, reason, "
@@ -191,12 +203,13 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
 
     async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
         def body(conn: sqlite3.Connection) -> Lease | None:
-            if if_idle:
-                live = _live_lease(conn, thread_id, self.database.clock())
-                if live is not None:
-                    return live
+            live = _live_lease(conn, thread_id, self.database.clock())
+            if if_idle and live is not None:
+                return live
             conn.execute("DELETE FROM flowy_history WHERE thread_id = ?", (thread_id,))
             conn.execute("DELETE FROM flowy_threads WHERE thread_id = ?", (thread_id,))
+            if live is None:
+                conn.execute("DELETE FROM flowy_leases WHERE thread_id = ?", (thread_id,))
             return None
 
         return await self.database.run(
@@ -237,13 +250,21 @@ class SQLiteLeaseManager(BaseLeaseManager):
             row = conn.execute(
                 "SELECT token FROM flowy_leases WHERE thread_id = ?", (thread_id,)
             ).fetchone()
-            lease = Lease(thread_id, owner, (int(row[0]) if row else 0) + 1, now + ttl)
+            token = next_fencing_token(int(row[0]) if row else None, now)
+            lease = Lease(thread_id, owner, token, now + ttl)
             conn.execute(
                 "INSERT INTO flowy_leases (thread_id, owner, token, expires_at) "
                 "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
                 "owner = excluded.owner, token = excluded.token, "
                 "expires_at = excluded.expires_at",
                 (thread_id, owner, lease.fencing_token, lease.expires_at),
+            )
+            # Records of leases that expired long ago (crashed owners) go away a few at a
+            # time; tokens are floored by the clock, so none ever goes back.
+            conn.execute(
+                "DELETE FROM flowy_leases WHERE rowid IN (SELECT rowid FROM flowy_leases "
+                "WHERE expires_at < ? LIMIT 16)",
+                (now - LEASE_RECORD_GRACE,),
             )
             return lease
 
@@ -272,10 +293,7 @@ class SQLiteLeaseManager(BaseLeaseManager):
         def body(conn: sqlite3.Connection) -> bool:
             if not _holds(conn, lease, self.database.clock()):
                 return False
-            conn.execute(
-                "UPDATE flowy_leases SET owner = NULL, expires_at = 0 WHERE thread_id = ?",
-                (lease.thread_id,),
-            )
+            conn.execute("DELETE FROM flowy_leases WHERE thread_id = ?", (lease.thread_id,))
             return True
 
         return await self.database.run(

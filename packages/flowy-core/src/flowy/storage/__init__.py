@@ -48,6 +48,7 @@ from ._model import RunStatus as RunStatus
 from ._model import Snapshot as Snapshot
 from ._model import ThreadSummary as ThreadSummary
 from ._model import new_write_id as new_write_id
+from ._model import next_fencing_token as next_fencing_token
 from ._model import validate_thread_id as validate_thread_id
 from ._outbox import BaseConsumer as BaseConsumer
 from ._outbox import BaseOutbox as BaseOutbox
@@ -123,6 +124,7 @@ __all__ = [
     "encode_record",
     "encode_snapshot",
     "new_write_id",
+    "next_fencing_token",
     "redact_url",
     "register_backend",
     "schemes",

@@ -14,7 +14,7 @@ from typing import Any, cast
 from .._types import ResumeToken
 from ._model import HandoffIntent, HandoffStatus
 
-__all__ = ["MAX_INTENT_BYTES", "decode_intent", "encode_intent", "loads_bounded"]
+__all__ = ["MAX_INTENT_BYTES", "decode_intent", "encode_intent", "json_depth", "loads_bounded"]
 
 MAX_INTENT_BYTES = 64 * 1024
 """The largest intent payload decoded (an intent is a few hundred bytes; a thread id at
@@ -37,6 +37,41 @@ def _depth(value: object, limit: int) -> int:
             stack.extend((v, level + 1) for v in cast(dict[str, object], item).values())
         elif isinstance(item, list):
             stack.extend((v, level + 1) for v in cast(list[object], item))
+    return deepest
+
+
+_STRUCTURE = bytes(range(256)).translate(None, b'[]{}"\\')
+
+
+def json_depth(data: bytes, limit: int) -> int:
+    """The nesting depth of JSON text ``data``, counted up to ``limit + 1`` at most.
+
+    Cheap for the common case: text with no more than ``limit`` brackets cannot be
+    nested deeper, and is not scanned; otherwise only brackets, quotes and backslashes
+    are looked at (strings skipped).
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in data.translate(None, _STRUCTURE):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == 0x5C:  # backslash
+                escaped = True
+            elif char == 0x22:  # quote
+                in_string = False
+        elif char == 0x22:
+            in_string = True
+        elif char in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif char in (0x5D, 0x7D):
+            depth -= 1
     return deepest
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "Snapshot",
     "ThreadSummary",
     "new_write_id",
+    "next_fencing_token",
     "validate_thread_id",
 ]
 
@@ -66,6 +67,18 @@ def validate_thread_id(thread_id: object) -> str:
             f"thread id is {size} bytes long; the limit is {MAX_THREAD_ID_BYTES} bytes"
         )
     return thread_id
+
+
+def next_fencing_token(previous: int | None, now: float) -> int:
+    """The fencing token of a new lease: above the thread's previous token (if its lease
+    record still exists) and at least the store's clock in microseconds.
+
+    The clock floor is what lets a store delete the lease record of a released, expired
+    or deleted thread without tokens ever going back: a later lease is taken later, so
+    its floor is above every token issued before (as long as the store's clock does not
+    step back by more than the time a lease record is kept after it expired).
+    """
+    return max((previous or 0) + 1, int(now * 1_000_000))
 
 
 def new_write_id() -> str:

@@ -21,11 +21,14 @@ from typing import Any, cast
 from .._errors import SnapshotEnvelopeInvalidError
 from .._types import JSON, S
 from ._codecs import JSONCodec, StateCodec, json_default
-from ._intents import loads_bounded
+from ._intents import json_depth, loads_bounded
 from ._model import HandoffStatus, RunStatus, Snapshot
 
 __all__ = [
     "FORMAT_VERSION",
+    "MAX_HEADER_BYTES",
+    "MAX_HEADER_DEPTH",
+    "MAX_STATE_DEPTH",
     "DecodeRecordOptions",
     "Record",
     "decode_record",
@@ -35,10 +38,15 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+_JSON_CODECS = frozenset({"json", "msgspec-json"})
 MAX_HEADER_BYTES = 1024 * 1024
 """The largest record header decoded (thread id, pointer, metadata, effects)."""
 MAX_HEADER_DEPTH = 64
 """The deepest nesting a record header may have (metadata and effects included)."""
+MAX_STATE_DEPTH = 100
+"""The deepest nesting a JSON-encoded state may have. A deeper state is refused at save
+time: it could be written, but decoding it later (deep in a worker's call stack) would
+fail, leaving a thread that can never be loaded again."""
 _MAGIC = b"FLWY"
 _DIGEST = 16
 _U32 = struct.Struct(">I")
@@ -84,6 +92,12 @@ class Record:
             raise TypeError(
                 f"cannot encode the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
             ) from exc
+        if c.name in _JSON_CODECS and json_depth(state, MAX_STATE_DEPTH) > MAX_STATE_DEPTH:
+            raise ValueError(
+                f"the state of thread {snapshot.thread_id!r:.200} is nested more than "
+                f"{MAX_STATE_DEPTH} levels deep; it could not be loaded back reliably. "
+                "Flatten it, or keep the deep part outside the state"
+            )
         return cls(
             thread_id=snapshot.thread_id,
             revision=revision,
