@@ -19,6 +19,10 @@ import importlib.metadata as _metadata
 import warnings as _warnings
 from typing import Any as _Any
 
+from . import errors as errors  # the public modules, one attribute away
+from . import lifecycle as lifecycle
+from . import stream_helpers as stream_helpers
+from . import types as types
 from ._context import BindingKey as BindingKey
 from ._context import RunBindings as RunBindings
 from ._context import RunMetadataInput as RunMetadataInput

@@ -11,11 +11,13 @@ resume-target policy → pointer validation → execute.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Generic, cast
@@ -119,6 +121,15 @@ class _Preflight(Generic[S]):
     decision: ResumeDecision
     snapshot: Snapshot[S] | None
     revision: int
+
+
+def _field_names(state: object, state_type: Any) -> set[str] | None:
+    """The field names of a dataclass state, or of a TypedDict state type; else None."""
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return {f.name for f in dataclasses.fields(state)}
+    if state_type is not None and typing.is_typeddict(state_type):
+        return set(typing.get_type_hints(state_type))
+    return None
 
 
 def _is_backend(store: object) -> bool:
@@ -288,7 +299,7 @@ class Runner(Generic[S, E]):
         self,
         token: ResumeToken,
         *,
-        state_overlay: S | None = None,
+        state_overlay: S | Mapping[str, Any] | None = None,
         merge: StateMerge[S] | None = None,
         bindings: RunBindings | None = None,
         run_metadata: RunMetadataInput | None = None,
@@ -298,8 +309,10 @@ class Runner(Generic[S, E]):
     ) -> RunResult[S, E]:
         """Resume the snapshot ``token`` names, if it is still the thread's head.
 
-        ``state_overlay`` is merged into the loaded state with ``merge`` (default: the
-        graph's reducer). Raises before running anything: ``InvalidResumeTokenError``,
+        ``state_overlay`` is merged into the loaded state with ``merge``; without one, a
+        mapping of fields is merged field by field into a dataclass or TypedDict state
+        (an unknown field is a ``ValueError``), anything else goes through the graph's
+        reducer. Raises before running anything: ``InvalidResumeTokenError``,
         ``ConcurrencyConflictError`` (stale or zero revision: see ``evaluate_resume``),
         ``ThreadNotFoundError``, ``ThreadCompletedError``, ``HandoffPendingError``,
         ``HandoffOrphanedError``, ``InvalidResumePlanError``, ``UnknownNodeError``,
@@ -322,7 +335,7 @@ class Runner(Generic[S, E]):
         self,
         token: ResumeToken,
         *,
-        state_overlay: S | None = None,
+        state_overlay: S | Mapping[str, Any] | None = None,
         merge: StateMerge[S] | None = None,
         bindings: RunBindings | None = None,
         run_metadata: RunMetadataInput | None = None,
@@ -657,7 +670,7 @@ class Runner(Generic[S, E]):
     async def _prepare_resume(
         self,
         token: ResumeToken,
-        overlay: S | None,
+        overlay: S | Mapping[str, Any] | None,
         merge: StateMerge[S] | None,
         bindings: RunBindings | None,
         run_metadata: RunMetadataInput | None,
@@ -698,7 +711,7 @@ class Runner(Generic[S, E]):
                     state = cast(S, await maybe_await(self.after_load(state)))
                 # 4. state overlay
                 if overlay is not None:
-                    state = (merge or self.graph.reducer)(state, overlay)
+                    state = self._overlay(state, overlay, merge)
                 # 5. segment reset: step_count starts at 0, budget counts kept (above)
                 # 6. run-metadata merge: given budget counts replace the stored ones
                 if run_metadata is not None:
@@ -726,6 +739,25 @@ class Runner(Generic[S, E]):
         return Execution(
             self._services, key, state, pointer, revision, meta, lease, ttl, invariant, sink
         )
+
+    def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
+        """Step 4: ``merge(state, overlay)`` if given; a mapping of fields into a
+        dataclass or TypedDict state; else the graph's reducer."""
+        if merge is not None:
+            return merge(state, cast(S, overlay))
+        fields = _field_names(state, self.graph.state_type)
+        if isinstance(overlay, Mapping) and fields is not None:
+            updates = dict(cast(Mapping[str, Any], overlay))
+            unknown = sorted(set(updates) - fields)
+            if unknown:
+                raise ValueError(
+                    f"state_overlay names {', '.join(map(repr, unknown))}, not fields of "
+                    f"{type(state).__name__} (fields: {', '.join(sorted(fields))})"
+                )
+            if dataclasses.is_dataclass(state) and not isinstance(state, type):
+                return cast(S, dataclasses.replace(state, **updates))
+            return cast(S, {**cast(Mapping[str, Any], state), **updates})
+        return self.graph.reducer(state, cast(S, overlay))
 
     def _apply_plan(self, plan: object, pointer: str) -> str:
         if not isinstance(plan, ResumePlan) or plan.empty:

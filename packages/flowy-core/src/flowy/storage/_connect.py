@@ -69,6 +69,8 @@ def register_backend(scheme: str, opener: Opener) -> None:
     """
     if not scheme or not scheme.replace("+", "").isalnum() or scheme != scheme.lower():
         raise ValueError(f"a scheme is lowercase letters, digits and '+', got {scheme!r}")
+    if scheme in _BUILTIN:
+        raise ValueError(f"{scheme}:// is flowy's own store and cannot be replaced")
     _registered_here[scheme] = opener
 
 

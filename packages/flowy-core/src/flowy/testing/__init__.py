@@ -1,10 +1,10 @@
 """Testing tools: the conformance suite every store passes, fault injection, the stress
 run, and hooks for the stores in core.
 
-A store opts in from its own test package::
+A store opts in from its own test package (load the plugin with ``pytest_plugins`` in
+the rootdir conftest, or ``-p flowy.testing.plugin`` in ``addopts``)::
 
     # conftest.py
-    pytest_plugins = ["flowy.testing.plugin"]
 
     @pytest.fixture
     def flowy_url() -> str:          # a fresh, isolated store for each test

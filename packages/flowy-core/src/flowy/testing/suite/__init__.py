@@ -1,22 +1,21 @@
-"""The flowy conformance suite: contract tests every storage backend must pass.
+"""The flowy conformance suite: contract tests every store must pass.
 
-An adapter opts in with one fixture and one test module::
+A store opts in with one fixture and one test module (the plugin
+``flowy.testing.plugin`` must be loaded: ``pytest_plugins`` in the rootdir conftest, or
+``-p flowy.testing.plugin`` in ``addopts``)::
 
-    # conftest.py  (the plugin flowy.testing.plugin must be loaded: pytest_plugins in the
-    # root conftest, or ``-p flowy.testing.plugin``)
+    # conftest.py
     @pytest.fixture
-    async def flowy_backend():          # one fresh, isolated backend per test
-        ...
-        yield Backend[Any](checkpointer=..., leases=..., outbox=..., consumer=...)
+    def flowy_url() -> str:               # a fresh, isolated store for each test
+        return f"mystore://localhost/?prefix=t{uuid.uuid4().hex}&max_attempts=3"
 
     # test_conformance.py
     from flowy.testing.suite import *  # noqa: F403
 
 Every name exported here is a test class; pytest collects them whatever their names.
-A capability the bundle lacks (no lease manager, no consumer, no corruption hook, a
-checkpointer that is not transactional or not fencing) skips the tests that need it with
-the reason. To override one test, subclass its class under the same name in that module.
-See ``docs/adapters.md``.
+Only the corruption tests need more (a ``flowy_corrupt`` fixture); without it they skip
+with the reason, or fail under ``FLOWY_REQUIRE_BACKENDS=1``. To override one test,
+subclass its class under the same name in that module. See ``docs/adapters.md``.
 """
 
 # ruff: noqa: F405 - the names below come from the star imports, on purpose
