@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import dataclasses
+from typing import Any, TypedDict
 
 import pytest
 from core_graphs import State, approval_graph, linear_graph, merge
@@ -461,3 +462,75 @@ async def test_resume_of_completed_thread_is_refused_unless_targeted() -> None:
     again = await runner.resume(token, resume_target_policy=lambda s, p: (s, flowy.resume_to("n1")))
     assert again.status is flowy.RunStatus.COMPLETED
     assert again.state["visited"] == ["n0", "n1", "n1"]
+
+
+@dataclasses.dataclass
+class Approval:
+    order_id: str
+    amount: int = 0
+    approved: bool = False
+
+
+class ApprovalDict(TypedDict, total=False):
+    order_id: str
+    approved: bool
+
+
+def typed_approval_graph(state_type: Any) -> flowy.Graph[Any, Any]:
+    async def ask(s: Any) -> tuple[Any, flowy.Directive[Any]]:
+        approved = s.approved if dataclasses.is_dataclass(s) else s.get("approved")
+        return s, (flowy.completed() if approved else flowy.suspend("wait"))
+
+    b: flowy.GraphBuilder[Any, Any] = flowy.GraphBuilder(state=state_type)
+    b.add_node("ask", ask).allow_no_outgoing_route("ask")
+    return b.compile()
+
+
+async def test_a_mapping_overlay_merges_fields_into_a_dataclass_state() -> None:
+    runner = flowy.Runner(typed_approval_graph(Approval), MemoryCheckpointer[Any]())
+    first = await runner.start("t", Approval("o-1", 12))
+    assert first.resume_token is not None
+    with pytest.raises(ValueError, match=r"'aproved', not fields of Approval"):
+        await runner.resume(first.resume_token, state_overlay={"aproved": True})
+    done = await runner.resume(first.resume_token, state_overlay={"approved": True})
+    assert done.state == Approval("o-1", 12, approved=True)
+
+
+async def test_a_mapping_overlay_merges_fields_into_a_typeddict_state() -> None:
+    runner = flowy.Runner(typed_approval_graph(ApprovalDict), MemoryCheckpointer[Any]())
+    first = await runner.start("t", ApprovalDict(order_id="o-1"))
+    assert first.resume_token is not None
+    with pytest.raises(ValueError, match="not fields of dict"):
+        await runner.resume(first.resume_token, state_overlay={"amount": 3})
+    done = await runner.resume(first.resume_token, state_overlay={"approved": True})
+    assert done.state == {"order_id": "o-1", "approved": True}
+
+
+async def test_a_typed_graph_never_receives_plain_json() -> None:
+    cp: MemoryCheckpointer[Any] = MemoryCheckpointer()  # no codec: plain JSON by default
+    runner = flowy.Runner(typed_approval_graph(Approval), cp)
+    first = await runner.start("t", Approval("o-1"))
+    assert first.resume_token is not None
+    done = await runner.resume(first.resume_token, state_overlay={"approved": True})
+    assert isinstance(done.state, Approval)
+    snap, _ = await runner.checkpointer.load("t")  # type: ignore[union-attr]
+    assert isinstance(snap.state, Approval)
+    untyped, _ = await cp.load("t")
+    assert untyped.state == {"order_id": "o-1", "amount": 0, "approved": True}
+
+
+async def test_a_record_that_does_not_fit_the_state_type_names_the_field() -> None:
+    cp: MemoryCheckpointer[Any] = MemoryCheckpointer()
+    await cp.save(0, storage.Snapshot("t", {"order_id": "o", "amount": "many"}, "ask"))
+    runner = flowy.Runner(typed_approval_graph(Approval), cp)
+    with pytest.raises(errors.SnapshotEnvelopeInvalidError, match=r"state\.amount: expected int"):
+        await runner.evaluate_resume(flowy.ResumeToken("t", 1))
+
+
+def test_printed_resume_tokens_parse_back() -> None:
+    token = flowy.ResumeToken("order@7:x", 12)
+    assert str(token) == "order@7:x@12"
+    assert flowy.ResumeToken.parse(str(token)) == token
+    for bad in ("no-revision", "@3", "t@", "t@0", "t@-1", "t@1.5", "t@12x", "t@" + "9" * 30):
+        with pytest.raises(ValueError):
+            flowy.ResumeToken.parse(bad)
