@@ -26,10 +26,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -371,3 +372,34 @@ def test_adapter_wheels_install_offline_without_their_dependencies(
     )
     out = run([str(venv), "-c", code, *(f"{n}:{PACKAGES[n]}" for n in adapters)], env=env)
     assert out.splitlines() == [f"{n} {dists.built[n].version}" for n in adapters]
+
+
+def test_each_adapter_accepts_the_workspace_core() -> None:
+    """The workspace's flowy-core version lies inside every adapter's declared range,
+    and core's extras name each adapter's own version."""
+
+    def project(name: str) -> dict[str, Any]:
+        path = ROOT / "packages" / name / "pyproject.toml"
+        return cast(dict[str, Any], tomllib.loads(path.read_text())["project"])
+
+    core = project("flowy-core")
+    extras = cast(dict[str, list[str]], core["optional-dependencies"])
+    for adapter, extra in (
+        ("flowy-postgres", "postgres"),
+        ("flowy-redis", "redis"),
+        ("flowy-dynamodb", "dynamodb"),
+    ):
+        meta = project(adapter)
+        needs = [Requirement(r) for r in cast(list[str], meta["dependencies"])]
+        [on_core] = [r for r in needs if r.name == "flowy-core"]
+        assert core["version"] in on_core.specifier, (adapter, on_core, core["version"])
+        [wanted] = [Requirement(r) for r in extras[extra]]
+        assert wanted.name == adapter and meta["version"] in wanted.specifier
+
+
+def test_each_package_has_a_changelog_entry_for_its_version() -> None:
+    for name in ("flowy-core", "flowy-postgres", "flowy-redis", "flowy-dynamodb"):
+        folder = ROOT / "packages" / name
+        version = tomllib.loads((folder / "pyproject.toml").read_text())["project"]["version"]
+        changelog = (folder / "CHANGELOG.md").read_text()
+        assert f"## {version}" in changelog, f"{name}/CHANGELOG.md has no entry for {version}"

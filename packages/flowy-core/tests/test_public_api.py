@@ -37,6 +37,7 @@ RANK = {
     "_segment": 7,
     "_handoff": 8,
     "_execution": 9,
+    "_preflight": 10,
     "_runner": 10,
     "_worker": 11,
     "patterns": 11,

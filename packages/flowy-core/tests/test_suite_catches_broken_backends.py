@@ -684,7 +684,7 @@ async def _outcome(cls: type[Any], name: str, backend: Any) -> BaseException | N
         await asyncio.wait_for(test(**kwargs), 60)
     except pytest.skip.Exception as exc:
         pytest.fail(f"the suite test skipped instead of running: {exc}")
-    except (Exception, pytest.fail.Exception) as exc:
+    except (Exception, pytest.fail.Exception) as exc:  # noqa: BLE001 - any failure of a suite test is the outcome
         return exc
     return None
 

@@ -72,7 +72,7 @@ class Execution(HandoffSegment[S, E]):
                 logger.warning("flowy: lease on thread %r was lost; stopping", self.thread_id)
                 self.interrupt("lease_lost")
                 return
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a transient store error: try again next tick
                 logger.warning("flowy: renewing lease on %r failed: %s", self.thread_id, exc)
 
     # -------------------------------------------------------------- the run
@@ -120,7 +120,7 @@ class Execution(HandoffSegment[S, E]):
         if self.lease is not None and lm is not None and self.interrupt_kind != "lease_lost":
             try:
                 await asyncio.shield(lm.release(self.lease))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the lease expires on its own
                 logger.warning("flowy: releasing lease on %r failed: %s", self.thread_id, exc)
         unregister_run(self.key)
         if result is not None:
@@ -138,7 +138,7 @@ class Execution(HandoffSegment[S, E]):
                 and self.graph.retention_limit is not None
             ):
                 await cp.prune(self.thread_id, self.graph.retention_limit)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - post-run cleanup only logs (the specification)
             logger.warning("flowy: post-run cleanup of %r failed: %s", self.thread_id, exc)
 
     async def _terminal(self, status: RunStatus, reason: str, event: EventType) -> RunResult[S, E]:
@@ -186,7 +186,7 @@ class Execution(HandoffSegment[S, E]):
                 update, directive = await nodes[pointer](self.state)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a node's error fails the run, reported on the result
                 return self._fail_unsaved(Reason.NODE_ERROR, exc)
             finally:
                 self.in_node = False
@@ -194,7 +194,7 @@ class Execution(HandoffSegment[S, E]):
                 await self._absorb_cancel()
             try:
                 self.state = reducer(self.state, update)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a reducer's error fails the run, reported on the result
                 return self._fail_unsaved(Reason.REDUCER_ERROR, exc)
             meta.step_count += 1
             meta.total_steps += 1
@@ -205,7 +205,7 @@ class Execution(HandoffSegment[S, E]):
             if self.invariant is not None:
                 try:
                     await maybe_await(self.invariant(self.state))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a violated invariant fails the run
                     return await self._fail(Reason.INVARIANT_VIOLATION, exc)
             while directive.kind is DirectiveKind.EFFECT:
                 payload = cast(E, directive.payload)
@@ -352,7 +352,7 @@ class Execution(HandoffSegment[S, E]):
                 persisted = True
             except LeaseLostError as exc:
                 raise self._lease_lost(exc) from exc
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed cancel save is reported on the result and event
                 if self.skip_saves:
                     reason = Reason.CONTEXT_CANCELED_CHECKPOINT_SKIPPED
                     error = self._skipped("context_canceled", exc)

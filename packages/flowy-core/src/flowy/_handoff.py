@@ -133,7 +133,7 @@ async def three_phase_tail(
         )
         try:
             orphaned = await durable_save(cp, committed, orphan, lease=lease)
-        except Exception as patch_exc:
+        except Exception as patch_exc:  # noqa: BLE001 - the runbook's worst case: reported on the error
             _failed(
                 telemetry,
                 HandoffMetricStatus.PATCH_ORPHAN_FAILED,
@@ -251,7 +251,7 @@ class HandoffSegment(Segment[S, E]):
             await self._save(snap)
         except LeaseLostError as exc:
             raise self._lease_lost(exc) from exc
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
             self._count(
                 HandoffMetricStatus.SAVE_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc
             )
@@ -313,10 +313,10 @@ class HandoffSegment(Segment[S, E]):
             )
         except LeaseLostError as exc:
             raise self._lease_lost(exc) from exc
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any commit failure: resolve the outcome, then the policy
             try:
                 landed = await confirm_save(cp, self.revision, snap)
-            except Exception:
+            except Exception:  # noqa: BLE001 - still unknown: treated as not landed
                 landed = None
             if landed is None:
                 self._count(

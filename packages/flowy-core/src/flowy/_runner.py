@@ -3,49 +3,37 @@
 ``Runner.start`` / ``Runner.resume`` run a segment to its end and return the
 authoritative ``RunResult``; ``stream`` / ``resume_stream`` do the same in a task the
 returned ``StreamHandle`` owns. ``evaluate_resume``, ``resume``, ``resume_stream`` and
-recovery share one preflight, in the specification's order: token validation → load +
-OCC → after_load → overlay → segment reset (budget counts kept) → run-metadata merge →
-resume-target policy → pointer validation → execute.
+recovery share one preflight (``_preflight``), in the specification's order: token
+validation → load + OCC → after_load → overlay → segment reset (budget counts kept) →
+run-metadata merge → resume-target policy → pointer validation → execute.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import socket
 import time
-import typing
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Generic, cast
 
-from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
+from ._context import RunBindings, RunMetadataInput
 from ._errors import (
-    ConcurrencyConflictError,
-    HandoffAlreadyEnqueuedError,
     HandoffEnqueueFailedError,
-    HandoffNotRecoverableError,
-    HandoffOrphanedError,
-    HandoffPendingError,
-    InvalidResumePlanError,
-    InvalidResumeTokenError,
-    LeaseRequiredError,
-    ThreadAlreadyRunningError,
-    ThreadCompletedError,
     ThreadNotFoundError,
-    UnknownNodeError,
 )
 from ._events import EventSink, StreamHandle
 from ._execution import Execution
 from ._graph import Graph
 from ._handoff import three_phase_tail
 from ._observer import GLOBAL, LifecycleEvent, LifecycleEventType, LifecycleObserver, Telemetry
-from ._plan import ResumePlan, ResumeTargetPolicy
-from ._results import HandoffRecoveryResult, ResumeDecision, ResumeDecisionKind, RunResult
-from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
+from ._plan import ResumeTargetPolicy
+from ._preflight import AfterLoad, RunPreparation, StateMerge
+from ._results import HandoffRecoveryResult, ResumeDecision, RunResult
+from ._segment import InvariantValidator, Services
 from ._types import E, ResumeToken, S
 from .storage import (
     Backend,
@@ -54,10 +42,8 @@ from .storage import (
     HandoffOutbox,
     HandoffStatus,
     JSONCodec,
-    Lease,
     LeaseGuardCheckpointer,
     LeaseManager,
-    RunStatus,
     Snapshot,
     validate_thread_id,
 )
@@ -66,7 +52,6 @@ __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
     "DEFAULT_LEASE_TTL",
     "Runner",
-    "StateMerge",
     "StreamStart",
     "default_owner",
 ]
@@ -79,10 +64,6 @@ DEFAULT_HANDOFF_STALE_AFTER = 300.0
 DEFAULT_LEASE_TTL = 30.0
 """Seconds of the run lease a runner built on a ``Backend`` takes by default."""
 
-StateMerge = Callable[[S, S], S]
-"""``merge(loaded_state, overlay) -> state`` for ``resume(state_overlay=...)``."""
-
-AfterLoad = Callable[[S], "S | Awaitable[S]"]
 
 
 def default_owner() -> str:
@@ -116,27 +97,11 @@ class StreamStart(Generic[S, E]):
             await self._handle.__aexit__(exc_type, exc, tb)
 
 
-@dataclass(frozen=True, slots=True)
-class _Preflight(Generic[S]):
-    decision: ResumeDecision
-    snapshot: Snapshot[S] | None
-    revision: int
-
-
-def _field_names(state: object, state_type: Any) -> set[str] | None:
-    """The field names of a dataclass state, or of a TypedDict state type; else None."""
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return {f.name for f in dataclasses.fields(state)}
-    if state_type is not None and typing.is_typeddict(state_type):
-        return set(typing.get_type_hints(state_type))
-    return None
-
-
 def _is_backend(store: object) -> bool:
     return all(hasattr(store, name) for name in ("checkpointer", "leases", "outbox", "consumer"))
 
 
-class Runner(Generic[S, E]):
+class Runner(RunPreparation[S, E]):
     """Runs a compiled graph against a store.
 
     ``store`` is a ``Backend`` (``await flowy.connect(url)``) or a bare checkpointer.
@@ -225,26 +190,6 @@ class Runner(Generic[S, E]):
                 f"codec=flowy.storage.JSONCodec({getattr(graph.state_type, '__name__', '...')})"
             )
         return cast(Checkpointer[S], with_codec(JSONCodec(graph.state_type)))
-
-    @staticmethod
-    def _check_run_lease(run_lease: object, lease_manager: LeaseManager | None) -> None:
-        if lease_manager is None:
-            raise ValueError(
-                "run_lease was given but this Runner has no lease manager, so nothing would "
-                "be leased; build the Runner on a Backend or pass lease_manager=..."
-            )
-        if (
-            not isinstance(run_lease, tuple)
-            or len(cast(tuple[object, ...], run_lease)) != 2
-            or not isinstance(run_lease[0], str)
-            or not run_lease[0]
-            or isinstance(run_lease[1], bool)
-            or not isinstance(run_lease[1], int | float)
-            or not run_lease[1] > 0
-        ):
-            raise LeaseRequiredError(
-                f"run_lease needs a non-empty owner and a positive ttl, got {run_lease!r:.200}"
-            )
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """This runner's counters (the process-wide ones are ``flowy.lifecycle.metrics()``)."""
@@ -468,317 +413,3 @@ class Runner(Generic[S, E]):
 
         return load
 
-    def _require_checkpointer(self, what: str) -> Checkpointer[S]:
-        if self.checkpointer is None:
-            raise TypeError(f"{what} needs a store: Runner(graph, backend)")
-        return self.checkpointer
-
-    @staticmethod
-    def _validate_token(token: ResumeToken) -> str:
-        if not isinstance(token, ResumeToken):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise InvalidResumeTokenError(
-                f"expected a flowy.ResumeToken (ResumeToken.parse('thread@7') reads a printed "
-                f"one), got {token!r:.200}"
-            )
-        thread_id = validate_thread_id(token.thread_id)
-        if not isinstance(token.snapshot_revision, int) or isinstance(  # pyright: ignore[reportUnnecessaryIsInstance]
-            token.snapshot_revision, bool
-        ):
-            raise InvalidResumeTokenError(
-                f"resume token revision must be an int, got {token.snapshot_revision!r:.80}"
-            )
-        return thread_id
-
-    def _decide(
-        self, token: ResumeToken | None, snap: Snapshot[Any], revision: int
-    ) -> ResumeDecision:
-        current = ResumeToken(snap.thread_id, revision)
-        if snap.handoff_status is HandoffStatus.PENDING:
-            kind = ResumeDecisionKind.HANDOFF_PENDING
-        elif snap.handoff_status is HandoffStatus.ORPHANED:
-            kind = ResumeDecisionKind.HANDOFF_ORPHANED
-        elif token is None or token.snapshot_revision != revision:
-            kind = ResumeDecisionKind.STALE_TOKEN
-        elif snap.status is RunStatus.COMPLETED:
-            kind = ResumeDecisionKind.COMPLETED
-        elif not self.graph.has_node(snap.execution_pointer):
-            kind = ResumeDecisionKind.UNKNOWN_NODE
-        else:
-            kind = ResumeDecisionKind.RESUMABLE
-        return ResumeDecision(
-            kind,
-            snap.thread_id,
-            current,
-            token,
-            status=snap.status,
-            handoff_status=snap.handoff_status,
-            execution_pointer=snap.execution_pointer,
-            handoff_pending_at=snap.handoff_pending_at,
-        )
-
-    async def _preflight(self, token: ResumeToken) -> _Preflight[S]:
-        """Steps 1 and 2 of every resume: validate the token, load the head, decide."""
-        thread_id = self._validate_token(token)
-        cp = self._require_checkpointer("resume")
-        try:
-            snap, revision = await cp.load(thread_id)
-        except ThreadNotFoundError:
-            return _Preflight(
-                ResumeDecision(ResumeDecisionKind.NOT_FOUND, thread_id, None, token), None, 0
-            )
-        return _Preflight(self._decide(token, snap, revision), snap, revision)
-
-    def _refuse(self, pre: _Preflight[S], token: ResumeToken, has_policy: bool) -> None:
-        """Raise the error the decision of a resume stands for (nothing for RESUMABLE,
-        nor for COMPLETED/UNKNOWN_NODE when a policy may choose a target)."""
-        decision = pre.decision
-        thread = f"thread {decision.thread_id!r:.200}"
-        kind = decision.kind
-        if kind is ResumeDecisionKind.NOT_FOUND:
-            raise ThreadNotFoundError(f"no checkpoint for {thread}")
-        if token.snapshot_revision == 0 or token.snapshot_revision != pre.revision:
-            self.telemetry.publish(
-                LifecycleEvent(
-                    LifecycleEventType.RESUME_CONFLICT,
-                    decision.thread_id,
-                    revision=pre.revision,
-                    details={"token_revision": token.snapshot_revision},
-                )
-            )
-            raise ConcurrencyConflictError(
-                f"resume token {token} is stale: {thread} is at revision {pre.revision}; "
-                "call Runner.evaluate_resume(token) for the current token",
-                thread_id=decision.thread_id,
-                expected=token.snapshot_revision,
-                actual=pre.revision,
-            )
-        if kind is ResumeDecisionKind.HANDOFF_PENDING:
-            raise HandoffPendingError(
-                f"{thread} has a pending hand-off at revision {pre.revision}; use "
-                "Runner.recover_stale_handoff once it is stale"
-            )
-        if kind is ResumeDecisionKind.HANDOFF_ORPHANED:
-            raise HandoffOrphanedError(
-                f"{thread} has an orphaned hand-off at revision {pre.revision}; use "
-                "Runner.recover_stale_handoff to re-enqueue it"
-            )
-        if kind is ResumeDecisionKind.COMPLETED and not has_policy:
-            raise ThreadCompletedError(
-                f"{thread} completed at revision {pre.revision}; there is nothing to resume "
-                "(a resume_target_policy returning resume_to(node) runs part of it again on "
-                "purpose)"
-            )
-
-    def _recovery_decision(
-        self,
-        snap: Snapshot[Any],
-        revision: int,
-        stale_after: float | None,
-        force: bool,
-    ) -> ResumeDecision:
-        decision = self._decide(None, snap, revision)
-        status = snap.handoff_status
-        ttl = self.handoff_stale_after if stale_after is None else stale_after
-        if status is HandoffStatus.ORPHANED:
-            return decision
-        if status is HandoffStatus.PENDING:
-            at = snap.handoff_pending_at
-            if at is None or at <= 0 or self.clock() - at >= ttl:
-                return decision
-            raise HandoffPendingError(
-                f"hand-off of thread {snap.thread_id!r:.200} is pending since "
-                f"{self.clock() - at:.1f}s (stale after {ttl:.0f}s); it may still be in "
-                "flight: retry after the TTL"
-            )
-        if status is HandoffStatus.ENQUEUED:
-            if force:
-                return replace(decision, kind=ResumeDecisionKind.RESUMABLE)
-            raise HandoffAlreadyEnqueuedError(
-                f"hand-off of thread {snap.thread_id!r:.200} is already enqueued at revision "
-                f"{revision}; pass force_reenqueue=True if its outbox message is known lost"
-            )
-        raise HandoffNotRecoverableError(
-            f"thread {snap.thread_id!r:.200} has no hand-off to recover (status {status.value!r})"
-        )
-
-    def _register(self, thread_id: str) -> tuple[object, str]:
-        key = (self._store_key, thread_id)
-        if not register_run(key):
-            raise ThreadAlreadyRunningError(
-                f"thread {thread_id!r:.200} is already running in this process; wait for it "
-                "or stop it before starting or resuming it again"
-            )
-        return key
-
-    async def _acquire(self, thread_id: str, run_lease: tuple[str, float] | None) -> Lease | None:
-        if run_lease is not None:
-            self._check_run_lease(run_lease, self.lease_manager)
-        if self.lease_manager is None:
-            return None
-        run_lease = run_lease or self.run_lease
-        if run_lease is None:
-            raise LeaseRequiredError(
-                "this Runner has a lease manager, so start/resume/stream need "
-                "run_lease=(owner, ttl_seconds), e.g. run_lease=('worker-1', 30.0)"
-            )
-        owner, ttl = run_lease
-        return await self.lease_manager.acquire(thread_id, owner, ttl)
-
-    async def _prepare_start(
-        self,
-        thread_id: str,
-        state: S,
-        bindings: RunBindings | None,
-        run_lease: tuple[str, float] | None,
-        metadata: dict[str, Any] | None,
-        invariant: InvariantValidator[S] | None,
-        sink: EventSink[S, E] | None,
-    ) -> Execution[S, E]:
-        validate_thread_id(thread_id)
-        key = self._register(thread_id)
-        lease: Lease | None = None
-        try:
-            lease = await self._acquire(thread_id, run_lease)
-            if self.checkpointer is not None:
-                try:
-                    _, revision = await self.checkpointer.load(thread_id)
-                except ThreadNotFoundError:
-                    pass
-                else:
-                    raise ConcurrencyConflictError(
-                        f"thread {thread_id!r:.200} already exists at revision {revision}; "
-                        "resume it with its resume token (Runner.evaluate_resume gives the "
-                        "current one)",
-                        thread_id=thread_id,
-                        expected=0,
-                        actual=revision,
-                    )
-        except BaseException:
-            await self._abort(key, lease)
-            raise
-        meta = RunMetadata(
-            thread_id=thread_id,
-            budget_limits=self.graph.budgets,
-            metadata=dict(metadata or {}),
-            bindings=bindings if bindings is not None else RunBindings(),
-        )
-        ttl = (run_lease or self.run_lease or ("", 0.0))[1]
-        return Execution(
-            self._services, key, state, self.graph.entry, 0, meta, lease, ttl, invariant, sink
-        )
-
-    async def _prepare_resume(
-        self,
-        token: ResumeToken,
-        overlay: S | Mapping[str, Any] | None,
-        merge: StateMerge[S] | None,
-        bindings: RunBindings | None,
-        run_metadata: RunMetadataInput | None,
-        policy: ResumeTargetPolicy[S] | None,
-        invariant: InvariantValidator[S] | None,
-        run_lease: tuple[str, float] | None,
-        sink: EventSink[S, E] | None,
-    ) -> Execution[S, E]:
-        # 1. token validation
-        thread_id = self._validate_token(token)
-        self._require_checkpointer("resume")
-        key = self._register(thread_id)
-        lease: Lease | None = None
-        try:
-            lease = await self._acquire(thread_id, run_lease)
-            # 2. load + OCC (the preflight evaluate_resume shares)
-            pre = await self._preflight(token)
-            self._refuse(pre, token, policy is not None)
-            snap, revision = pre.snapshot, pre.revision
-            assert snap is not None
-            # The run context exists from here on: after_load, the overlay merge and the
-            # policy may read run_metadata() and binding().
-            meta = RunMetadata(
-                thread_id=thread_id,
-                segment=snap.segment + 1,
-                total_steps=snap.total_steps,
-                budget_counts=dict(snap.budget_counts),
-                budget_limits=self.graph.budgets,
-                metadata=dict(snap.metadata),
-                bindings=bindings if bindings is not None else RunBindings(),
-                retry_counts=dict(snap.retry_counts),
-            )
-            ctx = current_run.set(meta)
-            try:
-                state = snap.state
-                # 3. after_load interceptor
-                if self.after_load is not None:
-                    state = cast(S, await maybe_await(self.after_load(state)))
-                # 4. state overlay
-                if overlay is not None:
-                    state = self._overlay(state, overlay, merge)
-                # 5. segment reset: step_count starts at 0, budget counts kept (above)
-                # 6. run-metadata merge: given budget counts replace the stored ones
-                if run_metadata is not None:
-                    meta.budget_counts.update(run_metadata.budget_counts)
-                    meta.metadata.update(run_metadata.metadata)
-                # 7. resume-target policy
-                pointer = snap.execution_pointer
-                if policy is not None:
-                    planned = cast(tuple[S, object], await maybe_await(policy(state, pointer)))
-                    state, plan = planned
-                    pointer = self._apply_plan(plan, pointer)
-            finally:
-                current_run.reset(ctx)
-            # 8. pointer validation
-            if not pointer or not self.graph.has_node(pointer):
-                raise UnknownNodeError(
-                    f"thread {thread_id!r:.200} cannot resume at {pointer!r}: not a node of "
-                    f"this graph (known: {sorted(self.graph.nodes)}); a resume_target_policy "
-                    "can choose another node"
-                )
-        except BaseException:
-            await self._abort(key, lease)
-            raise
-        ttl = (run_lease or self.run_lease or ("", 0.0))[1]
-        return Execution(
-            self._services, key, state, pointer, revision, meta, lease, ttl, invariant, sink
-        )
-
-    def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
-        """Step 4: ``merge(state, overlay)`` if given; a mapping of fields into a
-        dataclass or TypedDict state; else the graph's reducer."""
-        if merge is not None:
-            return merge(state, cast(S, overlay))
-        fields = _field_names(state, self.graph.state_type)
-        if isinstance(overlay, Mapping) and fields is not None:
-            updates = dict(cast(Mapping[str, Any], overlay))
-            unknown = sorted(set(updates) - fields)
-            if unknown:
-                raise ValueError(
-                    f"state_overlay names {', '.join(map(repr, unknown))}, not fields of "
-                    f"{type(state).__name__} (fields: {', '.join(sorted(fields))})"
-                )
-            if dataclasses.is_dataclass(state) and not isinstance(state, type):
-                return cast(S, dataclasses.replace(state, **updates))
-            return cast(S, {**cast(Mapping[str, Any], state), **updates})
-        return self.graph.reducer(state, cast(S, overlay))
-
-    def _apply_plan(self, plan: object, pointer: str) -> str:
-        if not isinstance(plan, ResumePlan) or plan.empty:
-            raise InvalidResumePlanError(
-                f"resume-target policy returned {plan!r:.200}; return flowy.resume_current() "
-                "or flowy.resume_to(node)"
-            )
-        if plan.target is not None:
-            if not self.graph.has_node(plan.target):
-                raise InvalidResumePlanError(
-                    f"resume-target policy chose unknown node {plan.target!r}; known nodes: "
-                    f"{sorted(self.graph.nodes)}"
-                )
-            return plan.target
-        return pointer
-
-    async def _abort(self, key: tuple[object, str], lease: Lease | None) -> None:
-        unregister_run(key)
-        if lease is not None and self.lease_manager is not None:
-            try:
-                await asyncio.shield(self.lease_manager.release(lease))
-            except Exception as exc:
-                # caller's own error is the one to report
-                logger.warning("flowy: releasing lease of %r failed: %s", lease.thread_id, exc)

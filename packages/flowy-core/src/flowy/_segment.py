@@ -263,7 +263,7 @@ class Segment(Generic[S, E]):
             return None
         except LeaseLostError as exc:
             raise self._lease_lost(exc) from exc
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
             if self.skip_saves:
                 return self._skipped(kind, exc)
             self._save_failed(kind, exc)
@@ -275,7 +275,7 @@ class Segment(Generic[S, E]):
             return base_reason, None
         try:
             await self.cp.prune(self.thread_id, limit)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported on the result; the run is not failed
             self._publish(LifecycleEventType.RETENTION_FAILED, reason=kind, error=exc)
             return f"{kind}_retention_failed", exc
         return base_reason, None

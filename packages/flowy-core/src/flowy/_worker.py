@@ -283,7 +283,7 @@ class Worker(Generic[S, E]):
         runner = self.runner
         try:
             decision = await runner.evaluate_resume(intent.resume_token)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "evaluate_resume failed", exc)
         kind = decision.kind
         if kind is ResumeDecisionKind.NOT_FOUND:
@@ -322,7 +322,7 @@ class Worker(Generic[S, E]):
             return await self._retry(message, "thread moved on", exc)
         except ThreadNotFoundError:
             return await self._ack(message, Outcome.GONE)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "resume failed", exc)
         self._report(intent, result)
         if result.status is RunStatus.FAILED and result.revision == token.snapshot_revision:
@@ -345,7 +345,7 @@ class Worker(Generic[S, E]):
             )
         except HandoffPendingError as exc:
             return await self._retry(message, "hand-off still pending", exc)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "recovery failed", exc)
         self._recovered += 1
         return await self._ack(message, Outcome.RECOVERED)

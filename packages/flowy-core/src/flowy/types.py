@@ -14,9 +14,9 @@ from ._graph import Reducer as Reducer
 from ._graph import Router as Router
 from ._plan import ResumePlan as ResumePlan
 from ._plan import ResumeTargetPolicy as ResumeTargetPolicy
+from ._preflight import StateMerge as StateMerge
 from ._runner import DEFAULT_HANDOFF_STALE_AFTER as DEFAULT_HANDOFF_STALE_AFTER
 from ._runner import DEFAULT_LEASE_TTL as DEFAULT_LEASE_TTL
-from ._runner import StateMerge as StateMerge
 from ._runner import StreamStart as StreamStart
 from ._segment import InvariantValidator as InvariantValidator
 from ._types import JSON as JSON

@@ -141,7 +141,9 @@ class Connecting:
 
 
 def connect(url: str, *, codec: StateCodec[Any] | None = None) -> Connecting:
-    """Open the store at ``url``::
+    """Open the store at ``url``.
+
+    ::
 
         backend = await flowy.connect("sqlite:///flowy.db")
         async with flowy.connect("postgresql://app@db/app?schema=flowy") as backend:

@@ -51,7 +51,7 @@ def docker_available() -> bool:
         client = docker.from_env(timeout=2)
         client.ping()
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure means no usable Docker engine
         return False
     finally:
         if client is not None:

@@ -152,12 +152,14 @@ class FaultyCheckpointer(Generic[S]):
         return view
 
     def fences(self, leases: LeaseManager) -> bool:
+        """Whether the wrapped checkpointer fences ``leases``."""
         fences = getattr(self.inner, "fences", None)
         return bool(fences(leases)) if callable(fences) else False
 
     async def save(
         self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None
     ) -> int:
+        """``save`` of the wrapped checkpointer, failing at armed phases."""
         fault = self.faults.take(phase_of(snapshot))
         if fault is not None and not fault.after_write:
             raise fault.error()
@@ -174,6 +176,7 @@ class FaultyCheckpointer(Generic[S]):
         *,
         lease: Lease | None = None,
     ) -> int:
+        """``save_with_outbox`` of the wrapped checkpointer, failing at ``COMMIT``."""
         inner = self.inner
         if not isinstance(inner, TransactionalCheckpointer):
             raise TypeError("the wrapped checkpointer is not transactional")
@@ -187,24 +190,29 @@ class FaultyCheckpointer(Generic[S]):
         return revision
 
     async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
+        """``load`` of the wrapped checkpointer, failing at ``LOAD``."""
         fault = self.faults.take(Phase.LOAD)
         if fault is not None:
             raise fault.error()
         return await self.inner.load(thread_id)
 
     async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
+        """``get_history`` of the wrapped checkpointer."""
         return await self.inner.get_history(thread_id, limit)
 
     async def prune(self, thread_id: str, retain: int) -> None:
+        """``prune`` of the wrapped checkpointer, failing at ``PRUNE``."""
         fault = self.faults.take(Phase.PRUNE)
         if fault is not None:
             raise fault.error()
         await self.inner.prune(thread_id, retain)
 
     async def delete(self, thread_id: str) -> None:
+        """``delete`` of the wrapped checkpointer."""
         await self.inner.delete(thread_id)
 
     async def delete_if_idle(self, thread_id: str) -> None:
+        """``delete_if_idle`` of the wrapped checkpointer."""
         await self.inner.delete_if_idle(thread_id)
 
     async def list_threads(
@@ -214,6 +222,7 @@ class FaultyCheckpointer(Generic[S]):
         limit: int = 100,
         after: str | None = None,
     ) -> list[ThreadSummary]:
+        """``list_threads`` of the wrapped checkpointer."""
         return await self.inner.list_threads(
             handoff_statuses=handoff_statuses, limit=limit, after=after
         )
@@ -245,6 +254,7 @@ class FaultyOutbox:
         return isinstance(self.inner, TransactionalHandoffOutbox)
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
+        """``enqueue_intent`` of the wrapped outbox, failing at ``ENQUEUE``."""
         fault = self.faults.take(Phase.ENQUEUE)
         if fault is not None and not fault.after_write:
             raise fault.error()
@@ -253,6 +263,7 @@ class FaultyOutbox:
             raise fault.error()
 
     async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
+        """``enqueue_intent_tx`` of the wrapped outbox, failing at ``ENQUEUE``."""
         inner = self.inner
         if not isinstance(inner, TransactionalHandoffOutbox):
             raise TypeError("the wrapped outbox is not transactional")

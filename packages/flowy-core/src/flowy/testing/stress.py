@@ -222,7 +222,7 @@ async def run_stress(
 async def _completed(store: MemoryCheckpointer[State], thread_id: str) -> bool:
     try:
         snap, _ = await store.load(thread_id)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure to load counts as not completed
         return False
     return snap.status is RunStatus.COMPLETED
 

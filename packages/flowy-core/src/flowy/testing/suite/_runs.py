@@ -70,7 +70,7 @@ def _effect_graph(
     gate: asyncio.Event | None = None,
     approved_runs: list[str] | None = None,
 ) -> Graph[State, Any]:
-    """work → (hand-off) → effect → done. ``effect`` records the thread id: a second
+    """Work → (hand-off) → effect → done. ``effect`` records the thread id: a second
     record means a segment ran twice. ``work`` suspends first when ``approve_first`` is
     set; its approved runs are recorded in ``approved_runs`` (after ``gate``)."""
 
