@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
+from flowy.testing import stress_stores
 from flowy.testing.stress import run_stress
 
 pytestmark = pytest.mark.anyio
@@ -19,5 +21,16 @@ async def test_random_faults_lose_nothing_and_resume_nothing_twice(seed: int) ->
     finally:
         logging.getLogger("flowy").setLevel(logging.NOTSET)
     assert summary["faults"] > 50  # the faults really struck
+    assert summary["lost"] == 0
+    assert summary["double_resumed"] == 0
+
+
+async def test_worker_processes_killed_mid_flight_lose_nothing(tmp_path: Path) -> None:
+    """Worker processes on one SQLite file, one SIGKILLed mid-run and replaced."""
+    summary = await stress_stores.run(
+        f"sqlite:///{tmp_path / 'stress.db'}", 200, workers=2, kills=1, seed=5, timeout=240
+    )
+    assert summary["kills"] == 1
+    assert int(summary["faults"]) > 20  # the faults really struck
     assert summary["lost"] == 0
     assert summary["double_resumed"] == 0
