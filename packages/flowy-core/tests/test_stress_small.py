@@ -28,7 +28,7 @@ async def test_random_faults_lose_nothing_and_resume_nothing_twice(seed: int) ->
 async def test_worker_processes_killed_mid_flight_lose_nothing(tmp_path: Path) -> None:
     """Worker processes on one SQLite file, one SIGKILLed mid-run and replaced."""
     summary = await stress_stores.run(
-        f"sqlite:///{tmp_path / 'stress.db'}", 200, workers=2, kills=1, seed=5, timeout=240
+        f"sqlite:///{tmp_path / 'stress.db'}", 200, workers=2, kills=1, seed=5, deadline_seconds=240
     )
     assert summary["kills"] == 1
     assert int(summary["faults"]) > 20  # the faults really struck

@@ -76,8 +76,6 @@ def _field_names(state: object, state_type: Any) -> set[str] | None:
     return None
 
 
-
-
 class RunPreparation(Generic[S, E]):
     """The checks and steps before a run starts (the base of ``Runner``)."""
 
@@ -426,4 +424,3 @@ class RunPreparation(Generic[S, E]):
             except Exception as exc:  # noqa: BLE001 - the lease expires anyway; the caller's error matters
                 # caller's own error is the one to report
                 logger.warning("flowy: releasing lease of %r failed: %s", lease.thread_id, exc)
-

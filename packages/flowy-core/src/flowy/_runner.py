@@ -65,7 +65,6 @@ DEFAULT_LEASE_TTL = 30.0
 """Seconds of the run lease a runner built on a ``Backend`` takes by default."""
 
 
-
 def default_owner() -> str:
     """A lease owner naming this process: ``host-pid``."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -412,4 +411,3 @@ class Runner(RunPreparation[S, E]):
             return snap
 
         return load
-

@@ -192,6 +192,17 @@ async def _spawn(url: str, seed: int, fault_rate: float, stats: Path) -> asyncio
     return proc
 
 
+def _worker_counts(folder: Path) -> tuple[int, int]:
+    """Faults struck and hand-offs recovered, summed over the workers' stats files."""
+    faults = recovered = 0
+    for stats in folder.glob("worker-*.json"):
+        with contextlib.suppress(ValueError, OSError, KeyError):
+            counts = json.loads(stats.read_text())
+            faults += int(counts["faults"])
+            recovered += int(counts["recovered"])
+    return faults, recovered
+
+
 async def _completed(backend: Backend[Any], threads: list[str]) -> int:
     done = 0
     after: str | None = None
@@ -211,7 +222,7 @@ async def run(
     kills: int = 5,
     fault_rate: float = 0.1,
     seed: int = 1,
-    timeout: float = 900.0,
+    deadline_seconds: float = 900.0,
 ) -> dict[str, int | str]:
     """Run the stress scenario on the (empty, isolated) store at ``url``."""
     rng = random.Random(seed)
@@ -235,7 +246,7 @@ async def run(
     for _ in range(workers):
         await spawn()
     killed = 0
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + deadline_seconds
     started = time.monotonic()
     try:
         while time.monotonic() < deadline:
@@ -271,12 +282,7 @@ async def run(
         chain_ok = history == list(range(revision, revision - len(history), -1))
         if snap.state.get("effects") != 1 or not chain_ok:
             double += 1
-    faults = recovered = 0
-    for stats in tmp.glob("worker-*.json"):
-        with contextlib.suppress(ValueError, OSError, KeyError):
-            counts = json.loads(stats.read_text())
-            faults += int(counts["faults"])
-            recovered += int(counts["recovered"])
+    faults, recovered = _worker_counts(tmp)
     await backend.aclose()
     return {
         "store": scheme,
@@ -315,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             kills=args.kills,
             fault_rate=args.fault_rate,
             seed=args.seed,
-            timeout=args.timeout,
+            deadline_seconds=args.timeout,
         )
     )
     print(" ".join(f"{k}={v}" for k, v in summary.items()))
