@@ -320,6 +320,9 @@ def test_recover_lists_without_graph(db: Db) -> None:
         "ho": "re-enqueue (forced)",
         "orph": "re-enqueue (orphaned)",
     }
+    first = run_flowy("recover", "--db", db.arg, "--force", "--limit", "1").stdout.splitlines()
+    assert [line.split()[0] for line in first[1:-2]] == ["ho"]
+    assert first[-2] == "more hand-offs follow: raise --limit (now 1)"
 
 
 def test_recover_with_graph_reenqueues(db: Db) -> None:

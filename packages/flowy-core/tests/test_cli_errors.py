@@ -6,8 +6,12 @@ reaches the terminal escaped, and ``--json`` stays exact."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import os
+import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -155,16 +159,7 @@ def test_a_missing_adapter_names_its_install(url: str, needles: list[str]) -> No
         "from flowy.cli import main\n"
         f"sys.exit(main(['threads', '--backend', {url!r}]))\n"
     )
-    proc = run_flowy_code(code)
-    assert_one_line_error(proc, 2, *needles)
-    assert "s3cr3t-pw" not in proc.stderr
-
-
-def run_flowy_code(code: str) -> Any:
-    import os
-    import subprocess
-
-    return subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-c", code],
         env={**os.environ, "PYTHONIOENCODING": "utf-8"},
         capture_output=True,
@@ -173,6 +168,8 @@ def run_flowy_code(code: str) -> Any:
         timeout=60,
         check=False,
     )
+    assert_one_line_error(proc, 2, *needles)
+    assert "s3cr3t-pw" not in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -245,9 +242,6 @@ def test_a_file_that_is_not_a_flowy_database_is_left_alone(
 ) -> None:
     path = tmp_path / "other.db"
     if content == "sqlite":
-        import contextlib
-        import sqlite3
-
         with contextlib.closing(sqlite3.connect(path)) as conn:
             conn.execute("CREATE TABLE notes (body TEXT)")
             conn.commit()
@@ -276,8 +270,6 @@ def test_a_database_in_use_is_recognised(tmp_path: Path) -> None:
             header = (tmp_path / "live.db").read_bytes()[:100]
             assert int.from_bytes(header[68:72], "big") == 0  # not checkpointed yet
             return await asyncio.to_thread(run_flowy, "threads", "--db", str(tmp_path / "live.db"))
-
-    import subprocess
 
     proc = asyncio.run(while_open())
     assert proc.returncode == 0, proc.stderr

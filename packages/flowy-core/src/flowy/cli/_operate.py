@@ -71,6 +71,7 @@ async def cmd_recover(args: argparse.Namespace, out: Console) -> int:
     async with open_store(store, codec_for(args.codec, graph)) as backend:
         cp = backend.checkpointer
         found: list[ThreadSummary] = []
+        more = False
         if args.thread:
             for thread in cast(list[str], args.thread):
                 try:
@@ -90,7 +91,7 @@ async def cmd_recover(args: argparse.Namespace, out: Console) -> int:
                     )
                 )
         else:
-            found, _ = await list_threads(cp, limit=args.limit, statuses=frozenset(statuses))
+            found, more = await list_threads(cp, limit=args.limit, statuses=frozenset(statuses))
         runner: Runner[Any, Any] | None = Runner(graph, backend) if graph is not None else None
         now = time.time()
         for s in found:
@@ -136,6 +137,8 @@ async def cmd_recover(args: argparse.Namespace, out: Console) -> int:
             for r in rows
         ],
     )
+    if more:
+        out.line(out.paint(f"more hand-offs follow: raise --limit (now {args.limit})", "dim"))
     if runner is None:
         out.line("(listing only: add --graph MODULE:ATTR to re-enqueue)")
     return 1 if failures else 0
