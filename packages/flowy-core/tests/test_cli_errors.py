@@ -212,8 +212,14 @@ ALL_STORE_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("args", ALL_STORE_COMMANDS)
-@pytest.mark.parametrize("how", ["--db", "--backend", "FLOWY_BACKEND"])
+WAYS_TO_NAME = [
+    *((args, "--db") for args in ALL_STORE_COMMANDS),
+    *((args, how) for args in (["threads"], ["worker", "--graph", GRAPH, "--once"])
+      for how in ("--backend", "FLOWY_BACKEND")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "how"), WAYS_TO_NAME)
 def test_a_missing_database_is_an_error_and_is_not_created(
     tmp_path: Path, args: list[str], how: str
 ) -> None:
@@ -228,15 +234,19 @@ def test_a_missing_database_is_an_error_and_is_not_created(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", ALL_STORE_COMMANDS)
-@pytest.mark.parametrize(
-    ("content", "needle"),
-    [
-        (b"", "is an empty file, not a flowy database"),
-        (b"hello\n" * 50, "not a SQLite file at all"),
-        ("sqlite", "a SQLite database but not a flowy one"),
-    ],
-)
+NOT_FLOWY = [
+    (b"", "is an empty file, not a flowy database"),
+    (b"hello\n" * 50, "not a SQLite file at all"),
+    ("sqlite", "a SQLite database but not a flowy one"),
+]
+FOREIGN_FILES = [
+    *((args, *NOT_FLOWY[0]) for args in ALL_STORE_COMMANDS),
+    *((args, *kind) for args in (["threads"], ["resume", "t@1", "--graph", GRAPH])
+      for kind in NOT_FLOWY[1:]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "content", "needle"), FOREIGN_FILES)
 def test_a_file_that_is_not_a_flowy_database_is_left_alone(
     tmp_path: Path, args: list[str], content: bytes | str, needle: str
 ) -> None:
