@@ -1,66 +1,40 @@
-"""The ``flowy`` command (``cli.py``): every subcommand run as a real process.
+"""The ``flowy`` command (``flowy/cli``) on a SQLite file named with ``--db``: every
+subcommand run as a real process.
 
 Each test builds its own SQLite file with the approval graph of ``core_graphs`` and runs
-``python -m flowy.cli`` (or the installed ``flowy`` script) on it.
+``python -m flowy.cli`` (or the installed ``flowy`` script) on it. The same commands on
+every store, by ``--backend URL``, are in ``test_cli_stores.py``; mistakes and hostile
+input in ``test_cli_errors.py``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from cli_support import GRAPH, TESTS_DIR, assert_one_line_error, run_flowy
 from core_graphs import approval_graph
 
 import flowy
 from flowy import storage
 from flowy.sqlite import SQLiteBackend
 
-TESTS_DIR = Path(__file__).resolve().parent
 DOCS_CLI = TESTS_DIR.parents[2] / "docs" / "cli.md"
-GRAPH = "core_graphs:approval_graph"
-
-
-def run_flowy(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m flowy.cli ARGS`` with ``core_graphs`` importable."""
-    full_env = {**os.environ, "PYTHONPATH": str(TESTS_DIR), "PYTHONIOENCODING": "utf-8"}
-    full_env.pop("NO_COLOR", None)
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "flowy.cli", *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        encoding="utf-8",
-        timeout=timeout,
-        check=False,
-    )
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
-    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("flowy"), lines
-    assert ": error: " in lines[0]
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    assert proc.stdout == ""
 
 
 @dataclass(frozen=True)
@@ -77,18 +51,12 @@ class Db:
 
 async def _populate(path: Path) -> Db:
     async with SQLiteBackend[Any](path) as backend:
-        runner = flowy.Runner(
-            approval_graph(),
-            backend.checkpointer,
-            lease_manager=backend.leases,
-            handoff_outbox=backend.outbox,
-        )
-        lease = ("setup", 5.0)
-        susp = await runner.start("susp", {}, run_lease=lease)
-        ho = await runner.start("ho", {}, run_lease=lease)
+        runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
+        susp = await runner.start("susp", {})
+        ho = await runner.start("ho", {})
         assert ho.resume_token is not None
-        ho = await runner.resume(ho.resume_token, state_overlay={"approved": True}, run_lease=lease)
-        await runner.start("orph", {}, run_lease=lease)
+        ho = await runner.resume(ho.resume_token, state_overlay={"approved": True})
+        await runner.start("orph", {})
         snap, revision = await backend.checkpointer.load("orph")
         orphan = replace(
             snap,
@@ -125,12 +93,14 @@ def test_threads_table(db: Db) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].split() == [
-        "THREAD", "STATUS", "REASON", "POINTER", "REVISION", "HANDOFF", "UPDATED"
+        "THREAD", "STATUS", "REASON", "POINTER", "REVISION", "HANDOFF", "DEAD", "UPDATED"
     ]  # fmt: skip
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert set(rows) == {"susp", "ho", "orph"}
     assert rows["susp"][1:5] == ["suspended", "awaiting_approval", "ask", str(db.susp_revision)]
-    assert rows["ho"][1:6] == ["handoff", "to_worker", "act", str(db.handoff_revision), "enqueued"]
+    assert rows["ho"][1:7] == [
+        "handoff", "to_worker", "act", str(db.handoff_revision), "enqueued", "-"
+    ]  # fmt: skip
     assert rows["orph"][5] == "orphaned"
     assert "\x1b[" not in proc.stdout  # not a terminal: no colour
 
@@ -159,6 +129,24 @@ def test_threads_of_empty_database(tmp_path: Path) -> None:
     assert proc.stdout.startswith("no threads in ")
 
 
+def test_threads_pages_through_a_long_list(tmp_path: Path) -> None:
+    async def many() -> None:
+        async with SQLiteBackend[Any](tmp_path / "many.db") as backend:
+            for i in range(1203):
+                await backend.checkpointer.save(0, storage.Snapshot(f"t{i:05d}", {}, "n"))
+
+    asyncio.run(many())
+    db = str(tmp_path / "many.db")
+    listed = json.loads(run_flowy("threads", "--db", db, "--limit", "1100", "--json").stdout)
+    assert [row["thread_id"] for row in listed] == [f"t{i:05d}" for i in range(1100)]
+    rest = run_flowy("threads", "--db", db, "--limit", "1100", "--after", "t01099")
+    assert [line.split()[0] for line in rest.stdout.splitlines()[1:]] == [
+        f"t{i:05d}" for i in range(1100, 1203)
+    ]
+    first = run_flowy("threads", "--db", db, "--limit", "2").stdout.splitlines()
+    assert first[-1] == f"more threads follow: flowy threads --after t00001 --limit 2 --db {db}"
+
+
 # ---------------------------------------------------------------------------- show
 
 
@@ -176,8 +164,9 @@ def test_show_snapshot(db: Db) -> None:
     assert fields["revision"].startswith(f"{db.susp_revision} ")
     assert f"susp@{db.susp_revision}" in fields["revision"]
     assert fields["lease"] == "none"
+    assert "dead" not in fields
     assert fields["next"] == (
-        f"flowy resume susp --revision {db.susp_revision} --graph MODULE:ATTR --db {db.arg}"
+        f"flowy resume susp@{db.susp_revision} --graph MODULE:ATTR --db {db.arg}"
     )
     state = json.loads(out.split("\nstate\n", 1)[1])
     assert state == {"planned": True, "log": ["plan"]}
@@ -232,6 +221,35 @@ def test_show_budget_limits_from_graph(tmp_path: Path) -> None:
     proc = run_flowy("show", "t", "--db", "b.db", "--graph", "budget_graph:build", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "budgets   tokens 3/10" in proc.stdout
+
+
+def test_typed_graph_and_codec_class_decode_states(tmp_path: Path) -> None:
+    async def save() -> None:
+        async with SQLiteBackend[Any](tmp_path / "t.db") as backend:
+            state = {"title": "printer", "count": 2, "stray": True}
+            await backend.checkpointer.save(0, storage.Snapshot("t", state, "wait"))
+
+    asyncio.run(save())
+    db = str(tmp_path / "t.db")
+    plain = json.loads(run_flowy("show", "t", "--db", db, "--json").stdout)["state"]
+    assert plain == {"title": "printer", "count": 2, "stray": True}
+    for option in (["--graph", "cli_support:typed_graph"], ["--codec", "cli_support:Ticket"]):
+        typed = run_flowy("show", "t", "--db", db, "--json", *option)
+        assert typed.returncode == 0, typed.stderr
+        assert json.loads(typed.stdout)["state"] == {"title": "printer", "count": 2}
+    history = run_flowy("history", "t", "--db", db, "--json", "--graph", "cli_support:typed_graph")
+    assert json.loads(history.stdout)[0]["state"] == {"title": "printer", "count": 2}
+    resumed = run_flowy(
+        "resume", "t@1", "--db", db, "--graph", "cli_support:typed_graph", "--json",
+        "--overlay", '{"title": "scanner"}',
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == {"title": "scanner", "count": 1}
+    misfit = run_flowy(
+        "resume", "t@2", "--db", db, "--graph", "cli_support:typed_graph",
+        "--overlay", '{"count": 3}',
+    )  # fmt: skip
+    assert_one_line_error(misfit, 2, "--overlay does not fit the state type", "title")
 
 
 # ------------------------------------------------------------------------- history
@@ -302,6 +320,9 @@ def test_recover_lists_without_graph(db: Db) -> None:
         "ho": "re-enqueue (forced)",
         "orph": "re-enqueue (orphaned)",
     }
+    first = run_flowy("recover", "--db", db.arg, "--force", "--limit", "1").stdout.splitlines()
+    assert [line.split()[0] for line in first[1:-2]] == ["ho"]
+    assert first[-2] == "more hand-offs follow: raise --limit (now 1)"
 
 
 def test_recover_with_graph_reenqueues(db: Db) -> None:
@@ -344,6 +365,29 @@ def test_resume_streams_events_and_hands_off(db: Db) -> None:
     assert snap.status is flowy.RunStatus.HANDOFF and revision == db.susp_revision + 2
 
 
+def test_resume_by_printed_token(db: Db) -> None:
+    token = f"susp@{db.susp_revision}"
+    proc = run_flowy("resume", token, "--graph", GRAPH, "--db", db.arg, "--at", "done")
+    assert proc.returncode == 0, proc.stderr
+    assert load(db.path, "susp")[0].status is flowy.RunStatus.COMPLETED
+    # A thread id may hold "@": the revision is after the last one; --revision wins.
+    assert_one_line_error(
+        run_flowy("resume", "susp", "--graph", GRAPH, "--db", db.arg),
+        2,
+        "give the revision to resume: 'susp' --revision N",
+    )
+    assert_one_line_error(
+        run_flowy("resume", "a@b@x", "--graph", GRAPH, "--db", db.arg),
+        2,
+        "the revision of resume token 'a@b@x' must be a positive integer",
+    )
+    assert_one_line_error(
+        run_flowy("resume", "no@pe", "--revision", "3", "--graph", GRAPH, "--db", db.arg),
+        1,
+        "no thread 'no@pe'",
+    )
+
+
 def test_resume_refuses_a_completed_thread_without_at(db: Db) -> None:
     done = run_flowy(
         "resume", "susp", "--revision", str(db.susp_revision), "--graph", GRAPH,
@@ -380,6 +424,7 @@ def test_worker_once_drains_the_outbox(db: Db) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert out.splitlines()[0] == f"w1 · claiming hand-offs from {db.arg} · graph {GRAPH}"
     assert f"⇣ ho@{db.handoff_revision} delivery 1 (to_worker at act)" in out
     assert "✓ completed (completed) · at done" in out
     assert "✓ acked: resumed" in out
@@ -387,6 +432,26 @@ def test_worker_once_drains_the_outbox(db: Db) -> None:
     snap, _ = load(db.path, "ho")
     assert snap.status is flowy.RunStatus.COMPLETED
     assert snap.state["log"] == ["plan", "ask", "act", "done"]
+
+
+def test_worker_reports_a_duplicate_delivery(db: Db) -> None:
+    async def duplicate() -> None:
+        async with SQLiteBackend[Any](db.path) as backend:
+            runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
+            (message,) = await backend.consumer.claim(1, 0.1)
+            await runner.resume(message.intent.resume_token)  # ran, but never acked
+
+    asyncio.run(duplicate())
+    time.sleep(0.15)
+    proc = run_flowy(
+        "worker", "--graph", GRAPH, "--db", db.arg, "--once", "--owner", "w1",
+        "--idle-wait", "0.2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"⇣ ho@{db.handoff_revision} delivery 2" in proc.stdout
+    assert "was already resumed" in proc.stdout
+    assert "✓ acked: nothing left to run" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "w1: 1 message(s) processed (duplicate 1)"
 
 
 def test_worker_runs_until_sigint(db: Db) -> None:
@@ -418,107 +483,103 @@ def test_worker_runs_until_sigint(db: Db) -> None:
     assert load(db.path, "orph")[0].status is flowy.RunStatus.COMPLETED  # recovered, then run
 
 
-# -------------------------------------------------------------------- error paths
+# ------------------------------------------------------------------- dead letters
 
 
-@pytest.mark.parametrize(
-    ("args", "code", "needles"),
-    [
-        (["show", "nope"], 1, ["flowy show: error:", "no thread 'nope'"]),
-        (["history", "nope"], 1, ["flowy history: error:", "no thread 'nope'"]),
-        (
-            ["resume", "nope", "--revision", "1", "--graph", GRAPH],
-            1,
-            ["no thread 'nope'"],
-        ),
-        (
-            ["resume", "susp", "--revision", "1", "--graph", GRAPH],
-            1,
-            ["revision 1 of thread 'susp' is stale", "resume with --revision 2"],
-        ),
-        (
-            ["resume", "ho", "--revision", "1", "--graph", GRAPH, "--json"],
-            1,
-            ["is stale", "--revision 4"],
-        ),
-        (
-            ["recover", "--thread", "nope"],
-            1,
-            ["no thread 'nope'"],
-        ),
-        (["resume", "susp", "--revision", "2", "--graph", "x"], 2, ["'package.module:attribute'"]),
-        (["worker", "--graph", "no_such_module:g"], 2, ["no module named 'no_such_module'"]),
-        (["worker", "--graph", "core_graphs:nope"], 2, ["has no attribute 'nope'"]),
-        (["worker", "--graph", "core_graphs:State"], 2, ["not a flowy.Graph"]),
-        (["threads", "--limit", "x"], 2, ["--limit", "expected a whole number"]),
-        (
-            ["resume", "susp", "--revision", "2", "--graph", GRAPH, "--overlay", "{"],
-            2,
-            ["--overlay is not valid JSON"],
-        ),
-        (["show", "susp", "--codec", "core_graphs:merge"], 2, ["--codec"]),
-    ],
-)
-def test_user_mistakes_are_one_line(db: Db, args: list[str], code: int, needles: list[str]) -> None:
-    assert_one_line_error(run_flowy(*args, "--db", db.arg), code, *needles)
+async def _make_dead_letter(path: Path) -> str:
+    async with SQLiteBackend[Any](path, max_attempts=1) as backend:
+        intent = storage.HandoffIntent(
+            thread_id="poison",
+            pending_snapshot_revision=3,
+            committed_snapshot_revision=3,
+            snapshot_revision=3,
+            resume_token=flowy.ResumeToken("poison", 3),
+            handoff_status=flowy.HandoffStatus.ENQUEUED,
+            reason="to_worker",
+            execution_pointer="pay",
+        )
+        await backend.outbox.enqueue_intent(intent)
+        (msg,) = await backend.consumer.claim(1, 30)
+        await backend.consumer.release(msg, error="always fails")
+        (dead,) = await backend.consumer.dead_letters()
+        return dead.message_id
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["threads"],
-        ["show", "t"],
-        ["history", "t"],
-        ["recover"],
-        ["resume", "t", "--revision", "1", "--graph", GRAPH],
-        ["worker", "--graph", GRAPH, "--once"],
-    ],
-)
-def test_missing_database_is_an_error_and_is_not_created(tmp_path: Path, args: list[str]) -> None:
-    missing = tmp_path / "missing.db"
-    proc = run_flowy(*args, "--db", str(missing))
-    assert_one_line_error(proc, 2, "no database file at", str(missing))
-    assert list(tmp_path.iterdir()) == []
+def test_dead_letters_list_and_retry(tmp_path: Path) -> None:
+    path = tmp_path / "dl.db"
+    message_id = asyncio.run(_make_dead_letter(path))
+    listed = run_flowy("dead-letters", "--db", str(path))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split() == [
+        message_id, "poison", "3", "1", "to_worker", "pay", "always", "fails"
+    ]  # fmt: skip
+    as_json = json.loads(run_flowy("dead-letters", "--db", str(path), "--json").stdout)
+    assert as_json == [
+        {
+            "message_id": message_id,
+            "thread_id": "poison",
+            "revision": 3,
+            "attempts": 1,
+            "reason": "to_worker",
+            "pointer": "pay",
+            "error": "always fails",
+            "decodable": True,
+        }
+    ]
+    unknown = run_flowy("dead-letters", "--db", str(path), "--retry", "999999")
+    assert_one_line_error(unknown, 1, "no dead letter with id '999999'")
+    retried = run_flowy("dead-letters", "--db", str(path), "--retry", message_id)
+    assert retried.returncode == 0 and f"requeued dead letter {message_id}" in retried.stdout
+    assert "no dead letters" in run_flowy("dead-letters", "--db", str(path)).stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "needles"),
-    [
-        (["graph", "nocolon"], ["must look like 'package.module:attribute'"]),
-        (["graph", "no_such_module:g"], ["no module named 'no_such_module'"]),
-        (["graph", "core_graphs:missing"], ["has no attribute 'missing'"]),
-        (["graph", "core_graphs:merge"], ["calling it failed: TypeError"]),
-        (["graph", "flowy:GraphBuilder"], ["returned a GraphBuilder, not a flowy.Graph"]),
-        (["threads"], ["the following arguments are required: --db"]),
-        ([], ["the following arguments are required: COMMAND"]),
-        (["nonsense"], ["invalid choice: 'nonsense'"]),
-    ],
-)
-def test_usage_errors_are_one_line(args: list[str], needles: list[str]) -> None:
-    assert_one_line_error(run_flowy(*args), 2, *needles)
+def test_undecodable_dead_letters_are_shown(tmp_path: Path) -> None:
+    path = tmp_path / "poison.db"
+    asyncio.run(_make_dead_letter(path))
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE flowy_outbox SET payload = X'00ff1b5b33316d'")
+    listed = run_flowy("dead-letters", "--db", str(path))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[:3] == ["1", "(undecodable)", "-"]
+    (row,) = json.loads(run_flowy("dead-letters", "--db", str(path), "--json").stdout)
+    assert row["decodable"] is False and row["thread_id"] is None
+    threads = run_flowy("threads", "--db", str(path))
+    assert threads.returncode == 0 and threads.stdout.startswith("no threads")
 
 
-def test_broken_graph_module_and_invalid_graph(tmp_path: Path) -> None:
-    (tmp_path / "broken.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
-    (tmp_path / "invalid.py").write_text(
-        "import flowy\n"
-        "async def a(s):\n    return s, flowy.completed()\n"
-        "def build():\n"
-        "    return flowy.GraphBuilder().add_node('a', a).add_edge('a', 'x').compile()\n",
-        encoding="utf-8",
-    )
-    proc = run_flowy("graph", "broken:g", cwd=tmp_path)
-    assert_one_line_error(proc, 2, "importing 'broken' failed: RuntimeError: boom second line")
-    proc = run_flowy("graph", "invalid:build", cwd=tmp_path)
-    assert_one_line_error(proc, 2, "the graph is invalid", "unknown node 'x'")
+def test_worker_reports_messages_buried_while_claiming(tmp_path: Path) -> None:
+    path = tmp_path / "poison.db"
+
+    async def poison() -> None:
+        async with SQLiteBackend[Any](path) as backend:
+            intent = storage.HandoffIntent(
+                "p", 1, 1, 1, flowy.ResumeToken("p", 1), flowy.HandoffStatus.ENQUEUED, "r", "x"
+            )
+            await backend.outbox.enqueue_intent(intent)
+
+    asyncio.run(poison())
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+        conn.execute("UPDATE flowy_outbox SET payload = X'00ff'")
+    proc = run_flowy("worker", "--graph", GRAPH, "--db", str(path), "--once", "--idle-wait", "0.2")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "✗ dead-lettered while claiming: message 1 of an undecodable message" in proc.stdout
+    assert "0 message(s) processed; 1 dead-lettered" in proc.stdout.splitlines()[-1]
 
 
-def test_not_a_flowy_database(tmp_path: Path) -> None:
-    other = tmp_path / "notes.txt"
-    other.write_text("hello\n" * 50)
-    before = other.read_bytes()
-    assert_one_line_error(run_flowy("threads", "--db", str(other)), 1, "not a flowy database")
-    assert other.read_bytes() == before
+def test_dead_letters_through_backend_url_and_environment(tmp_path: Path) -> None:
+    path = tmp_path / "dl.db"
+    asyncio.run(_make_dead_letter(path))
+    for args, env in (
+        (["--backend", f"sqlite:///{path}"], {}),
+        (["--backend", str(path)], {}),
+        ([], {"FLOWY_BACKEND": f"sqlite:///{path}"}),
+    ):
+        proc = run_flowy("dead-letters", *args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "poison" in proc.stdout
+    # The command line wins over the environment.
+    other = run_flowy("dead-letters", "--db", str(path), env={"FLOWY_BACKEND": "nowhere.db"})
+    assert other.returncode == 0, other.stderr
 
 
 # ------------------------------------------------------------------- presentation
@@ -537,10 +598,41 @@ def test_colour_only_when_asked_or_on_a_terminal(db: Db) -> None:
 def test_help_and_version() -> None:
     proc = run_flowy("--help")
     assert proc.returncode == 0
-    for command in ("demo", "threads", "show", "history", "graph", "recover", "resume", "worker"):
+    for command in (
+        "demo", "threads", "show", "history", "graph", "recover", "resume", "worker",
+        "dead-letters",
+    ):  # fmt: skip
         assert command in proc.stdout
     assert run_flowy("--version").stdout.strip() == f"flowy {flowy.__version__}"
     assert run_flowy("worker", "--help").returncode == 0
+
+
+def test_every_option_has_help() -> None:
+    from flowy.cli._main import build_parser
+
+    missing: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        for action in parser._actions:
+            name = f"{prefix} {'/'.join(action.option_strings) or action.dest}"
+            if action.nargs == argparse.PARSER:  # the subcommands
+                choices = cast(dict[str, argparse.ArgumentParser], action.choices)
+                for command, sub in choices.items():
+                    walk(sub, f"{prefix} {command}")
+                continue
+            if not action.help or action.help == argparse.SUPPRESS:
+                missing.append(name)
+
+    walk(build_parser(), "flowy")
+    assert missing == []
+
+
+def test_python_m_and_main_module_work() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "flowy.cli", "--version"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("flowy ")
 
 
 def test_installed_console_script(db: Db) -> None:
@@ -587,65 +679,9 @@ def test_docs_cli_console_blocks_match_real_output(tmp_path: Path) -> None:
         for command, expected in block:
             argv = command.split()
             assert argv[0] == "flowy", command
-            proc = run_flowy(*argv[1:], cwd=tmp_path, env={"COLUMNS": "100"})
+            # The demo prints `flowy ...` when this environment's flowy is on PATH.
+            path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+            proc = run_flowy(*argv[1:], cwd=tmp_path, env={"COLUMNS": "100", "PATH": path})
             actual = proc.stdout + proc.stderr
             report = f"$ {command}\n--- expected\n{expected}\n--- got\n{actual}"
             assert _matches(expected, actual), report
-
-
-async def _make_dead_letter(path: Path) -> str:
-    async with SQLiteBackend(path, max_attempts=1) as backend:
-        intent = storage.HandoffIntent(
-            thread_id="poison",
-            pending_snapshot_revision=3,
-            committed_snapshot_revision=3,
-            snapshot_revision=3,
-            resume_token=flowy.ResumeToken("poison", 3),
-            handoff_status=flowy.HandoffStatus.ENQUEUED,
-            reason="to_worker",
-            execution_pointer="pay",
-        )
-        await backend.outbox.enqueue_intent(intent)
-        (msg,) = await backend.consumer.claim(1, 30)
-        await backend.consumer.release(msg, error="always fails")
-        (dead,) = await backend.consumer.dead_letters()
-        return dead.message_id
-
-
-def test_dead_letters_list_and_retry(tmp_path: Path) -> None:
-    path = tmp_path / "dl.db"
-    message_id = asyncio.run(_make_dead_letter(path))
-    listed = run_flowy("dead-letters", "--db", str(path))
-    assert listed.returncode == 0, listed.stderr
-    assert "poison" in listed.stdout and "to_worker" in listed.stdout
-    as_json = json.loads(run_flowy("dead-letters", "--db", str(path), "--json").stdout)
-    assert as_json == [
-        {
-            "message_id": message_id,
-            "thread_id": "poison",
-            "revision": 3,
-            "attempts": 1,
-            "reason": "to_worker",
-            "pointer": "pay",
-        }
-    ]
-    unknown = run_flowy("dead-letters", "--db", str(path), "--retry", "999999")
-    assert_one_line_error(unknown, 1, "no dead letter with id '999999'")
-    retried = run_flowy("dead-letters", "--db", str(path), "--retry", message_id)
-    assert retried.returncode == 0 and f"requeued dead letter {message_id}" in retried.stdout
-    assert "no dead letters" in run_flowy("dead-letters", "--db", str(path)).stdout
-
-
-def test_dead_letters_through_a_consumer_factory(tmp_path: Path) -> None:
-    path = tmp_path / "dl.db"
-    asyncio.run(_make_dead_letter(path))
-    (tmp_path / "myconsumer.py").write_text(
-        f"import flowy\nasync def consumer():\n    return SQLiteBackend({str(path)!r}).consumer\n"
-    )
-    proc = run_flowy("dead-letters", "--consumer", "myconsumer:consumer", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "poison" in proc.stdout
-    bad = run_flowy("dead-letters", "--consumer", "json:dumps", cwd=tmp_path)
-    assert bad.returncode == 2
-    neither = run_flowy("dead-letters")
-    assert_one_line_error(neither, 2, "--db FILE")

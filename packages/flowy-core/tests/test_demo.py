@@ -1,10 +1,13 @@
-"""``flowy demo`` (``_demo.py``): the real command, end to end, and what it leaves in the
-database."""
+"""``flowy demo`` (``flowy/cli/_story.py`` playing ``flowy/cli/demo.py``): the real
+command, end to end, what it leaves in the database, the files it refuses to touch, and
+the commands it prints, run as printed."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -27,8 +30,21 @@ class DemoRun:
     seconds: float
 
 
-def run_demo(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
+BINDIR = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _path(with_bindir: bool) -> str:
+    """``PATH`` with this environment's bin directory first, or without it."""
+    parts = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    parts = [p for p in parts if Path(p).resolve() != BINDIR.resolve()]
+    return os.pathsep.join([str(BINDIR), *parts] if with_bindir else parts)
+
+
+def run_demo(
+    *args: str, cwd: Path, on_path: bool = True
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "PATH": _path(on_path)}
     env.pop("NO_COLOR", None)
     started = time.monotonic()
     proc = subprocess.run(
@@ -70,6 +86,7 @@ def test_demo_tells_the_story(demo: DemoRun) -> None:
         "✗ rejected by OCC: ConcurrencyConflictError: resume token refund-A1001@4 is stale",
         "evaluate_resume(refund-A1001@4) → stale_token, current token refund-A1001@6",
         "⇢ handed off (refund_approved) · at issue_refund · revision 7 · hand-off enqueued",
+        "worker-1 runs in a separate process: a flowy worker on this database",
         "worker-1 │ ⇣ refund-A1001@7 delivery 1",
         "the worker process is killed after the gateway call",
         "no ack, no checkpoint",
@@ -82,7 +99,7 @@ def test_demo_tells_the_story(demo: DemoRun) -> None:
         "worker-2 │ ✓ acked: resumed",
         "payments ledger: 1 refund for key rf_",
         "thread refund-A1001: completed at revision 9",
-        "The thread's history (flowy history refund-A1001 --db",
+        f"The thread's history (flowy history refund-A1001 --db {demo.db}):",
         "Look inside it yourself:",
         f"flowy threads --db {demo.db}",
         f"flowy show refund-A1001 --db {demo.db}",
@@ -143,31 +160,108 @@ def test_demo_database_is_inspectable(demo: DemoRun) -> None:
         assert "completed" in proc.stdout
 
 
+def _files(directory: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _assert_refused(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("flowy demo: error: refusing to replace")
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+    assert proc.stdout == ""
+
+
 def test_demo_refuses_to_replace_a_foreign_file(tmp_path: Path) -> None:
     precious = tmp_path / "precious.db"
     precious.write_bytes(b"not a flowy file\n" * 10)
     proc, _ = run_demo("--db", str(precious), "--fast", cwd=tmp_path)
-    assert proc.returncode == 1
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.count("\n") == 1
-    assert "refusing to replace" in proc.stderr
+    _assert_refused(proc, str(precious), "choose another --db path")
     assert precious.read_bytes() == b"not a flowy file\n" * 10
 
 
-def test_demo_default_database_is_recreated(tmp_path: Path) -> None:
+async def _app_db(db: Path) -> None:
+    async with SQLiteBackend[Any](db) as backend:
+        await backend.checkpointer.save(0, storage.Snapshot("orders-7", {"paid": True}, "ship"))
+
+
+@pytest.mark.parametrize("kind", ["flowy database", "empty file", "leftover -wal", "ledger"])
+def test_demo_refuses_files_it_did_not_create(tmp_path: Path, kind: str) -> None:
+    db = tmp_path / "app.db"
+    if kind == "flowy database":
+        asyncio.run(_app_db(db))  # an application's own flowy database
+    elif kind == "empty file":
+        db.touch()
+    elif kind == "leftover -wal":
+        Path(str(db) + "-wal").write_bytes(b"\0" * 64)
+    else:
+        payments_path(db).write_bytes(b"my own payments\n")
+    before = _files(tmp_path)
+    proc, _ = run_demo("--db", str(db), "--fast", cwd=tmp_path)
+    _assert_refused(proc)
+    assert _files(tmp_path) == before
+
+
+def test_demo_replaces_its_own_files(tmp_path: Path) -> None:
+    first, _ = run_demo("--fast", cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
     db = tmp_path / ".flowy-demo" / "demo.db"
-    db.parent.mkdir()
-    stale = asyncio.run(_stale_demo_db(db))
-    assert stale == 1
-    proc, _ = run_demo("--fast", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    asyncio.run(_extra_thread(db))
+    again, _ = run_demo("--fast", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
     snap, revision, _ = asyncio.run(_read(db))
     assert snap.status is flowy.RunStatus.COMPLETED and revision == 9
-    assert "database  .flowy-demo/demo.db (SQLite, new)" in proc.stdout
+    assert "database  .flowy-demo/demo.db (SQLite, new)" in again.stdout
+    assert "leftover" not in asyncio.run(_thread_ids(db))
 
 
-async def _stale_demo_db(db: Path) -> int:
-    """A demo database left by an earlier run, with a thread of the same id."""
+async def _extra_thread(db: Path) -> None:
     async with SQLiteBackend[Any](db) as backend:
-        snap = storage.Snapshot(THREAD_ID, {"old": True}, "plan")
-        return await backend.checkpointer.save(0, snap)
+        await backend.checkpointer.save(0, storage.Snapshot("leftover", {}, "plan"))
+
+
+async def _thread_ids(db: Path) -> list[str]:
+    async with SQLiteBackend[Any](db) as backend:
+        return [s.thread_id for s in await backend.checkpointer.list_threads()]
+
+
+def _printed_commands(out: str) -> list[str]:
+    return [line.strip() for line in out.split("Look inside it yourself:\n", 1)[1].splitlines()]
+
+
+def _run_as_printed(command: str, cwd: Path, on_path: bool) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": _path(on_path), "NO_COLOR": "1"}
+    return subprocess.run(
+        command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+
+
+def test_printed_commands_run_as_printed_with_flowy_on_path(demo: DemoRun) -> None:
+    commands = _printed_commands(demo.proc.stdout)
+    assert [c.split()[0] for c in commands] == ["flowy"] * 4
+    for command in commands:
+        proc = _run_as_printed(command, demo.db.parents[1], on_path=True)
+        assert proc.returncode == 0, (command, proc.stderr)
+
+
+def test_printed_commands_run_as_printed_from_the_repository_root(tmp_path: Path) -> None:
+    """As after `make demo`: this environment's flowy is not on PATH."""
+    db = tmp_path / "demo.db"
+    proc, _ = run_demo("--db", str(db), "--fast", cwd=ROOT, on_path=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    program = os.path.relpath(BINDIR / "flowy", ROOT)
+    if program.startswith(".."):
+        program = str(BINDIR / "flowy")
+    commands = _printed_commands(proc.stdout)
+    assert commands[0] == f"{shlex.quote(program)} threads --db {db}"
+    assert f"The thread's history ({shlex.quote(program)} history refund-A1001" in proc.stdout
+    for command in commands:
+        ran = _run_as_printed(command, ROOT, on_path=False)
+        assert ran.returncode == 0, (command, ran.stderr)

@@ -1,15 +1,23 @@
 """Terminal output of the ``flowy`` command and its demo.
 
 Owns colour (ANSI only on a terminal, never with ``NO_COLOR``), symbols with an ASCII
-fallback for streams that cannot encode them, aligned tables, time formatting and the
-one-line renderings of run events and run results. Standard library only.
+fallback for streams that cannot encode them, aligned tables, time formatting, JSON and
+the one-line renderings of run events and run results. Standard library only.
+
+Nothing read from a store reaches the terminal raw: thread ids, reasons, pointers and
+state values may hold escape sequences (ANSI, OSC), C1 controls or bidirectional
+overrides, and every line is written with those shown escaped (``\x1b``, ``\u202e``).
+JSON output escapes them the JSON way, so it still parses to the exact values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import enum
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TextIO, cast
@@ -27,10 +35,12 @@ __all__ = [
     "color_enabled",
     "compact_json",
     "console",
+    "effect_text",
     "fmt_time",
     "main_path",
     "pretty_json",
     "result_line",
+    "safe_line",
     "set_console",
 ]
 
@@ -116,13 +126,34 @@ def _can_encode(stream: TextIO, text: str) -> bool:
 
 
 def clean(text: str, limit: int | None = None) -> str:
-    """``text`` made safe for one terminal line: control characters escaped, and cut to
-    ``limit`` characters with an ellipsis."""
+    """``text`` made safe for one terminal line: control, format and other non-printable
+    characters (escape sequences, C1 controls, bidi overrides, newlines) shown escaped,
+    and cut to ``limit`` characters with an ellipsis."""
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 1, 1)] + "…"
     return text
+
+
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def safe_line(text: str, *, allow_color: bool) -> str:
+    """``text`` with every non-printable character escaped; with ``allow_color`` the
+    colour sequences (SGR) this module paints are kept."""
+    if text.isprintable():
+        return text
+    if not allow_color:
+        return clean(text)
+    parts: list[str] = []
+    last = 0
+    for match in _SGR.finditer(text):
+        parts.append(clean(text[last : match.start()]))
+        parts.append(match.group())
+        last = match.end()
+    parts.append(clean(text[last:]))
+    return "".join(parts)
 
 
 def fmt_time(timestamp: float | None) -> str:
@@ -136,22 +167,47 @@ def fmt_time(timestamp: float | None) -> str:
 
 
 def _jsonable(value: object) -> object:
-    if hasattr(value, "__dataclass_fields__"):
-        return {name: getattr(value, name) for name in cast(Any, value).__dataclass_fields__}
+    if isinstance(value, enum.Enum):
+        return cast(object, value.value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, set | frozenset | tuple):
         return list(cast(Any, value))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
     return str(value)
+
+
+def _json_escape(char: str) -> str:
+    code = ord(char)
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def _printable_json(text: str, keep: str = "") -> str:
+    # Outside strings JSON text is structure and whitespace only, so every non-printable
+    # character here sits inside a string, where a \u escape stands for it exactly.
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else _json_escape(c) for c in text)
 
 
 def compact_json(value: object, limit: int | None = None) -> str:
     """``value`` as one line of JSON (anything unknown as its ``str``), cut to ``limit``."""
     text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=_jsonable)
-    return clean(text, limit)
+    return clean(_printable_json(text), limit)
 
 
 def pretty_json(value: object) -> str:
-    """``value`` as indented JSON (anything unknown as its ``str``)."""
-    return json.dumps(value, ensure_ascii=False, indent=2, default=_jsonable)
+    """``value`` as indented JSON (anything unknown as its ``str``); non-printable
+    characters in strings are ``\\u`` escapes, so the text is safe on a terminal and
+    parses back to the same values."""
+    text = json.dumps(value, ensure_ascii=False, indent=2, default=_jsonable)
+    return _printable_json(text, keep="\n")
 
 
 class Console:
@@ -171,11 +227,18 @@ class Console:
         return cls(stream, color=color_enabled(mode, stream))
 
     def line(self, text: str = "") -> None:
-        """Write ``text`` and a newline, and flush."""
+        """Write ``text`` and a newline, and flush. Non-printable characters are shown
+        escaped (the colour this console paints excepted)."""
+        text = safe_line(text, allow_color=self.color)
         if not self.unicode:
             text = text.encode("ascii", "replace").decode("ascii")
         self.stream.write(text + "\n")
         self.stream.flush()
+
+    def block(self, text: str) -> None:
+        """Write each line of ``text`` with :meth:`line`."""
+        for line in text.split("\n"):
+            self.line(line)
 
     @property
     def interactive(self) -> bool:
@@ -188,6 +251,7 @@ class Console:
     def redraw(self, text: str) -> None:
         """Replace the current terminal line with ``text`` (no newline); only for an
         :attr:`interactive` console."""
+        text = safe_line(text, allow_color=self.color)
         if not self.unicode:
             text = text.encode("ascii", "replace").decode("ascii")
         self.stream.write("\r\x1b[2K" + text)
@@ -251,7 +315,8 @@ def set_console(value: Console) -> None:
     _current[:] = [value]
 
 
-def _effect_text(out: Console, effect: object) -> str:
+def effect_text(out: Console, effect: object) -> str:
+    """One effect: its ``kind`` in bold, then the rest as compact JSON."""
     if isinstance(effect, Mapping):
         items = dict(cast(Mapping[str, Any], effect))
         kind = items.pop("kind", None)
@@ -308,18 +373,18 @@ class EventPrinter:
         if event.type is EventType.NODE_STARTED:
             out.line(
                 f"{prefix}{out.paint(out.sym('start'), 'cyan')} "
-                f"{out.paint(f'step {event.step}', 'dim')}  {out.paint(event.node, 'bold')}"
+                f"{out.paint(f'step {event.step}', 'dim')}  {out.paint(clean(event.node), 'bold')}"
                 + self._progress(event.node)
             )
         elif event.type is EventType.EFFECT:
             out.line(
                 f"{prefix}    {out.paint(out.sym('effect'), 'magenta')} effect "
-                f"{_effect_text(out, event.effect)}"
+                f"{effect_text(out, event.effect)}"
             )
         elif event.type is EventType.CHECKPOINT_FAILED:
             out.line(
-                f"{prefix}{out.paint('! checkpoint skipped', 'yellow')} ({event.reason}) at "
-                f"{event.execution_pointer}"
+                f"{prefix}{out.paint('! checkpoint skipped', 'yellow')} ({clean(event.reason)}) "
+                f"at {clean(event.execution_pointer)}"
             )
 
 

@@ -14,8 +14,8 @@ gateway accepted the refund cannot make a second worker pay twice.
 
 ``build_graph`` is the factory ``flowy worker --graph flowy.cli.demo:build_graph`` loads;
 ``crashing_worker_graph`` is the same graph whose worker process kills itself right
-after the gateway call (the demo's first worker runs it). :func:`run_demo` plays the
-whole story and prints it.
+after the gateway call (the demo's first worker runs it). ``flowy demo`` plays the whole
+story and prints it.
 """
 
 from __future__ import annotations
@@ -24,47 +24,41 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import shlex
 import signal
 import sqlite3
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, TypeAlias, TypedDict
 
 from .._context import run_metadata, use_budget
 from .._directives import Directive, completed, effect, end, handoff, suspend
-from .._errors import ConcurrencyConflictError, FlowyError
-from .._events import StreamHandle
 from .._graph import Graph, GraphBuilder
-from .._plan import ResumePlan, resume_to
-from .._results import RunResult
-from .._runner import Runner
-from ..sqlite import SQLiteBackend
-from ..sqlite._db import APPLICATION_ID
-from ..storage import HandoffStatus, ResumeToken, RunStatus
-from ._render import ColorMode, Console, EventPrinter, clean, console, main_path, result_line
+from ._render import console
 
 __all__ = [
-    "DemoError",
-    "DemoReport",
-    "DemoSettings",
-    "RefundState",
+    "CRASHING_GRAPH_SPEC",
+    "GRAPH_SPEC",
+    "LEDGER_APPLICATION_ID",
     "THREAD_ID",
+    "RefundState",
     "build_graph",
     "crashing_worker_graph",
+    "open_ledger",
     "payments_path",
     "read_ledger",
-    "run_demo",
 ]
 
 THREAD_ID = "refund-A1001"
 """The thread the demo runs."""
 
 GRAPH_SPEC = "flowy.cli.demo:build_graph"
+"""How ``--graph`` names the demo's graph."""
+
 CRASHING_GRAPH_SPEC = "flowy.cli.demo:crashing_worker_graph"
+"""How ``--graph`` names the graph of the worker that crashes."""
+
 LEDGER_APPLICATION_ID = 0x464C5950
 """``PRAGMA application_id`` of the demo's payments ledger (the bytes ``FLYP``)."""
 
@@ -306,7 +300,9 @@ def payments_path(db: Path) -> Path:
     return db.with_name(db.name + ".payments")
 
 
-def _ledger(path: str) -> sqlite3.Connection:
+def open_ledger(path: str) -> sqlite3.Connection:
+    """A connection to the payments ledger at ``path``, created (and stamped
+    ``LEDGER_APPLICATION_ID``) if missing."""
     conn = sqlite3.connect(path, timeout=5.0, isolation_level=None)
     conn.execute(f"PRAGMA application_id = {LEDGER_APPLICATION_ID}")
     conn.execute(
@@ -335,7 +331,7 @@ class PaymentsGateway:
         self.path = path
 
     def _refund(self, key: str, order_id: str, amount_cents: int) -> Refund:
-        with contextlib.closing(_ledger(self.path)) as conn:
+        with contextlib.closing(open_ledger(self.path)) as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 row = conn.execute(
@@ -516,358 +512,3 @@ def crashing_worker_graph() -> Graph[RefundState, DemoEffect]:
     """The same graph, but the process running ``issue_refund`` kills itself right after
     the gateway accepted the refund (the demo's first worker)."""
     return build_graph(crash_after_gateway=True)
-
-
-# -------------------------------------------------------------------------- the story
-
-
-class DemoError(Exception):
-    """The demo did not go as scripted (a bug, or a database it may not replace)."""
-
-
-@dataclass(frozen=True, slots=True)
-class DemoSettings:
-    """Timing of one demo run. ``fast`` drops the simulated latencies."""
-
-    db: Path
-    fast: bool = False
-    color: ColorMode = "never"
-
-    @property
-    def pace(self) -> float:
-        """Multiplier of the simulated latencies."""
-        return 0.0 if self.fast else 1.0
-
-    @property
-    def lease_ttl(self) -> float:
-        """Run lease TTL of the workers (seconds)."""
-        return 0.4 if self.fast else 0.5
-
-    @property
-    def visibility_timeout(self) -> float:
-        """How long a claimed outbox message stays hidden (seconds)."""
-        return 0.8 if self.fast else 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class DemoReport:
-    """What the demo did, for the closing lines and for tests."""
-
-    thread_id: str
-    revision: int
-    refund_id: str
-    idempotency_key: str
-    gateway_requests: int
-    refunds_issued: int
-
-
-def _is_ours(path: Path, application_id: int) -> bool:
-    """True if ``path`` is missing, empty, or a SQLite file stamped ``application_id``."""
-    try:
-        with path.open("rb") as f:
-            header = f.read(100)
-    except FileNotFoundError:
-        return True
-    if not header:
-        return True
-    return (
-        len(header) == 100
-        and header.startswith(b"SQLite format 3\x00")
-        and int.from_bytes(header[68:72], "big") == application_id
-    )
-
-
-def _fresh(settings: DemoSettings) -> Path:
-    db = settings.db
-    ledger = payments_path(db)
-    if db.is_dir():
-        raise DemoError(f"--db {str(db)!r} is a directory; give the demo a file path")
-    for path, app_id in ((db, APPLICATION_ID), (ledger, LEDGER_APPLICATION_ID)):
-        if not _is_ours(path, app_id):
-            raise DemoError(
-                f"refusing to replace {str(path)!r}: it is not a flowy demo file; "
-                "choose another --db path"
-            )
-    db.parent.mkdir(parents=True, exist_ok=True)
-    for path in (db, ledger):
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
-                Path(str(path) + suffix).unlink()
-    with contextlib.closing(_ledger(str(ledger))):
-        pass
-    return ledger
-
-
-def _quote(path: Path) -> str:
-    return shlex.quote(str(path))
-
-
-class _Story:
-    def __init__(self, settings: DemoSettings, out: Console) -> None:
-        self.settings = settings
-        self.out = out
-        self.printer = EventPrinter(out, path=main_path(build_graph()))
-        self.chapter = 0
-
-    def title(self, text: str) -> None:
-        self.chapter += 1
-        self.out.line()
-        self.out.line(self.out.paint(f"{self.chapter}. {text}", "bold"))
-
-    def note(self, text: str) -> None:
-        self.out.line(f"  {text}")
-
-    def person(self, who: str, text: str) -> None:
-        self.out.line(f"  {self.out.paint(who, 'yellow', 'bold')} {self.out.sym('say')} {text}")
-
-    async def follow(
-        self, handle: StreamHandle[RefundState, DemoEffect]
-    ) -> RunResult[RefundState, DemoEffect]:
-        async for event in handle:
-            self.printer.event(event)
-        result = await handle.wait_result()
-        self.note(result_line(self.out, result))
-        return result
-
-    async def worker(self, name: str, spec: str) -> tuple[int, float]:
-        """Run ``flowy worker --once`` in a child process, echoing its output live."""
-        s = self.settings
-        cmd = [
-            sys.executable, "-m", "flowy.cli", "worker",
-            "--graph", spec, "--db", str(s.db), "--owner", name, "--once",
-            "--lease-ttl", str(s.lease_ttl),
-            "--visibility-timeout", str(s.visibility_timeout),
-            "--idle-wait", "0.2",
-            "--color", "always" if self.out.color else "never",
-        ]  # fmt: skip
-        self.note(
-            self.out.paint("$ flowy worker --graph " + spec + f" --owner {name} --once", "dim")
-        )
-        proc = await asyncio.create_subprocess_exec(
-            *cmd,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env={
-                **os.environ,
-                "PYTHONUNBUFFERED": "1",
-                # The child draws the same symbols as this console (or ASCII ones).
-                "PYTHONIOENCODING": "utf-8" if self.out.unicode else "ascii",
-            },
-        )
-        assert proc.stdout is not None
-        bar = self.out.paint(f"{name} {self.out.sym('bar')}", "magenta")
-        while line := await proc.stdout.readline():
-            self.out.line(f"  {bar} {line.decode('utf-8', 'replace').rstrip()}")
-        code = await proc.wait()
-        return code, time.time()
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit status {code}"
-
-
-async def run_demo(settings: DemoSettings, out: Console) -> DemoReport:
-    """Play the refund story against a fresh SQLite file and print it to ``out``.
-
-    Raises :class:`DemoError` if anything does not happen as scripted.
-    """
-    ledger = _fresh(settings)
-    story = _Story(settings, out)
-    dot = out.paint(out.sym("dot"), "dim")
-    out.line(out.paint("flowy demo", "bold") + f" {dot} a refund agent that survives a crash")
-    story.note(f"database  {settings.db} (SQLite, new)   thread  {THREAD_ID}")
-
-    backend: SQLiteBackend[RefundState] = SQLiteBackend(settings.db)
-    async with backend:
-        runner: Runner[RefundState, DemoEffect] = Runner(
-            build_graph(),
-            backend.checkpointer,
-            lease_manager=backend.leases,
-            handoff_outbox=backend.outbox,
-        )
-        app_lease = ("support-app", 10.0)
-
-        story.title("A customer asks for a refund; the agent starts")
-        story.person("customer", f'"{FIRST_MESSAGE}"')
-        first = await story.follow(
-            await runner.stream(
-                THREAD_ID,
-                {"order_id": "A-1001", "customer_messages": [FIRST_MESSAGE]},
-                metadata={"payments_db": str(ledger.resolve()), "pace": settings.pace},
-                run_lease=app_lease,
-            )
-        )
-        token1 = _expect_token(first, RunStatus.SUSPENDED)
-
-        story.title(
-            f"A reviewer opens the approval card (token {token1}); the customer writes again"
-        )
-        story.person("customer", f'"{FOLLOW_UP}"')
-        story.note(f"the app resumes {token1} at propose_refund with the new message")
-
-        def back_to_proposal(state: RefundState, _pointer: str) -> tuple[RefundState, ResumePlan]:
-            return state, resume_to("propose_refund")
-
-        second = await story.follow(
-            await runner.resume_stream(
-                token1,
-                state_overlay={
-                    "customer_messages": [*first.state.get("customer_messages", []), FOLLOW_UP]
-                },
-                resume_target_policy=back_to_proposal,
-                run_lease=app_lease,
-            )
-        )
-        token2 = _expect_token(second, RunStatus.SUSPENDED)
-
-        p1 = proposal_of(first.state)
-        story.title(f"The reviewer approves the card they opened: {p1['id']} for {money_of(p1)}")
-        story.note(f"resume({token1}, state_overlay={{approval of {p1['id']}}})")
-        stale: Approval = {
-            "proposal_id": p1["id"],
-            "decision": "approve",
-            "reviewer": "dana",
-            "amount_cents": p1["amount_cents"],
-        }
-        try:
-            await runner.resume(token1, state_overlay={"approval": stale}, run_lease=app_lease)
-        except ConcurrencyConflictError as exc:
-            story.note(
-                out.paint(f"{out.sym('fail')} rejected by OCC: ", "red", "bold")
-                + f"ConcurrencyConflictError: {exc}"
-            )
-        else:
-            raise DemoError(f"the stale approval with {token1} was not rejected")
-        decision = await runner.evaluate_resume(token1)
-        story.note(
-            f"nothing ran and nothing was written; evaluate_resume({token1}) {out.sym('arrow')} "
-            f"{decision.kind.value}, current token {decision.resume_token}"
-        )
-
-        p2 = proposal_of(second.state)
-        story.title(f"The reviewer reloads the card and approves {p2['id']} for {money_of(p2)}")
-        approval: Approval = {
-            "proposal_id": p2["id"],
-            "decision": "approve",
-            "reviewer": "dana",
-            "amount_cents": p2["amount_cents"],
-        }
-        story.note(f"resume({token2}, state_overlay={{approval of {p2['id']}}})")
-        third = await story.follow(
-            await runner.resume_stream(
-                token2, state_overlay={"approval": approval}, run_lease=app_lease
-            )
-        )
-        handoff_token = _expect_token(third, RunStatus.HANDOFF)
-        pending = await backend.consumer.pending_count()
-        story.note(
-            f"the checkpoint (revision {third.revision}) and the outbox message ({pending} "
-            "waiting) were written in one SQLite transaction"
-        )
-
-        story.title("worker-1, a separate process, takes the hand-off and dies mid-refund")
-        code, crashed_at = await story.worker("worker-1", CRASHING_GRAPH_SPEC)
-        if code == 0:
-            raise DemoError("worker-1 was expected to crash but exited normally")
-        snapshot, revision = await backend.checkpointer.load(THREAD_ID)
-        holder = await backend.leases.holder(THREAD_ID)
-        story.note(
-            out.paint(f"{out.sym('crash')} worker-1 {_exit_text(code)}", "red", "bold")
-            + ": no ack, no checkpoint"
-        )
-        lease_text = (
-            f"held by {holder.owner} for {max(holder.expires_at - time.time(), 0):.1f}s more"
-            if holder is not None
-            else "expired"
-        )
-        story.note(
-            f"head still at revision {revision} ({snapshot.status.value}, hand-off "
-            f"{snapshot.handoff_status.value}) {dot} lease {lease_text} {dot} "
-            f"outbox: {await backend.consumer.pending_count()} message not acked"
-        )
-        if revision != handoff_token.snapshot_revision:
-            raise DemoError(f"the crash moved the head to revision {revision}")
-
-        story.title("Waiting for the dead worker's lease and message to time out")
-        deadline = crashed_at + settings.visibility_timeout + 0.05
-        story.note(
-            f"lease TTL {settings.lease_ttl:g}s, visibility timeout "
-            f"{settings.visibility_timeout:g}s {out.sym('wait')}"
-        )
-        if out.interactive:
-            lease_end = holder.expires_at if holder is not None else 0.0
-            ticks = max(int((deadline - time.time()) / 0.1), 0)
-            for _ in range(ticks):
-                now = time.time()
-                out.redraw(
-                    f"  {out.sym('wait')} lease free in {max(lease_end - now, 0):.1f}s {dot} "
-                    f"message visible in {max(deadline - now, 0):.1f}s"
-                )
-                await asyncio.sleep(0.1)
-            out.redraw("")
-        await asyncio.sleep(max(deadline - time.time(), 0.0))
-        if await backend.leases.holder(THREAD_ID) is not None:
-            raise DemoError("worker-1's lease did not expire")
-        story.note(f"{out.paint(out.sym('ok'), 'green')} lease expired, message visible again")
-
-        story.title("worker-2 recovers from the last checkpoint")
-        code, _ = await story.worker("worker-2", GRAPH_SPEC)
-        if code != 0:
-            raise DemoError(f"worker-2 failed ({_exit_text(code)})")
-        snapshot, revision = await backend.checkpointer.load(THREAD_ID)
-        if (
-            snapshot.status is not RunStatus.COMPLETED
-            or snapshot.handoff_status is not HandoffStatus.NONE
-        ):
-            raise DemoError(f"the thread ended {snapshot.status.value}, not completed")
-
-        story.title("Exactly once")
-        key = proposal_of(snapshot.state)["idempotency_key"]
-        refund = refund_of(snapshot.state)
-        rows = [row for row in read_ledger(ledger) if row[0] == key]
-        requests = rows[0][3] if rows else 0
-        story.note(
-            f"payments ledger: {len(rows)} refund for key {key} ({requests} requests) "
-            f"{dot} {refund['refund_id']} {money(refund['amount_cents'])}"
-        )
-        story.note(f"thread {THREAD_ID}: {out.status(RunStatus.COMPLETED)} at revision {revision}")
-        if len(rows) != 1 or refund["idempotency_key"] != key:
-            raise DemoError(f"expected exactly one refund for {key}, the ledger has {len(rows)}")
-        return DemoReport(
-            thread_id=THREAD_ID,
-            revision=revision,
-            refund_id=refund["refund_id"],
-            idempotency_key=key,
-            gateway_requests=requests,
-            refunds_issued=len(rows),
-        )
-
-
-def _expect_token(result: RunResult[RefundState, DemoEffect], status: RunStatus) -> ResumeToken:
-    if result.status is not status or result.resume_token is None:
-        raise DemoError(
-            f"expected the run to end {status.value}, it ended {result.status.value} "
-            f"({result.reason}): {result.error!r}"
-        )
-    return result.resume_token
-
-
-def inspect_commands(db: Path) -> list[str]:
-    """The commands that look inside the demo's database."""
-    q = _quote(db)
-    return [
-        f"flowy threads --db {q}",
-        f"flowy show {THREAD_ID} --db {q}",
-        f"flowy history {THREAD_ID} --db {q}",
-        f"flowy graph {GRAPH_SPEC}",
-    ]
-
-
-def describe_failure(exc: BaseException) -> str:
-    """One line for a demo that went wrong."""
-    if isinstance(exc, DemoError | FlowyError):
-        return clean(" ".join(str(exc).split()))
-    return f"{type(exc).__name__}: {clean(' '.join(str(exc).split()))}"

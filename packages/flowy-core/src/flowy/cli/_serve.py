@@ -1,0 +1,235 @@
+"""``flowy worker``: a ``flowy.Worker`` on any store, telling what it does.
+
+The worker is the library's own. What it prints comes from the outside: a watch on the
+consumer it claims from (each claim, ack, release and dead letter), the worker's
+``on_result`` hook (each run's effects and how it ended) and its log records. With
+``--once`` the exit status says whether everything it claimed went through: 1 if a
+message was released for another delivery or dead-lettered during the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Generator
+from typing import Any, cast
+
+from .._results import RunResult
+from .._runner import Runner, default_owner
+from .._worker import Worker
+from ..storage import DeadLetter, HandoffIntent, OutboxConsumer, OutboxMessage, RunStatus
+from ._options import load_graph, quote
+from ._render import Console, clean, effect_text, result_line
+from ._store import DEAD_LETTER_SCAN, Store, codec_for, locate, open_store
+
+__all__ = ["WatchedConsumer", "cmd_worker"]
+
+
+class WatchedConsumer:
+    """An ``OutboxConsumer`` that passes every call to ``inner`` and prints what
+    happened to each message on ``out``."""
+
+    def __init__(self, inner: OutboxConsumer, out: Console, store: Store, *, tag: bool) -> None:
+        self.inner = inner
+        self.out = out
+        self.store = store
+        self.tag = tag
+        self.resumed: set[str] = set()
+        self.released = 0
+        self.dead: set[str] = set()
+
+    @property
+    def max_attempts(self) -> int:
+        """The inner consumer's ``max_attempts``."""
+        return self.inner.max_attempts
+
+    def _token(self, message: OutboxMessage) -> str:
+        return clean(str(message.intent.resume_token), 60)
+
+    def _suffix(self, message: OutboxMessage) -> str:
+        return f" ({self._token(message)})" if self.tag else ""
+
+    async def claim(
+        self, limit: int, visibility_timeout: float, wait: float = 0.0
+    ) -> list[OutboxMessage]:
+        """Claim, and print each message taken."""
+        messages = await self.inner.claim(limit, visibility_timeout, wait)
+        out = self.out
+        for m in messages:
+            intent = m.intent
+            out.line(
+                f"{out.paint(out.sym('claim'), 'cyan')} {out.paint(self._token(m), 'bold')} "
+                f"delivery {m.attempts} ({clean(intent.reason, 40)} at "
+                f"{clean(intent.execution_pointer, 40)})"
+            )
+            if m.last_error:
+                failed = clean(" ".join(m.last_error.split()), 160)
+                out.line(out.paint(f"  the last delivery failed: {failed}", "dim"))
+        return messages
+
+    async def ack(self, message: OutboxMessage) -> None:
+        """Ack, and say so."""
+        await self.inner.ack(message)
+        out = self.out
+        key = message.intent.intent_id
+        what = "resumed" if key in self.resumed else "nothing left to run"
+        self.resumed.discard(key)
+        out.line(f"{out.paint(out.sym('ok'), 'green')} acked: {what}{self._suffix(message)}")
+
+    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+        """Release, and say whether the message will come back or is now a dead letter."""
+        await self.inner.release(message, error=error, delay=delay)
+        out = self.out
+        self.resumed.discard(message.intent.intent_id)
+        reason = clean(" ".join(error.split()), 160) or "no error recorded"
+        if message.attempts >= self.inner.max_attempts:
+            self.dead.add(message.message_id)
+            out.line(
+                out.paint(f"{out.sym('fail')} dead-lettered", "red", "bold")
+                + f" after {message.attempts} deliveries{self._suffix(message)}: {reason}"
+            )
+            retry = self.store.command("dead-letters", "--retry", quote(message.message_id))
+            out.line(f"  requeue it once the cause is fixed: {clean(retry)}")
+        else:
+            self.released += 1
+            out.line(
+                f"{out.paint(out.sym('retry'), 'yellow')} released for another delivery"
+                f"{self._suffix(message)}: {reason}"
+            )
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The inner consumer's dead letters."""
+        return await self.inner.dead_letters(limit)
+
+    async def retry_dead_letter(self, message_id: str) -> None:
+        """Requeue through the inner consumer."""
+        await self.inner.retry_dead_letter(message_id)
+
+    def on_result(self, intent: HandoffIntent, result: RunResult[Any, Any]) -> None:
+        """The worker's ``on_result`` hook: print the run's effects and its end."""
+        out = self.out
+        label = f"[{clean(intent.thread_id, 40)}] " if self.tag else ""
+        for effect in result.effects:
+            out.line(
+                f"    {label}{out.paint(out.sym('effect'), 'magenta')} effect "
+                f"{effect_text(out, effect)}"
+            )
+        out.line(f"  {label}{result_line(out, result)}")
+        if result.status is not RunStatus.FAILED or result.revision != intent.snapshot_revision:
+            self.resumed.add(intent.intent_id)
+
+
+class _LogToConsole(logging.Handler):
+    """Prints flowy's log records as single, escaped lines."""
+
+    def __init__(self, out: Console) -> None:
+        super().__init__(logging.INFO)
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = " ".join(record.getMessage().split())
+        except Exception:
+            text = str(record.msg)
+        style = "dim" if record.levelno < logging.WARNING else "yellow"
+        self.out.line(self.out.paint(f"  {clean(text, 300)}", style))
+
+
+@contextlib.contextmanager
+def _logs_on(out: Console) -> Generator[None]:
+    logger = logging.getLogger("flowy")
+    handler = _LogToConsole(out)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+async def _run_until_signal(worker: Worker[Any, Any], out: Console) -> None:
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+
+    def stopping() -> None:
+        out.line(out.paint("stopping: finishing the runs in flight", "dim"))
+        worker.stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stopping)
+            installed.append(sig)
+    try:
+        await worker.run()
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+async def _buried_since(watch: WatchedConsumer, before: set[str]) -> list[DeadLetter]:
+    """Dead letters that appeared during the run without a release of ours: messages
+    the consumer buried while claiming (undecodable, or delivered too often)."""
+    now = await watch.inner.dead_letters(DEAD_LETTER_SCAN)
+    return [d for d in now if d.message_id not in before and d.message_id not in watch.dead]
+
+
+async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
+    """``flowy worker``."""
+    store = locate(args.backend, args.db)
+    graph = load_graph(args.graph)
+    owner = cast(str, args.owner or default_owner())
+    async with open_store(store, codec_for(args.codec, graph)) as backend:
+        watch = WatchedConsumer(backend.consumer, out, store, tag=args.concurrency > 1)
+        before = {d.message_id for d in await backend.consumer.dead_letters(DEAD_LETTER_SCAN)}
+        worker: Worker[Any, Any] = Worker(
+            Runner(graph, backend),
+            watch,
+            owner=owner,
+            lease_ttl=args.lease_ttl,
+            concurrency=args.concurrency,
+            visibility_timeout=args.visibility_timeout,
+            poll_interval=args.poll_interval,
+            recovery_interval=(
+                None if args.once or args.recovery_interval <= 0 else args.recovery_interval
+            ),
+            stale_after=args.stale_after,
+            on_result=watch.on_result,
+        )
+        dot = out.sym("dot")
+        out.line(
+            out.paint(
+                f"{clean(owner)} {dot} claiming hand-offs from {clean(store.label)} {dot} "
+                f"graph {clean(args.graph)}",
+                "dim",
+            )
+        )
+        with _logs_on(out):
+            if args.once:
+                await worker.run_until_idle(args.idle_wait)
+            else:
+                await _run_until_signal(worker, out)
+        buried = await _buried_since(watch, before)
+    for letter in buried:
+        what = clean(letter.thread_id, 48) if letter.intent else "an undecodable message"
+        out.line(
+            out.paint(f"{out.sym('fail')} dead-lettered while claiming", "red", "bold")
+            + f": message {clean(letter.message_id, 40)} of {what}: "
+            + clean(" ".join(letter.error.split()), 160)
+        )
+    outcomes = worker.stats.outcomes
+    done = sum(outcomes.values())
+    counts = ", ".join(f"{k} {v}" for k, v in outcomes.items() if v)
+    summary = f"{clean(owner)}: {done} message(s) processed" + (f" ({counts})" if counts else "")
+    failed = len(watch.dead) + len(buried)
+    if failed:
+        listing = store.command("dead-letters")
+        summary += f"; {failed} dead-lettered (`{clean(listing)}` lists them)"
+    out.line(out.paint(summary, "dim"))
+    return 1 if args.once and (watch.released or failed) else 0

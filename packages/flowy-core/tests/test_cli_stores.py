@@ -1,0 +1,368 @@
+"""The ``flowy`` command on every store, the same way: each test fills a store through
+``flowy.connect(url)`` and runs ``flowy … --backend URL`` as a real process on it.
+
+Stores: SQLite always; PostgreSQL (``FLOWY_POSTGRES_DSN``, else 127.0.0.1:5432 database
+``test``), each test in a schema of its own; Redis (``FLOWY_REDIS_URL``, else
+127.0.0.1:6379), each test in a namespace of its own; DynamoDB (``FLOWY_DYNAMODB_ENDPOINT``,
+else moto's server mode started here), each test with a table of its own. A server that
+cannot be found skips (fails under ``FLOWY_REQUIRE_BACKENDS=1``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import shlex
+import urllib.parse
+import uuid
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_support import DEAD_ERROR, GRAPH, Threads, load, populate, run_flowy
+
+import flowy
+from flowy.testing.backends import backend_missing, port_open
+
+STORES = ["sqlite", "postgres", "redis", "dynamodb"]
+
+
+@dataclass(frozen=True)
+class Store:
+    """A store under test: its URL and what a process needs to reach it."""
+
+    name: str
+    url: str
+    env: dict[str, str] = field(default_factory=lambda: {})
+
+    @property
+    def option(self) -> str:
+        """How the command prints this store in the commands it suggests."""
+        return f"--backend {shlex.quote(self.url)}"
+
+    def flowy(self, *args: str, **kw: Any) -> Any:
+        """Run ``flowy ARGS --backend URL``."""
+        env = {**self.env, **kw.pop("env", {})}
+        return run_flowy(*args, "--backend", self.url, env=env, **kw)
+
+
+def _with_option(url: str, name: str, value: str) -> str:
+    joiner = "&" if "?" in url else "?"
+    return f"{url}{joiner}{name}={urllib.parse.quote(value, safe='')}"
+
+
+def _adapter_ready(store: Store) -> None:
+    """Skip while ``flowy.connect`` cannot open this store for want of its adapter."""
+
+    async def probe() -> None:
+        async with flowy.connect(store.url):
+            pass
+
+    try:
+        with _environment(store):
+            asyncio.run(probe())
+    except flowy.BackendURLError as exc:
+        # until the adapters are ported
+        if "adapter" in str(exc):
+            pytest.skip(f"{store.name}: {exc}")
+        raise
+
+
+def _skip_without_adapter(scheme: str, name: str) -> None:
+    # until the adapters are ported
+    if scheme not in flowy.storage.schemes():
+        pytest.skip(f"{name}: no adapter for {scheme}:// is installed yet")
+
+
+@contextlib.contextmanager
+def _environment(store: Store) -> Generator[None]:
+    """``store.env`` set in this process (for ``flowy.connect`` here)."""
+    saved = {k: os.environ.get(k) for k in store.env}
+    os.environ.update(store.env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# ------------------------------------------------------------------------ the stores
+
+
+def _sqlite(tmp_path: Path) -> Iterator[Store]:
+    yield Store("sqlite", f"sqlite:///{tmp_path / 'flowy.db'}")
+
+
+def _postgres_dsn() -> str:
+    explicit = os.environ.get("FLOWY_POSTGRES_DSN")
+    if explicit:
+        return explicit
+    if not port_open("127.0.0.1", 5432):
+        backend_missing("no PostgreSQL server: set FLOWY_POSTGRES_DSN or run one on :5432")
+    return "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _postgres(tmp_path: Path) -> Iterator[Store]:
+    _skip_without_adapter("postgresql", "postgres")
+    dsn = _postgres_dsn()
+    schema = f"flowy_cli_{uuid.uuid4().hex[:12]}"
+    store = Store("postgres", _with_option(dsn, "schema", schema))
+    _adapter_ready(store)
+    try:
+        yield store
+    finally:
+        asyncpg: Any = importlib.import_module("asyncpg")  # a dependency of flowy-postgres
+
+        async def drop() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+
+        asyncio.run(drop())
+
+
+def _redis(tmp_path: Path) -> Iterator[Store]:
+    _skip_without_adapter("redis", "redis")
+    base = os.environ.get("FLOWY_REDIS_URL")
+    if not base:
+        if not port_open("127.0.0.1", 6379):
+            backend_missing("no Redis server: set FLOWY_REDIS_URL or run one on :6379")
+        base = "redis://127.0.0.1:6379/0"
+    namespace = f"flowy-cli-{uuid.uuid4().hex[:12]}"
+    store = Store("redis", _with_option(base, "namespace", namespace))
+    _adapter_ready(store)
+    try:
+        yield store
+    finally:
+        redis: Any = importlib.import_module("redis")  # a dependency of flowy-redis
+
+        client = redis.Redis.from_url(base)
+        try:
+            for key in client.scan_iter(match=f"*{namespace}*"):
+                client.delete(key)
+        finally:
+            client.close()
+
+
+@pytest.fixture(scope="session")
+def dynamodb_endpoint() -> Iterator[str]:
+    """A DynamoDB endpoint: ``FLOWY_DYNAMODB_ENDPOINT``, else moto in server mode."""
+    explicit = os.environ.get("FLOWY_DYNAMODB_ENDPOINT")
+    if explicit:
+        yield explicit
+        return
+    try:
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:
+        backend_missing(f"no DynamoDB endpoint: FLOWY_DYNAMODB_ENDPOINT unset and {exc}")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def _dynamodb(request: pytest.FixtureRequest) -> Iterator[Store]:
+    _skip_without_adapter("dynamodb", "dynamodb")
+    endpoint: str = request.getfixturevalue("dynamodb_endpoint")
+    table = f"flowy-cli-{uuid.uuid4().hex[:12]}"
+    region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    env = {"AWS_DEFAULT_REGION": region}
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    url = _with_option(f"dynamodb://{table}?region={region}", "endpoint_url", endpoint)
+    store = Store("dynamodb", url, env)
+    _adapter_ready(store)
+    try:
+        yield store
+    finally:
+        boto3: Any = importlib.import_module("boto3")  # a dependency of flowy-dynamodb
+
+        client = boto3.client(
+            "dynamodb",
+            endpoint_url=endpoint,
+            region_name=region,
+            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID", os.environ.get("AWS_ACCESS_KEY_ID")),
+            aws_secret_access_key=env.get(
+                "AWS_SECRET_ACCESS_KEY", os.environ.get("AWS_SECRET_ACCESS_KEY")
+            ),
+        )
+        with contextlib.suppress(client.exceptions.ResourceNotFoundException):
+            client.delete_table(TableName=table)
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh, empty store of each kind, by URL."""
+    makers: dict[str, Callable[[], Iterator[Store]]] = {
+        "sqlite": lambda: _sqlite(tmp_path),
+        "postgres": lambda: _postgres(tmp_path),
+        "redis": lambda: _redis(tmp_path),
+        "dynamodb": lambda: _dynamodb(request),
+    }
+    yield from makers[request.param]()
+
+
+@pytest.fixture
+def threads(store: Store) -> Threads:
+    """``store`` filled by ``cli_support.populate``."""
+    with _environment(store):
+        return asyncio.run(populate(store.url))
+
+
+def _head(store: Store, thread: str) -> tuple[flowy.storage.Snapshot[Any], int]:
+    with _environment(store):
+        return asyncio.run(load(store.url, thread))
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test_threads_marks_dead_lettered_threads(store: Store, threads: Threads) -> None:
+    proc = store.flowy("threads")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == [
+        "THREAD", "STATUS", "REASON", "POINTER", "REVISION", "HANDOFF", "DEAD", "UPDATED"
+    ]  # fmt: skip
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert list(rows) == ["dl", "ho", "orph", "susp"]
+    assert rows["dl"][6] == threads.dead_message_id
+    assert [rows[t][6] for t in ("ho", "orph", "susp")] == ["-", "-", "-"]
+    data = {row["thread_id"]: row for row in json.loads(store.flowy("threads", "--json").stdout)}
+    assert data["dl"]["dead_letters"] == [threads.dead_message_id]
+    assert data["ho"]["dead_letters"] == []
+    assert data["susp"]["revision"] == threads.susp_revision
+
+
+def test_threads_pages_with_after(store: Store, threads: Threads) -> None:
+    first = store.flowy("threads", "--limit", "2")
+    assert first.returncode == 0, first.stderr
+    assert [line.split()[0] for line in first.stdout.splitlines()[1:3]] == ["dl", "ho"]
+    assert first.stdout.splitlines()[-1] == (
+        f"more threads follow: flowy threads --after ho --limit 2 {store.option}"
+    )
+    second = json.loads(store.flowy("threads", "--after", "ho", "--limit", "2", "--json").stdout)
+    assert [row["thread_id"] for row in second] == ["orph", "susp"]
+    last = store.flowy("threads", "--after", "susp")
+    assert last.stdout.strip() == f"no threads in {store.url} after 'susp'"
+
+
+def test_show_a_dead_lettered_thread(store: Store, threads: Threads) -> None:
+    proc = store.flowy("show", "dl")
+    assert proc.returncode == 0, proc.stderr
+    fields = {
+        line.split(None, 1)[0]: line.split(None, 1)[1]
+        for line in proc.stdout.split("\nstate\n")[0].splitlines()
+    }
+    assert fields["hand-off"].startswith("enqueued since ")
+    assert fields["hand-off"].endswith(" · its message is DEAD-LETTERED")
+    assert fields["dead"] == (
+        f"dead-lettered message {threads.dead_message_id} of revision {threads.dead_revision} "
+        f"after {threads.max_attempts} deliveries: {DEAD_ERROR}"
+    )
+    assert "worker" not in fields["next"]
+    assert fields["next"] == (
+        "requeue its dead-lettered hand-off once the cause is fixed: flowy dead-letters "
+        f"--retry {threads.dead_message_id} {store.option}"
+    )
+    data = json.loads(store.flowy("show", "dl", "--json").stdout)
+    assert data["dead_letters"] == [
+        {
+            "message_id": threads.dead_message_id,
+            "thread_id": "dl",
+            "revision": threads.dead_revision,
+            "attempts": threads.max_attempts,
+            "reason": "to_worker",
+            "pointer": "act",
+            "error": DEAD_ERROR,
+            "decodable": True,
+        }
+    ]
+    ho = store.flowy("show", "ho")
+    assert f"a worker resumes it: flowy worker --graph MODULE:ATTR {store.option}" in ho.stdout
+    assert json.loads(store.flowy("show", "ho", "--json").stdout)["dead_letters"] == []
+
+
+def test_history(store: Store, threads: Threads) -> None:
+    proc = store.flowy("history", "ho", "--limit", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    revisions = [row["revision"] for row in json.loads(proc.stdout)]
+    assert revisions == [threads.handoff_revision, threads.handoff_revision - 1]
+
+
+def test_dead_letters_list_retry_and_work(store: Store, threads: Threads) -> None:
+    listed = store.flowy("dead-letters")
+    assert listed.returncode == 0, listed.stderr
+    header, row = listed.stdout.splitlines()[:2]
+    assert header.split() == [
+        "ID", "THREAD", "REVISION", "ATTEMPTS", "REASON", "POINTER", "ERROR"
+    ]  # fmt: skip
+    assert row.split() == [
+        threads.dead_message_id, "dl", str(threads.dead_revision), str(threads.max_attempts),
+        "to_worker", "act",
+        *DEAD_ERROR.split(),
+    ]  # fmt: skip
+    retried = store.flowy("dead-letters", "--retry", threads.dead_message_id)
+    assert retried.stdout == f"requeued dead letter {threads.dead_message_id}\n", retried.stderr
+    assert json.loads(store.flowy("dead-letters", "--json").stdout) == []
+    work = store.flowy("worker", "--graph", GRAPH, "--once", "--owner", "w", "--idle-wait", "0.3")
+    assert work.returncode == 0, work.stdout + work.stderr
+    assert f"the last delivery failed: {DEAD_ERROR}" not in work.stdout  # attempts were reset
+    assert work.stdout.splitlines()[-1] == "w: 2 message(s) processed (resumed 2)"
+    assert _head(store, "dl")[0].status is flowy.RunStatus.COMPLETED
+
+
+def test_worker_once_fails_when_a_message_fails(store: Store, threads: Threads) -> None:
+    proc = store.flowy(
+        "worker", "--graph", "cli_support:failing_graph", "--once", "--owner", "w",
+        "--idle-wait", "0.3",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.count(f"⇣ ho@{threads.handoff_revision} delivery") == threads.max_attempts
+    assert "the last delivery failed: run failed without saving" in out
+    assert "↺ released for another delivery: run failed without saving" in out
+    assert (
+        f"✗ dead-lettered after {threads.max_attempts} deliveries: run failed without saving"
+    ) in out
+    assert "1 dead-lettered" in out.splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    letters = json.loads(store.flowy("dead-letters", "--json").stdout)
+    assert {row["thread_id"] for row in letters} == {"dl", "ho"}
+
+
+def test_worker_once_succeeds_when_everything_went_through(store: Store, threads: Threads) -> None:
+    proc = store.flowy("worker", "--graph", GRAPH, "--once", "--owner", "w", "--idle-wait", "0.3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.splitlines()[0] == f"w · claiming hand-offs from {store.url} · graph {GRAPH}"
+    assert f"⇣ ho@{threads.handoff_revision} delivery 1 (to_worker at act)" in out
+    assert "✓ completed (completed) · at done" in out
+    assert "✓ acked: resumed" in out
+    assert out.splitlines()[-1] == "w: 1 message(s) processed (resumed 1)"
+    assert _head(store, "ho")[0].state["log"] == ["plan", "ask", "act", "done"]
+
+
+def test_resume_by_printed_token_and_recover(store: Store, threads: Threads) -> None:
+    token = f"susp@{threads.susp_revision}"
+    proc = store.flowy("resume", token, "--graph", GRAPH, "--overlay", '{"approved": true}')
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"a worker resumes it: flowy worker --graph {GRAPH} {store.option}" in proc.stdout
+    stale = store.flowy("resume", token, "--graph", GRAPH)
+    assert stale.returncode == 1
+    assert f"then resume susp@{threads.susp_revision + 2}" in stale.stderr
+    recovered = json.loads(store.flowy("recover", "--graph", GRAPH, "--json").stdout)
+    assert [(row["thread_id"], row["recovered"]) for row in recovered] == [("orph", True)]
