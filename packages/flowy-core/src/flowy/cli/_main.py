@@ -250,6 +250,14 @@ def _add_operate(sub: _Subcommands) -> None:
         metavar="S",
         help="re-enqueue stale/orphaned hand-offs every S seconds (0: never; default: 60)",
     )
+    p.add_argument(
+        "--retry-delay",
+        type=seconds,
+        default=1.0,
+        metavar="S",
+        help="a failed message is delivered again after S seconds, doubling on each "
+        "failure up to 300 (default: 1)",
+    )
     _stale_after(p, default_text="for --recovery-interval")
     p.set_defaults(handler=cmd_worker)
 

@@ -201,6 +201,8 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
             ),
             stale_after=args.stale_after,
             on_result=watch.on_result,
+            retry_delay=args.retry_delay,
+            max_retry_delay=max(300.0, args.retry_delay),
         )
         dot = out.sym("dot")
         out.line(
