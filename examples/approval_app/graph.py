@@ -1,8 +1,10 @@
-"""The agent: draft an expense request, wait for a human when it is large, pay it in the
-background.
+"""The agent: draft an expense request, wait for a person when it is large, then hand the
+payment off to a worker.
 
-    draft -> review --(over THRESHOLD: suspend "awaiting_approval")--> review
-          -> (hand-off "payment_queued") -> pay, on a worker
+    draft -> review -> pay
+
+``review`` suspends ("awaiting_approval") while a large request has no decision; once
+approved it hands off ("payment_queued"), and the run goes on at ``pay`` on a worker.
 """
 
 import asyncio
