@@ -296,7 +296,7 @@ async def test_two_approvals_of_one_request_at_once_one_wins(client: httpx.Async
     assert codes == [200, 409, 409, 409], [r.text for r in responses]
 
 
-async def test_a_request_must_be_a_json_object_with_its_fields(
+async def test_bad_input_is_a_400_and_an_unusable_thread_id_a_404(
     client: httpx.AsyncClient,
 ) -> None:
     bodies: list[object] = [[], {"who": "ana", "amount": "ten", "reason": "x"}, {"who": "ana"}]
@@ -307,6 +307,11 @@ async def test_a_request_must_be_a_json_object_with_its_fields(
     assert response.status_code == 400, response.text
     zero = await client.post("/requests", json={"who": "a", "amount": 0, "reason": "x"})
     assert zero.status_code == 400, zero.text
+    # A thread id no store accepts (over 16 KiB): no such request, and no such token.
+    long_id = "req-" + "x" * 20_000
+    assert (await client.get(f"/requests/{long_id}")).status_code == 404
+    too_long = await approve(client, long_id, f"{long_id}@2")
+    assert too_long.status_code == 400, too_long.text
 
 
 # -- the guide is the app ------------------------------------------------------------
