@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RecursionError:
         _error(prog, "a value nests too deeply to handle")
         return 1
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the command line's last resort: one line
         # A store or a graph failed in a way flowy did not name: still one line.
         _error(prog, scrub(f"{type(exc).__name__}: {exc}", urls))
         return 1

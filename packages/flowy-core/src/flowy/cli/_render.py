@@ -1,4 +1,4 @@
-"""Terminal output of the ``flowy`` command and its demo.
+r"""Terminal output of the ``flowy`` command and its demo.
 
 Owns colour (ANSI only on a terminal, never with ``NO_COLOR``), symbols with an ASCII
 fallback for streams that cannot encode them, aligned tables, time formatting, JSON and
@@ -203,8 +203,8 @@ def compact_json(value: object, limit: int | None = None) -> str:
 
 
 def pretty_json(value: object) -> str:
-    """``value`` as indented JSON (anything unknown as its ``str``); non-printable
-    characters in strings are ``\\u`` escapes, so the text is safe on a terminal and
+    r"""``value`` as indented JSON (anything unknown as its ``str``); non-printable
+    characters in strings are ``\u`` escapes, so the text is safe on a terminal and
     parses back to the same values."""
     text = json.dumps(value, ensure_ascii=False, indent=2, default=_jsonable)
     return _printable_json(text, keep="\n")

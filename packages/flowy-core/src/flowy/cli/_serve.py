@@ -132,7 +132,7 @@ class _LogToConsole(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = " ".join(record.getMessage().split())
-        except Exception:
+        except Exception:  # noqa: BLE001 - a log record that cannot format is still shown
             text = str(record.msg)
         style = "dim" if record.levelno < logging.WARNING else "yellow"
         self.out.line(self.out.paint(f"  {clean(text, 300)}", style))
