@@ -7,6 +7,7 @@ import ast
 import importlib.metadata
 import inspect
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -274,6 +275,11 @@ def test_public_api_is_fully_typed() -> None:
         cwd=repo,
         timeout=300,
         check=False,
+        # --verifytypes finds packages through the `python` on PATH: this one's.
+        env={
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        },
     )
     report = json.loads(out.stdout)
     problems = [

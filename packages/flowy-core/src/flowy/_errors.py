@@ -8,13 +8,15 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     ├── BackendURLError                 connect(): a bad URL, unknown scheme or missing adapter
     ├── GraphValidationError            compile() found problems (all listed at once)
     ├── UnknownNodeError                a node name that is not in the graph
-    ├── InvalidResumeTokenError         empty thread id, malformed token
+    ├── InvalidResumeTokenError         empty thread id, malformed token (also a ValueError)
     │   ├── InvalidThreadIdError        thread id empty, too long or not a str
     │   └── ThreadCompletedError        resume of a completed thread without a target policy
     ├── InvalidResumePlanError          a resume-target policy returned an empty/invalid plan
     ├── ThreadNotFoundError             no checkpoint for the thread
-    ├── ConcurrencyConflictError        strict OCC: expected revision is not the stored one
-    ├── ThreadAlreadyRunningError       the thread is running in this process
+    ├── ThreadContentionError           someone else got to the thread first:
+    │   ├── ConcurrencyConflictError    strict OCC: expected revision is not the stored one
+    │   ├── ThreadAlreadyRunningError   the thread is running in this process
+    │   └── ThreadLeaseBusyError        (also a LeaseError) another live lease holds it
     ├── NoActiveExecutionError          request_local_handoff() after the run ended
     ├── CheckpointSkippedError          SKIP_ON_SAVE_ERROR skipped a terminal save
     ├── MissingBindingError             binding(key) without a bound value
@@ -76,6 +78,7 @@ __all__ = [
     "StorageUnavailableError",
     "ThreadAlreadyRunningError",
     "ThreadCompletedError",
+    "ThreadContentionError",
     "ThreadLeaseBusyError",
     "ThreadNotFoundError",
     "UnknownNodeError",
@@ -105,8 +108,9 @@ class UnknownNodeError(FlowyError):
     """A node name that the graph does not contain."""
 
 
-class InvalidResumeTokenError(FlowyError):
-    """A resume token that cannot be used (empty thread id, wrong types)."""
+class InvalidResumeTokenError(FlowyError, ValueError):
+    """A resume token that cannot be used (empty thread id, wrong types, text that does
+    not parse as ``thread@revision``)."""
 
 
 class InvalidThreadIdError(InvalidResumeTokenError):
@@ -129,7 +133,14 @@ class ThreadNotFoundError(FlowyError):
     """No checkpoint exists for the thread."""
 
 
-class ConcurrencyConflictError(FlowyError):
+class ThreadContentionError(FlowyError):
+    """Someone else got to the thread first: a save from a stale revision
+    (``ConcurrencyConflictError``), a run of it already in this process
+    (``ThreadAlreadyRunningError``) or another worker's live lease
+    (``ThreadLeaseBusyError``). Reload (``Runner.evaluate_resume``) and decide again."""
+
+
+class ConcurrencyConflictError(ThreadContentionError):
     """Strict optimistic concurrency: the expected revision is not the stored one.
 
     Raised by ``Checkpointer.save`` when ``expected_revision`` differs from the stored
@@ -146,7 +157,7 @@ class ConcurrencyConflictError(FlowyError):
         self.actual = actual
 
 
-class ThreadAlreadyRunningError(FlowyError):
+class ThreadAlreadyRunningError(ThreadContentionError):
     """A start or resume targets a thread that is already running in this process."""
 
 
@@ -174,7 +185,7 @@ class LeaseRequiredError(LeaseError):
     """A lease manager is configured, so start/resume/stream need ``run_lease=(owner, ttl)``."""
 
 
-class ThreadLeaseBusyError(LeaseError):
+class ThreadLeaseBusyError(LeaseError, ThreadContentionError):
     """Another live lease holds the thread."""
 
 

@@ -20,6 +20,9 @@ E = TypeVar("E")
 
 T = TypeVar("T")
 
+MAX_REVISION = 2**63 - 1
+"""The largest revision a store keeps (a signed 64-bit integer)."""
+
 JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
 """A JSON value: what run metadata and stored headers may contain."""
 
@@ -44,21 +47,25 @@ class ResumeToken:
 
         The revision is the part after the last ``@`` (a thread id may itself contain
         ``@``). Raises ``ValueError`` if ``text`` has no ``@``, an empty thread id, or a
-        revision that is not a positive decimal integer.
+        revision that is not a decimal integer from 1 to 2**63 - 1. (Catching
+        ``ValueError`` also catches ``InvalidResumeTokenError`` and
+        ``InvalidThreadIdError``, which ``Runner.evaluate_resume`` raises.)
         """
         if not isinstance(text, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"ResumeToken.parse needs a str, got {type(text).__name__}")
         thread_id, sep, revision = text.rpartition("@")
         if not sep or not thread_id:
-            raise ValueError(f"not a resume token (expected 'thread@revision'): {text!r}")
+            raise ValueError(f"not a resume token (expected 'thread@revision'): {text!r:.200}")
         if not revision.isascii() or not revision.isdigit() or len(revision) > 19:
             raise ValueError(
-                f"the revision of resume token {text!r} must be a positive integer, "
-                f"got {revision!r}"
+                f"the revision of resume token {text!r:.200} must be a positive integer, "
+                f"got {revision!r:.40}"
             )
         number = int(revision)
-        if number < 1:
-            raise ValueError(f"the revision of resume token {text!r} must be >= 1")
+        if not 1 <= number <= MAX_REVISION:
+            raise ValueError(
+                f"the revision of resume token {text!r:.200} must be from 1 to {MAX_REVISION}"
+            )
         return cls(thread_id, number)
 
 

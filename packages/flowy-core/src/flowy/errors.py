@@ -33,6 +33,7 @@ from ._errors import StorageError as StorageError
 from ._errors import StorageUnavailableError as StorageUnavailableError
 from ._errors import ThreadAlreadyRunningError as ThreadAlreadyRunningError
 from ._errors import ThreadCompletedError as ThreadCompletedError
+from ._errors import ThreadContentionError as ThreadContentionError
 from ._errors import ThreadLeaseBusyError as ThreadLeaseBusyError
 from ._errors import ThreadNotFoundError as ThreadNotFoundError
 from ._errors import UnknownNodeError as UnknownNodeError
@@ -67,6 +68,7 @@ __all__ = [
     "StorageUnavailableError",
     "ThreadAlreadyRunningError",
     "ThreadCompletedError",
+    "ThreadContentionError",
     "ThreadLeaseBusyError",
     "ThreadNotFoundError",
     "UnknownNodeError",

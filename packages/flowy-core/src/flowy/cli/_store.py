@@ -20,8 +20,7 @@ from typing import Any
 
 from .._errors import BackendURLError
 from .._graph import Graph
-from ..sqlite import path_of
-from ..sqlite._db import APPLICATION_ID
+from ..sqlite import APPLICATION_ID, path_of
 from ..storage import (
     Backend,
     DeadLetter,

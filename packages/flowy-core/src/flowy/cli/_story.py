@@ -28,8 +28,7 @@ from .._events import StreamHandle
 from .._plan import ResumePlan, resume_to
 from .._results import RunResult
 from .._runner import Runner
-from ..sqlite import SQLiteBackend
-from ..sqlite._db import APPLICATION_ID
+from ..sqlite import APPLICATION_ID, SQLiteBackend
 from ..storage import HandoffStatus, ResumeToken, RunStatus
 from ._inspect import print_history
 from ._options import CliError, quote

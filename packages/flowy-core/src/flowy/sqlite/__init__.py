@@ -16,10 +16,11 @@ from typing import Any, Generic, Literal
 from .._errors import BackendURLError
 from .._types import S
 from ..storage import BaseBackend, StateCodec, StoreURL
-from ._db import SCHEMA_VERSION, Clock, SQLiteDatabase, StrPath
+from ._db import APPLICATION_ID, SCHEMA_VERSION, Clock, SQLiteDatabase, StrPath
 from ._store import SQLiteCheckpointer, SQLiteConsumer, SQLiteLeaseManager, SQLiteOutbox
 
 __all__ = [
+    "APPLICATION_ID",
     "SCHEMA_VERSION",
     "SQLiteBackend",
     "SQLiteCheckpointer",
@@ -27,6 +28,8 @@ __all__ = [
     "SQLiteDatabase",
     "SQLiteLeaseManager",
     "SQLiteOutbox",
+    "open_backend",
+    "path_of",
 ]
 
 

@@ -445,4 +445,9 @@ class SQLiteConsumer(BaseConsumer):
 
 
 def _row_id(message_id: str) -> int | None:
-    return int(message_id) if message_id.isascii() and message_id.isdigit() else None
+    """The outbox row id ``message_id`` names: None unless it is a row id as this store
+    spells them (no sign, no leading zero, no blank, at most 2**63 - 1)."""
+    if not message_id.isascii() or not message_id.isdigit() or len(message_id) > 19:
+        return None
+    row_id = int(message_id)
+    return row_id if str(row_id) == message_id and row_id <= 2**63 - 1 else None

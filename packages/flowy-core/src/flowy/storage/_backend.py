@@ -26,12 +26,19 @@ V = TypeVar("V")
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``."""
+    """``url`` with its password (if any) replaced by ``***``.
+
+    A URL too malformed to parse still loses everything between the first ``:`` of its
+    authority and its last ``@``: over-masking is fine, printing a password is not.
+    """
     try:
         parts = urllib.parse.urlsplit(url)
+        password = parts.password
     except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
+        return _mask_userinfo(url)
+    if not parts.scheme:
+        return _mask_userinfo(url)
+    if password is None:
         return url
     user = parts.username or ""
     host = parts.hostname or ""
@@ -43,6 +50,15 @@ def redact_url(url: str) -> str:
         port = None
     netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def _mask_userinfo(url: str) -> str:
+    start = url.find("//") + 2 if "//" in url else 0
+    at = url.rfind("@")
+    colon = url.find(":", start)
+    if at < start or colon < 0 or colon > at:
+        return url
+    return f"{url[: colon + 1]}***{url[at:]}"
 
 
 def _flag(text: str) -> bool:

@@ -197,6 +197,38 @@ class OutboxSuite(Suite):
         # A failed retry changed nothing: the live message is still hidden.
         assert await consumer.claim(10, self.long_ttl) == []
 
+    async def test_unknown_message_ids_are_left_alone(self, flowy_backend: Backend[Any]) -> None:
+        """``ack``/``release`` of an id the store never issued (forged, out of range,
+        another store's) does nothing; ``retry_dead_letter`` of one is a ``KeyError``."""
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("live"), 1)
+        await outbox.enqueue_intent(intent)
+        live = await _claim_one(consumer, self.long_ttl)
+        forged_ids = (
+            "no-such-message",
+            "9" * 40,  # past any 64-bit counter
+            "-1",
+            "0",
+            f"0{live.message_id}",  # the live id, not in its canonical spelling
+            f"{live.message_id} ",
+            "1-0",
+            "\x00",
+        )
+        for message_id in forged_ids:
+            if message_id == live.message_id:
+                continue
+            forged = OutboxMessage(message_id, intent, 1)
+            await consumer.ack(forged)
+            await consumer.release(forged, error="forged")
+            with pytest.raises(KeyError):
+                await consumer.retry_dead_letter(message_id)
+        # The live message is untouched: still hidden, then delivered again after release.
+        assert await consumer.claim(10, self.long_ttl) == []
+        if max_attempts_of(consumer) >= 2:
+            await consumer.release(live)
+            again = await _claim_one(consumer, self.long_ttl)
+            assert (again.message_id, again.attempts) == (live.message_id, 2)
+
     async def test_ack_removes_only_that_message(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
         tid = new_thread_id("ack-one")

@@ -1,0 +1,172 @@
+"""``flowy.connect``: URLs, options, adapters, registration and password redaction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flowy
+from flowy.errors import BackendURLError
+from flowy.memory import MemoryBackend
+from flowy.sqlite import SQLiteBackend
+from flowy.storage import StoreURL, redact_url, register_backend, schemes
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_memory_urls_share_a_store_by_name() -> None:
+    async with flowy.connect("memory://shared-a") as a, flowy.connect("memory://shared-a") as b:
+        assert isinstance(a, MemoryBackend)
+        await a.checkpointer.save(
+            0, flowy.storage.Snapshot("t", {"n": 1}, "start", flowy.RunStatus.RUNNING)
+        )
+        snapshot, revision = await b.checkpointer.load("t")
+        assert (snapshot.state, revision) == ({"n": 1}, 1)
+    async with flowy.connect("memory://") as c, flowy.connect("memory://") as d:
+        await c.checkpointer.save(
+            0, flowy.storage.Snapshot("t", {}, "start", flowy.RunStatus.RUNNING)
+        )
+        with pytest.raises(flowy.ThreadNotFoundError):
+            await d.checkpointer.load("t")  # anonymous stores are private
+
+
+async def test_sqlite_url_and_bare_path(tmp_path: Path) -> None:
+    path = tmp_path / "a.db"
+    async with flowy.connect(f"sqlite:///{path}") as backend:
+        assert isinstance(backend, SQLiteBackend)
+    assert path.exists()
+    async with flowy.connect(str(tmp_path / "b.db")) as backend:
+        assert isinstance(backend, SQLiteBackend)
+    assert (tmp_path / "b.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("nosuch://host", "unknown store scheme 'nosuch'"),
+        ("", "is not a store URL"),
+        ("sqlite:///x.db?bogus=1", "unknown option(s) bogus"),
+        ("sqlite:///x.db?busy_timeout=1&busy_timeout=2", "given twice"),
+        ("sqlite:///x.db?busy_timeout=-1", "busy_timeout"),
+        ("sqlite:///x.db?busy_timeout=nan", "busy_timeout"),
+        ("sqlite://host/x.db", "names a local file"),
+        ("memory://a?x=1", "unknown option(s) x"),
+    ],
+)
+async def test_bad_urls_are_backend_url_errors(url: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(BackendURLError) as caught:
+        await flowy.connect(url.replace("x.db", str(tmp_path / "x.db")))
+    assert message in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+async def test_unknown_scheme_lists_the_known_ones() -> None:
+    with pytest.raises(BackendURLError) as caught:
+        await flowy.connect("nosuch://host")
+    for scheme in ("memory://", "sqlite://"):
+        assert scheme in str(caught.value)
+
+
+async def test_unknown_option_lists_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(BackendURLError) as caught:
+        await flowy.connect(f"sqlite:///{tmp_path / 'x.db'}?bogus=1")
+    assert "sqlite:// accepts: " in str(caught.value)
+    assert "busy_timeout (" in str(caught.value)
+
+
+async def test_a_missing_adapter_names_its_pip_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import flowy.storage._connect as connect_module
+
+    monkeypatch.setattr(connect_module, "_registered", dict)  # as if none were installed
+    with pytest.raises(BackendURLError) as caught:
+        await flowy.connect("postgresql://app:s3cret@db.example/app")
+    text = str(caught.value)
+    assert 'pip install "flowy-core[postgres]"' in text
+    assert "s3cret" not in text and "app:***@db.example" in text
+
+
+async def test_register_backend_opens_a_scheme_and_refuses_builtins() -> None:
+    opened: list[StoreURL] = []
+
+    async def opener(url: StoreURL, *, codec: Any) -> MemoryBackend[Any]:
+        opened.append(url)
+        return MemoryBackend(url.raw)
+
+    register_backend("mystore", opener)
+    assert "mystore" in schemes()
+    async with flowy.connect("mystore://somewhere?a=1") as backend:
+        assert isinstance(backend, MemoryBackend)
+    assert opened[0].options == {"a": "1"}
+    for builtin in ("memory", "sqlite"):
+        with pytest.raises(ValueError, match="cannot be replaced"):
+            register_backend(builtin, opener)
+    for bad in ("", "My", "a b", "x/y"):
+        with pytest.raises(ValueError, match="lowercase"):
+            register_backend(bad, opener)
+
+
+def test_installed_adapters_are_entry_points() -> None:
+    """Every adapter installed in this environment registers its schemes."""
+    import importlib.metadata
+
+    names = {ep.name for ep in importlib.metadata.entry_points(group="flowy.backends")}
+    assert names <= set(schemes())
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:secret@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("redis://:secret@h/0", "redis://:***@h/0"),
+        ("postgresql://u:pa@ss@h/db", "postgresql://u:***@h/db"),
+        ("post%gres://u:secret@[::1", "post%gres://u:***@[::1"),
+        ("redis://h:6379/0", "redis://h:6379/0"),
+        ("sqlite:///a:b@c.db", "sqlite:///a:b@c.db"),
+    ],
+)
+def test_redact_url_masks_passwords_even_in_malformed_urls(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+async def test_a_malformed_url_never_shows_its_password() -> None:
+    for url in ("post%gres://u:secret@[::1", "postgresql://u:secret@[::1/db"):
+        with pytest.raises(BackendURLError) as caught:
+            await flowy.connect(url)
+        assert "secret" not in str(caught.value)
+
+
+def test_store_url_option_helpers() -> None:
+    url = StoreURL.parse("x://h/p?on=yes&off=0&s=2.5&n=3&bad=maybe&huge=" + "9" * 5000)
+    assert url.flag("on", False) is True
+    assert url.flag("off", True) is False
+    assert url.flag("absent", True) is True
+    assert url.seconds("s", 1.0) == 2.5
+    assert url.count("n", 1) == 3
+    with pytest.raises(BackendURLError, match="bad"):
+        url.flag("bad", False)
+    with pytest.raises(BackendURLError, match="huge"):
+        url.count("huge", 1)
+    with pytest.raises(BackendURLError, match="positive"):
+        StoreURL.parse("x://h?s=0").seconds("s", 1.0)
+    with pytest.raises(BackendURLError, match=">= 1"):
+        StoreURL.parse("x://h?n=0").count("n", 1)
+
+
+def test_resume_token_parse_bounds_the_revision() -> None:
+    assert flowy.ResumeToken.parse(f"t@{2**63 - 1}").snapshot_revision == 2**63 - 1
+    for text in (f"t@{2**63}", "t@99999999999999999999", "t@0", "t@-1", "t@", "@3", "t3"):
+        with pytest.raises(ValueError):
+            flowy.ResumeToken.parse(text)
+
+
+def test_contention_errors_share_a_base() -> None:
+    for error in (
+        flowy.ConcurrencyConflictError,
+        flowy.ThreadAlreadyRunningError,
+        flowy.ThreadLeaseBusyError,
+    ):
+        assert issubclass(error, flowy.ThreadContentionError)
+    assert issubclass(flowy.ThreadLeaseBusyError, flowy.LeaseError)
+    assert issubclass(flowy.errors.InvalidThreadIdError, ValueError)
