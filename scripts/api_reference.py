@@ -484,7 +484,7 @@ def _render_class(
     attribute_docs = source.attribute_docs(cls)
     enum_ = enum_members(cls)
     if enum_ is not None:
-        out += ["Members:", ""]
+        out += ["**Members:**", ""]
         for name, member in enum_.items():
             out.append(_item(f"{name} = {clean_repr(member.value)}", attribute_docs.get(name, "")))
         out.append("")
@@ -500,7 +500,7 @@ def _render_class(
             label = name if annotation is None else f"{name}: {annotation_text(annotation)}"
             rows.append(_item(label, attribute_docs.get(name, "")))
         if rows:
-            out += ["Fields:", "", *rows, ""]
+            out += ["**Fields:**", "", *rows, ""]
     own: list[Member] = []
     inherited: dict[str, list[str]] = {}
     for name, klass, raw in members(cls, source):

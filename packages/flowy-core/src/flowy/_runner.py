@@ -233,7 +233,7 @@ class Runner(RunPreparation[S, E]):
         ``ConcurrencyConflictError`` (the thread already exists: resume it instead).
 
         Args:
-            thread_id: the new thread's id (a non-empty ``str``; ``validate_thread_id``).
+            thread_id: the new thread's id (``validate_thread_id`` says which are valid).
             state: the initial state.
             bindings: the values nodes read with ``binding(key)`` (never saved).
             run_lease: ``(owner, ttl_seconds)`` of this run's lease, instead of the
@@ -267,7 +267,7 @@ class Runner(RunPreparation[S, E]):
         ``StreamHandle`` of its events.
 
         Args:
-            thread_id: the new thread's id (a non-empty ``str``; ``validate_thread_id``).
+            thread_id: the new thread's id (``validate_thread_id`` says which are valid).
             state: the initial state.
             bindings: the values nodes read with ``binding(key)`` (never saved).
             run_lease: ``(owner, ttl_seconds)`` of this run's lease, instead of the
