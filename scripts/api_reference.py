@@ -439,7 +439,7 @@ def render(modules: Sequence[ModuleType], packages: Sequence[str] | None = None)
                 out += [f"The same object as [`{target}`](#{anchor(target)}).", ""]
                 continue
             out += _render_entry(entry, source, documented)
-    return "\n".join(out).rstrip() + "\n"
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip() + "\n"
 
 
 def _render_entry(entry: Entry, source: _Source, documented: dict[int, Entry]) -> list[str]:
@@ -651,7 +651,10 @@ def markdown(doc: str) -> str:
         line = lines[i]
         match = SECTIONS.match(line)
         if not match:
-            out.append(line[:-2] + ":" if line.endswith("::") and line.strip() != "::" else line)
+            # A reST literal block marker: "text::" becomes "text:", a lone "::" goes (the
+            # indented block after it is a Markdown code block as it stands).
+            if line.strip() != "::":
+                out.append(line[:-2] + ":" if line.endswith("::") else line)
             i += 1
             continue
         section = match.group(1)

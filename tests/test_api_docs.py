@@ -1,5 +1,18 @@
 """Docs for every public option: each parameter, field and enum member of the public
-modules is documented, and ``docs/api.md`` (``scripts/api_reference.py``) is current."""
+modules is documented, and ``docs/api.md`` (``scripts/api_reference.py``) is current.
+
+What counts as documented (``api_reference.find_gaps``):
+
+- a parameter (not ``self``/``cls``, not ``_private``, not a Protocol method's
+  ``*args``/``**kwargs``) is named in its function's docstring, as an ``Args:`` item or
+  in double backticks; for a class, in the class or ``__init__`` docstring; for a method,
+  in its own docstring or that of the method it overrides anywhere up the MRO;
+- a field of a dataclass, NamedTuple, TypedDict or msgspec Struct, and a member of an
+  enum, has an attribute docstring (a string literal right after it) or is named in the
+  class docstring the same way;
+- every public name, method and property has a docstring (constants and type aliases
+  an attribute docstring).
+"""
 
 from __future__ import annotations
 
