@@ -82,7 +82,7 @@ class RunEvent(Generic[S, E]):
     step: int = 0
     """The step number in the segment, on node and effect events."""
     reason: str = ""
-    """The reason, on terminal and ``checkpoint_failed`` events (the result's reason)."""
+    """The reason, on terminal events (the result's) and ``checkpoint_failed`` events."""
     execution_pointer: str = ""
     state: S | None = None
     """The state after the step (``node_completed``) or at the end (``completed``, and
