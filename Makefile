@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?=
 DEMO_DB ?= .flowy-demo/demo.db
 
-.PHONY: setup test test-core lint format typecheck demo bench verify-stress clean uv
+.PHONY: setup test test-core lint format typecheck docs demo bench verify-stress clean uv
 
 # Only built when uv is not on PATH (otherwise $(UV) names the existing uv).
 $(UV_VENV)/bin/uv:
@@ -47,6 +47,10 @@ format: setup
 
 typecheck: setup
 	$(RUN) pyright
+
+# docs/api.md from the docstrings (tests/test_api_docs.py fails when it is stale).
+docs: setup
+	$(RUN) python scripts/api_reference.py
 
 # flowy-core alone (no dependencies) into .venv. --inexact: a dev environment already in
 # .venv (make setup/test) keeps its packages; `make test` later adds them if missing.

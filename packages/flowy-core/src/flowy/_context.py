@@ -34,6 +34,9 @@ class BindingKey(Generic[T]):
 
     Keys compare by identity: two keys with the same name are different keys. For two
     dependencies of one type, make two keys.
+
+    Args:
+        name: shown in the key's repr and in ``MissingBindingError`` messages.
     """
 
     __slots__ = ("name",)
@@ -90,15 +93,25 @@ class RunMetadata:
     """What a node may know about the run it is in (``flowy.run_metadata()``)."""
 
     thread_id: str
+    """The thread being run."""
     node: str = ""
+    """The node running now."""
     segment: int = 0
+    """The segment number: 0 for the start, one more for each resume."""
     step_count: int = 0
+    """Steps completed in this segment."""
     total_steps: int = 0
+    """Steps completed by the thread across all its segments."""
     budget_counts: dict[str, int] = field(default_factory=lambda: {})
+    """Budget used so far (``use_budget``), kept across resumes."""
     budget_limits: Mapping[str, int] = field(default_factory=lambda: {})
+    """The graph's budget limits."""
     metadata: dict[str, JSON] = field(default_factory=lambda: {})
+    """The run's metadata (``Runner.start(metadata=...)``), saved with every snapshot."""
     bindings: RunBindings = field(default_factory=RunBindings)
+    """The run's bindings (never saved)."""
     retry_counts: dict[str, int] = field(default_factory=lambda: {})
+    """The ``retry()`` attempts each node has used."""
 
 
 current_run: ContextVar[RunMetadata | None] = ContextVar("flowy_run", default=None)
@@ -153,7 +166,19 @@ def context_with_run_metadata(
     budget_limits: Mapping[str, int] | None = None,
     metadata: Mapping[str, JSON] | None = None,
 ) -> Generator[RunMetadata]:
-    """Provide a run context so a node can be called outside a Runner (unit tests)."""
+    """Provide a run context so a node can be called outside a Runner (unit tests).
+
+    ``with context_with_run_metadata(...) as meta:`` makes ``run_metadata()``,
+    ``binding()``, ``use_budget()`` and ``budget_used()`` work inside the block.
+
+    Args:
+        thread_id: the thread id the context reports.
+        node: the node name it reports.
+        bindings: the values ``binding(key)`` returns (none by default).
+        budget_counts: budget already used, by name.
+        budget_limits: budget limits, by name (reported only: nothing enforces them here).
+        metadata: the run metadata.
+    """
     meta = RunMetadata(
         thread_id=thread_id,
         node=node,

@@ -37,12 +37,19 @@ class DirectiveKind(enum.StrEnum):
     """The kind of a directive."""
 
     COMPLETED = "completed"
+    """``completed()``: follow the node's route."""
     END = "end"
+    """``end()``: finish the run successfully now."""
     FAIL = "fail"
+    """``fail(reason)``: fail the run."""
     SUSPEND = "suspend"
+    """``suspend(reason)``: save a resumable snapshot and wait for outside input."""
     HANDOFF = "handoff"
+    """``handoff(reason)``: save and hand the run to a background worker."""
     RETRY = "retry"
+    """``retry(max_attempts)``: run the node again."""
     EFFECT = "effect"
+    """``effect(base, payload)``: emit an effect, then apply ``base``."""
 
 
 @dataclass(frozen=True)
@@ -50,11 +57,17 @@ class Directive(Generic[E]):
     """A node's instruction to the runtime. Build one with the functions of this module."""
 
     kind: DirectiveKind
+    """What the runtime does."""
     reason: str = ""
+    """The reason of ``FAIL``, ``SUSPEND`` and ``HANDOFF``, saved with the snapshot."""
     resume_at: str | None = None
+    """The node a suspended or handed-off run resumes at (``None``: the same node)."""
     max_attempts: int = 0
+    """The attempts ``RETRY`` allows the node in all."""
     payload: E | None = None
+    """The effect an ``EFFECT`` emits."""
     base: Directive[E] | None = None
+    """The directive an ``EFFECT`` applies after emitting ``payload``."""
 
 
 _COMPLETED: Directive[Any] = Directive(DirectiveKind.COMPLETED)
@@ -81,8 +94,14 @@ def fail(reason: str) -> Directive[Any]:
 def suspend(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
     """Stop for outside input (a human); save a resumable snapshot.
 
-    The run resumes at ``resume_at`` (validated by the core before the save), or at this
-    node again if not given.
+    Args:
+        reason: why the run waits; the snapshot's and the result's reason. Not empty.
+        resume_at: the node the run resumes at (validated by the core before the save;
+            an unknown node fails the run with ``suspend_resume_target_invalid``), or
+            ``None`` for this node again.
+
+    Raises:
+        ValueError: ``reason`` is empty.
     """
     if not reason:
         raise ValueError("suspend() needs a non-empty reason")
@@ -92,7 +111,14 @@ def suspend(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
 def handoff(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
     """Stop here and hand the run to a background worker through the outbox.
 
-    The run resumes at ``resume_at`` or at this node again.
+    Args:
+        reason: why the run is handed off; the snapshot's and the result's reason. Not
+            empty.
+        resume_at: the node the worker resumes the run at (an unknown node fails the
+            run with ``handoff_resume_target_invalid``), or ``None`` for this node again.
+
+    Raises:
+        ValueError: ``reason`` is empty.
     """
     if not reason:
         raise ValueError("handoff() needs a non-empty reason")

@@ -146,6 +146,12 @@ class ConcurrencyConflictError(ThreadContentionError):
     Raised by ``Checkpointer.save`` when ``expected_revision`` differs from the stored
     revision, and by ``Runner.resume`` when the token's revision is stale or zero. Call
     ``Runner.evaluate_resume(token)`` to get the current core-issued token.
+
+    Args:
+        message: the error message.
+        thread_id: the thread (kept as an attribute, like the revisions).
+        expected: the revision the caller expected.
+        actual: the revision stored (0: the thread has none).
     """
 
     def __init__(
@@ -226,6 +232,11 @@ class HandoffEnqueueFailedError(HandoffError):
     Raised by ``Runner.recover_stale_handoff``, ``result`` is the recovery's result.
     When pruning the history failed as well, ``retention_error`` holds that error (the
     run's reason stays ``handoff_orphaned``).
+
+    Args:
+        message: the error message.
+        resume_token: the token to retry with, or ``None``.
+        orphaned: whether the snapshot was saved as orphaned.
     """
 
     def __init__(
@@ -255,7 +266,13 @@ class SnapshotEnvelopeInvalidError(StorageError):
 
 
 class SnapshotTooLargeError(StorageError):
-    """The encoded snapshot exceeds the backend's item size limit; nothing was written."""
+    """The encoded snapshot exceeds the backend's item size limit; nothing was written.
+
+    Args:
+        message: the error message.
+        size: the encoded record's size, in bytes (kept as an attribute).
+        limit: the backend's limit, in bytes (kept as an attribute).
+    """
 
     def __init__(self, message: str, *, size: int = 0, limit: int = 0) -> None:
         super().__init__(message)
@@ -269,7 +286,12 @@ class SchemaVersionError(StorageError):
 
 class SQLiteFileError(StorageError):
     """The file is not a flowy SQLite database, is damaged, or cannot be opened or
-    written; ``path`` names it."""
+    written; ``path`` names it.
+
+    Args:
+        message: the error message.
+        path: the database file (kept as an attribute).
+    """
 
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)

@@ -37,14 +37,24 @@ class EventType(enum.StrEnum):
     """The kind of a run event."""
 
     NODE_STARTED = "node_started"
+    """A node is about to run (``node``, ``step``)."""
     NODE_COMPLETED = "node_completed"
+    """A node returned and its update was merged (``node``, ``step``, ``state``)."""
     EFFECT = "effect"
+    """A node emitted an effect (``effect``)."""
     CHECKPOINT_FAILED = "checkpoint_failed"
+    """A save failed and ``SKIP_ON_SAVE_ERROR`` let the run go on
+    (reason ``*_checkpoint_skipped``)."""
     SUSPENDED = "suspended"
+    """Terminal: the run suspended."""
     HANDOFF = "handoff"
+    """Terminal: the run was handed off."""
     COMPLETED = "completed"
+    """Terminal: the run completed."""
     FAILED = "failed"
+    """Terminal: the run failed."""
     CONTEXT_CANCELED = "context_canceled"
+    """Terminal: the run was stopped or cancelled."""
 
 
 TERMINAL_EVENTS = frozenset(
@@ -64,15 +74,24 @@ class RunEvent(Generic[S, E]):
     ``execution_pointer`` equals the persisted pointer on terminal and checkpoint events."""
 
     type: EventType
+    """The kind of event."""
     thread_id: str
+    """The thread of the run."""
     node: str = ""
+    """The node of node and effect events."""
     step: int = 0
+    """The step number in the segment, on node and effect events."""
     reason: str = ""
+    """The reason, on terminal events (the result's) and ``checkpoint_failed`` events."""
     execution_pointer: str = ""
     state: S | None = None
+    """The state after the step (``node_completed``) or at the end (``completed``, and
+    ``failed`` unless a node, the reducer or a router raised, the lease was lost or the
+    save failed); else ``None``."""
     effect: E | None = None
     has_effect: bool = False
     resume_token: ResumeToken | None = None
+    """The token of the persisted snapshot, on terminal events that persisted one."""
 
     @property
     def terminal(self) -> bool:
@@ -82,6 +101,8 @@ class RunEvent(Generic[S, E]):
 
 
 InterruptKind = Literal["stop", "handoff", "lease_lost"]
+"""Why a run is interrupted: ``"stop"`` (``request_stop``), ``"handoff"``
+(``request_local_handoff``) or ``"lease_lost"`` (its lease could not be renewed)."""
 
 
 class RunControl(Protocol):
@@ -140,7 +161,9 @@ class StreamCollectResult(Generic[S, E]):
     """
 
     events: list[RunEvent[S, E]]
+    """The events drained, in order (progress events dropped on overflow are missing)."""
     outcome: RunResult[S, E]
+    """The terminal result of the run."""
     snapshot: Snapshot[Any] | None = None
 
 
@@ -156,6 +179,16 @@ class StreamHandle(Generic[S, E]):
     ``CancelledError``). ``collect()`` and ``consume()`` drain events and return the
     outcome without ever deadlocking. As ``async with``, the handle stops the run on
     exit if it is still going.
+
+    ``Runner.stream`` and ``Runner.resume_stream`` build handles; the arguments are
+    theirs to give.
+
+    Args:
+        thread_id: the thread of the run.
+        sink: the buffer the run emits its events into.
+        task: the task running the segment.
+        control: the execution the handle interrupts.
+        load_head: loads the thread's head for ``collect(snapshot=True)``.
     """
 
     def __init__(

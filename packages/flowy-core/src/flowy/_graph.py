@@ -61,20 +61,36 @@ class Graph(Generic[S, E]):
     """A compiled, immutable graph. Run it with ``flowy.Runner(graph, checkpointer)``."""
 
     nodes: Mapping[str, Node[S, E]]
+    """The nodes by name."""
     entry: str
+    """The node every run starts at."""
     reducer: Reducer[S]
+    """Merges a node's returned update into the state."""
     edges: Mapping[str, str]
+    """The plain edges: node → the node after it."""
     conditional_edges: Mapping[str, ConditionalEdge[S]]
+    """The routed edges: node → its router and declared targets."""
     retry_routes: Mapping[str, str]
+    """Node → where the run continues when its ``retry()`` attempts are used up."""
     terminal_nodes: frozenset[str]
+    """The nodes where ``completed()`` finishes the run."""
     max_steps: int = 100
+    """Steps one segment may run; more fails it with ``max_steps_exceeded``."""
     budgets: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    """Budget name → limit (``use_budget``); going over fails the run."""
     delete_on_success: bool = False
+    """Delete a completed thread (unless a live lease holds it)."""
     retention_limit: int | None = None
+    """History entries kept per thread after a persisted stop or the end (``None``: all)."""
     checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR
+    """What a failed checkpoint save does to the run."""
     save_every_step: bool = True
+    """Save a checkpoint after every step, so a crash resumes from the last one."""
     state_type: Any = None
+    """The state's type, which stores decode snapshots into (``None``: plain JSON)."""
     max_total_steps: int | None = 10_000
+    """Steps a thread may run across all its segments (``None``: no bound); more fails
+    it with ``max_total_steps_exceeded``."""
 
     def node(self, name: str) -> Node[S, E]:
         """The node called ``name``; ``UnknownNodeError`` if there is none."""
@@ -122,13 +138,15 @@ def _concrete(tp: Any) -> bool:
 class GraphBuilder(Generic[S, E]):
     """Declare nodes and routes, then ``compile()`` into an immutable ``Graph``.
 
-    ``reducer(state, update)`` merges a node's returned update into the state; without
-    one the update replaces the state. The first node added is the entry point unless
-    ``set_entry_point`` names another.
+    The first node added is the entry point unless ``set_entry_point`` names another.
+    ``GraphBuilder[Refund, Effect]()`` records the state type ``Refund`` as
+    ``state=Refund`` does.
 
-    ``state`` is the state's type: stores then decode snapshots into it (a dataclass, a
-    TypedDict, ``dict[str, Any]``, …) instead of handing back plain JSON values.
-    ``GraphBuilder[Refund, Effect]()`` records ``Refund`` the same way.
+    Args:
+        reducer: ``reducer(state, update) -> new state``; ``None``: the update replaces
+            the state.
+        state: the state's type: stores then decode snapshots into it (a dataclass, a
+            TypedDict, ``dict[str, Any]``, …) instead of handing back plain JSON values.
     """
 
     def __init__(self, reducer: Reducer[S] | None = None, *, state: type[S] | None = None) -> None:
@@ -179,8 +197,12 @@ class GraphBuilder(Generic[S, E]):
     ) -> GraphBuilder[S, E]:
         """After ``src`` completes, run ``router(state)``'s choice among ``targets``.
 
-        A router returning a name not in ``targets`` fails the run with reason
-        ``router_target_undeclared``.
+        Args:
+            src: the node the edge leaves.
+            router: ``router(state) -> node name``, sync or async. A router returning a
+                name not in ``targets`` fails the run with reason
+                ``router_target_undeclared``; one that raises, with ``router_error``.
+            *targets: the nodes the router may choose.
         """
         if not targets:
             self._problems.append(f"conditional edge from {src!r} declares no targets")
@@ -194,12 +216,16 @@ class GraphBuilder(Generic[S, E]):
         return self
 
     def allow_no_outgoing_route(self, *names: str) -> GraphBuilder[S, E]:
-        """Mark nodes as terminal: ``completed()`` there finishes the run."""
+        """Mark ``names`` as terminal nodes: ``completed()`` there finishes the run."""
         self._terminal.update(names)
         return self
 
     def add_budget(self, name: str, limit: int) -> GraphBuilder[S, E]:
-        """Declare a named budget; ``compile(budgets=...)`` may override its limit."""
+        """Declare the budget ``name`` with ``limit`` (>= 1) units per thread.
+
+        Nodes spend it with ``use_budget(name)``; a count over ``limit`` fails the run
+        with ``budget_exceeded:<name>``. ``compile(budgets=...)`` may override the limit.
+        """
         self._budgets[name] = limit
         return self
 
@@ -288,7 +314,9 @@ class GraphBuilder(Generic[S, E]):
         resumes. ``delete_on_success`` deletes a completed thread (if idle);
         ``retention_limit`` keeps that many history entries. ``save_every_step`` saves a
         checkpoint after each step so a crash resumes from the last completed step.
-        Raises ``GraphValidationError`` listing every problem.
+        ``checkpoint_policy`` decides what a failed save does (fail the run, or go on
+        with a ``checkpoint_failed`` event). Raises ``GraphValidationError`` listing
+        every problem.
         """
         budgets = {**self._budgets, **(budgets or {})}
         problems = self._validate(max_steps, budgets, retention_limit)

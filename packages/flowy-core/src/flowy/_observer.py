@@ -41,29 +41,48 @@ class LifecycleEventType(enum.StrEnum):
     """Kinds of lifecycle events."""
 
     HANDOFF_ENQUEUED = "handoff_enqueued"
+    """A hand-off's intent is in the outbox."""
     HANDOFF_ENQUEUE_FAILED = "handoff_enqueue_failed"
+    """Enqueueing a hand-off's intent failed (the snapshot is patched orphaned)."""
     HANDOFF_PATCH_FAILED = "handoff_patch_failed"
+    """Saving a hand-off status patch (enqueued or orphaned) failed."""
     HANDOFF_SAVE_FAILED = "handoff_save_failed"
+    """The hand-off save (pending, or the transactional commit) failed."""
     HANDOFF_RECOVERED = "handoff_recovered"
+    """``Runner.recover_stale_handoff`` enqueued a hand-off again."""
     HANDOFF_RECOVERY_FAILED = "handoff_recovery_failed"
+    """``Runner.recover_stale_handoff`` could not enqueue it."""
     CHECKPOINT_SKIPPED = "checkpoint_skipped"
+    """``SKIP_ON_SAVE_ERROR`` skipped a failed save and the run went on."""
     CHECKPOINT_FAILED = "checkpoint_failed"
+    """A save failed: the run failed, or its stop/cancel snapshot was not saved."""
     RETENTION_FAILED = "retention_failed"
+    """Pruning a thread's history (``retention_limit``) failed; the run is not failed."""
     RESUME_CONFLICT = "resume_conflict"
+    """A resume's token was stale (``details["token_revision"]``)."""
     LEASE_LOST = "lease_lost"
+    """A run lost its lease and stopped without saving."""
     NO_PROGRESS = "no_progress"
+    """A segment handed off where it started, with the state it started with."""
     STEP_LIMIT_EXCEEDED = "step_limit_exceeded"
+    """A thread reached the graph's ``max_total_steps``."""
 
 
 class HandoffMetricStatus(enum.StrEnum):
     """Label values of ``handoff_enqueued_total{status}``."""
 
     SUCCESS = "success"
+    """The intent was enqueued."""
     ENQUEUE_FAILED = "enqueue_failed"
+    """Enqueueing the intent failed."""
     PATCH_ENQUEUED_FAILED = "patch_enqueued_failed"
+    """Saving the pending snapshot as enqueued failed (it stays pending)."""
     PATCH_ORPHAN_FAILED = "patch_orphan_failed"
+    """After an enqueue failure, saving the snapshot as orphaned failed too."""
     SAVE_FAILED = "save_failed"
+    """Saving the pending snapshot failed."""
     COMMIT_FAILED = "commit_failed"
+    """The transactional ``save_with_outbox`` did not commit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +90,21 @@ class LifecycleEvent:
     """One lifecycle event. ``status`` is the metric label it was counted under, if any."""
 
     type: LifecycleEventType
+    """What happened."""
     thread_id: str
+    """The thread it happened to."""
     revision: int = 0
+    """The thread's revision it concerns (for a run, the last one it saved)."""
     reason: str = ""
+    """Context, when there is one: the run's reason, the kind of save, or the node
+    (``no_progress``, ``step_limit_exceeded``)."""
     status: str = ""
     error: str = ""
+    """The error behind the event, as text (empty if none)."""
     at: float = field(default_factory=time.time)
+    """When the event was created, in seconds since the epoch."""
     details: Mapping[str, JSON] = field(default_factory=lambda: {})
+    """Extra facts of some events (``token_revision`` of ``resume_conflict``)."""
 
 
 @runtime_checkable
@@ -85,7 +112,7 @@ class LifecycleObserver(Protocol):
     """Receives lifecycle events (on a background thread)."""
 
     def on_event(self, event: LifecycleEvent) -> None:
-        """Handle one event. Exceptions are logged and ignored."""
+        """Handle ``event``. Exceptions are logged and ignored."""
         ...
 
 
@@ -183,7 +210,7 @@ GLOBAL = Telemetry()
 
 
 def set_lifecycle_observer(observer: LifecycleObserver | None) -> None:
-    """Install (or with ``None`` remove) the process-wide lifecycle observer."""
+    """Install ``observer`` as the process-wide lifecycle observer (``None`` removes it)."""
     GLOBAL.observer = observer
 
 
@@ -198,5 +225,6 @@ def reset_metrics() -> None:
 
 
 def flush_observers(timeout: float = 5.0) -> bool:
-    """Wait until queued events were delivered (for tests); False on timeout."""
+    """Wait up to ``timeout`` seconds until queued events were delivered (for tests);
+    False on timeout."""
     return _dispatcher.flush(timeout)

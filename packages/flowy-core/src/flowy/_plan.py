@@ -18,7 +18,9 @@ class ResumePlan:
     ``InvalidResumePlanError``."""
 
     current: bool = False
+    """Resume at the snapshot's execution pointer."""
     target: str | None = None
+    """Resume at this node instead (validated against the graph)."""
 
     @property
     def empty(self) -> bool:

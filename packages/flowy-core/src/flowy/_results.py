@@ -22,36 +22,69 @@ class Reason(enum.StrEnum):
     """Reasons the core itself sets (a node's own reasons are plain strings)."""
 
     COMPLETED = "completed"
+    """A terminal node completed."""
     END = "end"
+    """A node returned ``end()``."""
     NODE_ERROR = "node_error"
+    """A node raised; nothing is saved (the last checkpoint stays) and the
+    exception is the result's ``error``."""
     REDUCER_ERROR = "reducer_error"
+    """The reducer raised; nothing is saved."""
     ROUTER_ERROR = "router_error"
+    """A router raised; nothing is saved."""
     ROUTER_TARGET_UNDECLARED = "router_target_undeclared"
+    """A router returned a node not among its declared targets."""
     RETRY_EXHAUSTED = "retry_exhausted"
+    """``retry()`` attempts were used up and the node has no retry route."""
     MAX_STEPS_EXCEEDED = "max_steps_exceeded"
+    """The segment reached the graph's ``max_steps``."""
     MAX_TOTAL_STEPS_EXCEEDED = "max_total_steps_exceeded"
+    """The thread reached the graph's ``max_total_steps`` (all segments)."""
     BUDGET_EXCEEDED = "budget_exceeded"
+    """A budget went over its limit; the reason is ``budget_exceeded:<name>``."""
     INVARIANT_VIOLATION = "invariant_violation"
+    """The invariant validator raised after a step."""
     LEASE_LOST = "lease_lost"
+    """The run lease was lost; the run stopped without saving."""
     LOCAL_HANDOFF = "local_handoff"
+    """``request_local_handoff()`` handed the run off."""
     CONTEXT_CANCELED = "context_canceled"
+    """``request_stop()`` or a cancellation saved a resumable snapshot."""
     CONTEXT_CANCELED_SAVE_FAILED = "context_canceled_save_failed"
+    """That stop/cancel save failed (status stays canceled)."""
     CONTEXT_CANCELED_CHECKPOINT_SKIPPED = "context_canceled_checkpoint_skipped"
+    """That stop/cancel save failed and ``SKIP_ON_SAVE_ERROR`` skipped it."""
     CONTEXT_CANCELED_RETENTION_FAILED = "context_canceled_retention_failed"
+    """Saved, but pruning the history (``retention_limit``) failed."""
     SUSPEND_SAVE_FAILED = "suspend_save_failed"
+    """The suspend save failed; the run failed."""
     SUSPEND_CHECKPOINT_SKIPPED = "suspend_checkpoint_skipped"
+    """The suspend save failed and ``SKIP_ON_SAVE_ERROR`` skipped it (no token)."""
     SUSPEND_RETENTION_FAILED = "suspend_retention_failed"
+    """Suspended and saved, but pruning the history failed."""
     SUSPEND_RESUME_TARGET_INVALID = "suspend_resume_target_invalid"
+    """``suspend(resume_at=...)`` named a node the graph does not have."""
     HANDOFF_SAVE_FAILED = "handoff_save_failed"
+    """The hand-off save failed; the run failed."""
     HANDOFF_CHECKPOINT_SKIPPED = "handoff_checkpoint_skipped"
+    """The hand-off save failed and ``SKIP_ON_SAVE_ERROR`` skipped it (no token)."""
     HANDOFF_RETENTION_FAILED = "handoff_retention_failed"
+    """Handed off and saved, but pruning the history failed."""
     HANDOFF_RESUME_TARGET_INVALID = "handoff_resume_target_invalid"
+    """``handoff(resume_at=...)`` named a node the graph does not have."""
     HANDOFF_ORPHANED = "handoff_orphaned"
+    """The intent could not be enqueued; the snapshot is saved as orphaned and
+    the result's ``error`` is a ``HandoffEnqueueFailedError``."""
     STEP_SAVE_FAILED = "step_save_failed"
+    """A checkpoint between steps failed; the run failed."""
     COMPLETED_SAVE_FAILED = "completed_save_failed"
+    """The completed snapshot could not be saved; the run failed."""
     COMPLETED_CHECKPOINT_SKIPPED = "completed_checkpoint_skipped"
+    """The completed save failed and ``SKIP_ON_SAVE_ERROR`` skipped it."""
     FAILED_SAVE_FAILED = "failed_save_failed"
+    """The failed snapshot could not be saved."""
     FAILED_CHECKPOINT_SKIPPED = "failed_checkpoint_skipped"
+    """The failed save failed and ``SKIP_ON_SAVE_ERROR`` skipped it."""
 
 
 @dataclass
@@ -66,19 +99,33 @@ class RunResult(Generic[S, E]):
     """
 
     thread_id: str
+    """The thread that ran."""
     state: S
+    """The state when the segment ended."""
     status: RunStatus
+    """Where the run stands."""
     reason: str
+    """Why it stopped: a :class:`Reason` value or a node's own reason."""
     execution_pointer: str
+    """The node the run stopped at (where a resume continues)."""
     resume_token: ResumeToken | None = None
+    """The token of the persisted suspend, hand-off or cancel snapshot, else ``None``."""
     effects: list[E] = field(default_factory=lambda: [])
+    """The effects emitted in this segment, in order."""
     step_count: int = 0
+    """Steps run in this segment."""
     total_steps: int = 0
+    """Steps run by the thread across all its segments."""
     segment: int = 0
+    """The segment number: 0 for the start, one more for each resume."""
     budget_counts: dict[str, int] = field(default_factory=lambda: {})
+    """Budget use of the thread (``use_budget``), kept across resumes."""
     handoff_status: HandoffStatus = HandoffStatus.NONE
+    """The hand-off status of the last snapshot (``NONE`` unless handed off)."""
     error: BaseException | None = None
+    """The error the outcome carries, if any (``raise_for_error()`` raises it)."""
     revision: int = 0
+    """The last revision this run persisted (0 if none)."""
 
     def raise_for_error(self) -> RunResult[S, E]:
         """Raise ``error`` if set; return ``self`` otherwise."""
@@ -113,13 +160,21 @@ class ResumeDecision:
     """A typed preflight decision with the current core-issued ``resume_token``."""
 
     kind: ResumeDecisionKind
+    """What the preflight found."""
     thread_id: str
+    """The thread evaluated."""
     resume_token: ResumeToken | None
+    """The token of the thread's current head (``None`` if the thread has none)."""
     requested: ResumeToken | None
+    """The token evaluated (``None`` for a hand-off recovery decision)."""
     status: RunStatus | None = None
+    """The head's run status (``None`` if the thread has no snapshot)."""
     handoff_status: HandoffStatus = HandoffStatus.NONE
+    """The head's hand-off status."""
     execution_pointer: str = ""
+    """The node the head resumes at (``""`` if the thread has no snapshot)."""
     handoff_pending_at: float | None = None
+    """When the head's hand-off was saved as pending (seconds since the epoch), if it was."""
 
     @property
     def resumable(self) -> bool:
@@ -148,11 +203,13 @@ class HandoffRecoveryResult:
     """
 
     decision: ResumeDecision
+    """The recovery decision (as ``Runner.evaluate_handoff_recovery`` makes it)."""
     resume_token: ResumeToken | None
     snapshot_revision: int
     handoff_status: HandoffStatus
     recovered_from: HandoffStatus
     forced: bool = False
+    """True when an enqueued hand-off was re-enqueued (``force_reenqueue``)."""
     error: BaseException | None = None
 
     @property

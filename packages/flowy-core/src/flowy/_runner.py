@@ -73,7 +73,12 @@ def default_owner() -> str:
 class StreamStart(Generic[S, E]):
     """What ``Runner.stream`` / ``resume_stream`` return: await it for the
     ``StreamHandle``, or use it as ``async with`` so the run is stopped (with its
-    terminal save) and awaited when the block ends."""
+    terminal save) and awaited when the block ends.
+
+    Args:
+        opening: the coroutine that runs the preflight, starts the run and returns its
+            handle (awaited once).
+    """
 
     def __init__(self, opening: Coroutine[Any, Any, StreamHandle[S, E]]) -> None:
         self._opening = opening
@@ -103,24 +108,40 @@ def _is_backend(store: object) -> bool:
 class Runner(RunPreparation[S, E]):
     """Runs a compiled graph against a store.
 
-    ``store`` is a ``Backend`` (``await flowy.connect(url)``) or a bare checkpointer.
     From a backend the runner takes its checkpointer, lease manager and outbox, and
-    every run holds a fenced lease: ``run_lease`` (default: this process's
-    ``host-pid`` for ``DEFAULT_LEASE_TTL`` seconds), renewed about every ttl/3 and
-    released after the terminal save. ``lease_manager`` and ``handoff_outbox`` pass the
-    parts one by one; with an explicit lease manager and no ``run_lease`` here, every
-    start/resume/stream needs its own ``run_lease=(owner, ttl)``. A checkpointer that
-    does not fence the lease manager's leases itself is wrapped in a
-    ``LeaseGuardCheckpointer`` (safe within one process only).
-
-    When the checkpointer has no codec and the graph knows its state type
+    every run holds a fenced lease, renewed about every ttl/3 and released after the
+    terminal save. A checkpointer that does not fence the lease manager's leases itself
+    is wrapped in a ``LeaseGuardCheckpointer`` (safe within one process only). When the
+    checkpointer has no codec and the graph knows its state type
     (``GraphBuilder(state=...)``), snapshots decode into that type.
 
-    ``handoff_outbox``: where ``handoff()`` puts intents (transactionally when the
-    checkpointer and outbox support it; otherwise the three-phase FSM). ``after_load``:
-    a state interceptor applied to every loaded state. ``observer``: this runner's
-    lifecycle observer (``metrics()`` gives its counters; both also feed the
-    process-wide ones).
+    Args:
+        graph: the compiled graph to run.
+        store: a ``Backend`` (``await flowy.connect(url)``), a bare checkpointer, or
+            ``None`` to run without saving anything (results then carry no resume
+            token).
+        lease_manager: the lease manager (default: the backend's). With one given here
+            and no ``run_lease``, every start/resume/stream needs its own
+            ``run_lease=(owner, ttl)``.
+        handoff_outbox: where ``handoff()`` puts intents (default: the backend's
+            outbox): transactionally when the checkpointer and outbox support it,
+            otherwise through the three-phase FSM.
+        run_lease: ``(owner, ttl_seconds)`` of each run's lease. On a backend the
+            default is this process's ``host-pid`` for ``DEFAULT_LEASE_TTL`` seconds.
+        after_load: ``after_load(state) -> state`` (sync or async), applied to every
+            loaded state before a resume uses it.
+        handoff_stale_after: seconds after which a pending hand-off counts as stale and
+            may be recovered (the default of ``stale_after`` in the recovery methods).
+        clock: the time source, in seconds since the epoch: snapshots' ``updated_at``,
+            hand-off times and staleness.
+        observer: this runner's lifecycle observer (``metrics()`` gives its counters;
+            both also feed the process-wide ones).
+
+    Raises:
+        ValueError: ``run_lease`` was given without a lease manager.
+        LeaseRequiredError: ``run_lease`` is not a non-empty owner and a positive ttl.
+        TypeError: the graph has a state type, but the checkpointer has no codec and no
+            ``with_codec`` to get one.
     """
 
     def __init__(
@@ -210,6 +231,21 @@ class Runner(RunPreparation[S, E]):
         Raises before running anything: ``InvalidThreadIdError``,
         ``ThreadAlreadyRunningError``, ``LeaseRequiredError``, ``ThreadLeaseBusyError``,
         ``ConcurrencyConflictError`` (the thread already exists: resume it instead).
+
+        Args:
+            thread_id: the new thread's id (``validate_thread_id`` says which are valid).
+            state: the initial state.
+            bindings: the values nodes read with ``binding(key)`` (never saved).
+            run_lease: ``(owner, ttl_seconds)`` of this run's lease, instead of the
+                runner's; required when the runner has a lease manager but no
+                ``run_lease`` of its own.
+            metadata: JSON run metadata, saved with every snapshot
+                (``run_metadata().metadata``).
+            invariant_validator: called with the state after every step (sync or
+                async); raising fails the run with ``invariant_violation``.
+
+        Returns:
+            The terminal result of the run (the source of truth).
         """
         ex = await self._prepare_start(
             thread_id, state, bindings, run_lease, metadata, invariant_validator, None
@@ -228,7 +264,22 @@ class Runner(RunPreparation[S, E]):
         max_buffer: int = 1024,
     ) -> StreamStart[S, E]:
         """Like ``start`` but run in a task; ``await`` it (or ``async with`` it) for the
-        ``StreamHandle`` of its events."""
+        ``StreamHandle`` of its events.
+
+        Args:
+            thread_id: the new thread's id (``validate_thread_id`` says which are valid).
+            state: the initial state.
+            bindings: the values nodes read with ``binding(key)`` (never saved).
+            run_lease: ``(owner, ttl_seconds)`` of this run's lease, instead of the
+                runner's; required when the runner has a lease manager but no
+                ``run_lease`` of its own.
+            metadata: JSON run metadata, saved with every snapshot
+                (``run_metadata().metadata``).
+            invariant_validator: called with the state after every step (sync or
+                async); raising fails the run with ``invariant_violation``.
+            max_buffer: events buffered for a slow consumer; when full, the oldest
+                progress event is dropped (never the terminal one).
+        """
 
         async def opening() -> StreamHandle[S, E]:
             sink: EventSink[S, E] = EventSink(max_buffer)
@@ -261,6 +312,25 @@ class Runner(RunPreparation[S, E]):
         ``ThreadNotFoundError``, ``ThreadCompletedError``, ``HandoffPendingError``,
         ``HandoffOrphanedError``, ``InvalidResumePlanError``, ``UnknownNodeError``,
         lease errors.
+
+        Args:
+            token: the resume token of the snapshot to continue from.
+            state_overlay: values merged into the loaded state before the run.
+            merge: ``merge(loaded_state, overlay) -> state`` for ``state_overlay``.
+            bindings: the values nodes read with ``binding(key)`` (never saved).
+            run_metadata: budget counts and metadata merged into the persisted ones;
+                each given entry replaces the stored one.
+            resume_target_policy: ``policy(state, current_pointer) -> (state, plan)``
+                (sync or async): where to continue, ``resume_current()`` or
+                ``resume_to(node)``. Without one, a completed thread or a pointer the
+                graph no longer has is refused.
+            invariant_validator: called with the state after every step (sync or
+                async); raising fails the run with ``invariant_violation``.
+            run_lease: ``(owner, ttl_seconds)`` of this run's lease, instead of the
+                runner's.
+
+        Returns:
+            The terminal result of the resumed segment.
         """
         ex = await self._prepare_resume(
             token,
@@ -289,7 +359,26 @@ class Runner(RunPreparation[S, E]):
         max_buffer: int = 1024,
     ) -> StreamStart[S, E]:
         """Like ``resume`` but run in a task; ``await`` it (or ``async with`` it) for the
-        ``StreamHandle`` of its events."""
+        ``StreamHandle`` of its events.
+
+        Args:
+            token: the resume token of the snapshot to continue from.
+            state_overlay: values merged into the loaded state before the run.
+            merge: ``merge(loaded_state, overlay) -> state`` for ``state_overlay``.
+            bindings: the values nodes read with ``binding(key)`` (never saved).
+            run_metadata: budget counts and metadata merged into the persisted ones;
+                each given entry replaces the stored one.
+            resume_target_policy: ``policy(state, current_pointer) -> (state, plan)``
+                (sync or async): where to continue, ``resume_current()`` or
+                ``resume_to(node)``. Without one, a completed thread or a pointer the
+                graph no longer has is refused.
+            invariant_validator: called with the state after every step (sync or
+                async); raising fails the run with ``invariant_violation``.
+            run_lease: ``(owner, ttl_seconds)`` of this run's lease, instead of the
+                runner's.
+            max_buffer: events buffered for a slow consumer; when full, the oldest
+                progress event is dropped (never the terminal one).
+        """
 
         async def opening() -> StreamHandle[S, E]:
             sink: EventSink[S, E] = EventSink(max_buffer)
@@ -329,6 +418,13 @@ class Runner(RunPreparation[S, E]):
         pending-at is stale), or an enqueued one with ``force_reenqueue``. Raises
         ``HandoffPendingError`` (fresh pending), ``HandoffAlreadyEnqueuedError``,
         ``HandoffNotRecoverableError`` (no hand-off), ``ThreadNotFoundError``.
+
+        Args:
+            thread_id: the thread whose hand-off to recover.
+            stale_after: seconds after which a pending hand-off counts as stale
+                (default: the runner's ``handoff_stale_after``).
+            force_reenqueue: also recover a hand-off that is already enqueued (its
+                outbox message is known to be lost).
         """
         validate_thread_id(thread_id)
         cp = self._require_checkpointer("evaluate_handoff_recovery")
@@ -347,6 +443,15 @@ class Runner(RunPreparation[S, E]):
         Always the three-phase path: patch enqueued → enqueue → on failure patch orphaned
         (then ``HandoffEnqueueFailedError`` with the retry token and ``result``). Does
         not take a run lease: run it from a single leader (``flowy.Worker`` does).
+        Raises what ``evaluate_handoff_recovery`` raises, and ``TypeError`` when the
+        runner has no outbox.
+
+        Args:
+            thread_id: the thread whose hand-off to recover.
+            stale_after: seconds after which a pending hand-off counts as stale
+                (default: the runner's ``handoff_stale_after``).
+            force_reenqueue: also recover a hand-off that is already enqueued (its
+                outbox message is known to be lost).
         """
         cp = self._require_checkpointer("recover_stale_handoff")
         if self.handoff_outbox is None:

@@ -36,7 +36,9 @@ class ResumeToken:
     """
 
     thread_id: str
+    """The thread the snapshot belongs to."""
     snapshot_revision: int
+    """The revision of that snapshot (1 for a thread's first save)."""
 
     def __str__(self) -> str:
         return f"{self.thread_id}@{self.snapshot_revision}"
@@ -73,17 +75,30 @@ class RunStatus(enum.StrEnum):
     """Where a run stands, as persisted in its snapshot."""
 
     RUNNING = "running"
+    """Saved between steps (``save_every_step``): a crash resumes from the last step."""
     SUSPENDED = "suspended"
+    """A node returned ``suspend()``: waiting for outside input; resume with the token."""
     HANDOFF = "handoff"
+    """A node returned ``handoff()`` (or ``request_local_handoff()``): a worker resumes
+    it; ``HandoffStatus`` tracks its outbox message."""
     COMPLETED = "completed"
+    """Finished: a terminal node completed or a node returned ``end()``."""
     FAILED = "failed"
+    """Failed: ``fail()``, exhausted retries, a step or budget limit, a violated
+    invariant, … (the reason says which)."""
     CANCELED = "canceled"
+    """Stopped by ``request_stop()`` or a cancellation; resumable from this point."""
 
 
 class HandoffStatus(enum.StrEnum):
     """The hand-off outbox state of a snapshot."""
 
     NONE = "none"
+    """No hand-off outbox message belongs to this snapshot."""
     PENDING = "pending"
+    """Saved before its intent is enqueued (three-phase path); once older than the stale
+    TTL, ``Runner.recover_stale_handoff`` may enqueue it."""
     ENQUEUED = "enqueued"
+    """Its intent is in the outbox (or being put there): a worker will resume it."""
     ORPHANED = "orphaned"
+    """Enqueueing its intent failed: recover it with ``Runner.recover_stale_handoff``."""

@@ -62,7 +62,9 @@ class WorkerStats:
     """Counters of a worker since it was created."""
 
     outcomes: Mapping[str, int]
+    """How many messages ended with each :class:`Outcome` (by its value)."""
     recovered: int
+    """Hand-offs re-enqueued by recovery (scans and pending/orphaned messages)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class Failure:
     """
 
     message: OutboxMessage
+    """The delivery that failed."""
     error: str
     exception: BaseException | None
     dead: bool
@@ -88,30 +91,50 @@ FailureHook = Callable[[Failure], Any]
 
 
 class Worker(Generic[S, E]):
-    """Resumes handed-off runs with ``runner``, from ``consumer`` (by default the
-    consumer of the runner's ``Backend``).
-
-    ``owner`` names this worker in leases (default: ``host-pid``); ``lease_ttl`` is the
-    run lease TTL;
-    ``concurrency`` bounds runs in flight; ``visibility_timeout`` (default: 4 × lease_ttl)
-    is how long a claimed message stays hidden. ``resume_options(intent)`` may return
-    extra keyword arguments for ``Runner.resume`` (bindings, overlay, …).
-    ``recovery_interval`` (seconds, None to disable) runs ``recover_stale_handoff`` over
-    pending/orphaned threads, only while this worker holds the leader lease.
-    ``reenqueue_enqueued_after`` (seconds, None to disable) also force-re-enqueues hand-offs
-    that have been *enqueued* that long without being resumed: the runbook's worst case
-    (enqueue and orphan patch both failed) leaves such rows without a message. A
-    duplicate message this may create is harmless: ``evaluate_resume`` drops it.
-    ``on_result(intent, result)`` is called with the result of every run this worker
-    resumes, ``on_failure(failure)`` with every message it gives back or dead-letters
-    (exceptions either hook raises are logged and ignored).
+    """Resumes handed-off runs with ``runner``, from ``consumer``.
 
     A message that fails (a node raised, the thread is busy, the store failed) is logged
     with its traceback on the ``flowy.worker`` logger, released with ``"Type: message"``
-    as its error, and redelivered after an exponential backoff with jitter:
-    ``retry_delay`` seconds after the first failure (at least 1 s by default), doubling
-    up to ``max_retry_delay``; after the consumer's ``max_attempts`` deliveries it is
-    dead-lettered.
+    as its error, and redelivered after an exponential backoff with jitter; after the
+    consumer's ``max_attempts`` deliveries it is dead-lettered.
+
+    Args:
+        runner: the runner that resumes the runs.
+        consumer: where the hand-off messages come from (default: the consumer of the
+            runner's ``Backend``).
+        owner: this worker's name in leases (default: ``host-pid``).
+        lease_ttl: seconds of the run lease each resumed run holds.
+        concurrency: the most runs in flight at once.
+        visibility_timeout: seconds a claimed message stays hidden from other consumers
+            (default: 4 × ``lease_ttl``).
+        poll_interval: seconds each claim of ``run()`` waits for a message to arrive.
+        resume_options: ``resume_options(intent)`` returns extra keyword arguments for
+            ``Runner.resume`` (bindings, overlay, …).
+        recovery_interval: seconds between scans that run ``recover_stale_handoff`` over
+            pending and orphaned threads, only while this worker holds the leader lease
+            (``None``: no scans).
+        stale_after: seconds after which a pending hand-off counts as stale in recovery
+            (default: the runner's ``handoff_stale_after``).
+        reenqueue_enqueued_after: seconds (``None``: never) after which a scan also
+            force-re-enqueues hand-offs that are still *enqueued*: the runbook's worst
+            case (enqueue and orphan patch both failed) leaves such rows without a
+            message. A duplicate message this may create is harmless:
+            ``evaluate_resume`` drops it.
+        on_result: ``on_result(intent, result)`` is called with the result of every run
+            this worker resumes.
+        on_failure: ``on_failure(failure)`` is called with a :class:`Failure` for every
+            message the worker gives back or dead-letters. Exceptions either hook raises
+            are logged and ignored.
+        retry_delay: seconds before the next delivery after a message's first failure;
+            each further failure doubles it.
+        max_retry_delay: the longest delay before a redelivery, in seconds.
+        retry_jitter: the fraction of the delay (0 to 1) added at random, so failed
+            messages do not come back all at once.
+
+    Raises:
+        TypeError: no ``consumer`` was given and the runner is not built on a backend.
+        ValueError: an empty ``owner``, ``concurrency`` below 1, or retry delays or
+            jitter out of range.
     """
 
     def __init__(
@@ -278,7 +301,9 @@ class Worker(Generic[S, E]):
             logger.exception("flowy worker %r: on_failure raised", self.owner)
 
     async def process(self, message: OutboxMessage) -> Outcome:
-        """Handle one message: evaluate, resume (or recover / drop a duplicate), ack."""
+        """Handle one claimed ``message``: evaluate, resume (or recover / drop a
+        duplicate), ack; a failure gives it back (or dead-letters it). Returns what
+        happened."""
         intent = message.intent
         runner = self.runner
         try:
@@ -353,8 +378,9 @@ class Worker(Generic[S, E]):
     async def recover_once(self, limit: int = 100) -> int:
         """Recover stale pending and orphaned hand-offs (if this worker is the leader).
 
-        Returns how many were re-enqueued. Without a lease manager on the runner it runs
-        unconditionally (single-process deployments).
+        Looks at up to ``limit`` threads with a hand-off and returns how many were
+        re-enqueued. Without a lease manager on the runner it runs unconditionally
+        (single-process deployments).
         """
         if not await self._lead():
             return 0

@@ -67,7 +67,12 @@ class _Message:
 
 
 class MemoryStore:
-    """The data of one in-memory store, shared by its components."""
+    """The data of one in-memory store, shared by its components.
+
+    Args:
+        clock: the time source of leases and outbox visibility, in seconds since the
+            epoch.
+    """
 
     def __init__(self, *, clock: Clock = time.time) -> None:
         self.clock = clock
@@ -79,7 +84,7 @@ class MemoryStore:
         self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
 
     def live_lease(self, thread_id: str) -> Lease | None:
-        """The thread's lease if it has not expired."""
+        """The lease on ``thread_id`` if it has not expired."""
         lease = self.leases.get(thread_id)
         if lease is not None and lease.expires_at > self.clock():
             return lease
@@ -109,7 +114,8 @@ class MemoryStore:
                 loop.call_soon_threadsafe(event.set)
 
     def append(self, row: OutboxRow) -> None:
-        """Add an outbox row unless its (thread, revision) is there; revive a dead copy."""
+        """Add the outbox ``row`` unless its (thread, revision) is there; revive a dead
+        copy."""
         for entry in self.messages.values():
             if (
                 entry.thread_id == row.thread_id
@@ -137,6 +143,10 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
 
     Components built without a store each get a private one; give them one store (or
     use :class:`MemoryBackend`) to fence and commit hand-offs together.
+
+    Args:
+        store: the store's data (a new, private :class:`MemoryStore` by default).
+        codec: the state codec (JSON by default; a runner gives a typed graph's type).
     """
 
     def __init__(
@@ -217,7 +227,11 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
 
 class MemoryLeaseManager(BaseLeaseManager):
     """The lease manager of a :class:`MemoryStore` (leases protect nothing across
-    processes: for development and tests)."""
+    processes: for development and tests).
+
+    Args:
+        store: the store's data (a new, private :class:`MemoryStore` by default).
+    """
 
     def __init__(self, store: MemoryStore | None = None) -> None:
         self.store: MemoryStore = store if store is not None else MemoryStore()
@@ -261,7 +275,11 @@ class MemoryLeaseManager(BaseLeaseManager):
 
 
 class MemoryOutbox(BaseOutbox):
-    """The outbox of a :class:`MemoryStore`."""
+    """The outbox of a :class:`MemoryStore`.
+
+    Args:
+        store: the store's data (a new, private :class:`MemoryStore` by default).
+    """
 
     def __init__(self, store: MemoryStore | None = None) -> None:
         self.store: MemoryStore = store if store is not None else MemoryStore()
@@ -272,7 +290,13 @@ class MemoryOutbox(BaseOutbox):
 
 
 class MemoryConsumer(BaseConsumer):
-    """The outbox consumer of a :class:`MemoryStore`."""
+    """The outbox consumer of a :class:`MemoryStore`.
+
+    Args:
+        store: the store's data (a new, private :class:`MemoryStore` by default).
+        max_attempts: deliveries of a message without an ack before it is
+            dead-lettered.
+    """
 
     def __init__(self, store: MemoryStore | None = None, *, max_attempts: int = 5) -> None:
         super().__init__(max_attempts=max_attempts)
@@ -341,6 +365,7 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
         store: the data to use (a new :class:`MemoryStore` by default).
         codec: the state codec (JSON by default; a runner gives a typed graph's type).
         max_attempts: deliveries of a hand-off message before it is dead-lettered.
+        url: the URL the backend reports (``flowy.connect`` passes the one it opened).
     """
 
     def __init__(

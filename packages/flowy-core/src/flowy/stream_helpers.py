@@ -33,7 +33,8 @@ __all__ = [
 async def collect_events_and_wait(
     handle: StreamHandle[S, E],
 ) -> tuple[list[RunEvent[S, E]], RunResult[S, E]]:
-    """Drain every event and return them with the terminal result (``handle.collect()``)."""
+    """Drain every event of ``handle`` and return them with the terminal result
+    (``handle.collect()``)."""
     collected = await handle.collect()
     return collected.events, collected.outcome
 
@@ -42,7 +43,8 @@ async def consume_events_and_wait(
     handle: StreamHandle[S, E],
     callback: Callable[[RunEvent[S, E]], bool | Awaitable[bool]],
 ) -> RunResult[S, E]:
-    """Pass each event to ``callback`` until it returns False (``handle.consume``)."""
+    """Pass each event of ``handle`` to ``callback`` until it returns False, then stop
+    the run (``handle.consume``)."""
     return await handle.consume(callback)
 
 
@@ -51,6 +53,7 @@ class StreamCollector(Generic[S, E]):
     """What ``begin_stream_collect`` returns: the handle whose events are being drained."""
 
     handle: StreamHandle[S, E]
+    """The handle being drained."""
 
 
 def begin_stream_collect(handle: StreamHandle[S, E]) -> StreamCollector[S, E]:
@@ -62,7 +65,9 @@ def begin_stream_collect(handle: StreamHandle[S, E]) -> StreamCollector[S, E]:
 async def await_stream_collect(
     handle: StreamHandle[S, E], collector: StreamCollector[S, E]
 ) -> StreamCollectResult[S, E]:
-    """Wait for the run and the background drain (``handle.collect()``)."""
+    """Wait for the run and the background drain ``collector`` started
+    (``handle.collect()``). ``handle`` is not used: ``collector`` knows its handle (it is
+    kept for the specification's signature)."""
     return await collector.handle.collect()
 
 
@@ -72,7 +77,8 @@ async def await_stream_collect_with_snapshot(
     checkpointer: Checkpointer[Any],
     thread_id: str,
 ) -> StreamCollectResult[S, E]:
-    """Like ``await_stream_collect``, then load the thread's head from ``checkpointer``
+    """Like ``await_stream_collect`` (``handle`` and ``collector`` as there), then load
+    the head of ``thread_id`` from ``checkpointer`` into the result's ``snapshot``
     (diagnostic only; ``None`` if the thread is gone)."""
     result = await collector.handle.collect()
     try:

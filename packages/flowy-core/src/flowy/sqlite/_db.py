@@ -207,7 +207,8 @@ class SQLiteDatabase:
         return await loop.run_in_executor(self._executor, self._call, job, action, check_schema)
 
     async def run(self, job: Job[T], action: str) -> T:
-        """Run ``job(connection)`` on the worker thread; ``action`` names it in errors.
+        """Run ``job`` as ``job(connection)`` on the worker thread; ``action`` names it in
+        errors.
 
         ``sqlite3`` errors come back as flowy errors. A job that writes wraps its work
         in :func:`immediate`.

@@ -98,7 +98,12 @@ def _append(conn: sqlite3.Connection, row: OutboxRow, now: float) -> None:
 
 
 class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
-    """The checkpointer of a SQLite file (native fencing, transactional)."""
+    """The checkpointer of a SQLite file (native fencing, transactional).
+
+    Args:
+        database: the SQLite file, shared by the components of one store.
+        codec: the state codec (JSON by default; a runner gives a typed graph's type).
+    """
 
     def __init__(self, database: SQLiteDatabase, *, codec: StateCodec[S] | None = None) -> None:
         super().__init__(codec=codec)
@@ -235,7 +240,11 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
 
 class SQLiteLeaseManager(BaseLeaseManager):
     """Run leases in a SQLite file, by the local clock (the processes sharing the file
-    must run on one machine)."""
+    must run on one machine).
+
+    Args:
+        database: the SQLite file, shared by the components of one store.
+    """
 
     def __init__(self, database: SQLiteDatabase) -> None:
         self.database = database
@@ -309,7 +318,11 @@ class SQLiteLeaseManager(BaseLeaseManager):
 
 
 class SQLiteOutbox(BaseOutbox):
-    """The hand-off outbox in a SQLite file."""
+    """The hand-off outbox in a SQLite file.
+
+    Args:
+        database: the SQLite file, shared by the components of one store.
+    """
 
     def __init__(self, database: SQLiteDatabase) -> None:
         self.database = database
@@ -325,7 +338,14 @@ class SQLiteOutbox(BaseOutbox):
 
 class SQLiteConsumer(BaseConsumer):
     """The outbox consumer of a SQLite file: consumers of this process are woken at once
-    by an enqueue; other processes' messages are seen by polling."""
+    by an enqueue; other processes' messages are seen by polling.
+
+    Args:
+        database: the SQLite file, shared by the components of one store.
+        max_attempts: deliveries of a message without an ack before it is
+            dead-lettered.
+        poll_interval: seconds between looks at the outbox while ``claim`` waits.
+    """
 
     def __init__(
         self, database: SQLiteDatabase, *, max_attempts: int = 5, poll_interval: float = 0.05

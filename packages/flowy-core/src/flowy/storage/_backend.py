@@ -92,9 +92,13 @@ class StoreURL:
     """
 
     raw: str
+    """The URL as given, password included (show :attr:`redacted` instead)."""
     scheme: str
+    """The scheme, lowercased (``sqlite``, ``postgresql``, …)."""
     netloc: str
+    """What follows ``//`` up to the path: user, password, host and port."""
     path: str
+    """The path, still percent-encoded (``/flowy.db``)."""
     options: Mapping[str, str]
 
     @classmethod
@@ -145,8 +149,16 @@ class StoreURL:
             )
 
     def option(self, name: str, convert: Callable[[str], V], default: V) -> V:
-        """The converted value of option ``name``, or ``default``; a bad value is a
-        ``BackendURLError`` naming the option."""
+        """The converted value of option ``name``, or ``default``.
+
+        Args:
+            name: the query option.
+            convert: turns its text into the value; raises ``ValueError`` for a bad one.
+            default: the value when the URL does not give the option.
+
+        Raises:
+            BackendURLError: ``convert`` refused the text (the message names the option).
+        """
         text = self.options.get(name)
         if text is None:
             return default
@@ -156,15 +168,18 @@ class StoreURL:
             raise BackendURLError(f"option {name}={text!r} in {self.redacted!r}: {exc}") from None
 
     def flag(self, name: str, default: bool) -> bool:
-        """A boolean option (1/0, true/false, yes/no, on/off)."""
+        """The boolean option ``name`` (1/0, true/false, yes/no, on/off), or ``default``;
+        any other text is a ``BackendURLError``."""
         return self.option(name, _flag, default)
 
     def seconds(self, name: str, default: float) -> float:
-        """A positive number of seconds."""
+        """The option ``name`` as a positive, finite number of seconds, or ``default``;
+        any other text is a ``BackendURLError``."""
         return self.option(name, _seconds, default)
 
     def count(self, name: str, default: int) -> int:
-        """A whole number >= 1."""
+        """The option ``name`` as a whole number >= 1, or ``default``; any other text is
+        a ``BackendURLError``."""
         return self.option(name, _count, default)
 
 

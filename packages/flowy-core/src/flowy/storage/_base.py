@@ -60,7 +60,7 @@ __all__ = [
 
 
 def show_id(thread_id: str, limit: int = 80) -> str:
-    """A thread id for error messages: quoted, and shortened past ``limit`` characters."""
+    """``thread_id`` for error messages: quoted, and shortened past ``limit`` characters."""
     if len(thread_id) <= limit:
         return repr(thread_id)
     return f"{thread_id[:limit]!r}… ({len(thread_id)} characters)"
@@ -71,8 +71,11 @@ class OutboxRow:
     """One outbox message to write: unique per (``thread_id``, ``committed_revision``)."""
 
     thread_id: str
+    """The thread handed off."""
     committed_revision: int
+    """The revision its hand-off committed (the intent's ``committed_snapshot_revision``)."""
     payload: bytes
+    """The encoded intent (``encode_intent``)."""
 
     @classmethod
     def of(cls, intent: HandoffIntent) -> OutboxRow:
@@ -126,6 +129,7 @@ class Busy:
     """What ``BaseLeaseManager._acquire`` returns when a live lease holds the thread."""
 
     holder: Lease
+    """That live lease."""
 
 
 @dataclass(eq=False)
@@ -138,13 +142,22 @@ class OutboxTransaction:
     """
 
     domain: Hashable
+    """The store's coordination domain; only its outboxes may add rows."""
     thread_id: str
+    """The thread being saved."""
     revision: int
+    """The revision the save creates."""
     rows: list[OutboxRow] = field(default_factory=lambda: [])
+    """The rows added so far."""
     open: bool = True
+    """False once the enqueue callback returned: no more rows."""
 
     def add(self, domain: Hashable, row: OutboxRow) -> None:
-        """Add ``row``, checking that the outbox belongs to this transaction's store."""
+        """Add ``row`` from an outbox of ``domain``.
+
+        Raises ``ValueError`` if ``domain`` is not this transaction's store, and
+        ``RuntimeError`` once the callback has returned.
+        """
         if not self.open:
             raise RuntimeError(
                 "the save_with_outbox transaction is over; enqueue through its handle only "
@@ -268,7 +281,19 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         updated_at: object,
     ) -> ThreadSummary:
         """A :class:`ThreadSummary` from raw stored columns; an unknown status raises
-        ``SnapshotEnvelopeInvalidError``."""
+        ``SnapshotEnvelopeInvalidError``.
+
+        Args:
+            thread_id: the thread.
+            revision: the head revision (an integer, or its text).
+            execution_pointer: the head's execution pointer.
+            status: a ``RunStatus`` value.
+            reason: the head's reason.
+            handoff_status: a ``HandoffStatus`` value.
+            handoff_pending_at: seconds since the epoch (a number or its text), or
+                ``None``.
+            updated_at: seconds since the epoch (a number or its text).
+        """
         try:
             return ThreadSummary(
                 thread_id=thread_id,
@@ -288,8 +313,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             ) from exc
 
     def fences(self, leases: LeaseManager) -> bool:
-        """True for the lease manager of the same store (``domain``): saves check its
-        leases atomically with the write."""
+        """True if ``leases`` is the lease manager of the same store (``domain``): saves
+        check its leases atomically with the write."""
         return (
             self.domain is not None
             and isinstance(leases, BaseLeaseManager)
@@ -357,7 +382,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
     async def save(
         self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None
     ) -> int:
-        """Store ``snapshot`` at ``expected_revision + 1`` (``Checkpointer.save``)."""
+        """Store ``snapshot`` at ``expected_revision + 1`` if the head is at
+        ``expected_revision``, fenced by ``lease`` (``Checkpointer.save``)."""
         return await self._commit(self._prepare(expected_revision, snapshot, lease))
 
     async def save_with_outbox(
@@ -368,9 +394,10 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         *,
         lease: Lease | None = None,
     ) -> int:
-        """Save like :meth:`save` and commit what ``await enqueue(tx, new_revision)``
-        enqueued through ``tx`` (an :class:`OutboxTransaction`) in the same atomic write;
-        if either fails, nothing is written."""
+        """Save ``snapshot`` like :meth:`save` (``expected_revision`` and ``lease`` as
+        there) and commit what ``enqueue`` added through ``tx`` (an
+        :class:`OutboxTransaction`) when called as ``await enqueue(tx, new_revision)``,
+        in the same atomic write; if either fails, nothing is written."""
         write = self._prepare(expected_revision, snapshot, lease)
         tx = OutboxTransaction(self.domain, write.thread_id, write.revision)
         try:
@@ -382,7 +409,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         )
 
     async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
-        """The head snapshot and its revision; ``ThreadNotFoundError`` if none."""
+        """The head snapshot of ``thread_id`` and its revision; ``ThreadNotFoundError`` if
+        none."""
         validate_thread_id(thread_id)
         head = await self._read_head(thread_id)
         if head is None:
@@ -394,7 +422,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         return snapshot, revision
 
     async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
-        """Up to ``limit`` stored snapshots, newest first."""
+        """Up to ``limit`` stored snapshots of ``thread_id``, newest first."""
         validate_thread_id(thread_id)
         if check_count(limit, "limit") == 0:
             return []
@@ -404,17 +432,18 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         ]
 
     async def prune(self, thread_id: str, retain: int) -> None:
-        """Keep only the newest ``retain`` history entries of the thread (at least the head)."""
+        """Keep only the newest ``retain`` history entries of ``thread_id`` (at least the
+        head)."""
         validate_thread_id(thread_id)
         await self._prune(thread_id, max(check_count(retain, "retain"), 1))
 
     async def delete(self, thread_id: str) -> None:
-        """Delete the thread's head and history (a missing thread is fine)."""
+        """Delete the head and history of ``thread_id`` (a missing thread is fine)."""
         validate_thread_id(thread_id)
         await self._delete(thread_id, if_idle=False)
 
     async def delete_if_idle(self, thread_id: str) -> None:
-        """Delete the thread unless a live lease holds it (``ThreadLeaseBusyError``)."""
+        """Delete ``thread_id`` unless a live lease holds it (``ThreadLeaseBusyError``)."""
         validate_thread_id(thread_id)
         holder = await self._delete(thread_id, if_idle=True)
         if holder is not None:
@@ -430,7 +459,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         limit: int = 100,
         after: str | None = None,
     ) -> list[ThreadSummary]:
-        """Thread heads ordered by thread id (see ``Checkpointer.list_threads``)."""
+        """Up to ``limit`` thread heads ordered by thread id, past ``after`` if given, only
+        those in ``handoff_statuses`` if given (``Checkpointer.list_threads``)."""
         if check_count(limit, "limit") == 0:
             return []
         statuses: frozenset[HandoffStatus] | None = None
@@ -475,7 +505,7 @@ class BaseLeaseManager(abc.ABC):
         """The live lease on the thread, or ``None``."""
 
     async def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease:
-        """Take the thread for ``ttl`` seconds (``LeaseManager.acquire``)."""
+        """Take ``thread_id`` for ``owner`` for ``ttl`` seconds (``LeaseManager.acquire``)."""
         validate_thread_id(thread_id)
         check_owner(owner)
         seconds = check_seconds(ttl, "lease ttl")
@@ -489,8 +519,8 @@ class BaseLeaseManager(abc.ABC):
         return got
 
     async def acquire_system(self, name: str, owner: str, ttl: float) -> Lease:
-        """Take flowy's own lease ``name`` (e.g. the recovery leader's) for ``ttl``
-        seconds. Its key starts with ``SYSTEM_LEASE_PREFIX``, which no thread id can, so
+        """Take flowy's own lease ``name`` (e.g. the recovery leader's) for ``owner`` for
+        ``ttl`` seconds. Its key starts with ``SYSTEM_LEASE_PREFIX``, which no thread id can, so
         it never collides with a thread; renew and release it like any lease."""
         key = check_system_name(name)
         check_owner(owner)
@@ -504,7 +534,8 @@ class BaseLeaseManager(abc.ABC):
         return got
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
-        """Extend a live lease to now + ``ttl``; ``LeaseLostError`` if it is not current."""
+        """Extend the live ``lease`` to now + ``ttl``; ``LeaseLostError`` if it is not
+        current."""
         check_lease(lease)
         seconds = check_seconds(ttl, "lease ttl")
         renewed = await self._renew(lease, seconds)
@@ -513,13 +544,13 @@ class BaseLeaseManager(abc.ABC):
         return renewed
 
     async def release(self, lease: Lease) -> None:
-        """Give the lease up; ``LeaseLostError`` if it expired or was taken over."""
+        """Give ``lease`` up; ``LeaseLostError`` if it expired or was taken over."""
         check_lease(lease)
         if not await self._release(lease):
             raise self._lost(lease, "release")
 
     async def holder(self, thread_id: str) -> Lease | None:
-        """The live lease on the thread, or ``None``."""
+        """The live lease on ``thread_id``, or ``None``."""
         validate_thread_id(thread_id)
         return await self._holder(thread_id)
 

@@ -32,7 +32,7 @@ class StateCodec(Protocol[S]):
         ...
 
     def decode(self, data: bytes) -> S:
-        """Decode bytes made by ``encode``; raise ``ValueError`` if they are malformed."""
+        """Decode ``data`` made by ``encode``; raise ``ValueError`` if it is malformed."""
         ...
 
 
@@ -177,6 +177,10 @@ class JSONCodec(Generic[S]):
     also encodes dataclasses, enums, datetimes, tuples and sets, and decodes into
     ``MyState`` following its type hints. Dict keys should be strings: like ``json``,
     the codec stores other scalar keys as strings.
+
+    Args:
+        state_type: the type states decode into (``None``: plain JSON values). A stored
+            value that does not fit it is a ``ValueError`` naming the field.
     """
 
     name = "json"
@@ -191,7 +195,8 @@ class JSONCodec(Generic[S]):
         ).encode()
 
     def decode(self, data: bytes) -> S:
-        """Decode JSON bytes (into ``state_type`` if given); ``ValueError`` if malformed."""
+        """Decode the JSON ``data`` (into ``state_type`` if given); ``ValueError`` if it is
+        malformed or does not fit ``state_type``."""
         try:
             value = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -211,7 +216,15 @@ class JSONCodec(Generic[S]):
 
 class MsgspecCodec(Generic[S]):
     """msgspec JSON codec (``pip install "flowy-core[msgspec]"``): Structs, dataclasses,
-    typed decode. Decoding validates against ``state_type``."""
+    typed decode.
+
+    Args:
+        state_type: the type decoding validates against and builds (``Any``: plain
+            JSON values).
+
+    Raises:
+        ImportError: msgspec is not installed.
+    """
 
     name = "msgspec-json"
 
@@ -235,7 +248,8 @@ class MsgspecCodec(Generic[S]):
             raise TypeError(str(exc)) from exc
 
     def decode(self, data: bytes) -> S:
-        """Decode and validate against ``state_type``; ``ValueError`` if it does not match."""
+        """Decode ``data`` and validate it against ``state_type``; ``ValueError`` if it does
+        not match."""
         try:
             return cast(S, self._decoder.decode(data))
         except (self._msgspec.DecodeError, self._msgspec.ValidationError) as exc:

@@ -64,8 +64,15 @@ def register_backend(scheme: str, opener: Opener) -> None:
 
     Installed adapters register through the ``flowy.backends`` entry-point group
     instead; this is for a store that lives in an application or a test suite.
-    ``opener`` is ``async def open_backend(url: StoreURL, *, codec) -> BaseBackend``
-    returning an unopened backend.
+
+    Args:
+        scheme: the URL scheme: lowercase letters, digits and ``+``. Registering it
+            again replaces the earlier opener.
+        opener: ``async def open_backend(url: StoreURL, *, codec) -> BaseBackend``,
+            returning an unopened backend.
+
+    Raises:
+        ValueError: a malformed scheme, or one of flowy's own (``memory``, ``sqlite``).
     """
     if not scheme or not scheme.replace("+", "").isalnum() or scheme != scheme.lower():
         raise ValueError(f"a scheme is lowercase letters, digits and '+', got {scheme!r}")
@@ -116,7 +123,12 @@ async def _open(url: str, codec: StateCodec[Any] | None) -> Backend[Any]:
 
 class Connecting:
     """What :func:`connect` returns: await it for the backend, or use it as
-    ``async with`` to close the backend on exit."""
+    ``async with`` to close the backend on exit.
+
+    Args:
+        url: the store URL (see :func:`connect`).
+        codec: the state codec the backend is opened with.
+    """
 
     def __init__(self, url: str, codec: StateCodec[Any] | None) -> None:
         self._url = url

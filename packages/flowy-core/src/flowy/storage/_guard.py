@@ -38,6 +38,7 @@ class LeaseGuardCheckpointer(Generic[S]):
         return isinstance(self.inner, TransactionalCheckpointer)
 
     def fences(self, leases: LeaseManager) -> bool:
+        """True if ``leases`` is the lease manager this guard checks."""
         return leases is self.leases
 
     async def _check(self, thread_id: str, lease: Lease | None) -> None:
@@ -61,6 +62,15 @@ class LeaseGuardCheckpointer(Generic[S]):
     async def save(
         self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None
     ) -> int:
+        """Check the lease, then save ``snapshot`` in the inner checkpointer.
+
+        Args:
+            expected_revision: the head revision the save requires (0: a new thread).
+            snapshot: the snapshot to store at ``expected_revision + 1``.
+            lease: the caller's lease; the save goes ahead only while it is the
+                thread's live lease (else ``LeaseLostError``). Without one, a live lease
+                on the thread refuses the save (``ThreadLeaseBusyError``).
+        """
         await self._check(snapshot.thread_id, lease)
         return await self.inner.save(expected_revision, snapshot)
 
@@ -72,6 +82,18 @@ class LeaseGuardCheckpointer(Generic[S]):
         *,
         lease: Lease | None = None,
     ) -> int:
+        """Check the lease, then the inner ``save_with_outbox``.
+
+        Args:
+            expected_revision: the head revision the save requires (0: a new thread).
+            snapshot: the snapshot to store at ``expected_revision + 1``.
+            enqueue: ``await enqueue(tx, new_revision)``, called inside the inner
+                checkpointer's transaction.
+            lease: checked as by :meth:`save`.
+
+        Raises:
+            TypeError: the inner checkpointer is not transactional.
+        """
         inner = self.inner
         if not isinstance(inner, TransactionalCheckpointer):
             raise TypeError(
@@ -83,18 +105,24 @@ class LeaseGuardCheckpointer(Generic[S]):
         return await tx_inner.save_with_outbox(expected_revision, snapshot, enqueue)
 
     async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
+        """The head of ``thread_id`` and its revision, from the inner checkpointer."""
         return await self.inner.load(thread_id)
 
     async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
+        """Up to ``limit`` stored snapshots of ``thread_id``, newest first."""
         return await self.inner.get_history(thread_id, limit)
 
     async def prune(self, thread_id: str, retain: int) -> None:
+        """Keep only the newest ``retain`` history entries of ``thread_id``."""
         await self.inner.prune(thread_id, retain)
 
     async def delete(self, thread_id: str) -> None:
+        """Delete the head and history of ``thread_id`` (not checked against leases)."""
         await self.inner.delete(thread_id)
 
     async def delete_if_idle(self, thread_id: str) -> None:
+        """Delete ``thread_id`` unless the lease manager has a live lease on it
+        (``ThreadLeaseBusyError``)."""
         live = await self.leases.holder(thread_id)
         if live is not None:
             raise ThreadLeaseBusyError(
@@ -109,6 +137,8 @@ class LeaseGuardCheckpointer(Generic[S]):
         limit: int = 100,
         after: str | None = None,
     ) -> list[ThreadSummary]:
+        """Up to ``limit`` thread heads ordered by thread id, past ``after`` if given,
+        only those in ``handoff_statuses`` if given (the inner checkpointer's)."""
         return await self.inner.list_threads(
             handoff_statuses=handoff_statuses, limit=limit, after=after
         )

@@ -92,7 +92,7 @@ def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int, what: st
 
 
 def encode_intent(intent: HandoffIntent) -> bytes:
-    """Encode an intent as JSON bytes (the outbox wire format of every store)."""
+    """Encode ``intent`` as JSON bytes (the outbox wire format of every store)."""
     body: dict[str, object] = {
         "v": 1,
         "thread_id": intent.thread_id,
@@ -125,7 +125,7 @@ def _str(raw: dict[str, Any], name: str) -> str:
 
 
 def decode_intent(data: bytes | str) -> HandoffIntent:
-    """Decode bytes made by :func:`encode_intent`.
+    """Decode ``data`` made by :func:`encode_intent`.
 
     Raises ``ValueError`` for anything else: not JSON, another format version, a
     missing or mistyped field, a payload over ``MAX_INTENT_BYTES`` or nested deeper than

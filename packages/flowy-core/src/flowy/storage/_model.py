@@ -77,6 +77,11 @@ def next_fencing_token(previous: int | None, now: float) -> int:
     or deleted thread without tokens ever going back: a later lease is taken later, so
     its floor is above every token issued before (as long as the store's clock does not
     step back by more than the time a lease record is kept after it expired).
+
+    Args:
+        previous: the thread's last fencing token, or ``None`` when it has no lease
+            record.
+        now: the store's clock, in seconds since the epoch.
     """
     return max((previous or 0) + 1, int(now * 1_000_000))
 
@@ -98,20 +103,33 @@ class Snapshot(Generic[S]):
     """
 
     thread_id: str
+    """The thread the snapshot belongs to."""
     state: S
+    """The application's state at this point."""
     execution_pointer: str
+    """The node a run resumed from here continues at."""
     status: RunStatus = RunStatus.RUNNING
+    """Where the run stands."""
     reason: str = ""
+    """Why the run stopped here (empty between steps)."""
     revision: int = 0
     step_count: int = 0
     segment: int = 0
+    """The segment that saved it: 0 for the start, one more for each resume."""
     total_steps: int = 0
     budget_counts: Mapping[str, int] = field(default_factory=lambda: {})
     metadata: Mapping[str, JSON] = field(default_factory=lambda: {})
+    """The run's metadata."""
     handoff_status: HandoffStatus = HandoffStatus.NONE
+    """The state of its hand-off outbox message."""
     handoff_pending_at: float | None = None
+    """When the hand-off began, in seconds since the epoch (``None`` without one); a
+    pending hand-off's staleness counts from here."""
     updated_at: float = 0.0
+    """When it was saved, in seconds since the epoch (the runner's clock)."""
     write_id: str = ""
+    """A random id of this write, which resolves a save of unknown outcome
+    (``durable_save``)."""
     effects: Sequence[JSON] = ()
     retry_counts: Mapping[str, int] = field(default_factory=lambda: {})
 
@@ -130,13 +148,21 @@ class ThreadSummary:
     """One row of ``Checkpointer.list_threads``: the head of a thread without its state."""
 
     thread_id: str
+    """The thread."""
     revision: int
+    """The head's revision."""
     execution_pointer: str
+    """The node the head resumes at."""
     status: RunStatus
+    """The head's run status."""
     reason: str
+    """The head's reason."""
     handoff_status: HandoffStatus
+    """The head's hand-off status."""
     handoff_pending_at: float | None
+    """When the head's hand-off began, in seconds since the epoch (``None`` without one)."""
     updated_at: float
+    """When the head was saved, in seconds since the epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +175,9 @@ class Lease:
     """
 
     thread_id: str
+    """The thread leased (a system lease's key starts with ``SYSTEM_LEASE_PREFIX``)."""
     owner: str
+    """Who holds it (compared exactly)."""
     fencing_token: int
     expires_at: float
 
@@ -171,15 +199,22 @@ class HandoffIntent:
     """
 
     thread_id: str
+    """The thread handed off."""
     pending_snapshot_revision: int
     committed_snapshot_revision: int
     snapshot_revision: int
     resume_token: ResumeToken
     handoff_status: HandoffStatus
+    """The snapshot's hand-off status when the intent was made (``ENQUEUED``)."""
     reason: str
+    """The hand-off's reason."""
     execution_pointer: str
+    """The node the worker resumes the run at."""
     created_at: float = 0.0
+    """When the intent was made, in seconds since the epoch (0: when it is encoded)."""
     trace: Mapping[str, str] = field(default_factory=lambda: {})
+    """String entries carried with the message unchanged (tracing context, say); flowy
+    sets none itself."""
 
     @property
     def intent_id(self) -> str:
@@ -196,7 +231,9 @@ class OutboxMessage:
     """
 
     message_id: str
+    """The store's id of the message."""
     intent: HandoffIntent
+    """The hand-off to resume."""
     attempts: int
     last_error: str = ""
 
@@ -210,8 +247,10 @@ class DeadLetter:
     """
 
     message_id: str
+    """The store's id of the message (what ``retry_dead_letter`` takes)."""
     intent: HandoffIntent | None
     attempts: int
+    """How many deliveries it had."""
     error: str
     payload: bytes = b""
 

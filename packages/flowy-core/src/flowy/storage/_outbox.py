@@ -34,7 +34,9 @@ class RawMessage:
     """
 
     message_id: str
+    """The store's id of the message."""
     payload: bytes
+    """The stored intent bytes."""
     attempts: int
     error: str = ""
 
@@ -126,7 +128,8 @@ class BaseConsumer(abc.ABC):
     async def claim(
         self, limit: int, visibility_timeout: float, wait: float = 0.0
     ) -> list[OutboxMessage]:
-        """Claim up to ``limit`` messages (``OutboxConsumer.claim``)."""
+        """Claim up to ``limit`` messages, hidden for ``visibility_timeout`` seconds,
+        waiting up to ``wait`` seconds for one (``OutboxConsumer.claim``)."""
         check_count(limit, "limit")
         hide = check_seconds(visibility_timeout, "visibility_timeout")
         wait = check_seconds(wait, "wait", allow_zero=True)
@@ -166,11 +169,11 @@ class BaseConsumer(abc.ABC):
         return OutboxMessage(raw.message_id, intent, raw.attempts, raw.error)
 
     async def ack(self, message: OutboxMessage) -> None:
-        """Remove this delivered message for good."""
+        """Remove the delivered ``message`` for good."""
         await self._ack(self._message_id(message))
 
     async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
-        """Give the message back for another delivery after ``delay`` seconds, recording
+        """Give ``message`` back for another delivery after ``delay`` seconds, recording
         ``error``; dead-letter it once it was delivered ``max_attempts`` times."""
         message_id = self._message_id(message)
         if not isinstance(error, str):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -184,7 +187,8 @@ class BaseConsumer(abc.ABC):
         )
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """Dead-lettered messages, oldest first, undecodable ones included."""
+        """Up to ``limit`` dead-lettered messages, oldest first, undecodable ones
+        included."""
         if check_count(limit, "limit") == 0:
             return []
         out: list[DeadLetter] = []
@@ -197,8 +201,8 @@ class BaseConsumer(abc.ABC):
         return out
 
     async def retry_dead_letter(self, message_id: str) -> None:
-        """Move a dead letter back to the outbox with its attempts reset; ``KeyError`` if
-        there is none with that id."""
+        """Move the dead letter ``message_id`` back to the outbox with its attempts reset;
+        ``KeyError`` if there is none with that id."""
         if not isinstance(message_id, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"message_id must be a str, got {type(message_id).__name__}")
         if not message_id or not await self._retry_dead_letter(message_id):

@@ -70,7 +70,8 @@ class Checkpointer(Protocol[S]):
         ...
 
     async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
-        """Return the head snapshot and its revision; ``ThreadNotFoundError`` if none.
+        """Return the head snapshot of ``thread_id`` and its revision;
+        ``ThreadNotFoundError`` if none.
 
         A stored record that is corrupt or does not match its storage address raises
         ``SnapshotEnvelopeInvalidError``. O(1) in the history length.
@@ -78,22 +79,23 @@ class Checkpointer(Protocol[S]):
         ...
 
     async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
-        """Return up to ``limit`` stored snapshots, newest first (empty if none)."""
+        """Return up to ``limit`` stored snapshots of ``thread_id``, newest first (empty
+        if none)."""
         ...
 
     async def prune(self, thread_id: str, retain: int) -> None:
-        """Delete all but the newest ``retain`` history entries of this thread only (the
+        """Delete all but the newest ``retain`` history entries of ``thread_id`` only (the
         head always stays)."""
         ...
 
     async def delete(self, thread_id: str) -> None:
-        """Delete the thread's head and history. Deleting a missing thread is not an error.
-        Fencing tokens of the thread never go back, deleted or not."""
+        """Delete the head and history of ``thread_id``. Deleting a missing thread is not an
+        error. Fencing tokens of the thread never go back, deleted or not."""
         ...
 
     async def delete_if_idle(self, thread_id: str) -> None:
-        """Like ``delete`` but raise ``ThreadLeaseBusyError`` while a live lease holds it
-        (an expired lease does not)."""
+        """Like ``delete`` but raise ``ThreadLeaseBusyError`` while a live lease holds
+        ``thread_id`` (an expired lease does not)."""
         ...
 
     async def list_threads(
@@ -103,7 +105,7 @@ class Checkpointer(Protocol[S]):
         limit: int = 100,
         after: str | None = None,
     ) -> list[ThreadSummary]:
-        """List thread heads ordered by thread id, optionally only those in
+        """List up to ``limit`` thread heads ordered by thread id, optionally only those in
         ``handoff_statuses``; ``after`` continues a listing past that thread id."""
         ...
 
@@ -120,7 +122,8 @@ class TransactionalCheckpointer(Checkpointer[S], Protocol[S]):
         *,
         lease: Lease | None = None,
     ) -> int:
-        """Save like ``save`` and call ``await enqueue(tx, new_revision)`` in the same
+        """Save ``snapshot`` like ``save`` (``expected_revision`` and ``lease`` as there)
+        and call ``enqueue`` as ``await enqueue(tx, new_revision)`` in the same
         transaction; if either fails nothing is committed. ``tx`` is the store's explicit
         transaction handle, passed to ``TransactionalHandoffOutbox.enqueue_intent_tx``.
         """
@@ -132,7 +135,7 @@ class LeaseManager(Protocol):
     """Exclusive, expiring, fenced run leases on threads."""
 
     async def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease:
-        """Take the thread for ``ttl`` seconds.
+        """Take ``thread_id`` for ``owner`` for ``ttl`` seconds.
 
         While a live lease exists every acquire fails with ``ThreadLeaseBusyError``, even
         by the same owner. An expired lease may be taken over. Each acquisition gets a
@@ -142,15 +145,16 @@ class LeaseManager(Protocol):
         ...
 
     async def renew(self, lease: Lease, ttl: float) -> Lease:
-        """Extend a live lease to now + ``ttl``; ``LeaseLostError`` if it is not current."""
+        """Extend the live ``lease`` to now + ``ttl``; ``LeaseLostError`` if it is not
+        current."""
         ...
 
     async def release(self, lease: Lease) -> None:
-        """Give the lease up; ``LeaseLostError`` if it expired or was taken over."""
+        """Give ``lease`` up; ``LeaseLostError`` if it expired or was taken over."""
         ...
 
     async def holder(self, thread_id: str) -> Lease | None:
-        """The live lease on the thread, or ``None``. Never changes anything."""
+        """The live lease on ``thread_id``, or ``None``. Never changes anything."""
         ...
 
 
@@ -193,22 +197,22 @@ class OutboxConsumer(Protocol):
         ...
 
     async def ack(self, message: OutboxMessage) -> None:
-        """Remove this delivered message for good (and no other)."""
+        """Remove the delivered ``message`` for good (and no other)."""
         ...
 
     async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
-        """Give a claimed message back for another delivery after ``delay`` seconds,
+        """Give the claimed ``message`` back for another delivery after ``delay`` seconds,
         recording ``error``; after ``max_attempts`` deliveries it moves to the dead
         letters instead."""
         ...
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """List dead-lettered messages, undecodable ones included."""
+        """List up to ``limit`` dead-lettered messages, undecodable ones included."""
         ...
 
     async def retry_dead_letter(self, message_id: str) -> None:
-        """Move a dead-lettered message back to the outbox with its attempts reset;
-        ``KeyError`` if there is no dead letter with that id."""
+        """Move the dead-lettered message ``message_id`` back to the outbox with its
+        attempts reset; ``KeyError`` if there is no dead letter with that id."""
         ...
 
 

@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+"""The envelope format this code writes and reads (a record's fifth byte)."""
 _JSON_CODECS = frozenset({"json", "msgspec-json"})
 MAX_HEADER_BYTES = 1024 * 1024
 """The largest record header decoded (thread id, pointer, metadata, effects)."""
@@ -61,24 +62,43 @@ class Record:
     """A snapshot as stored: header fields plus the codec-encoded state bytes."""
 
     thread_id: str
+    """The thread the record belongs to."""
     revision: int
+    """The revision it is stored at (>= 1)."""
     execution_pointer: str
+    """The node a run resumed from it continues at."""
     status: RunStatus
+    """The run's status."""
     codec: str
+    """The ``name`` of the codec that encoded ``state``; it must decode it too."""
     state: bytes
+    """The state, encoded by that codec."""
     reason: str = ""
+    """The run's reason."""
     step_count: int = 0
+    """Steps of the segment that saved it."""
     segment: int = 0
+    """The segment that saved it: 0 for the start, one more for each resume."""
     total_steps: int = 0
+    """Steps of every segment of the thread."""
     budget_counts: Mapping[str, int] = field(default_factory=lambda: {})
+    """Budget used by the thread, by name."""
     metadata: Mapping[str, JSON] = field(default_factory=lambda: {})
+    """The run's metadata."""
     handoff_status: HandoffStatus = HandoffStatus.NONE
+    """The state of its hand-off outbox message."""
     handoff_pending_at: float | None = None
+    """When its hand-off began, in seconds since the epoch (``None`` without one)."""
     updated_at: float = 0.0
+    """When it was saved, in seconds since the epoch."""
     write_id: str = ""
+    """The random id of the write that stored it."""
     effects: tuple[JSON, ...] = ()
+    """The effects the segment emitted up to this point."""
     retry_counts: Mapping[str, int] = field(default_factory=lambda: {})
+    """The ``retry()`` attempts each node has used."""
     format_version: int = FORMAT_VERSION
+    """The envelope format (``FORMAT_VERSION``)."""
 
     @classmethod
     def from_snapshot(
@@ -166,12 +186,18 @@ class DecodeRecordOptions:
     """The address a record is expected to have (from storage columns); ``None`` = any."""
 
     thread_id: str | None = None
+    """The thread the record must name."""
     revision: int | None = None
+    """The revision the record must name."""
     execution_pointer: str | None = None
+    """The execution pointer the record must name."""
 
 
 def encode_record(record: Record) -> bytes:
-    """Encode a record into envelope bytes."""
+    """Encode ``record`` into envelope bytes.
+
+    Raises ``TypeError`` if its metadata or effects are not JSON-encodable.
+    """
     fields: dict[str, object] = {
         "thread_id": record.thread_id,
         "revision": record.revision,
@@ -229,7 +255,7 @@ def _field(header: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
 def decode_record(
     data: bytes | bytearray | memoryview, options: DecodeRecordOptions | None = None
 ) -> Record:
-    """Validate and decode envelope bytes.
+    """Validate and decode the envelope bytes ``data``.
 
     Raises ``SnapshotEnvelopeInvalidError`` for an unknown format version, a truncated or
     corrupted envelope (digest mismatch), an invalid header (empty thread id or pointer,
@@ -326,7 +352,17 @@ def decode_record(
 def encode_snapshot(
     snapshot: Snapshot[S], revision: int, codec: StateCodec[S] | None = None
 ) -> bytes:
-    """Shortcut for adapters: ``encode_record(Record.from_snapshot(...))``."""
+    """Shortcut for adapters: ``encode_record(Record.from_snapshot(...))``.
+
+    Args:
+        snapshot: the snapshot to store.
+        revision: the revision it is stored at (its ``revision`` field is ignored).
+        codec: encodes the state (``JSONCodec()`` when ``None``).
+
+    Raises:
+        TypeError: the state, metadata or effects cannot be encoded.
+        ValueError: a JSON state is nested more than ``MAX_STATE_DEPTH`` levels deep.
+    """
     return encode_record(Record.from_snapshot(snapshot, revision, codec))
 
 
@@ -338,6 +374,19 @@ def decode_snapshot(
     revision: int | None = None,
     execution_pointer: str | None = None,
 ) -> Snapshot[S]:
-    """Shortcut for adapters: validate the envelope against its address and decode state."""
+    """Shortcut for adapters: validate the envelope against its address and decode state.
+
+    Args:
+        data: the stored envelope bytes.
+        codec: decodes the state (``JSONCodec()`` when ``None``); it must be the codec
+            that wrote the record.
+        thread_id: the thread the storage address names (``None``: not checked).
+        revision: the revision the storage address names (``None``: not checked).
+        execution_pointer: the pointer the storage columns hold (``None``: not checked).
+
+    Raises:
+        SnapshotEnvelopeInvalidError: the bytes are not a valid record, do not match the
+            address, or the state does not decode with ``codec``.
+    """
     record = decode_record(data, DecodeRecordOptions(thread_id, revision, execution_pointer))
     return record.to_snapshot(codec)

@@ -27,7 +27,15 @@ async def confirm_save(
     """Return the revision ``snapshot`` landed at, or ``None`` if it did not land.
 
     Call after a save of ``snapshot`` (with a non-empty ``write_id``) failed with an
-    unknown outcome. Raises ``StorageUnavailableError`` if the backend is still down.
+    unknown outcome.
+
+    Args:
+        checkpointer: the store the save went to.
+        expected_revision: the ``expected_revision`` the save was made with.
+        snapshot: the snapshot saved (its ``write_id`` identifies the write).
+
+    Raises:
+        StorageUnavailableError: the backend is still unreachable.
     """
     try:
         head, revision = await checkpointer.load(snapshot.thread_id)
@@ -53,6 +61,22 @@ async def durable_save(
     revision is returned; if the head is still ``expected_revision`` the save is retried
     (up to ``attempts`` times); otherwise the next save attempt raises the backend's
     ``ConcurrencyConflictError``. Other errors propagate unchanged.
+
+    Args:
+        checkpointer: the store to save to.
+        expected_revision: the thread's head revision the save requires (0: a new
+            thread).
+        snapshot: the snapshot to save; one without a ``write_id`` gets a fresh one.
+        lease: the run lease the save is fenced by (``Checkpointer.save``).
+        attempts: save attempts in all (at least one).
+        backoff: seconds before the second attempt; it doubles for each later one.
+
+    Returns:
+        The revision the snapshot is stored at.
+
+    Raises:
+        StorageUnavailableError: the last attempt failed too and the write is not
+            stored.
     """
     if not snapshot.write_id:
         snapshot = replace(snapshot, write_id=new_write_id())

@@ -30,7 +30,8 @@ def flip(data: bytes) -> bytes:
 
 
 async def corrupt_head(backend: Backend[Any], thread_id: str) -> None:
-    """Flip one byte of the thread's head record (memory and SQLite stores)."""
+    """Flip one byte of the head record of ``thread_id`` in ``backend`` (a memory or
+    SQLite store; ``TypeError`` for another, ``ThreadNotFoundError`` without a head)."""
     if isinstance(backend, MemoryBackend):
         thread = backend.store.threads.get(thread_id)
         if thread is None or thread.head == 0:
