@@ -21,6 +21,7 @@ from ._store import SQLiteCheckpointer, SQLiteConsumer, SQLiteLeaseManager, SQLi
 
 __all__ = [
     "APPLICATION_ID",
+    "OPTIONS",
     "SCHEMA_VERSION",
     "SQLiteBackend",
     "SQLiteCheckpointer",
@@ -96,11 +97,13 @@ OPTIONS = {
     "synchronous": "FULL (default) or NORMAL",
     "poll_interval": "seconds between outbox polls while a consumer waits (default 0.05)",
 }
+"""The query options of a ``sqlite:`` URL, each with its one-line description."""
 
 
 def path_of(url: StoreURL) -> str:
-    """The file a ``sqlite:`` URL names: ``sqlite:///relative.db``, ``sqlite:////abs.db``,
-    or ``sqlite:///:memory:``."""
+    """The file the ``sqlite:`` URL ``url`` names: ``sqlite:///relative.db``,
+    ``sqlite:////abs.db``, or ``sqlite:///:memory:``; ``BackendURLError`` if it names a
+    host or no file."""
     if url.netloc not in ("", "localhost"):
         raise BackendURLError(
             f"{url.redacted!r}: a SQLite URL names a local file, sqlite:///path/to/file.db "
@@ -114,7 +117,9 @@ def path_of(url: StoreURL) -> str:
 
 
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> SQLiteBackend[Any]:
-    """The opener of ``sqlite:`` URLs (``flowy.connect``)."""
+    """The opener of ``sqlite:`` URLs (``flowy.connect``): an unopened backend on the file
+    ``url`` names, with its options (:data:`OPTIONS`) applied; ``codec`` encodes states
+    (JSON when None)."""
     url.check_options(OPTIONS)
     synchronous = url.options.get("synchronous", "FULL").upper()
     if synchronous not in ("FULL", "NORMAL"):
