@@ -183,6 +183,20 @@ async def namespace(redis_target: RedisTarget) -> AsyncIterator[str]:
         yield name
 
 
+@pytest.fixture
+async def standalone_namespace(standalone: RedisTarget) -> AsyncIterator[str]:
+    """``namespace`` on the standalone server only."""
+    async for name in _namespace(standalone):
+        yield name
+
+
+@pytest.fixture
+async def cluster_namespace(cluster_url: str) -> AsyncIterator[str]:
+    """``namespace`` on the cluster only."""
+    async for name in _namespace(RedisTarget(cluster_url, True)):
+        yield name
+
+
 async def _namespace(target: RedisTarget) -> AsyncIterator[str]:
     name = new_namespace()
     try:

@@ -55,7 +55,7 @@ STATUS_DIGITS: dict[HandoffStatus, bytes] = {
 """The first byte of a thread's index member, by hand-off status."""
 
 _CACHE_SIZE = 4096
-_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+_ENTRY_ID = re.compile(r"(0|[1-9][0-9]{0,19})-(0|[1-9][0-9]{0,19})")  # canonical only
 _SHARD = re.compile(r"0|[1-9][0-9]{0,4}")
 
 

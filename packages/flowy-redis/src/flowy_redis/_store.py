@@ -212,9 +212,11 @@ class Store:
         digits = list(STATUS_DIGITS.values())
         for shard in self.layout.all_shards():
             ix = shard.threads[: -len(b"threads")] + b"ix"
-            rows = await self.execute("reading a layout 1 index", "ZRANGE", ix, 0, -1, "WITHSCORES")
+            rows = await self.execute(
+                "reading a layout 1 index", "ZRANGE", ix, 0, -1, "WITHSCORES", withscores=True
+            )
             args: list[Arg] = []
-            for member, score in zip(rows[::2], rows[1::2], strict=True):
+            for member, score in rows:
                 position, expiry = divmod(int(float(score)), 2**48)
                 args += [digits[position] + base64.urlsafe_b64decode(member), expiry]
             await self.run(
