@@ -99,7 +99,10 @@ class RedisBackend(BaseBackend[S], Generic[S]):
                 f"finished threads; got {completed_ttl!r}"
             )
         self.store = Store(client, KeyLayout(namespace, shards), owns_client=owns_client)
-        self.url = url or _url_of(client, namespace, shards)
+        settings = {"namespace": namespace, "shards": shards, "completed_ttl": completed_ttl,
+            "max_record_bytes": max_record_bytes, "group": group, "max_attempts": max_attempts,
+            "poll_interval": poll_interval}  # fmt: skip
+        self.url = url or _url_of(client, {k: v for k, v in settings.items() if v is not None})
         self.checkpointer: RedisCheckpointer[S] = RedisCheckpointer(
             self.store,
             codec=codec,
@@ -146,7 +149,8 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         return await purge_namespace(self.client, self.namespace)
 
 
-def _url_of(client: RedisClient, namespace: str, shards: int) -> str:
+def _url_of(client: RedisClient, options: dict[str, object]) -> str:
+    """A URL reaching the store of ``client`` with ``options`` (for peers and reprs)."""
     if isinstance(client, RedisCluster):
         node = next(iter(client.nodes_manager.startup_nodes.values()))
         scheme, kwargs = "redis+cluster", dict(client.nodes_manager.connection_kwargs)
@@ -162,8 +166,7 @@ def _url_of(client: RedisClient, namespace: str, shards: int) -> str:
     if password:
         quoted = urllib.parse.quote(str(password), safe="")
         where = f"{urllib.parse.quote(str(user or ''), safe='')}:{quoted}@{where}"
-    query = urllib.parse.urlencode({"namespace": namespace, "shards": shards})
-    return f"{scheme}://{where}{path}?{query}"
+    return f"{scheme}://{where}{path}?{urllib.parse.urlencode(options)}"
 
 
 def _completed_ttl(text: str) -> float:

@@ -20,7 +20,7 @@ from flowy.storage import (
 )
 
 from ._keys import STATUS_DIGITS
-from ._scripts import DELETE, HEADS, HISTORY, LIST, LOAD, PRUNE, save_script
+from ._scripts import DELETE, HEADS, HISTORY, LIST, PRUNE, save_script
 from ._store import Store
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "RedisCheckpointer", "lease_of"]
@@ -108,17 +108,16 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
         keys = self.store.layout.thread(thread_id)
         reply: list[Any] = await self.store.run(
-            LOAD, [keys.head, keys.hist], [], lambda: f"loading thread {show_id(thread_id)}"
+            HISTORY, [keys.head, keys.hist], [1], lambda: f"loading thread {show_id(thread_id)}"
         )
-        if not reply:
+        if reply[0] == 0:
             return None
-        revision, record = int(reply[0]), reply[1]
-        if record is None:
+        if reply[1] is None:
             raise SnapshotEnvelopeInvalidError(
-                f"the head of thread {show_id(thread_id)} names revision {revision}, which has "
+                f"the head of thread {show_id(thread_id)} names revision {reply[0]}, which has "
                 "no history entry; the keys were changed by something other than flowy"
             )
-        return revision, record
+        return reply[0], reply[1]
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
         keys = self.store.layout.thread(thread_id)

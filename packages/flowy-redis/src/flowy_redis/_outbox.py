@@ -14,7 +14,7 @@ import socket
 import uuid
 from typing import Any
 
-from flowy.storage import BaseConsumer, BaseOutbox, HandoffIntent, OutboxRow, RawMessage, show_id
+from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, RawMessage, show_id
 
 from ._keys import ShardKeys
 from ._scripts import ACK, APPEND, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD
@@ -43,24 +43,6 @@ class RedisOutbox(BaseOutbox):
             [f"{row.committed_revision}:{thread_id}", row.payload],
             lambda: f"enqueuing the hand-off of thread {show_id(thread_id)}",
         )
-
-    async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
-        """Enqueue ``intent`` in the ``save_with_outbox`` transaction ``tx``: the save
-        script appends it atomically with the snapshot, so it must be of a thread of the
-        saved thread's shard (normally the saved thread itself); ``ValueError`` if not."""
-        saved = getattr(tx, "thread_id", None)
-        layout = self.store.layout
-        if (
-            isinstance(saved, str)
-            and isinstance(intent, HandoffIntent)  # pyright: ignore[reportUnnecessaryIsInstance]
-            and layout.shard_of(intent.thread_id) != layout.shard_of(saved)
-        ):
-            raise ValueError(
-                f"the intent names thread {show_id(intent.thread_id)}, whose outbox shard "
-                f"differs from that of the saved thread {show_id(saved)}: one save script "
-                "can only append to its own shard. Enqueue intents of the saved thread."
-            )
-        await super().enqueue_intent_tx(tx, intent)
 
 
 class RedisConsumer(BaseConsumer):

@@ -35,8 +35,6 @@ __all__ = [
     "HOLDER",
     "LAYOUT",
     "LIST",
-    "LOAD",
-    "MIGRATE_SHARD",
     "PRUNE",
     "RELEASE",
     "RELEASE_MESSAGE",
@@ -52,14 +50,17 @@ RELEASED_TTL_MS = 10_000
 
 @dataclass(frozen=True)
 class LuaScript:
-    """A script's source and its SHA-1 (the EVALSHA handle)."""
+    """A script's source and its SHA-1 (the EVALSHA handle); ``@CLOCK@`` and
+    ``@OUTBOX@`` in the source stand for the shared functions below."""
 
-    name: str
     source: str
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
+        source = self.source.replace("@CLOCK@", _CLOCK).replace("@OUTBOX@", _OUTBOX)
+        source = source.replace("@RELEASED@", str(RELEASED_TTL_MS))
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "sha", hashlib.sha1(source.encode("utf-8")).hexdigest())
 
 
 _CLOCK = """
@@ -213,22 +214,10 @@ return rev
 def save_script(ttl_ms: int) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
     (0: never)."""
-    return LuaScript("save", _CLOCK + _OUTBOX + _SAVE.replace("@TTL@", str(int(ttl_ms))))
+    return LuaScript("@CLOCK@@OUTBOX@" + _SAVE.replace("@TTL@", str(int(ttl_ms))))
 
 
-LOAD = LuaScript(
-    "load",
-    """
--- KEYS: head, hist.  Returns {revision, record} of the head, or {} if none.
-local rev = redis.call('HGET', KEYS[1], 'revision')
-if not rev then return {} end
-return {rev, redis.call('HGET', KEYS[2], rev)}
-""",
-)
-
-HISTORY = LuaScript(
-    "history",
-    """
+HISTORY = LuaScript("""
 -- KEYS: head, hist.  ARGV: limit.  Returns {head revision, record, ...} newest first
 -- (false for a missing entry), or {0} when the thread does not exist.
 local h = redis.call('HMGET', KEYS[1], 'revision', 'oldest')
@@ -246,12 +235,9 @@ while r >= lo do
   r = stop - 1
 end
 return out
-""",
-)
+""")
 
-PRUNE = LuaScript(
-    "prune",
-    """
+PRUNE = LuaScript("""
 -- KEYS: head, hist.  ARGV: keep, batch.  Deletes up to `batch` of the oldest entries
 -- beyond the newest `keep`; returns how many remain to delete.
 local h = redis.call('HMGET', KEYS[1], 'revision', 'oldest')
@@ -272,13 +258,9 @@ end
 if #fields > 0 then redis.call('HDEL', KEYS[2], unpack(fields)) end
 redis.call('HSET', KEYS[1], 'oldest', stop + 1)
 return cutoff - 1 - stop
-""",
-)
+""")
 
-DELETE = LuaScript(
-    "delete",
-    _CLOCK
-    + """
+DELETE = LuaScript("""@CLOCK@
 -- KEYS: head, hist, lease, threads, exp.  ARGV: if_idle, thread id.
 -- Returns {} once deleted, or {owner, token, exp} of the live lease that refused it.
 local now = now_us()
@@ -291,12 +273,9 @@ redis.call('ZREM', KEYS[5], id)
 -- A record is dropped only once the clock passed its token: the next is larger.
 if not live and (tonumber(l[2]) or 0) < now then redis.call('DEL', KEYS[3]) end
 return {}
-""",
-)
+""")
 
-LIST = LuaScript(
-    "list",
-    """
+LIST = LuaScript("""
 -- KEYS: threads sets.  ARGV: limit, after ('' for none), status digits...
 -- Returns the members (digit .. id) of each set and status past `after`, in order.
 local limit, after = tonumber(ARGV[1]), ARGV[2]
@@ -311,12 +290,9 @@ for i = 1, #KEYS do
   end
 end
 return out
-""",
-)
+""")
 
-HEADS = LuaScript(
-    "heads",
-    """
+HEADS = LuaScript("""
 -- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 7 columns
 -- per head, or false for a member whose head is gone or moved on (the member is then
 -- removed: an expired thread, or one saved since under another status).
@@ -334,39 +310,16 @@ for i = 2, #KEYS do
   end
 end
 return out
-""",
-)
+""")
 
-LAYOUT = LuaScript(
-    "layout",
-    """
+LAYOUT = LuaScript("""
 -- KEYS: meta.  ARGV: shards, layout version.  Records the layout once; returns it.
 redis.call('HSETNX', KEYS[1], 'shards', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'layout', ARGV[2])
 return redis.call('HMGET', KEYS[1], 'shards', 'layout')
-""",
-)
+""")
 
-MIGRATE_SHARD = LuaScript(
-    "migrate_shard",
-    """
--- KEYS: old ix, threads, exp.  ARGV: (member, expiry ms) per thread, the member being
--- status digit .. id; expiry 2^48 - 1 is never.  Layout 1 -> 2.
-for i = 1, #ARGV, 2 do
-  redis.call('ZADD', KEYS[2], 0, ARGV[i])
-  if tonumber(ARGV[i + 1]) < 281474976710655 then
-    redis.call('ZADD', KEYS[3], ARGV[i + 1], string.sub(ARGV[i], 2))
-  end
-end
-redis.call('DEL', KEYS[1])
-return 1
-""",
-)
-
-ACQUIRE = LuaScript(
-    "acquire",
-    _CLOCK
-    + """
+ACQUIRE = LuaScript("""@CLOCK@
 -- KEYS: lease.  ARGV: owner, ttl_us, nonce.  Returns {1, token, exp} or, when a live
 -- lease holds the thread, {0, owner, token, exp}.
 local now = now_us()
@@ -381,13 +334,9 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', fmt(token), 'exp', fmt(ex
   'anonce', ARGV[3])
 redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(exp, token) / 1000) + 1)
 return {1, fmt(token), fmt(exp)}
-""",
-)
+""")
 
-RENEW = LuaScript(
-    "renew",
-    _CLOCK
-    + """
+RENEW = LuaScript("""@CLOCK@
 -- KEYS: lease.  ARGV: owner, token, ttl_us.  Returns the new expiry, or false.
 local now = now_us()
 local l, live = live_lease(KEYS[1], now)
@@ -396,13 +345,9 @@ local exp = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'exp', fmt(exp))
 redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(exp, tonumber(l[2])) / 1000) + 1)
 return fmt(exp)
-""",
-)
+""")
 
-RELEASE = LuaScript(
-    "release",
-    _CLOCK
-    + """
+RELEASE = LuaScript("""@CLOCK@
 -- KEYS: lease.  ARGV: owner, token, nonce.  Returns 1 once released, else 0.  The
 -- record becomes a tombstone (token and nonce) that expires soon.
 local now = now_us()
@@ -413,34 +358,22 @@ redis.call('HSET', KEYS[1], 'exp', '0', 'rnonce', ARGV[3])
 redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(now / 1000 + @RELEASED@,
   tonumber(l[2]) / 1000)) + 1)
 return 1
-""".replace("@RELEASED@", str(RELEASED_TTL_MS)),
-)
+""")
 
-HOLDER = LuaScript(
-    "holder",
-    _CLOCK
-    + """
+HOLDER = LuaScript("""@CLOCK@
 -- KEYS: lease.  Returns {owner, token, exp} of the live lease, or {}.
 local l, live = live_lease(KEYS[1], now_us())
 if live then return {l[1], l[2], l[3]} end
 return {}
-""",
-)
+""")
 
-APPEND = LuaScript(
-    "append",
-    _OUTBOX
-    + """
+APPEND = LuaScript("""@OUTBOX@
 -- KEYS: 7 outbox keys of one shard.  ARGV: key, payload.
 append(outbox_keys(0), ARGV[1], ARGV[2])
 return 1
-""",
-)
+""")
 
-CLAIM = LuaScript(
-    "claim",
-    _OUTBOX
-    + """
+CLAIM = LuaScript("""@OUTBOX@
 -- KEYS: 7 per shard.  ARGV: group, consumer, limit, visibility_ms.
 -- Returns {{shard position, message id, payload, attempts, error}...}, and when nothing
 -- was claimed the last entry id of each shard (where a blocking wait starts).
@@ -491,13 +424,9 @@ for base = 0, #KEYS - 1, 7 do
   end
 end
 return {out, lasts}
-""",
-)
+""")
 
-ACK = LuaScript(
-    "ack",
-    _OUTBOX
-    + """
+ACK = LuaScript("""@OUTBOX@
 -- KEYS: 7 of one shard.  ARGV: group, message id.
 local k = outbox_keys(0)
 local mid = ARGV[2]
@@ -513,13 +442,9 @@ redis.call('ZREM', k.vis, id)
 redis.call('HDEL', k.errs, mid)
 redis.call('HDEL', k.alias, mid)
 return 1
-""",
-)
+""")
 
-RELEASE_MESSAGE = LuaScript(
-    "release_message",
-    _OUTBOX
-    + """
+RELEASE_MESSAGE = LuaScript("""@OUTBOX@
 -- KEYS: 7 of one shard.  ARGV: group, message id, error, delay_ms, dead ('1'/'0').
 -- Returns 0 when the message is not pending (acked or unknown): nothing to do.
 local k = outbox_keys(0)
@@ -538,13 +463,9 @@ else
 end
 redis.call('ZADD', k.vis, now_ms() + tonumber(ARGV[4]), id)
 return 1
-""",
-)
+""")
 
-DEAD_LIST = LuaScript(
-    "dead_list",
-    _OUTBOX
-    + """
+DEAD_LIST = LuaScript("""@OUTBOX@
 -- KEYS: 7 per shard.  ARGV: limit.  Returns {{shard position, dead entry id, message
 -- id, payload, attempts, error}...}, oldest first within each shard.
 local out = {}
@@ -557,17 +478,12 @@ for base = 0, #KEYS - 1, 7 do
   end
 end
 return out
-""",
-)
+""")
 
-RETRY_DEAD = LuaScript(
-    "retry_dead",
-    _OUTBOX
-    + """
+RETRY_DEAD = LuaScript("""@OUTBOX@
 -- KEYS: 7 of one shard.  ARGV: message id.  Returns 0 when it is not a dead letter.
 local k = outbox_keys(0)
 local did = redis.call('HGET', k.deadix, ARGV[1])
 if not did then return 0 end
 return revive(k, ARGV[1], did, false)
-""",
-)
+""")

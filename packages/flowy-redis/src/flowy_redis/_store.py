@@ -17,7 +17,7 @@ from redis.asyncio import Redis, RedisCluster
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
 
 from ._keys import STATUS_DIGITS, KeyLayout
-from ._scripts import LAYOUT, MIGRATE_SHARD, LuaScript
+from ._scripts import LAYOUT, LuaScript
 
 __all__ = ["LAYOUT_VERSION", "RedisClient", "Store", "purge_namespace"]
 
@@ -106,8 +106,6 @@ class Store:
             await self.check_layout()
         try:
             return await self._commands.execute_command(*args, **options)
-        except asyncio.CancelledError:
-            raise
         except _DRIVER_ERRORS as exc:
             raise translate(exc, action) from exc
 
@@ -129,8 +127,6 @@ class Store:
                 else:
                     await call("SCRIPT LOAD", script.source)
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
-        except asyncio.CancelledError:
-            raise
         except _DRIVER_ERRORS as exc:
             raise translate(exc, action) from exc
 
@@ -178,8 +174,6 @@ class Store:
             got = await self._commands.execute_command(
                 "EVAL", LAYOUT.source, 1, layout.meta, layout.shards, LAYOUT_VERSION
             )
-        except asyncio.CancelledError:
-            raise
         except _DRIVER_ERRORS as exc:
             raise translate(exc, f"checking the layout of namespace {layout.namespace!r}") from exc
         shards, version = int(got[0]), int(got[1])
@@ -209,19 +203,17 @@ class Store:
     async def _migrate_from_1(self) -> None:
         # Layout 1 indexed threads by base64 id in a score-ordered `ix` set (hand-off
         # status * 2**48 + expiry ms, 2**48 - 1 for never) and kept lease records forever.
-        digits = list(STATUS_DIGITS.values())
+        digits, what = list(STATUS_DIGITS.values()), "migrating the layout"
         for shard in self.layout.all_shards():
             ix = shard.threads[: -len(b"threads")] + b"ix"
-            rows = await self.execute(
-                "reading a layout 1 index", "ZRANGE", ix, 0, -1, "WITHSCORES", withscores=True
-            )
-            args: list[Arg] = []
+            rows = await self.execute(what, "ZRANGE", ix, 0, -1, "WITHSCORES", withscores=True)
             for member, score in rows:
                 position, expiry = divmod(int(float(score)), 2**48)
-                args += [digits[position] + base64.urlsafe_b64decode(member), expiry]
-            await self.run(
-                MIGRATE_SHARD, [ix, shard.threads, shard.exp], args, "migrating an index"
-            )
+                thread_id = base64.urlsafe_b64decode(member)
+                await self.execute(what, "ZADD", shard.threads, 0, digits[position] + thread_id)
+                if expiry < 2**48 - 1:
+                    await self.execute(what, "ZADD", shard.exp, expiry, thread_id)
+            await self.execute(what, "DEL", ix)
         async for key in self.scan(self.layout.pattern(b"lease:")):
             exp, token = await self.execute("reading a lease", "HMGET", key, "exp", "token")
             expires_ms = max(int(exp or 0), int(token or 0)) // 1000 + 1
