@@ -148,7 +148,6 @@ _SAVE = """
 --       then (key, payload) per outbox row.
 -- Returns the new revision, or {actual revision[, owner, token, exp of the live lease]}.
 local TTL = @TTL@
-local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
 local expected = tonumber(ARGV[1])
 local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status')
 local cur = tonumber(h[1]) or 0
@@ -177,12 +176,14 @@ local id = ARGV[12]
 redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
   'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
   'updated_at', ARGV[8])
-if cur == 0 then
-  redis.call('HSET', KEYS[1], 'oldest', rev)
-  redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
-  redis.call('ZADD', KEYS[4], 0, DIGIT[ARGV[6]] .. id)
-elseif h[2] ~= ARGV[6] then
-  redis.call('ZREM', KEYS[4], (DIGIT[h[2]] or '0') .. id)
+if cur == 0 or h[2] ~= ARGV[6] then
+  local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
+  if cur == 0 then
+    redis.call('HSET', KEYS[1], 'oldest', rev)
+    redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
+  else
+    redis.call('ZREM', KEYS[4], (DIGIT[h[2]] or '0') .. id)
+  end
   redis.call('ZADD', KEYS[4], 0, DIGIT[ARGV[6]] .. id)
 end
 redis.call('HSET', KEYS[2], rev, ARGV[2])
@@ -203,7 +204,8 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   redis.call('PERSIST', KEYS[2])
   redis.call('ZREM', KEYS[5], id)
 end
-if #ARGV > 12 then
+if #ARGV > 12 then  -- (the outbox functions are defined only when needed)
+@OUTBOX@
   local k = outbox_keys(5)
   for i = 13, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
 end
@@ -214,7 +216,7 @@ return rev
 def save_script(ttl_ms: int) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
     (0: never)."""
-    return LuaScript("@CLOCK@@OUTBOX@" + _SAVE.replace("@TTL@", str(int(ttl_ms))))
+    return LuaScript("@CLOCK@" + _SAVE.replace("@TTL@", str(int(ttl_ms))))
 
 
 HISTORY = LuaScript("""
