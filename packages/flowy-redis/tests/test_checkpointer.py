@@ -187,6 +187,10 @@ async def test_a_resent_save_is_not_a_conflict(make_backend: BackendFactory) -> 
     assert [s.revision for s in await cp.get_history(tid)] == [1]
     with pytest.raises(ConcurrencyConflictError):
         await cp.save(0, snap(tid))
+    anonymous = Snapshot(tid, {"n": 1}, "start")  # no write id: no resend detection
+    assert await cp.save(1, anonymous) == 2
+    with pytest.raises(ConcurrencyConflictError):
+        await cp.save(1, anonymous)
 
 
 async def test_list_threads_reads_columns_not_records(make_backend: BackendFactory) -> None:

@@ -76,7 +76,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             head.handoff_status.value,
             "" if pending_at is None else repr(pending_at),
             repr(head.updated_at),
-            "1",  # every snapshot carries a fresh write id: an identical record is a resend
+            # A snapshot with a write id is unique: the same record at the new revision is
+            # this save, resent. Without one (an empty id in the envelope) it may not be.
+            "0" if b'"write_id":""' in write.record else "1",
             "" if lease is None else lease.owner,
             "" if lease is None else str(lease.fencing_token),
             thread_id,
