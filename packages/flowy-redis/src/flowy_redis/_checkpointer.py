@@ -71,9 +71,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             write.expected_revision,
             write.record,
             head.execution_pointer,
-            head.status.value,
+            head.status,  # str enums: the driver sends their values
             head.reason,
-            head.handoff_status.value,
+            head.handoff_status,
             "" if pending_at is None else repr(pending_at),
             repr(head.updated_at),
             # A snapshot with a write id is unique: the same record at the new revision is

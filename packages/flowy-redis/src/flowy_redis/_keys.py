@@ -74,11 +74,6 @@ class ShardKeys:
         """The outbox stream."""
         return self.outbox[0]
 
-    @property
-    def dead(self) -> bytes:
-        """The dead-letter stream."""
-        return self.outbox[2]
-
 
 @dataclass(frozen=True, slots=True)
 class ThreadKeys:
