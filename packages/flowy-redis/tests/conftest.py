@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-# The tests import their shared helpers (redis_support.py) by plain module name; pytest
+# The tests import their shared code (redis_support.py) by plain module name; pytest
 # runs with --import-mode=importlib, which does not put test directories on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from redis_support import BackendFactory, RedisTarget, client_for, corrupt_head, new_namespace

@@ -1,4 +1,4 @@
-"""Helpers shared by the flowy-redis tests (the fixtures are in conftest.py)."""
+"""Code shared by the flowy-redis tests (the fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
