@@ -27,7 +27,7 @@ from typing import Any  # noqa: E402
 
 from redis.asyncio import Redis  # noqa: E402
 
-from flowy.checkpoint import (  # noqa: E402
+from flowy.storage import (  # noqa: E402
     HandoffIntent,
     HandoffStatus,
     ResumeToken,
@@ -35,7 +35,7 @@ from flowy.checkpoint import (  # noqa: E402
     encode_snapshot,
     new_write_id,
 )
-from flowy_redis import RedisBackend, RedisOutboxConsumer, purge_namespace  # noqa: E402
+from flowy_redis import RedisBackend, purge_namespace  # noqa: E402
 
 ROUNDS = 15
 SAVES_PER_ROUND = 300
@@ -88,7 +88,7 @@ async def _round(
 
 
 async def durable_vs_raw(url: str, namespace: str) -> None:
-    backend: RedisBackend[Any] = RedisBackend.from_url(url, namespace=namespace)
+    backend = _backend(url, namespace)
     raw: Any = Redis.from_url(url)  # pyright: ignore[reportUnknownMemberType]
     keys = (f"{namespace}:raw:rev".encode(), f"{namespace}:raw:doc".encode())
     try:
@@ -126,6 +126,11 @@ async def durable_vs_raw(url: str, namespace: str) -> None:
         await backend.aclose()
 
 
+def _backend(url: str, namespace: str, **options: Any) -> RedisBackend[Any]:
+    client = Redis.from_url(url)  # pyright: ignore[reportUnknownMemberType]
+    return RedisBackend(client, namespace=namespace, owns_client=True, **options)
+
+
 def _intent(thread_id: str) -> HandoffIntent:
     return HandoffIntent(
         thread_id, 1, 1, 1, ResumeToken(thread_id, 1), HandoffStatus.ENQUEUED, "bench", "worker"
@@ -133,11 +138,8 @@ def _intent(thread_id: str) -> HandoffIntent:
 
 
 async def outbox_throughput(url: str, namespace: str) -> None:
-    producer: RedisBackend[Any] = RedisBackend.from_url(url, namespace=namespace)
-    consumers = [
-        RedisOutboxConsumer.from_url(url, namespace=namespace, consumer=f"bench-{i}")
-        for i in range(CONSUMERS)
-    ]
+    producer = _backend(url, namespace)
+    consumers = [_backend(url, namespace, consumer=f"bench-{i}") for i in range(CONSUMERS)]
     try:
         began = time.perf_counter()
         sem = asyncio.Semaphore(32)
@@ -150,8 +152,9 @@ async def outbox_throughput(url: str, namespace: str) -> None:
         enqueue_s = time.perf_counter() - began
         delivered = 0
 
-        async def drain(consumer: RedisOutboxConsumer) -> None:
+        async def drain(backend: RedisBackend[Any]) -> None:
             nonlocal delivered
+            consumer = backend.consumer
             while batch := await consumer.claim(BATCH, 60, wait=0.2):
                 for message in batch:
                     await consumer.ack(message)

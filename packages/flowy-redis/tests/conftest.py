@@ -1,5 +1,7 @@
 """Fixtures of the flowy-redis tests: find (or start) a standalone Redis and a Redis
-Cluster, and give each test its own namespace, deleted afterwards.
+Cluster, and give each test its own namespace, deleted afterwards. The conformance suite
+(``flowy_url``, ``flowy_corrupt``) runs on both; the plugin ``flowy.testing.plugin`` is
+loaded by the root pytest configuration (``-p flowy.testing.plugin``).
 
 Standalone: ``FLOWY_REDIS_URL``; else a server on 127.0.0.1:6379; else a testcontainers
 Redis when Docker answers. Cluster: ``FLOWY_REDIS_CLUSTER_URL``; else three local
@@ -16,21 +18,20 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-# The tests import their shared helpers (redis_support.py) by plain module name; pytest
+# The tests import their shared code (redis_support.py) by plain module name; pytest
 # runs with --import-mode=importlib, which does not put test directories on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_support import BackendFactory, RedisTarget, corrupt_head, new_namespace
+from redis_support import BackendFactory, RedisTarget, client_for, corrupt_head, new_namespace
 
-from flowy.testing import BackendBundle
+from flowy.storage import Backend
 from flowy.testing.backends import backend_missing, docker_available, port_open
 from flowy_redis import RedisBackend, purge_namespace
-from flowy_redis._store import connect
 
 
 @pytest.fixture(scope="session")
@@ -176,6 +177,57 @@ def standalone(standalone_url: str) -> RedisTarget:
 
 
 @pytest.fixture
+async def namespace(redis_target: RedisTarget) -> AsyncIterator[str]:
+    """A namespace of the test's own, every key of it deleted afterwards."""
+    async for name in _namespace(redis_target):
+        yield name
+
+
+@pytest.fixture
+async def standalone_namespace(standalone: RedisTarget) -> AsyncIterator[str]:
+    """``namespace`` on the standalone server only."""
+    async for name in _namespace(standalone):
+        yield name
+
+
+@pytest.fixture
+async def cluster_namespace(cluster_url: str) -> AsyncIterator[str]:
+    """``namespace`` on the cluster only."""
+    async for name in _namespace(RedisTarget(cluster_url, True)):
+        yield name
+
+
+async def _namespace(target: RedisTarget) -> AsyncIterator[str]:
+    name = new_namespace()
+    try:
+        yield name
+    finally:
+        cleaner = client_for(target)
+        try:
+            await purge_namespace(cleaner, name)
+        finally:
+            await cleaner.aclose()
+
+
+@pytest.fixture
+def flowy_url(redis_target: RedisTarget, namespace: str) -> str:
+    """The conformance suite's store: a fresh namespace on standalone Redis, then on a
+    Redis Cluster."""
+    return redis_target.store_url(namespace=namespace, max_attempts=3)
+
+
+@pytest.fixture
+def flowy_corrupt() -> Callable[[Backend[Any], str], Awaitable[None]]:
+    """Flips a byte of a thread's head record (its history entry at the head revision)."""
+
+    async def corrupt(backend: Backend[Any], thread_id: str) -> None:
+        assert isinstance(backend, RedisBackend)
+        await corrupt_head(backend, thread_id)
+
+    return corrupt
+
+
+@pytest.fixture
 async def make_backend(redis_target: RedisTarget) -> AsyncIterator[BackendFactory]:
     """Build ``RedisBackend``s (own client each) on the test's namespace; every key of
     the namespace is deleted and every client closed afterwards."""
@@ -191,56 +243,19 @@ async def make_standalone_backend(standalone: RedisTarget) -> AsyncIterator[Back
 
 
 async def _factory(target: RedisTarget) -> AsyncIterator[BackendFactory]:
-    namespace = new_namespace()
     made: list[RedisBackend[Any]] = []
+    async for name in _namespace(target):
 
-    def factory(**options: Any) -> RedisBackend[Any]:
-        options.setdefault("namespace", namespace)
-        client_options = options.pop("client_options", {})
-        backend: RedisBackend[Any] = RedisBackend(
-            connect(target.url, cluster=target.cluster, **client_options), **options
-        )
-        backend.owns_client = True
-        made.append(backend)
-        return backend
+        def factory(namespace: str = name, **options: Any) -> RedisBackend[Any]:
+            client = client_for(target, **options.pop("client_options", {}))
+            backend: RedisBackend[Any] = RedisBackend(
+                client, namespace=namespace, owns_client=True, **options
+            )
+            made.append(backend)
+            return backend
 
-    try:
-        yield factory
-    finally:
-        cleaner = connect(target.url, cluster=target.cluster)
         try:
-            await purge_namespace(cleaner, namespace)
+            yield factory
         finally:
-            await cleaner.aclose()
             for backend in made:
                 await backend.aclose()
-
-
-@pytest.fixture
-async def flowy_backend(make_backend: BackendFactory, redis_target: RedisTarget) -> BackendBundle:
-    """The conformance suite's backend: a fresh namespace on standalone Redis, then on a
-    Redis Cluster."""
-    backend = make_backend(max_attempts=3)
-    return _bundle(backend, make_backend, redis_target.name)
-
-
-def _bundle(backend: RedisBackend[Any], make_backend: BackendFactory, name: str) -> BackendBundle:
-    async def corrupt(thread_id: str) -> None:
-        await corrupt_head(backend, thread_id)
-
-    async def open_peer() -> BackendBundle:
-        return _bundle(make_backend(max_attempts=3), make_backend, name)
-
-    async def close() -> None:
-        return None  # the factory closes every client it made
-
-    return BackendBundle(
-        checkpointer=backend.checkpointer,
-        leases=backend.leases,
-        outbox=backend.outbox,
-        consumer=backend.consumer,
-        corrupt=corrupt,
-        open_peer=open_peer,
-        close=close,
-        name=name,
-    )

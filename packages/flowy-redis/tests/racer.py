@@ -1,6 +1,7 @@
 """A worker process for the two-process race test (run as a script, not collected).
 
-Usage: ``python racer.py URL CLUSTER NAMESPACE THREAD_ID WORKER ROUNDS START_AT``.
+Usage: ``python racer.py STORE_URL THREAD_ID WORKER ROUNDS START_AT`` (the store URL as
+``flowy.connect`` takes it).
 Each round appends the worker's name to the state list: half the rounds under a lease
 (acquire, load, fenced save, release), half with plain strict OCC; conflicts and busy
 leases are retried. Prints the number of rounds done.
@@ -13,12 +14,12 @@ import sys
 import time
 from typing import Any
 
+import flowy
 from flowy import ConcurrencyConflictError, ThreadLeaseBusyError, ThreadNotFoundError
-from flowy.checkpoint import Snapshot, new_write_id
-from flowy_redis import RedisBackend
+from flowy.storage import Backend, Snapshot, new_write_id
 
 
-async def _round(backend: RedisBackend[Any], thread_id: str, worker: str, leased: bool) -> None:
+async def _round(backend: Backend[Any], thread_id: str, worker: str, leased: bool) -> None:
     while True:
         lease = None
         try:
@@ -40,15 +41,12 @@ async def _round(backend: RedisBackend[Any], thread_id: str, worker: str, leased
 
 
 async def main(argv: list[str]) -> None:
-    url, cluster, namespace, thread_id, worker, rounds, start_at = argv
-    backend = RedisBackend[Any].from_url(url, cluster=cluster == "1", namespace=namespace)
-    try:
+    url, thread_id, worker, rounds, start_at = argv
+    async with flowy.connect(url) as backend:
         await asyncio.sleep(max(0.0, float(start_at) - time.time()))
         for index in range(int(rounds)):
             await _round(backend, thread_id, worker, leased=index % 2 == 0)
         print(rounds)
-    finally:
-        await backend.aclose()
 
 
 if __name__ == "__main__":

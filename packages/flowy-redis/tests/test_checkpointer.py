@@ -1,37 +1,28 @@
 """``RedisCheckpointer`` beyond the conformance suite: one script per save, expiry of
-completed threads, history and prune in batches, the layout check, fencing domains,
-replayed saves and the client checks."""
+finished threads, listing in thread-id order across shards, history and prune in
+batches, the recorded layout and its migration, fencing domains, resent saves and the
+client checks."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import socket
 import uuid
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis_support import BackendFactory, RedisTarget, corrupt_head, new_namespace, raw_client
 
+import flowy
 import flowy_redis._checkpointer as checkpointer_module
-from flowy import (
-    ConcurrencyConflictError,
-    MemoryLeaseManager,
-    SchemaVersionError,
-    SnapshotTooLargeError,
-    StorageUnavailableError,
-    ThreadNotFoundError,
-)
-from flowy.checkpoint import HandoffStatus, RunStatus, Snapshot, new_write_id
-from flowy_redis import (
-    RedisBackend,
-    RedisCheckpointer,
-    RedisLeaseManager,
-    RedisOutbox,
-    RedisTransaction,
-    purge_namespace,
-)
+from flowy import ConcurrencyConflictError, ThreadNotFoundError
+from flowy.errors import SchemaVersionError, SnapshotTooLargeError, StorageUnavailableError
+from flowy.memory import MemoryLeaseManager
+from flowy.storage import HandoffStatus, RunStatus, Snapshot, new_write_id
+from flowy.testing.suite._support import make_intent
+from flowy_redis import RedisBackend, purge_namespace
 
 pytestmark = pytest.mark.anyio
 
@@ -64,30 +55,37 @@ async def test_a_save_is_one_round_trip(standalone: RedisTarget) -> None:
     client = _CountingRedis.from_url(standalone.url)  # pyright: ignore[reportUnknownMemberType]
     namespace = new_namespace()
     try:
-        cp = RedisCheckpointer[Any](client, namespace=namespace)
-        tid = _tid()
-        # First use records the namespace layout and may load the scripts.
-        await cp.save(0, snap(tid))
-        await cp.load(tid)
-        _CountingRedis.sent = []
-        for revision in range(1, 11):
-            assert await cp.save(revision, snap(tid, {"n": revision})) == revision + 1
-        assert _CountingRedis.sent == ["EVALSHA"] * 10
-        _CountingRedis.sent = []
-        await cp.load(tid)
-        assert _CountingRedis.sent == ["EVALSHA"]
+        async with RedisBackend[Any].from_client(client, namespace=namespace) as backend:
+            cp, tid = backend.checkpointer, _tid()
+            await cp.save(0, snap(tid))  # first use loads the scripts
+            await cp.load(tid)
+            _CountingRedis.sent = []
+            for revision in range(1, 11):
+                assert await cp.save(revision, snap(tid, {"n": revision})) == revision + 1
+            lease = await backend.leases.acquire(tid, "owner", 30)
+
+            async def enqueue(tx: object, revision: int) -> None:
+                await backend.outbox.enqueue_intent_tx(tx, make_intent(tid, revision))
+
+            await cp.save_with_outbox(11, snap(tid), enqueue, lease=lease)
+            assert _CountingRedis.sent == ["EVALSHA"] * 12
+            _CountingRedis.sent = []
+            await cp.load(tid)
+            assert _CountingRedis.sent == ["EVALSHA"]
+        assert not client.connection_pool._in_use_connections  # pyright: ignore[reportPrivateUsage]
+        assert await client.ping()  # pyright: ignore[reportUnknownMemberType]  # from_client: the application's client stays open
     finally:
         await purge_namespace(client, namespace)
         await client.aclose()
 
 
-async def test_completed_threads_expire(make_backend: BackendFactory) -> None:
+async def test_finished_threads_expire(make_backend: BackendFactory) -> None:
     backend = make_backend(completed_ttl=0.4)
     cp, client = backend.checkpointer, backend.client
     tid, kept = _tid(), _tid()
     await cp.save(0, snap(tid))
     await cp.save(0, snap(kept))
-    keys = cp.layout.thread(tid)
+    keys = backend.store.layout.thread(tid)
     assert await client.pttl(keys.head) == -1
     await cp.save(1, snap(tid, status=RunStatus.COMPLETED, handoff_status=HandoffStatus.ENQUEUED))
     assert 0 < await client.pttl(keys.head) <= 400
@@ -102,28 +100,64 @@ async def test_completed_threads_expire(make_backend: BackendFactory) -> None:
     # An expired thread starts over at revision 1 and is listed once.
     assert await cp.save(0, snap(tid)) == 1
     assert sorted(s.thread_id for s in await cp.list_threads()) == sorted([tid, kept])
+    assert await client.zcard(keys.shard.exp) == 0
 
 
-async def test_a_thread_saved_again_after_completing_stops_expiring(
+async def test_later_finished_saves_forget_expired_threads(make_backend: BackendFactory) -> None:
+    """The index entries of expired threads do not accumulate: the next finished save
+    of the shard removes them, whether or not anybody lists threads."""
+    backend = make_backend(completed_ttl=0.2, shards=1)
+    cp, client = backend.checkpointer, backend.client
+    shard = backend.store.layout.shard(0)
+    for tid in (f"{_tid()}-{i}" for i in range(5)):
+        await cp.save(0, snap(tid, status=RunStatus.FAILED))
+    assert await client.zcard(shard.threads) == 5
+    await asyncio.sleep(0.4)
+    await cp.save(0, snap(last := _tid(), status=RunStatus.COMPLETED))
+    assert await client.zcard(shard.threads) == 1
+    assert await client.zrange(shard.exp, 0, -1) == [last.encode()]  # pyright: ignore[reportUnknownMemberType]
+
+
+async def test_a_thread_saved_again_after_finishing_stops_expiring(
     make_backend: BackendFactory,
 ) -> None:
     backend = make_backend(completed_ttl=30)
     cp, client = backend.checkpointer, backend.client
     tid = _tid()
     await cp.save(0, snap(tid, status=RunStatus.FAILED, reason="boom"))
-    keys = cp.layout.thread(tid)
+    keys = backend.store.layout.thread(tid)
     assert await client.pttl(keys.head) > 0
     await cp.save(1, snap(tid, status=RunStatus.RUNNING))
     assert await client.pttl(keys.head) == -1
     assert await client.pttl(keys.hist) == -1
+    assert await client.zcard(keys.shard.exp) == 0
 
 
 async def test_without_completed_ttl_nothing_expires(make_backend: BackendFactory) -> None:
     backend = make_backend()
-    cp = backend.checkpointer
     tid = _tid()
-    await cp.save(0, snap(tid, status=RunStatus.COMPLETED))
-    assert await backend.client.pttl(cp.layout.thread(tid).head) == -1
+    await backend.checkpointer.save(0, snap(tid, status=RunStatus.COMPLETED))
+    assert await backend.client.pttl(backend.store.layout.thread(tid).head) == -1
+
+
+async def test_listing_is_in_thread_id_order_across_shards(make_backend: BackendFactory) -> None:
+    cp = make_backend(shards=5).checkpointer
+    ids = [f"list-{i:03d}-{'é' if i % 3 else 'e'}" for i in range(40)]
+    statuses = list(HandoffStatus)
+    for index, tid in enumerate(ids):
+        await cp.save(0, snap(tid, handoff_status=statuses[index % 4]))
+    listed = [s.thread_id for s in await cp.list_threads(limit=1000)]
+    assert listed == sorted(ids)
+    pages: list[str] = []
+    after: str | None = None
+    while page := await cp.list_threads(limit=7, after=after):
+        pages += [s.thread_id for s in page]
+        after = page[-1].thread_id
+    assert pages == sorted(ids)
+    pending = frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED})
+    wanted = sorted(t for i, t in enumerate(ids) if statuses[i % 4] in pending)
+    got = await cp.list_threads(handoff_statuses=pending, limit=3, after=wanted[2])
+    assert [s.thread_id for s in got] == wanted[3:6]
 
 
 async def test_long_history_and_batched_prune(
@@ -153,7 +187,7 @@ async def test_a_resent_save_is_not_a_conflict(make_backend: BackendFactory) -> 
     assert [s.revision for s in await cp.get_history(tid)] == [1]
     with pytest.raises(ConcurrencyConflictError):
         await cp.save(0, snap(tid))
-    anonymous = Snapshot(tid, {"n": 1}, "start")  # no write id: no replay detection
+    anonymous = Snapshot(tid, {"n": 1}, "start")  # no write id: no resend detection
     assert await cp.save(1, anonymous) == 2
     with pytest.raises(ConcurrencyConflictError):
         await cp.save(1, anonymous)
@@ -161,34 +195,71 @@ async def test_a_resent_save_is_not_a_conflict(make_backend: BackendFactory) -> 
 
 async def test_list_threads_reads_columns_not_records(make_backend: BackendFactory) -> None:
     backend = make_backend()
-    cp = backend.checkpointer
     tid = _tid()
-    await cp.save(0, snap(tid, pointer="here", handoff_status=HandoffStatus.PENDING))
+    await backend.checkpointer.save(
+        0, snap(tid, pointer="here", handoff_status=HandoffStatus.PENDING)
+    )
     await corrupt_head(backend, tid)
-    [summary] = await cp.list_threads()
+    [summary] = await backend.checkpointer.list_threads()
     assert (summary.thread_id, summary.execution_pointer) == (tid, "here")
 
 
 async def test_oversized_snapshots_are_refused(make_backend: BackendFactory) -> None:
-    backend = make_backend()
-    cp = RedisCheckpointer[Any](backend.client, namespace=backend.namespace, max_record_bytes=4096)
+    cp = make_backend(max_record_bytes=4096).checkpointer
     tid = _tid()
     with pytest.raises(SnapshotTooLargeError, match="4096"):
         await cp.save(0, snap(tid, {"blob": "x" * 5000}))
     assert await cp.save(0, snap(tid, {"blob": "x" * 100})) == 1
 
 
-async def test_a_namespace_keeps_its_shard_count(
-    make_backend: BackendFactory, redis_target: RedisTarget
-) -> None:
+async def test_a_namespace_keeps_its_shard_count(make_backend: BackendFactory) -> None:
     backend = make_backend()
     await backend.checkpointer.save(0, snap(_tid()))
-    other = make_backend(shards=8)
     with pytest.raises(SchemaVersionError, match="shards=16"):
-        await other.checkpointer.load(_tid())
-    with pytest.raises(SchemaVersionError):
-        await other.leases.acquire(_tid(), "owner", 5)
-    assert redis_target.url  # the check is the same on a cluster
+        await make_backend(shards=8).open()
+    with pytest.raises(SchemaVersionError, match="shards=16"):  # unopened: on first use
+        await make_backend(shards=8).leases.acquire(_tid(), "owner", 5)
+
+
+async def test_a_layout_1_namespace_is_migrated(make_backend: BackendFactory) -> None:
+    """A namespace written by flowy-redis 0.1 is refused until ``migrate()`` rebuilds
+    its thread index and gives its lease records an expiry."""
+    backend = make_backend()
+    client: Any = backend.client
+    layout = backend.store.layout
+    await client.hset(layout.meta, mapping={"shards": 16, "layout": 1})
+    never = 2**48 - 1
+    threads = {"a": (0, never), "b": (2, never), "c": (3, 10_000)}
+    for tid, (position, expiry) in threads.items():
+        keys = layout.thread(tid)
+        await client.zadd(
+            keys.shard.threads[: -len(b"threads")] + b"ix",
+            {base64.urlsafe_b64encode(tid.encode()): position * 2**48 + expiry},
+        )
+        await client.hset(keys.head, mapping={"revision": 1, "pointer": "p", "status": "running",
+            "reason": "", "handoff_status": list(HandoffStatus)[position].value,
+            "handoff_pending_at": "", "updated_at": "1.0", "oldest": 1})  # fmt: skip
+    live, released = layout.thread("a").lease, layout.thread("b").lease
+    await client.hset(live, mapping={"owner": "o", "token": 7, "exp": 2**62})
+    await client.hset(released, mapping={"owner": "o", "token": 3, "exp": 0})
+    with pytest.raises(SchemaVersionError, match="migrate"):
+        await make_backend().open()  # a failed open closes the backend
+    assert await backend.migrate() == 2
+    assert await backend.migrate() == 2
+    await backend.open()
+    listed = await backend.checkpointer.list_threads()
+    assert [(s.thread_id, s.handoff_status) for s in listed] == [
+        ("a", HandoffStatus.NONE),
+        ("b", HandoffStatus.ENQUEUED),
+        ("c", HandoffStatus.ORPHANED),
+    ]
+    assert await client.pttl(live) > 0
+    assert await client.exists(released) == 0
+    holder = await backend.leases.holder("a")
+    assert holder is not None and holder.fencing_token == 7
+    assert await backend.checkpointer.save(1, snap("b")) == 2
+    [moved] = await backend.checkpointer.list_threads(after="a", limit=1)
+    assert (moved.thread_id, moved.handoff_status) == ("b", HandoffStatus.NONE)
 
 
 async def test_fences_the_lease_manager_of_its_own_domain(make_backend: BackendFactory) -> None:
@@ -203,94 +274,53 @@ async def test_fences_the_lease_manager_of_its_own_domain(make_backend: BackendF
 
 
 async def test_enqueue_inside_save_with_outbox_is_checked(make_backend: BackendFactory) -> None:
-    backend: RedisBackend[Any] = make_backend()
+    backend = make_backend()
     cp, outbox = backend.checkpointer, backend.outbox
+    layout = backend.store.layout
     tid = _tid()
-    intent_thread = next(
-        f"{tid}-{i}"
-        for i in range(1000)
-        if cp.layout.shard_of(f"{tid}-{i}") != cp.layout.shard_of(tid)
+    elsewhere = next(
+        f"{tid}-{i}" for i in range(1000) if layout.shard_of(f"{tid}-{i}") != layout.shard_of(tid)
     )
-    from flowy.testing.suite._support import make_intent
 
     async def other_shard(tx: object, revision: int) -> None:
-        await outbox.enqueue_intent_tx(tx, make_intent(intent_thread, revision))
+        await outbox.enqueue_intent_tx(tx, make_intent(elsewhere, revision))
 
     with pytest.raises(ValueError, match="shard"):
         await cp.save_with_outbox(0, snap(tid), other_shard)
 
-    async def not_a_tx(tx: object, revision: int) -> None:
-        await outbox.enqueue_intent_tx(object(), make_intent(tid, revision))
+    foreign = make_backend(namespace=f"flowy-test-other-{uuid.uuid4().hex[:6]}").outbox
 
-    with pytest.raises(TypeError, match="save_with_outbox"):
-        await cp.save_with_outbox(0, snap(tid), not_a_tx)
-
-    foreign = RedisOutbox(backend.client, namespace=backend.namespace, shards=4)
-
-    async def other_layout(tx: object, revision: int) -> None:
+    async def other_store(tx: object, revision: int) -> None:
         await foreign.enqueue_intent_tx(tx, make_intent(tid, revision))
 
-    with pytest.raises(ValueError, match="namespace"):
-        await cp.save_with_outbox(0, snap(tid), other_layout)
-
-    kept: list[object] = []
-
-    async def keep(tx: object, revision: int) -> None:
-        kept.append(tx)
-        await outbox.enqueue_intent_tx(tx, make_intent(tid, revision))
-
-    assert await cp.save_with_outbox(0, snap(tid), keep) == 1
-    assert isinstance(kept[0], RedisTransaction)
-    with pytest.raises(RuntimeError, match="closed"):
-        await outbox.enqueue_intent_tx(kept[0], make_intent(tid, 2))
-    [message] = await backend.consumer.claim(10, 30)
-    assert message.intent == make_intent(tid, 1)
+    with pytest.raises(ValueError, match="not in one store"):
+        await cp.save_with_outbox(0, snap(tid), other_store)
+    assert await backend.consumer.claim(10, 30) == []
+    assert await cp.list_threads() == []
 
 
 async def test_clients_that_decode_responses_are_refused(standalone: RedisTarget) -> None:
     client = raw_client(standalone.url, decode_responses=True)
     try:
         with pytest.raises(ValueError, match="decode_responses"):
-            RedisCheckpointer[Any](client)
-        with pytest.raises(ValueError, match="decode_responses"):
-            RedisLeaseManager(client)
+            RedisBackend.from_client(client)
     finally:
         await client.aclose()
     with pytest.raises(TypeError, match=r"redis\.asyncio"):
-        RedisCheckpointer[Any](object())  # type: ignore[arg-type]
+        RedisBackend.from_client(object())  # type: ignore[arg-type]
 
 
 async def test_an_unreachable_server_is_storage_unavailable() -> None:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cp = RedisCheckpointer[Any].from_url(
-        f"redis://127.0.0.1:{port}/0", socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0)
-    )
+    url = f"redis://:s3cret@127.0.0.1:{port}/0?socket_connect_timeout=0.2"
+    with pytest.raises(StorageUnavailableError, match="was unavailable") as info:
+        await flowy.connect(url)
+    assert "s3cret" not in str(info.value)
+    backend = RedisBackend[Any].from_client(raw_client(url), owns_client=True)
     try:
-        with pytest.raises(StorageUnavailableError, match="was unavailable"):
-            await cp.save(0, snap(_tid()))
         with pytest.raises(StorageUnavailableError):
-            await cp.load(_tid())
+            await backend.checkpointer.load(_tid())
     finally:
-        await cp.aclose()
-
-
-async def test_from_url_makes_working_objects(redis_target: RedisTarget) -> None:
-    namespace = f"flowy-test-{uuid.uuid4().hex[:12]}"
-    backend = RedisBackend[Any].from_url(
-        redis_target.url, cluster=redis_target.cluster, namespace=namespace
-    )
-    cp = RedisCheckpointer[Any].from_url(
-        redis_target.url, cluster=redis_target.cluster, namespace=namespace
-    )
-    try:
-        tid = _tid()
-        assert await backend.checkpointer.save(0, snap(tid)) == 1
-        assert (await cp.load(tid))[1] == 1
-        assert await backend.purge() > 0
-    finally:
-        await cp.aclose()
         await backend.aclose()

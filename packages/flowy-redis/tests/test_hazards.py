@@ -18,10 +18,11 @@ from redis.backoff import ConstantBackoff, NoBackoff
 from redis.crc import key_slot
 from redis_support import BackendFactory, RedisTarget, raw_client
 
-from flowy import StorageUnavailableError
-from flowy.checkpoint import Snapshot, durable_save, new_write_id
+from flowy.errors import StorageUnavailableError
+from flowy.storage import Snapshot, durable_save, new_write_id
+from flowy.testing.suite._support import make_intent
 from flowy_redis import RedisBackend, RedisCheckpointer
-from flowy_redis._scripts import SAVE
+from flowy_redis._scripts import save_script
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +48,7 @@ def _tid() -> str:
 async def _flush_scripts(client: Any) -> None:
     """SCRIPT FLUSH on every primary, and check the save script is gone."""
     await client.execute_command("SCRIPT FLUSH")
-    exists = await client.execute_command("SCRIPT EXISTS", SAVE.sha)
+    exists = await client.execute_command("SCRIPT EXISTS", save_script(0).sha)
     assert not any(exists)
 
 
@@ -65,18 +66,12 @@ async def test_script_flush_between_calls(make_backend: BackendFactory) -> None:
     lease = await backend.leases.acquire(tid, "owner", 30)
     await _flush_scripts(backend.client)
     assert await cp.save(2, snap(tid, 3), lease=lease) == 3
-    await backend.outbox.enqueue_intent(_intent(tid, 3))
+    await backend.outbox.enqueue_intent(make_intent(tid, 3))
     await _flush_scripts(backend.client)
     [message] = await backend.consumer.claim(1, 30)
     await _flush_scripts(backend.client)
     await backend.consumer.ack(message)
     assert (await cp.load(tid))[1] == 3
-
-
-def _intent(thread_id: str, revision: int) -> Any:
-    from flowy.testing.suite._support import make_intent
-
-    return make_intent(thread_id, revision)
 
 
 async def _busy(url: str, micros: int) -> None:
@@ -103,6 +98,12 @@ class _Counting(RedisCheckpointer[Any]):
             raise
 
 
+def _counting(client: Any, namespace: str) -> _Counting:
+    """A counting checkpointer on ``client`` (closed by the caller)."""
+    backend = RedisBackend[Any].from_client(client, namespace=namespace)
+    return _Counting(backend.store)
+
+
 async def test_connection_lost_after_the_save_landed(
     make_standalone_backend: BackendFactory, standalone: RedisTarget
 ) -> None:
@@ -113,7 +114,7 @@ async def test_connection_lost_after_the_save_landed(
     assert await backend.checkpointer.save(0, snap(tid, ["first"])) == 1
     impatient = raw_client(standalone.url, socket_timeout=0.1, retry=Retry(NoBackoff(), 0))
     try:
-        cp = _Counting(impatient, namespace=backend.namespace)
+        cp = _counting(impatient, backend.namespace)
         await cp.load(tid)  # connects and checks the layout before the server is busy
         _Counting.calls = _Counting.unavailable = 0
         busy = asyncio.create_task(_busy(standalone.url, 600_000))
@@ -143,7 +144,7 @@ async def test_connection_killed_before_the_save_ran(
     name = f"flowy-saver-{uuid.uuid4().hex[:8]}"
     saver = raw_client(standalone.url, client_name=name, retry=Retry(NoBackoff(), 0))
     try:
-        cp = _Counting(saver, namespace=backend.namespace)
+        cp = _counting(saver, backend.namespace)
         await cp.load(tid)
         _Counting.calls = _Counting.unavailable = 0
         await admin.execute_command("CLIENT", "PAUSE", 2000, "WRITE")
@@ -180,7 +181,7 @@ async def test_a_driver_resend_of_a_landed_save_is_not_a_conflict(
         standalone.url, socket_timeout=0.1, retry=Retry(ConstantBackoff(0.05), 20)
     )
     try:
-        cp = RedisCheckpointer[Any](retrying, namespace=backend.namespace)
+        cp = RedisBackend[Any].from_client(retrying, namespace=backend.namespace).checkpointer
         await cp.load(tid)
         before = await _evalsha_calls(backend.client)
         busy = asyncio.create_task(_busy(standalone.url, 500_000))
@@ -213,13 +214,12 @@ async def test_two_processes_race_on_one_thread(
     rounds = 40
     script = Path(__file__).with_name("racer.py")
     start_at = time.time() + 1.5
+    store_url = redis_target.store_url(namespace=backend.namespace)
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             str(script),
-            redis_target.url,
-            "1" if redis_target.cluster else "0",
-            backend.namespace,
+            store_url,
             tid,
             worker,
             str(rounds),
@@ -260,12 +260,12 @@ async def test_hostile_ids_stay_in_one_slot_and_isolated(
     make_backend: BackendFactory, redis_target: RedisTarget
 ) -> None:
     backend: RedisBackend[Any] = make_backend()
-    cp, layout = backend.checkpointer, backend.checkpointer.layout
+    cp, layout = backend.checkpointer, backend.store.layout
     for index, tid in enumerate(_HOSTILE):
         lease = await backend.leases.acquire(tid, f"owner-{index}", 30)
 
         async def enqueue(tx: object, revision: int, tid: str = tid) -> None:
-            await backend.outbox.enqueue_intent_tx(tx, _intent(tid, revision))
+            await backend.outbox.enqueue_intent_tx(tx, make_intent(tid, revision))
 
         assert await cp.save_with_outbox(0, snap(tid, {"id": tid}), enqueue, lease=lease) == 1
         await backend.leases.release(lease)
@@ -273,7 +273,7 @@ async def test_hostile_ids_stay_in_one_slot_and_isolated(
         loaded, revision = await cp.load(tid)
         assert (loaded.thread_id, loaded.state, revision) == (tid, {"id": tid}, 1)
         keys = layout.thread(tid)
-        slots = {key_slot(k) for k in (keys.head, keys.hist, keys.lease, keys.stream)}
+        slots = {key_slot(k) for k in (*keys.checkpoint, *keys.shard.outbox)}
         assert len(slots) == 1
         if redis_target.cluster:
             client: Any = backend.client
@@ -282,4 +282,7 @@ async def test_hostile_ids_stay_in_one_slot_and_isolated(
     delivered = await backend.consumer.claim(100, 30)
     assert sorted(m.intent.thread_id for m in delivered) == sorted(_HOSTILE)
     listed = await cp.list_threads(limit=100)
-    assert sorted(s.thread_id for s in listed) == sorted(_HOSTILE)
+    assert [s.thread_id for s in listed] == sorted(_HOSTILE)
+    for tid in _HOSTILE:
+        await cp.delete(tid)
+        assert await backend.client.exists(*layout.thread(tid).checkpoint[:3]) == 0

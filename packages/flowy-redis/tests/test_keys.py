@@ -3,6 +3,7 @@ stable shards, and message ids. No server needed."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
 
 import pytest
@@ -10,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from redis.crc import key_slot
 
-from flowy.checkpoint import HandoffStatus
+from flowy.storage import HandoffStatus
 from flowy_redis import KeyLayout
+from flowy_redis._keys import STATUS_DIGITS
 
 _TAG = re.compile(rb"\{([^}]*)\}")
 
@@ -31,18 +33,16 @@ def _tag(key: bytes) -> bytes:
 
 def _thread_keys(layout: KeyLayout, thread_id: str) -> list[bytes]:
     keys = layout.thread(thread_id)
-    return [keys.head, keys.hist, keys.lease, keys.index, keys.stream]
+    return [*keys.checkpoint, *keys.shard.outbox]
 
 
 @given(thread_ids)
 def test_every_key_of_a_thread_is_in_its_shard_slot(thread_id: str) -> None:
     layout = KeyLayout("ns", 16)
     keys = layout.thread(thread_id)
-    shard = layout.shard(keys.shard)
-    slots = {key_slot(k) for k in _thread_keys(layout, thread_id)}
-    slots |= {key_slot(k) for k in shard.consumer_keys}
-    assert len(slots) == 1
-    assert {_tag(k) for k in _thread_keys(layout, thread_id)} == {f"ns:{keys.shard}".encode()}
+    assert len({key_slot(k) for k in _thread_keys(layout, thread_id)}) == 1
+    tags = {_tag(k) for k in _thread_keys(layout, thread_id)}
+    assert tags == {f"ns:{keys.shard.shard}".encode()}
 
 
 @given(thread_ids, thread_ids)
@@ -52,14 +52,7 @@ def test_distinct_ids_never_share_a_key(first: str, second: str) -> None:
         assert layout.thread(first) == layout.thread(second)
         return
     one, two = layout.thread(first), layout.thread(second)
-    assert one.member != two.member
     assert {one.head, one.hist, one.lease}.isdisjoint({two.head, two.hist, two.lease})
-
-
-@given(thread_ids)
-def test_members_decode_to_the_thread_id(thread_id: str) -> None:
-    layout = KeyLayout("ns", 16)
-    assert layout.decode_member(layout.thread(thread_id).member) == thread_id
 
 
 @pytest.mark.parametrize(
@@ -69,10 +62,10 @@ def test_members_decode_to_the_thread_id(thread_id: str) -> None:
 def test_hostile_ids_cannot_move_their_keys(thread_id: str) -> None:
     layout = KeyLayout("ns", 16)
     keys = layout.thread(thread_id)
-    prefix = f"ns:{{ns:{keys.shard}}}:".encode()
+    prefix = f"ns:{{ns:{keys.shard.shard}}}:".encode()
     for key in _thread_keys(layout, thread_id):
         assert key.startswith(prefix)
-        assert _tag(key) == f"ns:{keys.shard}".encode()
+        assert _tag(key) == f"ns:{keys.shard.shard}".encode()
         assert b"{" not in key[len(prefix) :] and b"}" not in key[len(prefix) :]
 
 
@@ -91,11 +84,12 @@ def test_shards_spread_threads() -> None:
     assert min(counts) > 50
 
 
-def test_index_positions_follow_handoff_statuses() -> None:
-    positions = [KeyLayout.index_position(status) for status in HandoffStatus]
-    assert positions == [0, 1, 2, 3]
-    layout = KeyLayout("ns", 2)
-    assert layout.thread("t").index == layout.shard(layout.shard_of("t")).index
+def test_index_members_sort_by_status_then_id() -> None:
+    """A thread's index member is its status digit then its UTF-8 id, so ZRANGEBYLEX
+    lists one status in thread-id order (UTF-8 byte order is code point order)."""
+    assert [STATUS_DIGITS[s] for s in HandoffStatus] == [b"0", b"1", b"2", b"3"]
+    ids = ["b", "a", "é", "e\u0301", "🦜", "a\n", "A", "{"]
+    assert sorted(ids) == [i for i in sorted(ids, key=lambda i: i.encode("utf-8"))]
 
 
 @pytest.mark.parametrize("namespace", ["", "a{b", "a}b", "a\x00b"])
@@ -111,30 +105,35 @@ def test_bad_shard_counts_are_refused(shards: object) -> None:
 
 
 def test_namespace_pattern_escapes_glob_characters() -> None:
-    assert KeyLayout("a*b?[c]", 1).pattern == rb"a\*b\?\[c\]:{a\*b\?\[c\]:*"
+    assert KeyLayout("a*b?[c]", 1).pattern() == rb"a\*b\?\[c\]:{a\*b\?\[c\]:*"
+    assert KeyLayout("a", 1).pattern(b"lease:") == b"a:{a:*}:lease:*"
 
 
 def test_namespace_pattern_matches_only_its_own_keys() -> None:
-    import fnmatch
-
     layout, nested = KeyLayout("a", 4), KeyLayout("a:b", 4)
-    pattern = layout.pattern.decode()
+    pattern = layout.pattern().decode()
     assert fnmatch.fnmatchcase(layout.thread("t").head.decode(), pattern)
     assert not fnmatch.fnmatchcase(nested.thread("t").head.decode(), pattern)
+    leases = layout.pattern(b"lease:").decode()
+    assert fnmatch.fnmatchcase(layout.thread("t").lease.decode(), leases)
+    assert not fnmatch.fnmatchcase(layout.thread("t").head.decode(), leases)
 
 
 def test_message_ids_round_trip() -> None:
     layout = KeyLayout("ns", 16)
     message_id = layout.message_id(15, b"1700000000000-3")
     assert message_id == "15:1700000000000-3"
-    assert layout.parse_message_id(message_id) == (15, "1700000000000-3")
+    assert layout.parse_message_id(message_id) == (layout.shard(15), "1700000000000-3")
 
 
 @pytest.mark.parametrize(
     "message_id",
-    ["", "no-such-message", "16:1-0", "01:1-0", "1:1", "1:a-0", "1:1-0:x", "١:1-0", "-1:1-0", 7],
+    [
+        *("", "no-such-message", "16:1-0", "01:1-0", "1:1", "1:a-0", "1:1-0:x", "١:1-0"),
+        *("-1:1-0", "1:01-0", "1:1-00", "1:1-0 "),  # another spelling of an entry id
+    ],
 )
-def test_foreign_message_ids_are_not_parsed(message_id: object) -> None:
+def test_foreign_message_ids_are_not_parsed(message_id: str) -> None:
     assert KeyLayout("ns", 16).parse_message_id(message_id) is None
 
 

@@ -1,8 +1,9 @@
-"""``RedisLeaseManager`` beyond the conformance suite: the server's clock, the token
-counter outliving release and thread deletion, resent calls, argument checks."""
+"""``RedisLeaseManager`` beyond the conformance suite: the server's clock, tokens from
+that clock, lease records that do not outlive their use, and resent calls."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -11,8 +12,9 @@ from redis.asyncio import RedisCluster
 from redis_support import BackendFactory
 
 from flowy import LeaseLostError, ThreadLeaseBusyError
-from flowy.checkpoint import Snapshot
-from flowy_redis._scripts import ACQUIRE, RELEASE
+from flowy.storage import Snapshot
+from flowy_redis import RedisBackend
+from flowy_redis._scripts import ACQUIRE, RELEASE, RELEASED_TTL_MS
 
 pytestmark = pytest.mark.anyio
 
@@ -21,65 +23,87 @@ def _tid() -> str:
     return f"lease-{uuid.uuid4().hex[:8]}"
 
 
-async def test_expiry_is_on_the_servers_clock(make_backend: BackendFactory) -> None:
-    backend = make_backend()
-    tid = _tid()
+async def _server_now(backend: RedisBackend[Any], key: bytes) -> float:
     client: Any = backend.client
-    lease = await backend.leases.acquire(tid, "owner", 10)
-    if isinstance(backend.client, RedisCluster):  # the clock of the node holding the lease
-        node = client.get_node_from_key(backend.leases.layout.thread(tid).lease)
-        seconds, micros = await client.time(target_nodes=node)
+    if isinstance(backend.client, RedisCluster):  # the clock of the node holding the key
+        seconds, micros = await client.time(target_nodes=client.get_node_from_key(key))
     else:
         seconds, micros = await client.time()
-    server_now = seconds + micros / 1e6
-    assert 9.0 <= lease.expires_at - server_now <= 10.0
-    stored = await client.hget(backend.leases.layout.thread(tid).lease, "exp")
-    assert int(stored) == round(lease.expires_at * 1e6)
+    return seconds + micros / 1e6
 
 
-async def test_the_token_counter_outlives_release_and_deletion(
+async def test_expiry_and_tokens_are_on_the_servers_clock(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    tid = _tid()
+    key = backend.store.layout.thread(tid).lease
+    lease = await backend.leases.acquire(tid, "owner", 10)
+    now = await _server_now(backend, key)
+    assert 9.0 <= lease.expires_at - now <= 10.0
+    assert int(await backend.client.hget(key, "exp")) == round(lease.expires_at * 1e6)  # type: ignore[misc]
+    # The token is the server's time of acquisition in µs.
+    assert now - 5 <= lease.fencing_token / 1e6 <= now
+    # The record expires with the lease, not later than a millisecond after it.
+    ttl_ms = await backend.client.pttl(key)
+    assert 9_000 <= ttl_ms <= 10_001
+
+
+async def test_released_and_deleted_threads_leave_no_lease_record(
     make_backend: BackendFactory,
 ) -> None:
     backend = make_backend()
+    client: Any = backend.client
     tid = _tid()
+    key = backend.store.layout.thread(tid).lease
     first = await backend.leases.acquire(tid, "owner", 30)
     await backend.checkpointer.save(0, Snapshot(tid, {}, "start"), lease=first)
     await backend.leases.release(first)
+    # A release leaves a tombstone that expires soon (a resent release finds it) ...
+    assert 0 < await client.pttl(key) <= RELEASED_TTL_MS + 1
+    # ... and deleting the thread removes it at once.
     await backend.checkpointer.delete_if_idle(tid)
+    assert await client.exists(key) == 0
     second = await backend.leases.acquire(tid, "owner", 30)
-    assert second.token == first.token + 1
+    assert second.fencing_token > first.fencing_token
     with pytest.raises(LeaseLostError):
         await backend.checkpointer.save(0, Snapshot(tid, {}, "start"), lease=first)
     assert await backend.checkpointer.save(0, Snapshot(tid, {}, "start"), lease=second) == 1
+    # An expired lease's record is gone with it; the next token is still larger.
+    other = _tid()
+    short = await backend.leases.acquire(other, "owner", 0.05)
+    await asyncio.sleep(0.2)
+    assert await client.exists(backend.store.layout.thread(other).lease) == 0
+    assert (await backend.leases.acquire(other, "owner", 30)).fencing_token > short.fencing_token
+    # A delete leaves a live lease alone: it still fences the thread.
+    await backend.checkpointer.delete(tid)
+    assert await client.exists(key) == 1
+    assert await backend.leases.holder(tid) == second
+
+
+async def test_no_lease_record_lives_forever(make_backend: BackendFactory) -> None:
+    backend = make_backend(completed_ttl=30)
+    client: Any = backend.client
+    tid = _tid()
+    lease = await backend.leases.acquire(tid, "owner", 30)
+    await backend.leases.renew(lease, 60)
+    assert 59_000 <= await client.pttl(backend.store.layout.thread(tid).lease) <= 60_001
+    async for key in backend.store.scan(backend.store.layout.pattern(b"lease:")):
+        assert await client.pttl(key) > 0
 
 
 async def test_resent_acquire_and_release_are_not_refused(make_backend: BackendFactory) -> None:
     """The scripts recognise their own call (its nonce) when a driver resends it."""
     backend = make_backend()
-    store = backend.leases._store  # pyright: ignore[reportPrivateUsage]
-    key = backend.leases.layout.thread(tid := _tid()).lease
+    store = backend.store
+    key = store.layout.thread(tid := _tid()).lease
     nonce = uuid.uuid4().hex
     first = await store.run(ACQUIRE, [key], ["owner", 30_000_000, nonce], "test")
     again = await store.run(ACQUIRE, [key], ["owner", 30_000_000, nonce], "test")
-    assert int(first[0]) == int(again[0]) == 0
-    assert (int(first[1]), first[2]) == (int(again[1]), again[2])
+    assert first == again and int(first[0]) == 1
     with pytest.raises(ThreadLeaseBusyError):
         await backend.leases.acquire(tid, "owner", 30)
-    token = int(first[1])
+    token = first[1]
     release_nonce = uuid.uuid4().hex
-    assert await store.run(RELEASE, [key], ["owner", token, release_nonce], "test") == [0]
-    assert await store.run(RELEASE, [key], ["owner", token, release_nonce], "test") == [0]
+    assert await store.run(RELEASE, [key], ["owner", token, release_nonce], "test") == 1
+    assert await store.run(RELEASE, [key], ["owner", token, release_nonce], "test") == 1
+    assert await store.run(RELEASE, [key], ["owner", token, uuid.uuid4().hex], "test") == 0
     assert await backend.leases.holder(tid) is None
-
-
-@pytest.mark.parametrize("ttl", [0, -1, float("nan"), float("inf")])
-async def test_bad_ttls_are_refused(make_backend: BackendFactory, ttl: float) -> None:
-    leases = make_backend().leases
-    with pytest.raises(ValueError, match="ttl"):
-        await leases.acquire(_tid(), "owner", ttl)
-
-
-async def test_owner_must_be_text(make_backend: BackendFactory) -> None:
-    leases = make_backend().leases
-    with pytest.raises(TypeError, match="owner"):
-        await leases.acquire(_tid(), b"owner", 5)  # type: ignore[arg-type]

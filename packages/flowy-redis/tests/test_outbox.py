@@ -1,6 +1,7 @@
-"""``RedisOutbox`` / ``RedisOutboxConsumer`` beyond the conformance suite: a crashed
-consumer's messages, every shard is read, delivery counts are the consumer group's,
-dead letters keep their error, foreign entries, blocking waits and the Worker."""
+"""``RedisOutbox`` / ``RedisConsumer`` beyond the conformance suite: a crashed consumer's
+messages, every shard is read, delivery counts are the consumer group's, delays kept in
+the shard's visibility set, one message per (thread, revision), dead letters, foreign
+entries and ids, blocking waits and throughput."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import uuid
 from typing import Any
 
 import pytest
-from redis_support import BackendFactory, RedisTarget
+from redis_support import BackendFactory, RedisTarget, client_for
 
-from flowy.checkpoint import HandoffIntent, HandoffStatus, ResumeToken
-from flowy_redis import RedisOutboxConsumer
+from flowy.storage import HandoffIntent, HandoffStatus, OutboxMessage, ResumeToken
+from flowy_redis import RedisBackend, RedisConsumer
 
 pytestmark = pytest.mark.anyio
 
@@ -56,13 +57,11 @@ async def test_a_crashed_consumers_message_goes_to_another(make_backend: Backend
 
 async def test_every_shard_is_read(make_backend: BackendFactory) -> None:
     backend = make_backend(shards=5)
-    layout = backend.outbox.layout
+    layout = backend.store.layout
     by_shard: dict[int, str] = {}
-    index = 0
     while len(by_shard) < 5:
-        tid = f"shard-{index}-{uuid.uuid4().hex[:4]}"
+        tid = _tid()
         by_shard.setdefault(layout.shard_of(tid), tid)
-        index += 1
     for tid in by_shard.values():
         await backend.outbox.enqueue_intent(intent(tid))
     got = await backend.consumer.claim(100, 30)
@@ -74,30 +73,76 @@ async def test_attempts_are_the_groups_delivery_count(make_backend: BackendFacto
     backend = make_backend()
     consumer = backend.consumer
     await backend.outbox.enqueue_intent(intent(tid := _tid()))
+    message: OutboxMessage | None = None
     for expected in (1, 2, 3):
         [message] = await consumer.claim(1, 30)
         assert message.attempts == expected
         await consumer.release(message)
-    stream = backend.outbox.layout.thread(tid).stream
+    assert message is not None
+    stream = backend.store.layout.thread(tid).shard.stream
     entry = message.message_id.split(":", 1)[1]
     [pending] = await backend.client.xpending_range(stream, consumer.group, entry, entry, 1)
     assert pending["times_delivered"] == 3
 
 
-async def test_dead_letters_keep_the_last_error(make_backend: BackendFactory) -> None:
+async def test_a_release_delay_is_the_messages_visibility(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    client: Any = backend.client
+    await backend.outbox.enqueue_intent(intent(tid := _tid()))
+    [message] = await backend.consumer.claim(1, 30)
+    await backend.consumer.release(message, error="later", delay=60)
+    vis = backend.store.layout.thread(tid).shard.outbox[1]
+    entry = message.message_id.split(":", 1)[1]
+    seconds, micros = await client.time(**_node_of(backend, vis))
+    visible_at = await client.zscore(vis, entry)
+    assert 59_000 <= visible_at - (seconds * 1000 + micros // 1000) <= 60_000
+    assert await backend.consumer.claim(1, 30) == []
+
+
+def _node_of(backend: RedisBackend[Any], key: bytes) -> dict[str, Any]:
+    client: Any = backend.client
+    return {"target_nodes": client.get_node_from_key(key)} if backend.store.cluster else {}
+
+
+async def test_one_message_per_thread_and_revision(make_backend: BackendFactory) -> None:
+    """Enqueueing a hand-off again adds nothing while its message lives (claimed or
+    not); an acked one may be enqueued again; a dead one comes back, attempts reset."""
+    backend = make_backend(max_attempts=1)
+    outbox, consumer = backend.outbox, backend.consumer
+    tid = _tid()
+    for _ in range(3):
+        await outbox.enqueue_intent(intent(tid))
+    [message] = await consumer.claim(10, 30)
+    await outbox.enqueue_intent(intent(tid))
+    assert await consumer.claim(10, 30) == []
+    await consumer.ack(message)
+    assert await backend.client.hlen(backend.store.layout.thread(tid).shard.outbox[6]) == 0
+    await outbox.enqueue_intent(intent(tid))
+    [again] = await consumer.claim(10, 30)
+    assert again.message_id != message.message_id and again.attempts == 1
+    await consumer.release(again, error="boom")  # max_attempts=1: dead
+    [dead] = await consumer.dead_letters()
+    await outbox.enqueue_intent(intent(tid))
+    assert await consumer.dead_letters() == []
+    [revived] = await consumer.claim(10, 30)
+    assert (revived.message_id, revived.attempts, revived.last_error) == (dead.message_id, 1, "")
+
+
+async def test_dead_letters_keep_their_error_and_order(make_backend: BackendFactory) -> None:
     backend = make_backend(max_attempts=2)
     consumer = backend.consumer
-    await backend.outbox.enqueue_intent(intent(tid := _tid()))
-    [message] = await consumer.claim(1, 30)
-    await consumer.release(message, error="first failure")
-    [message] = await consumer.claim(1, 30)
-    await consumer.release(message, error="second failure")
-    [dead] = await consumer.dead_letters()
-    assert (dead.message_id, dead.attempts) == (message.message_id, 2)
-    dead_key = backend.outbox.layout.shard(backend.outbox.layout.shard_of(tid)).dead
-    client: Any = backend.client
-    [(_, fields)] = await client.xrange(dead_key)
-    assert fields[b"error"] == b"second failure"
+    tids = [_tid() for _ in range(4)]
+    for tid in tids:
+        await backend.outbox.enqueue_intent(intent(tid))
+    for attempt in (1, 2):
+        for message in await consumer.claim(10, 30):
+            await consumer.release(message, error=f"{message.intent.thread_id} #{attempt}")
+    dead = await consumer.dead_letters()
+    assert sorted(d.thread_id for d in dead) == sorted(tids)
+    assert all(d.error == f"{d.thread_id} #2" and d.attempts == 2 for d in dead)
+    assert [d.message_id for d in await consumer.dead_letters(limit=2)] == [
+        d.message_id for d in dead[:2]
+    ]
 
 
 async def test_timed_out_dead_letter_names_the_reason(make_backend: BackendFactory) -> None:
@@ -107,35 +152,41 @@ async def test_timed_out_dead_letter_names_the_reason(make_backend: BackendFacto
     await asyncio.sleep(0.4)
     assert await backend.consumer.claim(1, 30) == []
     [dead] = await backend.consumer.dead_letters()
-    assert dead.intent.thread_id == tid
-    dead_key = backend.outbox.layout.shard(backend.outbox.layout.shard_of(tid)).dead
-    client: Any = backend.client
-    [(_, fields)] = await client.xrange(dead_key)
-    assert b"visibility timeout" in fields[b"error"]
+    assert dead.thread_id == tid
+    assert dead.error == "not acked after 1 deliveries"
 
 
 async def test_a_foreign_entry_is_dead_lettered_not_delivered(
     make_backend: BackendFactory,
 ) -> None:
-    backend = make_backend()
-    stream = backend.outbox.layout.shard(0).stream
+    backend = make_backend(shards=1)
+    stream = backend.store.layout.shard(0).stream
     await backend.client.xadd(stream, {"intent": b"not json"})
     await backend.client.xadd(stream, {"other": b"field"})
     await backend.outbox.enqueue_intent(intent(tid := _tid()))
     got = await backend.consumer.claim(10, 30)
     assert [m.intent.thread_id for m in got] == [tid]
-    assert await backend.client.xlen(backend.outbox.layout.shard(0).dead) == 2
+    dead = await backend.consumer.dead_letters()
+    assert [(d.intent, d.payload) for d in dead] == [(None, b"not json"), (None, b"")]
+    await backend.consumer.retry_dead_letter(dead[0].message_id)
+    assert await backend.consumer.claim(10, 30) == []  # buried again at once
+    assert len(await backend.consumer.dead_letters()) == 2
 
 
-async def test_ack_and_release_refuse_foreign_ids(make_backend: BackendFactory) -> None:
-    from flowy.checkpoint import OutboxMessage
-
-    consumer = make_backend().consumer
-    forged = OutboxMessage("not-an-id", intent(_tid()), 1)
-    with pytest.raises(ValueError, match="not a message id"):
+async def test_foreign_ids_are_no_message(make_backend: BackendFactory) -> None:
+    backend = make_backend()
+    consumer = backend.consumer
+    await backend.outbox.enqueue_intent(intent(_tid()))
+    [held] = await consumer.claim(1, 30)
+    for forged_id in ("not-an-id", "99:1-0", "0:1-0", held.message_id + "0"):
+        forged = OutboxMessage(forged_id, held.intent, 1)
         await consumer.ack(forged)
-    with pytest.raises(ValueError, match="not a message id"):
         await consumer.release(forged)
+        with pytest.raises(KeyError):
+            await consumer.retry_dead_letter(forged_id)
+    assert await consumer.claim(1, 30) == []  # the held message is untouched
+    await consumer.release(held)
+    assert [m.message_id for m in await consumer.claim(1, 30)] == [held.message_id]
 
 
 async def test_a_waiting_claim_sees_a_release_from_another_consumer(
@@ -158,35 +209,23 @@ async def test_a_waiting_claim_sees_a_release_from_another_consumer(
     assert time.monotonic() - started < 1.5
 
 
-async def test_waiting_claims_respect_a_short_socket_timeout(standalone: RedisTarget) -> None:
-    from redis_support import new_namespace
-
-    from flowy_redis import RedisBackend, purge_namespace
-
-    namespace = new_namespace()
-    backend = RedisBackend[Any].from_url(standalone.url, namespace=namespace, socket_timeout=0.3)
-    try:
-        started = time.monotonic()
-        assert await backend.consumer.claim(1, 30, wait=1.0) == []
-        assert time.monotonic() - started >= 0.9
-    finally:
-        await purge_namespace(backend.client, namespace)
-        await backend.aclose()
+async def test_waiting_claims_respect_a_short_socket_timeout(
+    make_standalone_backend: BackendFactory,
+) -> None:
+    backend = make_standalone_backend(client_options={"socket_timeout": 0.3}, poll_interval=1)
+    started = time.monotonic()
+    assert await backend.consumer.claim(1, 30, wait=1.0) == []
+    assert time.monotonic() - started >= 0.9
 
 
-async def test_consumer_options_are_checked(make_backend: BackendFactory) -> None:
-    client = make_backend().client
-    with pytest.raises(ValueError, match="max_attempts"):
-        RedisOutboxConsumer(client, max_attempts=0)
-    with pytest.raises(ValueError, match="poll_interval"):
-        RedisOutboxConsumer(client, poll_interval=0)
-    consumer = RedisOutboxConsumer(client)
-    with pytest.raises(ValueError, match="visibility_timeout"):
-        await consumer.claim(1, 0)
-    assert await consumer.claim(0, 30) == []
+async def test_a_consumer_group_needs_a_name(make_backend: BackendFactory) -> None:
+    with pytest.raises(ValueError, match="group"):
+        RedisConsumer(make_backend().store, group="")
 
 
-async def test_outbox_throughput_smoke(make_backend: BackendFactory) -> None:
+async def test_outbox_throughput_smoke(
+    make_backend: BackendFactory, redis_target: RedisTarget
+) -> None:
     """Four consumers drain 200 messages between them, each delivered once."""
     producer = make_backend()
     consumers = [make_backend(consumer=f"c{i}").consumer for i in range(4)]
@@ -195,7 +234,7 @@ async def test_outbox_throughput_smoke(make_backend: BackendFactory) -> None:
         await producer.outbox.enqueue_intent(intent(tid))
     seen: list[str] = []
 
-    async def drain(consumer: RedisOutboxConsumer) -> None:
+    async def drain(consumer: RedisConsumer) -> None:
         while batch := await consumer.claim(16, 30, wait=0.2):
             for message in batch:
                 seen.append(message.intent.thread_id)
@@ -204,6 +243,10 @@ async def test_outbox_throughput_smoke(make_backend: BackendFactory) -> None:
     await asyncio.gather(*(drain(c) for c in consumers))
     assert sorted(seen) == sorted(tids)
     assert await consumers[0].claim(10, 30) == []
-    layout = producer.outbox.layout
-    for shard in layout.all_shards():
-        assert await producer.client.xlen(shard.stream) == 0
+    client = client_for(redis_target)
+    try:
+        for shard in producer.store.layout.all_shards():
+            assert await client.xlen(shard.stream) == 0
+            assert await client.hlen(shard.outbox[6]) == 0  # the (thread, revision) index
+    finally:
+        await client.aclose()

@@ -1,16 +1,15 @@
 """End to end on Redis: a Runner hands runs off through the transactional outbox and a
-flowy.Worker resumes them from ``RedisOutboxConsumer``, under fenced leases."""
+flowy.Worker resumes them from the store's consumer, under fenced leases."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from redis_support import BackendFactory
 
 import flowy
-from flowy.checkpoint import HandoffStatus, RunStatus
-from flowy_redis import RedisCheckpointer
+from flowy.storage import HandoffStatus, RunStatus
+from flowy_redis import RedisBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -35,33 +34,27 @@ def _graph(runs: list[str]) -> flowy.Graph[State, Any]:
     return builder.compile()
 
 
-async def test_worker_resumes_handoffs(make_backend: BackendFactory) -> None:
+async def test_worker_resumes_handoffs(flowy_url: str) -> None:
     runs: list[str] = []
-    front = make_backend()
-    back = make_backend(consumer="worker-1")
-    assert isinstance(front.checkpointer, RedisCheckpointer)
-    runner = flowy.Runner(
-        _graph(runs), front.checkpointer, lease_manager=front.leases, handoff_outbox=front.outbox
-    )
-    assert runner.checkpointer is front.checkpointer  # native fencing, no lease guard
-    threads = [f"order:{{{i}}}\n" for i in range(6)]
-    for thread_id in threads:
-        await runner.start(thread_id, {}, run_lease=("frontend", 5))
-    pending = await front.checkpointer.list_threads(
-        handoff_statuses=frozenset({HandoffStatus.ENQUEUED})
-    )
-    assert sorted(s.thread_id for s in pending) == sorted(threads)
+    async with flowy.connect(flowy_url) as front, flowy.connect(flowy_url) as back:
+        assert isinstance(front, RedisBackend) and isinstance(back, RedisBackend)
+        runner = flowy.Runner(_graph(runs), front)
+        assert runner.checkpointer is front.checkpointer  # native fencing, no lease guard
+        threads = [f"order:{{{i}}}\n" for i in range(6)]
+        for thread_id in threads:
+            await runner.start(thread_id, {})
+        pending = await front.checkpointer.list_threads(
+            handoff_statuses=frozenset({HandoffStatus.ENQUEUED})
+        )
+        assert [s.thread_id for s in pending] == sorted(threads)
 
-    worker_runner = flowy.Runner(
-        _graph(runs), back.checkpointer, lease_manager=back.leases, handoff_outbox=back.outbox
-    )
-    worker = flowy.Worker(worker_runner, back.consumer, owner="worker-1", lease_ttl=5)
-    assert await worker.run_until_idle() == len(threads)
-    assert sorted(runs) == sorted(threads)
-    for thread_id in threads:
-        snapshot, _ = await back.checkpointer.load(thread_id)
-        assert snapshot.status is RunStatus.COMPLETED
-        assert snapshot.state == {"worked": True, "done": True}
-        assert await back.leases.holder(thread_id) is None
-    assert await back.consumer.claim(10, 30) == []
-    assert await back.consumer.dead_letters() == []
+        worker = flowy.Worker(flowy.Runner(_graph(runs), back), owner="worker-1", lease_ttl=5)
+        assert await worker.run_until_idle() == len(threads)
+        assert sorted(runs) == sorted(threads)
+        for thread_id in threads:
+            snapshot, _ = await back.checkpointer.load(thread_id)
+            assert snapshot.status is RunStatus.COMPLETED
+            assert snapshot.state == {"worked": True, "done": True}
+            assert await back.leases.holder(thread_id) is None
+        assert await back.consumer.claim(10, 30) == []
+        assert await back.consumer.dead_letters() == []

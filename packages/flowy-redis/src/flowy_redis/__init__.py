@@ -1,54 +1,62 @@
-"""flowy-redis: the Redis backend of flowy (``redis.asyncio``, standalone or Cluster).
+"""flowy-redis: the Redis store of flowy (``redis.asyncio``, standalone or Cluster).
 
-``RedisCheckpointer`` (strict OCC, native lease fencing, transactional outbox),
-``RedisLeaseManager`` (fenced leases on the server's clock), ``RedisOutbox`` and
-``RedisOutboxConsumer`` (a sharded Redis Streams outbox with a consumer group and dead
-letters), all from one client; ``RedisBackend`` builds the four at once. Every save is
-one Lua script; every key of a thread shares one hash tag with its outbox shard.
+``flowy.connect("redis://host:6379/0?namespace=app")`` (or ``rediss://``,
+``redis+cluster://``, ``rediss+cluster://``) opens a :class:`RedisBackend`; so does
+``RedisBackend.from_client(client)`` with the application's own client. Every save is
+one Lua script that checks the revision and the lease (by the server's clock) and
+writes the head, the history entry and the hand-off messages; every key of a thread
+shares one hash tag with its outbox shard, so the same code runs on Redis Cluster.
 """
 
 from __future__ import annotations
 
+from ._backend import CLIENT_OPTIONS as CLIENT_OPTIONS
+from ._backend import OPTIONS as OPTIONS
 from ._backend import RedisBackend as RedisBackend
+from ._backend import open_backend as open_backend
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES as DEFAULT_MAX_RECORD_BYTES
 from ._checkpointer import RedisCheckpointer as RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE as DEFAULT_NAMESPACE
 from ._keys import DEFAULT_SHARDS as DEFAULT_SHARDS
 from ._keys import KeyLayout as KeyLayout
 from ._lease import RedisLeaseManager as RedisLeaseManager
+from ._outbox import RedisConsumer as RedisConsumer
 from ._outbox import RedisOutbox as RedisOutbox
-from ._outbox import RedisOutboxConsumer as RedisOutboxConsumer
-from ._outbox import RedisTransaction as RedisTransaction
+from ._store import LAYOUT_VERSION as LAYOUT_VERSION
 from ._store import RedisClient as RedisClient
 from ._store import purge_namespace as purge_namespace
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "CLIENT_OPTIONS",
     "DEFAULT_MAX_RECORD_BYTES",
     "DEFAULT_NAMESPACE",
     "DEFAULT_SHARDS",
+    "LAYOUT_VERSION",
+    "OPTIONS",
     "KeyLayout",
     "RedisBackend",
     "RedisCheckpointer",
     "RedisClient",
+    "RedisConsumer",
     "RedisLeaseManager",
     "RedisOutbox",
-    "RedisOutboxConsumer",
-    "RedisTransaction",
+    "open_backend",
     "purge_namespace",
 ]
 
 
 def _present_as_flowy_redis() -> None:
-    """Make tracebacks and reprs say ``flowy_redis.X`` instead of ``flowy_redis._module.X``."""
+    """Make reprs and tracebacks say ``flowy_redis.X``, not ``flowy_redis._module.X``."""
     for name in __all__:
         obj = globals()[name]
         if getattr(obj, "__module__", "").startswith("flowy_redis._"):
             try:
-                obj.__module__ = "flowy_redis"
+                obj.__module__ = __name__
             except (AttributeError, TypeError):
                 pass
 
 
 _present_as_flowy_redis()
+del _present_as_flowy_redis

@@ -1,38 +1,80 @@
-"""``RedisBackend``: one client and the four storage objects of one namespace built on it."""
+"""``RedisBackend``: one client and the four components of one namespace built on it;
+``open_backend``, the opener of ``redis://``, ``rediss://``, ``redis+cluster://`` and
+``rediss+cluster://`` URLs for ``flowy.connect``.
+"""
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Any, Generic, TypeVar
 
-from flowy.checkpoint import StateCodec
+from redis.asyncio import Redis, RedisCluster
 
-from ._checkpointer import RedisCheckpointer
-from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
+from flowy.errors import BackendURLError
+from flowy.storage import BaseBackend, StateCodec, StoreURL
+
+from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
+from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, KeyLayout
 from ._lease import RedisLeaseManager
-from ._outbox import RedisOutbox, RedisOutboxConsumer
-from ._store import RedisClient, connect, purge_namespace
+from ._outbox import RedisConsumer, RedisOutbox
+from ._store import RedisClient, Store, purge_namespace
 
-__all__ = ["RedisBackend"]
+__all__ = ["CLIENT_OPTIONS", "OPTIONS", "RedisBackend", "open_backend"]
 
 S = TypeVar("S")
 
+OPTIONS = {
+    "namespace": f"prefix of every key, without {{ or }} (default {DEFAULT_NAMESPACE})",
+    "shards": f"hash tags the namespace spreads over; fixed at creation (default {DEFAULT_SHARDS})",
+    "max_attempts": "deliveries before a hand-off is dead-lettered (default 5)",
+    "completed_ttl": "seconds after which completed or failed threads expire (default: never)",
+    "group": "the outbox consumer group (default flowy)",
+    "consumer": "this process's consumer name in the group (default host-pid-random)",
+    "poll_interval": "seconds between looks for released messages while a claim waits "
+    "(default 0.1)",
+    "max_record_bytes": f"largest encoded snapshot saved (default {DEFAULT_MAX_RECORD_BYTES})",
+}
+"""flowy's options of a Redis URL (query parameters)."""
 
-class RedisBackend(Generic[S]):
-    """A checkpointer, lease manager, outbox and consumer sharing one client and namespace.
+CLIENT_OPTIONS = {
+    "socket_timeout": "redis-py: seconds a command may take",
+    "socket_connect_timeout": "redis-py: seconds a connection may take",
+    "socket_keepalive": "redis-py: TCP keepalive (true/false)",
+    "health_check_interval": "redis-py: seconds between connection health checks",
+    "max_connections": "redis-py: connection pool size",
+    "client_name": "redis-py: CLIENT SETNAME of each connection",
+    "ssl_cert_reqs": "redis-py (rediss): none, optional or required",
+    "ssl_ca_certs": "redis-py (rediss): CA bundle file",
+    "ssl_certfile": "redis-py (rediss): client certificate file",
+    "ssl_keyfile": "redis-py (rediss): client key file",
+    "ssl_check_hostname": "redis-py (rediss): check the server's host name (true/false)",
+}
+"""redis-py's options a Redis URL may carry; they go to the client as they are."""
 
-    Pass ``backend.checkpointer``, ``backend.leases`` and ``backend.outbox`` to a
-    ``flowy.Runner`` and ``backend.consumer`` to a ``flowy.Worker``. The checkpointer
-    fences with the lease manager and commits hand-offs with the outbox atomically.
+
+class RedisBackend(BaseBackend[S], Generic[S]):
+    """A Redis store (standalone or Cluster): ``checkpointer``, ``leases``, ``outbox``
+    and ``consumer`` over one client and one namespace.
+
+    ``flowy.connect("redis://...")`` builds one with its own client (closed by
+    ``aclose``); :meth:`from_client` uses the application's client (left open). The
+    namespace's layout is recorded on first use; every client of a namespace uses the
+    same ``shards``.
 
     Args:
-        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client.
+        client: a ``redis.asyncio.Redis`` or ``RedisCluster`` (``decode_responses=False``).
         namespace: the prefix of every key (no ``{`` or ``}``).
-        shards: the number of outbox shards; the same for every client of a namespace.
-        codec: the state codec (JSON by default).
-        completed_ttl: seconds after which completed or failed threads expire.
-        group: the consumer group of the outbox.
+        shards: the number of hash tags (and outbox shards) of the namespace.
+        codec: the state codec (JSON by default; a runner gives a typed graph's type).
+        completed_ttl: seconds after which threads saved completed or failed expire
+            (head and history); ``None`` keeps them until deleted.
+        max_record_bytes: the largest encoded snapshot a save accepts.
+        group: the outbox consumer group.
         consumer: this process's consumer name (unique by default).
-        max_attempts: deliveries after which an outbox message is dead-lettered.
+        max_attempts: deliveries after which a hand-off message is dead-lettered.
+        poll_interval: seconds between looks for released messages while a claim waits.
+        url: the URL the backend reaches its store by (default: made from the client).
+        owns_client: close the client in ``aclose``.
     """
 
     def __init__(
@@ -43,62 +85,141 @@ class RedisBackend(Generic[S]):
         shards: int = DEFAULT_SHARDS,
         codec: StateCodec[S] | None = None,
         completed_ttl: float | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         group: str = "flowy",
         consumer: str | None = None,
         max_attempts: int = 5,
+        poll_interval: float = 0.1,
+        url: str | None = None,
+        owns_client: bool = False,
     ) -> None:
-        self.client = client
-        self.namespace = namespace
-        self.owns_client = False
+        if completed_ttl is not None and not completed_ttl >= 0.001:
+            raise ValueError(
+                "completed_ttl must be a number of seconds >= 0.001, or None to keep "
+                f"finished threads; got {completed_ttl!r}"
+            )
+        self.store = Store(client, KeyLayout(namespace, shards), owns_client=owns_client)
+        settings = {"namespace": namespace, "shards": shards, "completed_ttl": completed_ttl,
+            "max_record_bytes": max_record_bytes, "group": group, "max_attempts": max_attempts,
+            "poll_interval": poll_interval}  # fmt: skip
+        self.url = url or _url_of(client, {k: v for k, v in settings.items() if v is not None})
         self.checkpointer: RedisCheckpointer[S] = RedisCheckpointer(
-            client, namespace=namespace, shards=shards, codec=codec, completed_ttl=completed_ttl
+            self.store,
+            codec=codec,
+            completed_ttl=completed_ttl,
+            max_record_bytes=max_record_bytes,
         )
-        self.leases = RedisLeaseManager(client, namespace=namespace, shards=shards)
-        self.outbox = RedisOutbox(client, namespace=namespace, shards=shards)
-        self.consumer = RedisOutboxConsumer(
-            client,
-            namespace=namespace,
-            shards=shards,
+        self.leases = RedisLeaseManager(self.store)
+        self.outbox = RedisOutbox(self.store)
+        self.consumer = RedisConsumer(
+            self.store,
             group=group,
             consumer=consumer,
             max_attempts=max_attempts,
+            poll_interval=poll_interval,
         )
 
     @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        cluster: bool = False,
-        namespace: str = DEFAULT_NAMESPACE,
-        shards: int = DEFAULT_SHARDS,
-        codec: StateCodec[S] | None = None,
-        completed_ttl: float | None = None,
-        group: str = "flowy",
-        consumer: str | None = None,
-        max_attempts: int = 5,
-        **client_options: Any,
-    ) -> RedisBackend[S]:
-        """A backend with its own client for ``url`` (``cluster=True`` for Redis Cluster;
-        other keyword arguments go to the client); ``aclose()`` closes it."""
-        backend = cls(
-            connect(url, cluster=cluster, **client_options),
-            namespace=namespace,
-            shards=shards,
-            codec=codec,
-            completed_ttl=completed_ttl,
-            group=group,
-            consumer=consumer,
-            max_attempts=max_attempts,
-        )
-        backend.owns_client = True
-        return backend
+    def from_client(cls, client: RedisClient, **options: Any) -> RedisBackend[S]:
+        """A backend on the application's ``client`` (``aclose`` leaves it open);
+        ``options`` are those of the constructor."""
+        return cls(client, **options)
+
+    @property
+    def client(self) -> RedisClient:
+        """The Redis client."""
+        return self.store.client
+
+    @property
+    def namespace(self) -> str:
+        """The prefix of every key."""
+        return self.store.layout.namespace
+
+    async def _open(self) -> None:
+        await self.store.check_layout()
+
+    async def _migrate(self) -> int:
+        return await self.store.migrate()
+
+    async def _close(self) -> None:
+        await self.store.aclose()
 
     async def purge(self) -> int:
-        """Delete every key of the namespace (tests, decommissioning); returns the count."""
+        """Delete every key of the namespace (tests, decommissioning); the count deleted."""
         return await purge_namespace(self.client, self.namespace)
 
-    async def aclose(self) -> None:
-        """Close the client if ``from_url`` created it."""
-        if self.owns_client:
-            await self.client.aclose()
+
+def _url_of(client: RedisClient, options: dict[str, object]) -> str:
+    """A URL reaching the store of ``client`` with ``options`` (for peers and reprs)."""
+    if isinstance(client, RedisCluster):
+        node = next(iter(client.nodes_manager.startup_nodes.values()))
+        scheme, kwargs = "redis+cluster", dict(client.nodes_manager.connection_kwargs)
+        where, path = f"{node.host}:{node.port}", ""
+    else:
+        kwargs = client.connection_pool.connection_kwargs
+        scheme, where = "redis", f"{kwargs.get('host')}:{kwargs.get('port')}"
+        path = f"/{kwargs.get('db', 0)}"
+        kwargs = {**kwargs, "connection_class": client.connection_pool.connection_class}
+    if kwargs.get("ssl") or "SSL" in str(kwargs.get("connection_class", "")):
+        scheme = scheme.replace("redis", "rediss", 1)
+    user, password = kwargs.get("username"), kwargs.get("password")
+    if password:
+        quoted = urllib.parse.quote(str(password), safe="")
+        where = f"{urllib.parse.quote(str(user or ''), safe='')}:{quoted}@{where}"
+    return f"{scheme}://{where}{path}?{urllib.parse.urlencode(options)}"
+
+
+def _completed_ttl(text: str) -> float:
+    value = float(text)
+    if not value >= 0.001 or value == float("inf"):
+        raise ValueError(f"expected a number of seconds >= 0.001, got {text!r}")
+    return value
+
+
+def _shards(text: str) -> int:
+    value = int(text)
+    KeyLayout(DEFAULT_NAMESPACE, value)  # checks the range
+    return value
+
+
+async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> RedisBackend[Any]:
+    """The opener of ``redis://``, ``rediss://``, ``redis+cluster://`` and
+    ``rediss+cluster://`` URLs (``flowy.connect``).
+
+    ``redis://[[user]:password@]host:port/db?namespace=...&...``; the options are
+    :data:`OPTIONS` and redis-py's :data:`CLIENT_OPTIONS`, which go to the client.
+    """
+    url.check_options({**OPTIONS, **CLIENT_OPTIONS})
+    namespace = url.options.get("namespace", DEFAULT_NAMESPACE)
+    try:
+        KeyLayout(namespace)
+    except ValueError as exc:
+        raise BackendURLError(f"option namespace in {url.redacted!r}: {exc}") from None
+    cluster = url.scheme.endswith("+cluster")
+    scheme = url.scheme.removesuffix("+cluster")
+    driver = {name: value for name, value in url.options.items() if name in CLIENT_OPTIONS}
+    parts = urllib.parse.urlsplit(url.raw)
+    client_url = urllib.parse.urlunsplit(
+        (scheme, parts.netloc, parts.path, urllib.parse.urlencode(driver), "")
+    )
+    completed_ttl = url.option("completed_ttl", _completed_ttl, None)
+    options: dict[str, Any] = {
+        "namespace": namespace,
+        "shards": url.option("shards", _shards, DEFAULT_SHARDS),
+        "completed_ttl": completed_ttl,
+        "max_record_bytes": url.count("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
+        "group": url.options.get("group") or "flowy",
+        "consumer": url.options.get("consumer") or None,
+        "max_attempts": url.count("max_attempts", 5),
+        "poll_interval": url.seconds("poll_interval", 0.1),
+    }
+    try:
+        if cluster:
+            if parts.path.strip("/") not in ("", "0"):
+                raise ValueError("a Redis Cluster has database 0 only")
+            client: RedisClient = RedisCluster.from_url(client_url)
+        else:
+            client = Redis.from_url(client_url)  # pyright: ignore[reportUnknownMemberType]
+    except (ValueError, TypeError) as exc:
+        raise BackendURLError(f"cannot use {url.redacted!r}: {exc}") from None
+    return RedisBackend(client, codec=codec, url=url.raw, owns_client=True, **options)

@@ -1,10 +1,21 @@
-"""The Lua scripts: every multi-key change of the backend is one script, run with EVALSHA.
+"""The Lua scripts: every change of the store is one script, run with EVALSHA.
 
 Each script reads the clock with ``redis.call('TIME')`` (the server's clock, never the
-client's), declares every key it touches in ``KEYS`` (all of one hash slot), and answers
-with a status code first. Saves and lease changes are idempotent under a resend of the
-same call (a driver that retries after a timeout): a save whose exact record is already
-the head at the new revision answers "ok", and lease calls carry a nonce.
+client's), declares every key it touches in ``KEYS`` (all of one hash slot, except the
+standalone-only multi-shard reads), and is idempotent under a resend of the same call (a
+driver that retries after a timeout): a save whose exact record is already the head at
+the new revision answers with that revision, and lease calls carry a nonce.
+
+Leases: a fencing token is ``max(previous token + 1, TIME in µs)``, so a lease record may
+vanish once its lease is over without tokens ever going back. The record expires (PX)
+when the lease does, never before the server's clock has passed its token; a release
+leaves a short-lived tombstone (so a resent release is recognised); deleting a thread
+removes its lease record unless a live lease holds it.
+
+Outbox: a message is a stream entry read by a consumer group. Its delivery count is the
+group's; when it is visible again is its score in the shard's ``vis`` set (a claim hides
+it for the visibility timeout, a release for the delay), so a message held by a consumer
+that died is claimed again (``XCLAIM``) once its time is up.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ACK",
     "ACQUIRE",
+    "APPEND",
     "CLAIM",
     "DEAD_LIST",
     "DELETE",
@@ -22,45 +34,36 @@ __all__ = [
     "HISTORY",
     "HOLDER",
     "LAYOUT",
-    "LIST_MEMBERS",
-    "LOAD",
-    "OK",
+    "LIST",
     "PRUNE",
     "RELEASE",
     "RELEASE_MESSAGE",
     "RENEW",
     "RETRY_DEAD",
-    "SAVE",
-    "STATUS_CONFLICT",
-    "STATUS_LEASE_BUSY",
-    "STATUS_LEASE_LOST",
     "LuaScript",
     "save_script",
 ]
 
-OK = 0
-"""Status code: the operation was applied."""
-STATUS_CONFLICT = 1
-"""Status code: the stored revision is not the expected one (the actual one follows)."""
-STATUS_LEASE_LOST = 2
-"""Status code: the given lease is not the thread's live lease (owner, token, exp follow)."""
-STATUS_LEASE_BUSY = 3
-"""Status code: a live lease holds the thread (owner, token, exp, now follow)."""
+RELEASED_TTL_MS = 10_000
+"""How long the tombstone of a released lease lives (a resent release finds it)."""
 
 
 @dataclass(frozen=True)
 class LuaScript:
-    """A script's source and its SHA-1 (the EVALSHA handle)."""
+    """A script's source and its SHA-1 (the EVALSHA handle); ``@CLOCK@`` and
+    ``@OUTBOX@`` in the source stand for the shared functions below."""
 
-    name: str
     source: str
     sha: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.source.encode("utf-8")).hexdigest())
+        source = self.source.replace("@CLOCK@", _CLOCK).replace("@OUTBOX@", _OUTBOX)
+        source = source.replace("@RELEASED@", str(RELEASED_TTL_MS))
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "sha", hashlib.sha1(source.encode("utf-8")).hexdigest())
 
 
-_PRELUDE = """
+_CLOCK = """
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -68,26 +71,89 @@ end
 local function fmt(n)
   return string.format('%.0f', n)
 end
+local function live_lease(key, now)
+  local l = redis.call('HMGET', key, 'owner', 'token', 'exp', 'anonce', 'rnonce')
+  return l, l[3] ~= false and tonumber(l[3]) > now
+end
 """
 
-_SAVE_SOURCE = (
-    _PRELUDE
-    + """
--- KEYS: head, hist, lease, index [, outbox]
+# Shared by the save script and the outbox scripts: the keys of a shard's outbox start
+# at KEYS[base + 1] (stream, vis, dead, deadix, errs, alias, ids).
+_OUTBOX = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return false
+end
+local function outbox_keys(base)
+  return {stream = KEYS[base + 1], vis = KEYS[base + 2], dead = KEYS[base + 3],
+    deadix = KEYS[base + 4], errs = KEYS[base + 5], alias = KEYS[base + 6],
+    ids = KEYS[base + 7]}
+end
+local function entry_of(k, mid)
+  return redis.call('HGET', k.alias, mid) or mid
+end
+-- Bring dead letter `mid` back as a new entry keeping its id; attempts and error reset.
+local function revive(k, mid, did, payload)
+  local e = redis.call('XRANGE', k.dead, did, did)
+  redis.call('HDEL', k.deadix, mid)
+  if #e == 0 then return 0 end
+  local f = e[1][2]
+  local id = redis.call('XADD', k.stream, '*', 'intent', payload or field(f, 'intent'),
+    'key', field(f, 'key') or '', 'mid', mid)
+  redis.call('HSET', k.alias, mid, id)
+  redis.call('XDEL', k.dead, did)
+  return 1
+end
+-- Add a message unless one for `key` (revision:thread) lives; revive a dead one.
+local function append(k, key, payload)
+  local mid = redis.call('HGET', k.ids, key)
+  if mid then
+    local did = redis.call('HGET', k.deadix, mid)
+    if did and revive(k, mid, did, payload) == 1 then return end
+    local id = entry_of(k, mid)
+    if #redis.call('XRANGE', k.stream, id, id) > 0 then return end
+  end
+  local id = redis.call('XADD', k.stream, '*', 'intent', payload, 'key', key)
+  redis.call('HSET', k.ids, key, id)
+end
+-- Move entry `id` (message `mid`) to the dead letters.
+local function bury(k, group, id, mid, err)
+  local e = redis.call('XRANGE', k.stream, id, id)
+  if #e > 0 then
+    local p = redis.call('XPENDING', k.stream, group, id, id, 1)
+    local f = e[1][2]
+    local did = redis.call('XADD', k.dead, '*', 'mid', mid, 'intent', field(f, 'intent') or '',
+      'key', field(f, 'key') or '', 'attempts', (p[1] and p[1][4]) or 0, 'error', err)
+    redis.call('HSET', k.deadix, mid, did)
+  end
+  redis.call('XACK', k.stream, group, id)
+  redis.call('XDEL', k.stream, id)
+  redis.call('ZREM', k.vis, id)
+  redis.call('HDEL', k.errs, mid)
+  redis.call('HDEL', k.alias, mid)
+end
+"""
+
+_SAVE = """
+-- KEYS: head, hist, lease, threads, exp [, the shard's 7 outbox keys].
 -- ARGV: expected, record, pointer, status, reason, handoff_status, handoff_pending_at,
---       updated_at, flags ('1' to treat an identical record at the head as this very
---       save, else '0'; then '' or '<token>:<owner>' of the lease), intent...
--- Returns the new revision (a number) when saved, else {status code, details...}.
+--       updated_at, replay ('1': an identical record at the new revision is this very
+--       save, resent), lease owner, lease token ('' without a lease), thread id,
+--       then (key, payload) per outbox row.
+-- Returns the new revision, or {actual revision[, owner, token, exp of the live lease]}.
 local TTL = @TTL@
-local IX = {none = 0, pending = 1, enqueued = 2, orphaned = 3}
 local expected = tonumber(ARGV[1])
 local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status')
 local cur = tonumber(h[1]) or 0
-if cur == expected + 1 and string.byte(ARGV[9]) == 49
-    and redis.call('HGET', KEYS[2], cur) == ARGV[2] then
+if cur == expected + 1 and ARGV[9] == '1' and redis.call('HGET', KEYS[2], cur) == ARGV[2] then
   return cur
 end
-local lease = string.sub(ARGV[9], 2)
 local now = 0
 local l = redis.call('HMGET', KEYS[3], 'owner', 'token', 'exp')
 local live = false
@@ -95,90 +161,70 @@ if l[3] then
   now = now_us()
   live = tonumber(l[3]) > now
 end
-if lease ~= '' then
-  if not live or (l[2] .. ':' .. l[1]) ~= lease then
-    if now == 0 then now = now_us() end
-    return {2, l[1] or '', l[2] or '0', l[3] or '0', fmt(now)}
-  end
-elseif live then
-  return {3, l[1], l[2], l[3], fmt(now)}
+local fenced
+if ARGV[11] ~= '' then
+  fenced = live and l[1] == ARGV[10] and l[2] == ARGV[11]
+else
+  fenced = not live
 end
-if cur ~= expected then
-  return {1, cur}
+if cur ~= expected or not fenced then
+  if live then return {cur, l[1], l[2], l[3]} end
+  return {cur}
 end
 local rev = cur + 1
-local terminal = TTL > 0 and (ARGV[4] == 'completed' or ARGV[4] == 'failed')
-local was_terminal = h[3] == 'completed' or h[3] == 'failed'
-if cur == 0 then
-  redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
-    'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
-    'updated_at', ARGV[8], 'oldest', rev)
-else
-  redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
-    'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
-    'updated_at', ARGV[8])
+local id = ARGV[12]
+redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
+  'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
+  'updated_at', ARGV[8])
+if cur == 0 or h[2] ~= ARGV[6] then
+  local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
+  if cur == 0 then
+    redis.call('HSET', KEYS[1], 'oldest', rev)
+    redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
+  else
+    redis.call('ZREM', KEYS[4], (DIGIT[h[2]] or '0') .. id)
+  end
+  redis.call('ZADD', KEYS[4], 0, DIGIT[ARGV[6]] .. id)
 end
 redis.call('HSET', KEYS[2], rev, ARGV[2])
+local terminal = TTL > 0 and (ARGV[4] == 'completed' or ARGV[4] == 'failed')
 if terminal then
   redis.call('PEXPIRE', KEYS[1], TTL)
   redis.call('PEXPIRE', KEYS[2], TTL)
-elseif was_terminal then
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZADD', KEYS[5], now_ms + TTL, id)
+  -- Forget a few threads whose keys expired (bounded work per save).
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 16)) do
+    redis.call('ZREM', KEYS[4], '0' .. gone, '1' .. gone, '2' .. gone, '3' .. gone)
+    redis.call('ZREM', KEYS[5], gone)
+  end
+elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
+  redis.call('ZREM', KEYS[5], id)
 end
-if cur == 0 or h[2] ~= ARGV[6] or terminal or was_terminal then
-  -- The index member is the encoded id: the head key's last ':'-separated part.
-  local member = string.match(KEYS[1], '[^:]*$')
-  local base = IX[ARGV[6]] * 281474976710656
-  if terminal then
-    if now == 0 then now = now_us() end
-    local now_ms = math.floor(now / 1000)
-    redis.call('ZADD', KEYS[4], fmt(base + now_ms + TTL), member)
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], fmt(base), '(' .. fmt(base + now_ms))
-  else
-    redis.call('ZADD', KEYS[4], fmt(base + 281474976710655), member)
-  end
-end
-for i = 10, #ARGV do
-  redis.call('XADD', KEYS[5], '*', 'intent', ARGV[i])
+if #ARGV > 12 then  -- (the outbox functions are defined only when needed)
+@OUTBOX@
+  local k = outbox_keys(5)
+  for i = 13, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
 end
 return rev
 """
-)
 
 
 def save_script(ttl_ms: int) -> LuaScript:
-    """The save script of a checkpointer whose completed threads expire after
-    ``ttl_ms`` ms (0: never)."""
-    return LuaScript("save", _SAVE_SOURCE.replace("@TTL@", str(int(ttl_ms))))
+    """The save script of a store whose finished threads expire after ``ttl_ms`` ms
+    (0: never)."""
+    return LuaScript("@CLOCK@" + _SAVE.replace("@TTL@", str(int(ttl_ms))))
 
 
-SAVE = save_script(0)
-"""The save script of a checkpointer without ``completed_ttl``."""
-
-
-LOAD = LuaScript(
-    "load",
-    """
--- KEYS: head, hist.  Returns {revision, pointer, record} of the head, or {} if none.
-local h = redis.call('HMGET', KEYS[1], 'revision', 'pointer')
-if not h[1] then
-  return {}
-end
-return {h[1], h[2], redis.call('HGET', KEYS[2], h[1])}
-""",
-)
-
-HISTORY = LuaScript(
-    "history",
-    """
--- KEYS: head, hist.  ARGV: limit.  Returns {head revision, record, record, ...} newest
--- first (false for a missing entry), or {0} when the thread does not exist.
+HISTORY = LuaScript("""
+-- KEYS: head, hist.  ARGV: limit.  Returns {head revision, record, ...} newest first
+-- (false for a missing entry), or {0} when the thread does not exist.
 local h = redis.call('HMGET', KEYS[1], 'revision', 'oldest')
 local rev = tonumber(h[1])
-if not rev then
-  return {0}
-end
+if not rev then return {0} end
 local lo = math.max(tonumber(h[2]) or 1, rev - tonumber(ARGV[1]) + 1)
 local out = {rev}
 local r = rev
@@ -191,25 +237,17 @@ while r >= lo do
   r = stop - 1
 end
 return out
-""",
-)
+""")
 
-PRUNE = LuaScript(
-    "prune",
-    """
--- KEYS: head, hist.  ARGV: retain, batch.  Deletes up to `batch` of the oldest entries
--- beyond the newest `retain` (at least 1); returns how many remain to delete.
+PRUNE = LuaScript("""
+-- KEYS: head, hist.  ARGV: keep, batch.  Deletes up to `batch` of the oldest entries
+-- beyond the newest `keep`; returns how many remain to delete.
 local h = redis.call('HMGET', KEYS[1], 'revision', 'oldest')
 local rev = tonumber(h[1])
-if not rev then
-  return 0
-end
-local keep = math.max(tonumber(ARGV[1]), 1)
+if not rev then return 0 end
 local oldest = tonumber(h[2]) or 1
-local cutoff = rev - keep + 1
-if cutoff <= oldest then
-  return 0
-end
+local cutoff = rev - tonumber(ARGV[1]) + 1
+if cutoff <= oldest then return 0 end
 local stop = math.min(cutoff - 1, oldest + tonumber(ARGV[2]) - 1)
 local fields = {}
 for x = oldest, stop do
@@ -219,222 +257,149 @@ for x = oldest, stop do
     fields = {}
   end
 end
-if #fields > 0 then
-  redis.call('HDEL', KEYS[2], unpack(fields))
-end
+if #fields > 0 then redis.call('HDEL', KEYS[2], unpack(fields)) end
 redis.call('HSET', KEYS[1], 'oldest', stop + 1)
 return cutoff - 1 - stop
-""",
-)
+""")
 
-DELETE = LuaScript(
-    "delete",
-    _PRELUDE
-    + """
--- KEYS: head, hist, lease, index.  ARGV: only_if_idle.  The lease key (its token
--- counter) is kept.
-if ARGV[1] == '1' then
-  local now = now_us()
-  local l = redis.call('HMGET', KEYS[3], 'owner', 'token', 'exp')
-  if l[3] and tonumber(l[3]) > now then
-    return {3, l[1], l[2], l[3], fmt(now)}
-  end
-end
+DELETE = LuaScript("""@CLOCK@
+-- KEYS: head, hist, lease, threads, exp.  ARGV: if_idle, thread id.
+-- Returns {} once deleted, or {owner, token, exp} of the live lease that refused it.
+local now = now_us()
+local l, live = live_lease(KEYS[3], now)
+if live and ARGV[1] == '1' then return {l[1], l[2], l[3]} end
+local id = ARGV[2]
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('ZREM', KEYS[4], string.match(KEYS[1], '[^:]*$'))
-return {0}
-""",
-)
+redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
+redis.call('ZREM', KEYS[5], id)
+-- A record is dropped only once the clock passed its token: the next is larger.
+if not live and (tonumber(l[2]) or 0) < now then redis.call('DEL', KEYS[3]) end
+return {}
+""")
 
-LIST_MEMBERS = LuaScript(
-    "list_members",
-    """
--- KEYS: index sorted sets (one per shard).  ARGV: limit, status position...
--- Returns the members of the wanted statuses whose expiry is not past.
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local limit = tonumber(ARGV[1])
+LIST = LuaScript("""
+-- KEYS: threads sets.  ARGV: limit, after ('' for none), status digits...
+-- Returns the members (digit .. id) of each set and status past `after`, in order.
+local limit, after = tonumber(ARGV[1]), ARGV[2]
 local out = {}
 for i = 1, #KEYS do
-  for j = 2, #ARGV do
-    if #out >= limit then return out end
-    local base = tonumber(ARGV[j]) * 281474976710656
-    local got = redis.call('ZRANGEBYSCORE', KEYS[i], string.format('%.0f', base + now_ms),
-      string.format('%.0f', base + 281474976710655), 'LIMIT', 0, limit - #out)
+  for j = 3, #ARGV do
+    local d = ARGV[j]
+    local lo = (after == '' and '[' .. d) or '(' .. d .. after
+    local got = redis.call('ZRANGEBYLEX', KEYS[i], lo, '(' .. (tonumber(d) + 1),
+      'LIMIT', 0, limit)
     for k = 1, #got do out[#out + 1] = got[k] end
   end
 end
 return out
-""",
-)
+""")
 
-HEADS = LuaScript(
-    "heads",
-    """
--- KEYS: head hashes.  Returns the listing columns of each, 7 per key (false if gone).
+HEADS = LuaScript("""
+-- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 7 columns
+-- per head, or false for a member whose head is gone or moved on (the member is then
+-- removed: an expired thread, or one saved since under another status).
+local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
 local out = {}
-for i = 1, #KEYS do
+for i = 2, #KEYS do
   local h = redis.call('HMGET', KEYS[i], 'revision', 'pointer', 'status', 'reason',
     'handoff_status', 'handoff_pending_at', 'updated_at')
-  for j = 1, 7 do out[#out + 1] = h[j] end
+  local member = ARGV[i - 1]
+  if not h[1] or DIGIT[h[5]] ~= string.sub(member, 1, 1) then
+    redis.call('ZREM', KEYS[1], member)
+    out[#out + 1] = false
+  else
+    out[#out + 1] = h
+  end
 end
 return out
-""",
-)
+""")
 
-LAYOUT = LuaScript(
-    "layout",
-    """
+LAYOUT = LuaScript("""
 -- KEYS: meta.  ARGV: shards, layout version.  Records the layout once; returns it.
 redis.call('HSETNX', KEYS[1], 'shards', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'layout', ARGV[2])
 return redis.call('HMGET', KEYS[1], 'shards', 'layout')
-""",
-)
+""")
 
-ACQUIRE = LuaScript(
-    "acquire",
-    _PRELUDE
-    + """
--- KEYS: lease.  ARGV: owner, ttl_us, nonce.
+ACQUIRE = LuaScript("""@CLOCK@
+-- KEYS: lease.  ARGV: owner, ttl_us, nonce.  Returns {1, token, exp} or, when a live
+-- lease holds the thread, {0, owner, token, exp}.
 local now = now_us()
-local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'exp', 'anonce')
-if l[3] and tonumber(l[3]) > now then
-  if l[4] == ARGV[3] then
-    return {0, l[2], l[3]}
-  end
-  return {3, l[1], l[2], l[3], fmt(now)}
+local l, live = live_lease(KEYS[1], now)
+if live then
+  if l[4] == ARGV[3] then return {1, l[2], l[3]} end
+  return {0, l[1], l[2], l[3]}
 end
-local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
-local exp = fmt(now + tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'exp', exp, 'anonce', ARGV[3])
-return {0, fmt(token), exp}
-""",
-)
+local token = math.max((tonumber(l[2]) or 0) + 1, now)
+local exp = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', fmt(token), 'exp', fmt(exp),
+  'anonce', ARGV[3])
+redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(exp, token) / 1000) + 1)
+return {1, fmt(token), fmt(exp)}
+""")
 
-RENEW = LuaScript(
-    "renew",
-    _PRELUDE
-    + """
--- KEYS: lease.  ARGV: owner, token, ttl_us.
+RENEW = LuaScript("""@CLOCK@
+-- KEYS: lease.  ARGV: owner, token, ttl_us.  Returns the new expiry, or false.
 local now = now_us()
-local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'exp')
-if not (l[3] and tonumber(l[3]) > now) or l[1] ~= ARGV[1] or l[2] ~= ARGV[2] then
-  return {2, l[1] or '', l[2] or '0', l[3] or '0', fmt(now)}
-end
-local exp = fmt(now + tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'exp', exp)
-return {0, exp}
-""",
-)
+local l, live = live_lease(KEYS[1], now)
+if not live or l[1] ~= ARGV[1] or l[2] ~= ARGV[2] then return false end
+local exp = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'exp', fmt(exp))
+redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(exp, tonumber(l[2])) / 1000) + 1)
+return fmt(exp)
+""")
 
-RELEASE = LuaScript(
-    "release",
-    _PRELUDE
-    + """
--- KEYS: lease.  ARGV: owner, token, nonce.  The token counter stays.
+RELEASE = LuaScript("""@CLOCK@
+-- KEYS: lease.  ARGV: owner, token, nonce.  Returns 1 once released, else 0.  The
+-- record becomes a tombstone (token and nonce) that expires soon.
 local now = now_us()
-local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'exp', 'rnonce')
-if l[4] == ARGV[3] and l[1] == ARGV[1] and l[2] == ARGV[2] then
-  return {0}
-end
-if not (l[3] and tonumber(l[3]) > now) or l[1] ~= ARGV[1] or l[2] ~= ARGV[2] then
-  return {2, l[1] or '', l[2] or '0', l[3] or '0', fmt(now)}
-end
+local l, live = live_lease(KEYS[1], now)
+if l[5] == ARGV[3] and l[2] == ARGV[2] then return 1 end
+if not live or l[1] ~= ARGV[1] or l[2] ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'exp', '0', 'rnonce', ARGV[3])
-return {0}
-""",
-)
+redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(now / 1000 + @RELEASED@,
+  tonumber(l[2]) / 1000)) + 1)
+return 1
+""")
 
-HOLDER = LuaScript(
-    "holder",
-    _PRELUDE
-    + """
--- KEYS: lease.  Returns {1, owner, token, exp} for a live lease, else {0}.
-local now = now_us()
-local l = redis.call('HMGET', KEYS[1], 'owner', 'token', 'exp')
-if l[3] and tonumber(l[3]) > now then
-  return {1, l[1], l[2], l[3]}
-end
-return {0}
-""",
-)
+HOLDER = LuaScript("""@CLOCK@
+-- KEYS: lease.  Returns {owner, token, exp} of the live lease, or {}.
+local l, live = live_lease(KEYS[1], now_us())
+if live then return {l[1], l[2], l[3]} end
+return {}
+""")
 
-_CONSUMER_PRELUDE = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function field(fields, name)
-  for i = 1, #fields, 2 do
-    if fields[i] == name then return fields[i + 1] end
-  end
-  return false
-end
--- Move entry `id` (message `mid`) of `stream` to the dead letters.
-local function bury(k, group, id, mid, payload, attempts, err, now)
-  if err == '' then
-    err = redis.call('HGET', k.errs, mid) or
-      'the visibility timeout ran out on the last allowed delivery'
-  end
-  local did = redis.call('XADD', k.dead, '*', 'mid', mid, 'intent', payload or '',
-    'attempts', attempts, 'error', err, 'at', now)
-  redis.call('HSET', k.deadix, mid, did)
-  redis.call('XACK', k.stream, group, id)
-  redis.call('XDEL', k.stream, id)
-  redis.call('ZREM', k.vis, id)
-  redis.call('HDEL', k.errs, mid)
-  redis.call('HDEL', k.alias, mid)
-end
-local function shard_keys(base)
-  return {stream = KEYS[base + 1], vis = KEYS[base + 2], dead = KEYS[base + 3],
-    deadix = KEYS[base + 4], errs = KEYS[base + 5], alias = KEYS[base + 6]}
-end
-"""
+APPEND = LuaScript("""@OUTBOX@
+-- KEYS: 7 outbox keys of one shard.  ARGV: key, payload.
+append(outbox_keys(0), ARGV[1], ARGV[2])
+return 1
+""")
 
-CLAIM = LuaScript(
-    "claim",
-    _CONSUMER_PRELUDE
-    + """
--- KEYS: 6 per shard (stream, vis, dead, deadix, errs, alias).
--- ARGV: group, consumer, limit, visibility_ms, max_attempts.
--- Returns {{shard position, message id, payload, attempts}...}, {last entry id per shard}.
+CLAIM = LuaScript("""@OUTBOX@
+-- KEYS: 7 per shard.  ARGV: group, consumer, limit, visibility_ms.
+-- Returns {{shard position, message id, payload, attempts, error}...}, and when nothing
+-- was claimed the last entry id of each shard (where a blocking wait starts).
 local group, consumer = ARGV[1], ARGV[2]
-local limit, vis_ms, max_attempts = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local limit, deadline = tonumber(ARGV[3]), now_ms() + tonumber(ARGV[4])
 local now = now_ms()
-local deadline = now + vis_ms
 local out, lasts = {}, {}
-for base = 0, #KEYS - 1, 6 do
-  local k = shard_keys(base)
-  local pos = base / 6 + 1
+for base = 0, #KEYS - 1, 7 do
+  local k = outbox_keys(base)
+  local pos = base / 7 + 1
   if #out < limit then
-    -- Deliveries whose visibility ran out (released ones are due at 0).
-    local due = redis.call('ZRANGEBYSCORE', k.vis, '-inf', now, 'LIMIT', 0, limit - #out)
-    for _, id in ipairs(due) do
+    -- Deliveries whose time is up: timed out, or released and their delay over.
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', k.vis, '-inf', now, 'LIMIT', 0,
+        limit - #out)) do
       local p = redis.call('XPENDING', k.stream, group, id, id, 1)
-      if #p == 0 then
+      local e = #p > 0 and redis.call('XCLAIM', k.stream, group, consumer, 0, id)
+      if not e or #e == 0 or not e[1] then
+        redis.call('XACK', k.stream, group, id)
         redis.call('ZREM', k.vis, id)
       else
-        local dc = tonumber(p[1][4])
-        if dc >= max_attempts then
-          local e = redis.call('XRANGE', k.stream, id, id)
-          if #e == 0 then
-            redis.call('XACK', k.stream, group, id)
-            redis.call('ZREM', k.vis, id)
-          else
-            local mid = field(e[1][2], 'mid') or id
-            bury(k, group, id, mid, field(e[1][2], 'intent'), dc, '', now)
-          end
-        else
-          local e = redis.call('XCLAIM', k.stream, group, consumer, 0, id)
-          if #e == 0 or not e[1] then
-            redis.call('XACK', k.stream, group, id)
-            redis.call('ZREM', k.vis, id)
-          else
-            redis.call('ZADD', k.vis, deadline, id)
-            out[#out + 1] = {pos, field(e[1][2], 'mid') or id, field(e[1][2], 'intent'), dc + 1}
-          end
-        end
+        redis.call('ZADD', k.vis, deadline, id)
+        local mid = field(e[1][2], 'mid') or id
+        out[#out + 1] = {pos, mid, field(e[1][2], 'intent') or '', tonumber(p[1][4]) + 1,
+          redis.call('HGET', k.errs, mid) or ''}
       end
     end
   end
@@ -443,9 +408,7 @@ for base = 0, #KEYS - 1, 6 do
     local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', limit - #out,
       'STREAMS', k.stream, '>')
     if type(r) == 'table' and r.err then
-      if string.sub(r.err, 1, 7) ~= 'NOGROUP' then
-        return redis.error_reply(r.err)
-      end
+      if string.sub(r.err, 1, 7) ~= 'NOGROUP' then return redis.error_reply(r.err) end
       redis.call('XGROUP', 'CREATE', k.stream, group, '0', 'MKSTREAM')
       r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', limit - #out,
         'STREAMS', k.stream, '>')
@@ -453,106 +416,76 @@ for base = 0, #KEYS - 1, 6 do
     if r then
       for _, e in ipairs(r[1][2]) do
         redis.call('ZADD', k.vis, deadline, e[1])
-        out[#out + 1] = {pos, field(e[2], 'mid') or e[1], field(e[2], 'intent'), 1}
+        out[#out + 1] = {pos, field(e[2], 'mid') or e[1], field(e[2], 'intent') or '', 1, ''}
       end
     end
   end
-  local last = redis.call('XREVRANGE', k.stream, '+', '-', 'COUNT', 1)
-  lasts[pos] = (last[1] and last[1][1]) or '0-0'
+  if #out == 0 then
+    local last = redis.call('XREVRANGE', k.stream, '+', '-', 'COUNT', 1)
+    lasts[pos] = (last[1] and last[1][1]) or '0-0'
+  end
 end
 return {out, lasts}
-""",
-)
+""")
 
-ACK = LuaScript(
-    "ack",
-    _CONSUMER_PRELUDE
-    + """
--- KEYS: 6 of one shard.  ARGV: group, message id.
-local k = shard_keys(0)
+ACK = LuaScript("""@OUTBOX@
+-- KEYS: 7 of one shard.  ARGV: group, message id.
+local k = outbox_keys(0)
 local mid = ARGV[2]
-local id = redis.call('HGET', k.alias, mid) or mid
+local id = entry_of(k, mid)
+local e = redis.call('XRANGE', k.stream, id, id)
+if #e > 0 then
+  local key = field(e[1][2], 'key')
+  if key and redis.call('HGET', k.ids, key) == mid then redis.call('HDEL', k.ids, key) end
+end
 redis.pcall('XACK', k.stream, ARGV[1], id)
 redis.call('XDEL', k.stream, id)
 redis.call('ZREM', k.vis, id)
 redis.call('HDEL', k.errs, mid)
 redis.call('HDEL', k.alias, mid)
 return 1
-""",
-)
+""")
 
-RELEASE_MESSAGE = LuaScript(
-    "release_message",
-    _CONSUMER_PRELUDE
-    + """
--- KEYS: 6 of one shard.  ARGV: group, message id, error, max_attempts.
--- Returns 0 (not pending: nothing to do), 1 (claimable again now) or 2 (dead-lettered).
-local k = shard_keys(0)
+RELEASE_MESSAGE = LuaScript("""@OUTBOX@
+-- KEYS: 7 of one shard.  ARGV: group, message id, error, delay_ms, dead ('1'/'0').
+-- Returns 0 when the message is not pending (acked or unknown): nothing to do.
+local k = outbox_keys(0)
 local group, mid, err = ARGV[1], ARGV[2], ARGV[3]
-local id = redis.call('HGET', k.alias, mid) or mid
+local id = entry_of(k, mid)
 local p = redis.pcall('XPENDING', k.stream, group, id, id, 1)
-if type(p) ~= 'table' or p.err or #p == 0 then
-  return 0
+if type(p) ~= 'table' or p.err or #p == 0 then return 0 end
+if ARGV[5] == '1' then
+  bury(k, group, id, mid, err)
+  return 1
 end
-local dc = tonumber(p[1][4])
-if dc >= tonumber(ARGV[4]) then
-  local e = redis.call('XRANGE', k.stream, id, id)
-  if #e == 0 then
-    redis.call('XACK', k.stream, group, id)
-    redis.call('ZREM', k.vis, id)
-    return 0
-  end
-  bury(k, group, id, mid, field(e[1][2], 'intent'), dc, err, now_ms())
-  return 2
-end
-if err ~= '' then
+if err == '' then
+  redis.call('HDEL', k.errs, mid)
+else
   redis.call('HSET', k.errs, mid, err)
 end
-redis.call('ZADD', k.vis, 0, id)
+redis.call('ZADD', k.vis, now_ms() + tonumber(ARGV[4]), id)
 return 1
-""",
-)
+""")
 
-DEAD_LIST = LuaScript(
-    "dead_list",
-    _CONSUMER_PRELUDE
-    + """
--- KEYS: 6 per shard.  ARGV: limit.  Returns {{shard position, dead entry id, message id,
--- payload, attempts, error}...}, oldest first within each shard.
-local limit = tonumber(ARGV[1])
+DEAD_LIST = LuaScript("""@OUTBOX@
+-- KEYS: 7 per shard.  ARGV: limit.  Returns {{shard position, dead entry id, message
+-- id, payload, attempts, error}...}, oldest first within each shard.
 local out = {}
-for base = 0, #KEYS - 1, 6 do
-  local k = shard_keys(base)
-  local got = redis.call('XRANGE', k.dead, '-', '+', 'COUNT', limit)
-  for _, e in ipairs(got) do
-    out[#out + 1] = {base / 6 + 1, e[1], field(e[2], 'mid'), field(e[2], 'intent'),
-      field(e[2], 'attempts'), field(e[2], 'error')}
+for base = 0, #KEYS - 1, 7 do
+  local k = outbox_keys(base)
+  for _, e in ipairs(redis.call('XRANGE', k.dead, '-', '+', 'COUNT', tonumber(ARGV[1]))) do
+    local f = e[2]
+    out[#out + 1] = {base / 7 + 1, e[1], field(f, 'mid') or e[1], field(f, 'intent') or '',
+      field(f, 'attempts') or '0', field(f, 'error') or ''}
   end
 end
 return out
-""",
-)
+""")
 
-RETRY_DEAD = LuaScript(
-    "retry_dead",
-    _CONSUMER_PRELUDE
-    + """
--- KEYS: 6 of one shard.  ARGV: message id.  Puts a dead letter back in the outbox as a
--- new entry that keeps its message id; returns 0 when there is no such dead letter.
-local k = shard_keys(0)
-local mid = ARGV[1]
-local did = redis.call('HGET', k.deadix, mid)
-if not did then
-  return 0
-end
-redis.call('HDEL', k.deadix, mid)
-local e = redis.call('XRANGE', k.dead, did, did)
-if #e == 0 then
-  return 0
-end
-local id = redis.call('XADD', k.stream, '*', 'intent', field(e[1][2], 'intent'), 'mid', mid)
-redis.call('HSET', k.alias, mid, id)
-redis.call('XDEL', k.dead, did)
-return 1
-""",
-)
+RETRY_DEAD = LuaScript("""@OUTBOX@
+-- KEYS: 7 of one shard.  ARGV: message id.  Returns 0 when it is not a dead letter.
+local k = outbox_keys(0)
+local did = redis.call('HGET', k.deadix, ARGV[1])
+if not did then return 0 end
+return revive(k, ARGV[1], did, false)
+""")
