@@ -144,7 +144,7 @@ def dynamo_endpoint() -> Iterator[Endpoint]:
         try:
             server = SerializedMotoServer()
         except ImportError as exc:  # pragma: no cover - moto is a dev dependency
-            backend_missing(f"no DynamoDB endpoint: FLOWY_DYNAMODB_ENDPOINT unset, no Docker, {exc}")
+            backend_missing(f"no DynamoDB endpoint (FLOWY_DYNAMODB_ENDPOINT, Docker, moto): {exc}")
         url = server.start()
         try:
             yield Endpoint(url, "moto", after_test=server.forget_tracked_instances)

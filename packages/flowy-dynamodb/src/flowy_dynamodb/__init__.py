@@ -11,17 +11,17 @@ from __future__ import annotations
 from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
 from ._backend import open_backend as open_backend
-from ._checkpointer import DynamoCheckpointer as DynamoCheckpointer
-from ._leases import DynamoLeaseManager as DynamoLeaseManager
-from ._outbox import DynamoConsumer as DynamoConsumer
-from ._outbox import DynamoOutbox as DynamoOutbox
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import create_table as create_table
 from ._schema import make_client as make_client
-from ._store import MAX_ITEM_BYTES as MAX_ITEM_BYTES
-from ._store import ClockSkewError as ClockSkewError
-from ._store import DynamoTable as DynamoTable
-from ._store import thread_key as thread_key
+from ._store import DynamoCheckpointer as DynamoCheckpointer
+from ._store import DynamoConsumer as DynamoConsumer
+from ._store import DynamoLeaseManager as DynamoLeaseManager
+from ._store import DynamoOutbox as DynamoOutbox
+from ._table import MAX_ITEM_BYTES as MAX_ITEM_BYTES
+from ._table import ClockSkewError as ClockSkewError
+from ._table import DynamoTable as DynamoTable
+from ._table import thread_key as thread_key
 
 __all__ = [
     "MAX_ITEM_BYTES",
@@ -40,8 +40,14 @@ __all__ = [
     "thread_key",
 ]
 
-for _name in __all__:  # tracebacks and reprs say flowy_dynamodb.X
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("flowy_dynamodb."):
-        _obj.__module__ = __name__
-del _name, _obj
+
+def _present_as_public() -> None:
+    """Make tracebacks and reprs say ``flowy_dynamodb.X`` rather than the private module."""
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("flowy_dynamodb."):
+            obj.__module__ = __name__
+
+
+_present_as_public()
+del _present_as_public

@@ -15,11 +15,9 @@ from botocore.exceptions import BotoCoreError
 from flowy.errors import BackendURLError
 from flowy.storage import BaseBackend, RunStatus, StateCodec, StoreURL
 
-from ._checkpointer import DynamoCheckpointer
-from ._leases import DynamoLeaseManager
-from ._outbox import DynamoConsumer, DynamoOutbox
 from ._schema import check_version, make_client, migrate, schema_version
-from ._store import Clock, DynamoTable
+from ._store import DynamoCheckpointer, DynamoConsumer, DynamoLeaseManager, DynamoOutbox
+from ._table import Clock, DynamoTable
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -174,7 +172,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Dynam
             "(3-255 letters, digits, '_', '-', '.')"
         )
     workers = url.count("max_workers", 16)
-    settings = {
+    settings: dict[str, Any] = {
         "region": url.options.get("region"),
         "endpoint_url": url.options.get("endpoint_url"),
         "profile": url.options.get("profile"),

@@ -1,539 +1,827 @@
-"""The one table every component of a store shares: its layout, value marshalling, the
-translation of botocore's errors, the clock check, and :class:`DynamoTable`.
+"""The four components of a DynamoDB store over one :class:`DynamoTable`.
 
-Items, keyed by the string partition key ``pk`` and sort key ``sk``::
+**Saves.** A save is ONE ``TransactWriteItems``: an ``Update`` of the thread's head
+item whose condition checks the revision, the stored thread id and the lease together,
+a ``Put`` of the history entry, and for ``save_with_outbox`` the messages (and actions
+added with :meth:`DynamoCheckpointer.add_action`). A cancelled transaction is judged
+from its cancellation reasons, which carry the head as it was: our own write that landed
+earlier (botocore resent a request whose answer was lost) is the success it was; a
+cancellation by a concurrent transaction is sent again; otherwise the base class turns
+what was seen into the right error.
 
-    pk                                  sk                  item
-    thread#<id> or thread-sha256#<hex>  head                head of a thread (revision, record,
-                                                            summary columns) and its lease
-    (same)                              rev#<20 digits>     one history entry
-    (same)                              outbox#<20 digits>  the hand-off message of that
-                                                            committed revision (live or dead)
-    flowy#schema                        version             the schema version
+**Leases** are three attributes of the head item (``lease_owner``,
+``lease_expires_at``, ``lease_token``), so one condition checks revision and lease.
+Expiry is judged by the clients' clocks: a lease counts as live ``clock_skew`` seconds
+past its expiry when another client decides whether to take it over (or to write
+without it); its holder stops trusting it at the expiry itself. The fencing token is
+``max(previous + 1, now in microseconds)``, so a lease record may go without tokens
+going back: release removes the lease attributes, the token too once ``clock_skew`` has
+passed since it was issued (no client can issue a smaller one after that), and an item
+holding nothing but a lease has a time to live that outlasts the lease.
 
-Three sparse global secondary indexes: ``by_thread`` (``list_key`` = hand-off status and
-shard, ``list_sort`` = the thread id) lists heads in thread-id order; ``outbox``
-(``live_key`` = shard, ``visible_at``) finds visible live messages oldest first;
-``dead_letters`` (``dead_key``, ``dead_at``) lists dead letters oldest first.
-
-Every blocking boto3 call runs on the table's bounded thread pool. Every answer's HTTP
-``Date`` header feeds :class:`ClockWatch`, which keeps an estimate of how far this
-client's clock is from DynamoDB's.
+**Messages.** The message of a thread's committed revision is the item
+``outbox#<revision>`` of the thread: unique per (thread, revision), written in the
+save's transaction. A live one has ``live_key``, ``visible_at``, ``attempts`` and
+``error`` (the ``outbox`` index finds visible ones, oldest first; a claim is a
+conditional update on the ``visible_at`` it saw); a dead letter has ``dead_key`` and
+``dead_at`` instead. Index reads are eventually consistent: on DynamoDB a new message
+may take a moment to be claimable.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
-import functools
-import hashlib
+import contextvars
 import math
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any, cast
-
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+import uuid
+from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
 
 from flowy.errors import (
-    LeaseLostError,
     SnapshotEnvelopeInvalidError,
     SnapshotTooLargeError,
     StorageError,
     StorageUnavailableError,
 )
-from flowy.storage import show_id
-
-if TYPE_CHECKING:
-    from botocore.client import BaseClient
-
-__all__ = ["ClockSkewError", "DynamoTable", "thread_key"]
-
-Item = dict[str, Any]
-Clock = Callable[[], float]
-
-PK, SK = "pk", "sk"
-HEAD_SK = "head"
-HISTORY_PREFIX = "rev#"
-MESSAGE_PREFIX = "outbox#"
-SCHEMA_KEY: Item = {PK: {"S": "flowy#schema"}, SK: {"S": "version"}}
-TTL = "expires"
-THREADS_INDEX, OUTBOX_INDEX, DEAD_INDEX = "by_thread", "outbox", "dead_letters"
-SHARDS = 8
-MAX_ITEM_BYTES = 400 * 1024
-"""DynamoDB's item size limit (attribute names included)."""
-
-
-class A:
-    """Attribute names: of heads and history entries, leases, messages."""
-
-    THREAD_ID, REVISION, RECORD, WRITE_TX = "thread_id", "revision", "record", "write_tx"
-    POINTER, STATUS, REASON, UPDATED = "pointer", "status", "reason", "updated_at"
-    HANDOFF, HANDOFF_AT = "handoff_status", "handoff_pending_at"
-    LIST_KEY, LIST_SORT = "list_key", "list_sort"
-    OWNER, EXPIRES, TOKEN = "lease_owner", "lease_expires_at", "lease_token"
-    PAYLOAD, ATTEMPTS, ERROR = "payload", "attempts", "error"
-    LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
-
-
-SUMMARY = (
-    A.THREAD_ID,
-    A.REVISION,
-    A.POINTER,
-    A.STATUS,
-    A.REASON,
-    A.HANDOFF,
-    A.HANDOFF_AT,
-    A.UPDATED,
+from flowy.storage import (
+    BaseCheckpointer,
+    BaseConsumer,
+    BaseLeaseManager,
+    BaseOutbox,
+    Busy,
+    EnqueueCallback,
+    HandoffStatus,
+    Lease,
+    OutboxRow,
+    OutboxTransaction,
+    RawMessage,
+    Refused,
+    RunStatus,
+    Snapshot,
+    StateCodec,
+    ThreadSummary,
+    Write,
+    show_id,
 )
-_VERBATIM_KEY_BYTES = 1024
-_SORT_KEY_BYTES = 1024  # a GSI sort key holds at most 1 KiB
-_UNAVAILABLE = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "InternalServerError",
-        "InternalFailure",
-        "ServiceUnavailable",
-        "TransactionInProgressException",
-        "LimitExceededException",
-    }
+
+from ._table import (
+    DEAD_INDEX,
+    HISTORY,
+    MESSAGE,
+    OUTBOX_INDEX,
+    PK,
+    SHARDS,
+    SK,
+    THREADS_INDEX,
+    TTL,
+    A,
+    ConditionFailed,
+    DynamoTable,
+    Expression,
+    Item,
+    check_stored_id,
+    entry_key,
+    get_b,
+    get_int,
+    get_n,
+    get_s,
+    get_text,
+    head_key,
+    is_size_error,
+    item_size,
+    n,
+    s,
+    shard_of,
+    sort_key,
+    thread_key,
 )
-_DRIFT = 1e-3  # seconds per second two clocks may drift apart between samples
+
+__all__ = ["DynamoCheckpointer", "DynamoConsumer", "DynamoLeaseManager", "DynamoOutbox"]
+
+S = TypeVar("S")
+
+ATTEMPTS = 4
+_actions: contextvars.ContextVar[list[Item] | None] = contextvars.ContextVar(
+    "flowy_dynamodb_actions", default=None
+)
+_TRANSIENT = {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}
+_HEAD_COLUMNS = (
+    A.REVISION, A.POINTER, A.STATUS, A.REASON, A.HANDOFF, A.HANDOFF_AT, A.UPDATED, A.RECORD,
+    A.WRITE_TX, A.LIST_KEY, A.LIST_SORT,
+)  # fmt: skip
 
 
-class ClockSkewError(LeaseLostError):
-    """This client's clock is further from DynamoDB's than ``clock_skew`` allows.
-
-    Leases are judged by the clients' clocks, so a client whose clock runs ahead could
-    take over live leases; it refuses to take or renew leases instead (a run holding
-    one stops as if it lost it). Synchronise the clock (NTP, the Amazon Time Sync
-    Service) or raise ``clock_skew`` on every client of the table.
-    """
+def live_lease(thread_id: str, item: Mapping[str, Any] | None, cutoff: float) -> Lease | None:
+    """The lease recorded in ``item`` if it expires after ``cutoff``."""
+    owner, token, expires = get_s(item, A.OWNER), get_int(item, A.TOKEN), get_n(item, A.EXPIRES)
+    if owner is None or token is None or expires is None or expires <= cutoff:
+        return None
+    return Lease(thread_id, owner, token, float(expires))
 
 
-def thread_key(thread_id: str) -> str:
-    """The partition key of a thread: ``thread#`` + the id up to 1 KiB of UTF-8, else
-    ``thread-sha256#`` + the SHA-256 of the id (every item keeps the full id too)."""
-    raw = thread_id.encode("utf-8")
-    if len(raw) <= _VERBATIM_KEY_BYTES:
-        return "thread#" + thread_id
-    return "thread-sha256#" + hashlib.sha256(raw).hexdigest()
+def lease_free(expr: Expression, cutoff: float) -> str:
+    """Condition: no lease, or one that expired at or before ``cutoff``."""
+    return f"(attribute_not_exists({expr(A.EXPIRES)}) OR {expr(A.EXPIRES)} <= {expr.v(n(cutoff))})"
 
 
-def sort_key(thread_id: str) -> str:
-    """The thread id cut to 1 KiB of UTF-8 (UTF-8 order is code point order, and a cut
-    never reorders two ids, so the index order is the thread-id order up to ties)."""
-    return thread_id.encode("utf-8")[:_SORT_KEY_BYTES].decode("utf-8", "ignore")
-
-
-def shard_of(text: str) -> int:
-    """A stable shard in ``range(SHARDS)``."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "big") % SHARDS
-
-
-def head_key(thread_id: str) -> Item:
-    """The key of a thread's head item."""
-    return {PK: {"S": thread_key(thread_id)}, SK: {"S": HEAD_SK}}
-
-
-def n(value: float | int) -> dict[str, str]:
-    """A number attribute value (plain decimal notation)."""
-    if isinstance(value, int):
-        return {"N": str(value)}
-    if not math.isfinite(value):
-        raise ValueError(f"DynamoDB cannot store the number {value!r}")
-    return {"N": format(Decimal(repr(value)), "f")}
-
-
-def s(value: str) -> dict[str, str]:
-    """A string attribute value."""
-    return {"S": value}
-
-
-def get_s(item: Mapping[str, Any] | None, name: str) -> str | None:
-    """String attribute ``name``, or ``None``."""
-    value = (item or {}).get(name)
+def lease_held(expr: Expression, lease: Lease, now: float) -> str:
+    """Condition: ``lease`` (thread, owner and token) is the live lease at ``now``."""
     return (
-        str(cast(Mapping[str, Any], value)["S"])
-        if isinstance(value, dict) and "S" in value
-        else None
+        f"{expr(A.THREAD_ID)} = {expr.v(s(lease.thread_id))} AND "
+        f"{expr(A.OWNER)} = {expr.v(s(lease.owner))} AND "
+        f"{expr(A.TOKEN)} = {expr.v(n(lease.fencing_token))} AND "
+        f"{expr(A.EXPIRES)} > {expr.v(n(now))}"
     )
 
 
-def get_n(item: Mapping[str, Any] | None, name: str) -> str | None:
-    """Number attribute ``name`` as its decimal text, or ``None``."""
-    value = (item or {}).get(name)
-    return (
-        str(cast(Mapping[str, Any], value)["N"])
-        if isinstance(value, dict) and "N" in value
-        else None
-    )
+def lease_ttl(table: DynamoTable, lease_end: float, token: int) -> int:
+    """The time to live (epoch second) an item needs to outlast a lease ending at
+    ``lease_end``, and for no client to issue a token below ``token`` once it is gone."""
+    return math.ceil(max(lease_end, token / 1e6) + table.clock_skew) + 1
 
 
-def get_int(item: Mapping[str, Any] | None, name: str) -> int | None:
-    """Number attribute ``name`` as an int, or ``None``."""
-    raw = get_n(item, name)
-    return None if raw is None else int(Decimal(raw))
+class DynamoLeaseManager(BaseLeaseManager):
+    """Exclusive, expiring, fenced leases on the head items of one table (build it
+    through :class:`~flowy_dynamodb.DynamoBackend`)."""
 
+    def __init__(self, table: DynamoTable) -> None:
+        self.table = table
+        self.domain = table.domain
 
-def get_float(item: Mapping[str, Any] | None, name: str) -> float | None:
-    """Number attribute ``name`` as a float, or ``None``."""
-    raw = get_n(item, name)
-    return None if raw is None else float(raw)
-
-
-def get_b(item: Mapping[str, Any] | None, name: str) -> bytes | None:
-    """Binary attribute ``name``, or ``None``."""
-    value = (item or {}).get(name)
-    if isinstance(value, dict) and "B" in value:
-        return bytes(cast(bytes, cast(Mapping[str, Any], value)["B"]))
-    return None
-
-
-def item_size(item: Mapping[str, Any]) -> int:
-    """A never smaller estimate of an item's size as DynamoDB counts it (names + values,
-    every number at its 21-byte maximum)."""
-    total = 0
-    for name, value in item.items():
-        total += len(name.encode("utf-8"))
-        for kind, raw in cast(Mapping[str, Any], value).items():
-            total += 21 if kind == "N" else len(raw if kind == "B" else str(raw).encode("utf-8"))
-    return total
-
-
-def check_stored_id(thread_id: str, item: Mapping[str, Any] | None) -> None:
-    """``SnapshotEnvelopeInvalidError`` if ``item`` is stored for another thread id."""
-    stored = get_s(item, A.THREAD_ID)
-    if stored is not None and stored != thread_id:
-        raise SnapshotEnvelopeInvalidError(
-            f"the item for thread {show_id(thread_id)} names thread {show_id(stored)}: it "
-            "does not match its key (written by something else, or corrupt)"
-        )
-
-
-class Expression:
-    """The placeholders of one request: attribute names go through ``#name`` and values
-    through ``:label``, never into the expression text."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-        self.values: dict[str, Any] = {}
-
-    def name(self, attribute: str) -> str:
-        """The placeholder of ``attribute`` (all of ours are plain identifiers)."""
-        self.names["#" + attribute] = attribute
-        return "#" + attribute
-
-    def value(self, label: str, value: Mapping[str, Any]) -> str:
-        """The placeholder ``:label`` bound to ``value``."""
-        self.values[":" + label] = dict(value)
-        return ":" + label
-
-    def params(self) -> dict[str, Any]:
-        """``ExpressionAttributeNames`` / ``ExpressionAttributeValues``."""
-        out: dict[str, Any] = {}
-        if self.names:
-            out["ExpressionAttributeNames"] = dict(self.names)
-        if self.values:
-            out["ExpressionAttributeValues"] = dict(self.values)
-        return out
-
-
-# -- errors ---------------------------------------------------------------------------
-
-
-class ConditionFailed(Exception):
-    """A single-item write's condition was false; ``item`` is the item as it was."""
-
-    def __init__(self, item: Item | None) -> None:
-        super().__init__("the condition expression was not met")
-        self.item = item
-
-
-@dataclass(frozen=True, slots=True)
-class CancelReason:
-    """Why one action of a cancelled transaction failed (``"None"``: it did not)."""
-
-    code: str
-    message: str
-    item: Item | None
-
-
-class TransactionCancelled(Exception):
-    """``TransactWriteItems`` was cancelled (nothing written); one reason per action."""
-
-    def __init__(self, reasons: list[CancelReason]) -> None:
-        super().__init__("the transaction was cancelled")
-        self.reasons = reasons
-
-
-def is_size_error(message: str) -> bool:
-    """True if a ``ValidationException`` message is about the item size limit."""
-    lowered = message.lower()
-    return "item size" in lowered and ("exceed" in lowered or "too large" in lowered)
-
-
-def translate_error(exc: Exception, operation: str, table: str) -> Exception:
-    """What to raise (``from exc``) for a failed botocore call: conditional failures
-    become :class:`ConditionFailed` / :class:`TransactionCancelled`; broken connections,
-    timeouts and throttling that outlived botocore's retries ``StorageUnavailableError``
-    (a write's outcome is unknown); an oversized item ``SnapshotTooLargeError``; the
-    rest ``StorageError`` naming the operation and the table."""
-    where = f"DynamoDB {operation} on table {table!r}"
-    if isinstance(exc, ClientError):
-        response = cast(Mapping[str, Any], exc.response)
-        error = cast(Mapping[str, Any], response.get("Error") or {})
-        code, message = str(error.get("Code", "")), str(error.get("Message", ""))
-        if code == "ConditionalCheckFailedException":
-            item = response.get("Item")
-            return ConditionFailed(cast(Item, item) if isinstance(item, dict) else None)
-        if code == "TransactionCanceledException":
-            raw = cast(list[Mapping[str, Any]], response.get("CancellationReasons") or [])
-            return TransactionCancelled(
-                [
-                    CancelReason(
-                        str(r.get("Code") or "None"),
-                        str(r.get("Message") or ""),
-                        cast(Item, r["Item"]) if isinstance(r.get("Item"), dict) else None,
-                    )
-                    for r in raw
-                ]
+    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        table = self.table
+        table.check_clock("take")
+        seen = 0
+        for _ in range(ATTEMPTS):
+            now = table.clock()
+            lease = Lease(thread_id, owner, max(int(now * 1e6), seen + 1), now + ttl)
+            expr = Expression()
+            fields = {A.THREAD_ID: s(thread_id), A.OWNER: s(owner), A.EXPIRES: n(lease.expires_at)}
+            update = expr.sets({**fields, A.TOKEN: n(lease.fencing_token)})  # :v0 … :v3
+            tid, tok = expr(A.THREAD_ID), expr(A.TOKEN)
+            condition = (
+                f"(attribute_not_exists({tid}) OR {tid} = :v0) AND "
+                f"{lease_free(expr, now - table.clock_skew)} AND "
+                f"(attribute_not_exists({tok}) OR {tok} < :v3)"
             )
-        if code in _UNAVAILABLE:
-            return StorageUnavailableError(
-                f"{where} failed with {code} after botocore's retries ({message}): the "
-                "table is throttled or the service unavailable; retry later, or raise the "
-                "retries (option retry_attempts)"
-            )
-        if code == "ValidationException" and is_size_error(message):
-            return SnapshotTooLargeError(
-                f"{where} was refused: an item exceeds DynamoDB's size limit ({message}); "
-                "nothing was written. Keep large payloads out of the state (e.g. in S3)"
-            )
-        return StorageError(f"{where} failed with {code or 'an error'}: {message}")
-    if isinstance(exc, HTTPClientError | ConnectionError):
-        return StorageUnavailableError(
-            f"{where} failed: the connection to DynamoDB broke or timed out ({exc}); the "
-            "outcome of a write is unknown"
-        )
-    if isinstance(exc, BotoCoreError):
-        return StorageError(f"{where} failed: {exc}")
-    return exc
-
-
-# -- the clock ----------------------------------------------------------------------------
-
-
-class ClockWatch:
-    """An estimate of ``DynamoDB's clock - this client's clock``, as an interval.
-
-    A response sent at ``sent`` and received at ``received`` (local clock) with
-    ``Date: D`` (whole seconds, rounded down) was dated by a server clock in ``[D,
-    D + 1)`` at a moment in ``[sent, received]``, so the offset lies in ``[D - received,
-    D + 1 - sent]``. Intersecting successive intervals (widened for drift) narrows the
-    estimate to about a round trip; an empty intersection (a clock was stepped) starts
-    over from the newest sample.
-    """
-
-    def __init__(self) -> None:
-        self.low = -math.inf
-        self.high = math.inf
-        self._at: float | None = None
-        self._date = ("", 0.0)
-
-    def sample(self, sent: float, received: float, date: object) -> None:
-        """Account one response's ``Date`` header (ignored if missing or unparsable)."""
-        if not isinstance(date, str) or not date:
-            return
-        if date != self._date[0]:
             try:
-                self._date = (date, email.utils.parsedate_to_datetime(date).timestamp())
-            except (TypeError, ValueError):
-                return
-        low, high = self._date[1] - received, self._date[1] + 1.0 - sent
-        if self._at is not None:
-            slack = abs(received - self._at) * _DRIFT
-            merged = max(low, self.low - slack), min(high, self.high + slack)
-            if merged[0] <= merged[1]:
-                low, high = merged
-        self.low, self.high, self._at = low, high, received
+                result = await table.write(
+                    "update_item",
+                    head_key(thread_id),
+                    expr,
+                    condition,
+                    UpdateExpression=update,
+                    ReturnValues="ALL_NEW",
+                )
+            except ConditionFailed as failed:
+                check_stored_id(thread_id, failed.item)
+                live = live_lease(thread_id, failed.item, now - table.clock_skew)
+                if live is not None:
+                    return Busy(live)
+                seen = get_int(failed.item, A.TOKEN) or 0  # issued by a clock ahead of ours
+                continue
+            if await self._keep_alive(lease, result.get("Attributes") or {}):
+                return lease
+        raise StorageUnavailableError(
+            f"could not lease a thread of table {table.name!r} in {ATTEMPTS} attempts: its "
+            "lease record kept changing; try again"
+        )
 
-    @property
-    def skew(self) -> float:
-        """The least offset consistent with every sample (0 while it may be 0)."""
-        return max(self.low, -self.high, 0.0)
+    async def _keep_alive(self, lease: Lease, item: Mapping[str, Any]) -> bool:
+        """Give an item that holds only the lease a time to live that outlasts it (and
+        push back a completed head's that would end sooner). False if the item is gone:
+        its own time to live had passed."""
+        need = lease_ttl(self.table, lease.expires_at, lease.fencing_token)
+        current = get_int(item, TTL)
+        if A.REVISION in item and (current is None or current >= need):
+            return True
+        expr = Expression()
+        update = expr.sets({TTL: n(need)})  # :v0
+        condition = (
+            f"{expr(A.TOKEN)} = {expr.v(n(lease.fencing_token))} AND "
+            f"(attribute_not_exists({expr(A.REVISION)}) OR {expr(TTL)} < :v0)"
+        )
+        try:
+            await self.table.write(
+                "update_item", head_key(lease.thread_id), expr, condition, UpdateExpression=update
+            )
+        except ConditionFailed as failed:
+            return failed.item is not None
+        return True
+
+    async def _update_held(self, lease: Lease, expr: Expression, update: str) -> Item | None:
+        condition = lease_held(expr, lease, self.table.clock())
+        try:
+            result = await self.table.write(
+                "update_item",
+                head_key(lease.thread_id),
+                expr,
+                condition,
+                UpdateExpression=update,
+                ReturnValues="ALL_NEW",
+            )
+        except ConditionFailed:
+            return None
+        return result.get("Attributes") or {}
+
+    async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
+        self.table.check_clock("renew")
+        renewed = Lease(lease.thread_id, lease.owner, lease.fencing_token, self.table.clock() + ttl)
+        expr = Expression()
+        item = await self._update_held(lease, expr, expr.sets({A.EXPIRES: n(renewed.expires_at)}))
+        if item is None or not await self._keep_alive(renewed, item):
+            return None
+        return renewed
+
+    async def _release(self, lease: Lease) -> bool:
+        table = self.table
+        # Once clock_skew has passed since the token was issued, no client (their clocks
+        # are within clock_skew) can issue a smaller one: the token may go too.
+        spent = table.clock() - lease.fencing_token / 1e6 >= table.clock_skew
+        expr = Expression()
+        removed = expr.removes([A.OWNER, A.EXPIRES, *([A.TOKEN] if spent else [])])
+        item = await self._update_held(lease, expr, removed.strip())
+        if item is None:
+            return False
+        if A.REVISION not in item and spent:  # nothing left but the key
+            expr = Expression()
+            condition = expr.all_absent(A.REVISION, A.TOKEN)
+            try:
+                await table.write("delete_item", head_key(lease.thread_id), expr, condition)
+            except ConditionFailed:
+                pass  # saved or leased again meanwhile
+        return True
+
+    async def _holder(self, thread_id: str) -> Lease | None:
+        item = await self.table.get(head_key(thread_id), (A.THREAD_ID, A.OWNER, A.EXPIRES, A.TOKEN))
+        check_stored_id(thread_id, item)
+        return live_lease(thread_id, item, self.table.clock() - self.table.clock_skew)
+
+    def __repr__(self) -> str:
+        return f"DynamoLeaseManager(table={self.table.name!r})"
 
 
-# -- the table ----------------------------------------------------------------------------
+def _message_id(item: Item) -> str:
+    return f"{item[SK]['S']}|{item[PK]['S']}"  # a sort key never holds "|"
 
 
-class DynamoTable:
-    """One DynamoDB table as the components share it: the boto3 client, a bounded thread
-    pool for its blocking calls, the clock (and its check against DynamoDB's), and the
-    store's settings.
+def _message_key(message_id: str) -> Item | None:
+    sk, sep, pk = message_id.partition("|")
+    if not sep or not sk.startswith(MESSAGE) or not pk.startswith(("thread", "legacy#")):
+        return None
+    return {PK: s(pk), SK: s(sk)}
 
-    Args:
-        client: a boto3 DynamoDB client.
-        name: the table.
-        max_workers: threads running boto3 calls (at most this many calls in flight).
-        clock_skew: seconds two clients' clocks may differ (see the package README).
-        expire_after: seconds a completed thread lives before DynamoDB's time to live
-            deletes it (``None``: forever).
-        clock: epoch seconds, for leases, visibility and time to live.
-    """
+
+def _revive(expr: Expression, pk: str, now: float) -> str:
+    fields = {
+        A.LIVE: s(f"live#{shard_of(pk)}"),
+        A.VISIBLE: n(now),
+        A.ATTEMPTS: n(0),
+        A.ERROR: s(""),
+    }
+    return expr.sets(fields) + expr.removes([A.DEAD, A.DEAD_AT])
+
+
+def message_write(table: DynamoTable, row: OutboxRow, now: float, *, revive: bool) -> Item:
+    """``UpdateItem`` parameters that add ``row``'s message: a new one is created, a live
+    one left exactly as it is (condition: not dead); with ``revive``, a dead one comes
+    back with its attempts and error reset (condition: dead)."""
+    key = entry_key(row.thread_id, MESSAGE, row.committed_revision)
+    expr = Expression()
+    if revive:
+        update = _revive(expr, key[PK]["S"], now)
+    else:
+        kept = {A.PAYLOAD: {"B": row.payload}, A.VISIBLE: n(now), A.ATTEMPTS: n(0), A.ERROR: s("")}
+        update = expr.sets(
+            {A.THREAD_ID: s(row.thread_id), A.LIVE: s(f"live#{shard_of(key[PK]['S'])}")}
+        )
+        update += "".join(
+            f", {expr(k)} = if_not_exists({expr(k)}, {expr.v(v)})" for k, v in kept.items()
+        )
+    condition = f"attribute_{'exists' if revive else 'not_exists'}({expr(A.DEAD)})"
+    return {
+        "TableName": table.name,
+        "Key": key,
+        "UpdateExpression": update,
+        "ConditionExpression": condition,
+        **expr.params(),
+    }
+
+
+class DynamoOutbox(BaseOutbox):
+    """The producing side: one conditional ``UpdateItem`` per message (or, through
+    ``save_with_outbox``, an action of the checkpoint's transaction)."""
+
+    def __init__(self, table: DynamoTable) -> None:
+        self.table = table
+        self.domain = table.domain
+
+    async def _append(self, row: OutboxRow) -> None:
+        for revive in (False, True, False):  # new or live; else dead; else raced: again
+            try:
+                params = message_write(self.table, row, self.table.clock(), revive=revive)
+                await self.table.call("update_item", **params)
+                break
+            except ConditionFailed:
+                continue
+        self.table.notify()
+
+
+class DynamoConsumer(BaseConsumer):
+    """The consuming side, for ``flowy.Worker``: a claim queries the ``outbox`` index of
+    every shard; while there is nothing, ``claim(wait=...)`` polls with a growing pause
+    (up to ``poll_interval``) and wakes at once for messages this store adds."""
+
+    def __init__(
+        self, table: DynamoTable, *, max_attempts: int = 5, poll_interval: float = 0.5
+    ) -> None:
+        super().__init__(max_attempts=max_attempts, poll_interval=poll_interval)
+        self.table = table
+        self.domain = table.domain
+        self._pause = 0.02
+
+    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        now = self.table.clock()
+
+        async def visible(shard: int) -> list[Item]:
+            expr = Expression()
+            live, now_value = expr.v(s(f"live#{shard}")), expr.v(n(now))
+            condition = f"{expr(A.LIVE)} = {live} AND {expr(A.VISIBLE)} <= {now_value}"
+            return await self.table.query(
+                limit,
+                IndexName=OUTBOX_INDEX,
+                KeyConditionExpression=condition,
+                Limit=limit,
+                **expr.params(),
+            )
+
+        found = await asyncio.gather(*(visible(shard) for shard in range(SHARDS)))
+        oldest = sorted(
+            (i for items in found for i in items), key=lambda i: get_n(i, A.VISIBLE) or 0
+        )
+        taken = await asyncio.gather(
+            *(self._take(i, now, visibility_timeout) for i in oldest[:limit])
+        )
+        claimed = [message for message in taken if message is not None]
+        if claimed:
+            self._pause = 0.02
+        return claimed
+
+    async def _take(self, item: Item, now: float, visibility_timeout: float) -> RawMessage | None:
+        expr = Expression()
+        update = expr.sets({A.VISIBLE: n(now + visibility_timeout)})
+        update += f", {expr(A.ATTEMPTS)} = {expr(A.ATTEMPTS)} + {expr.v(n(1))}"
+        condition = (
+            f"attribute_exists({expr(A.LIVE)}) AND {expr(A.VISIBLE)} = {expr.v(item[A.VISIBLE])}"
+        )
+        try:
+            result = await self.table.write(
+                "update_item",
+                {PK: item[PK], SK: item[SK]},
+                expr,
+                condition,
+                UpdateExpression=update,
+                ReturnValues="ALL_NEW",
+            )
+        except ConditionFailed:
+            return None  # claimed, released or acked by someone else meanwhile
+        return _raw_message(result.get("Attributes") or {})
+
+    async def _change(
+        self, message_id: str, expr: Expression, update: str | None, live: bool
+    ) -> bool:
+        key = _message_key(message_id)
+        if key is None:
+            return False
+        condition = f"attribute_exists({expr(A.LIVE if live else A.DEAD)})"
+        try:
+            if update is None:
+                await self.table.write("delete_item", key, expr, condition)
+            else:
+                await self.table.write("update_item", key, expr, condition, UpdateExpression=update)
+        except ConditionFailed:
+            return False
+        return True
+
+    async def _ack(self, message_id: str) -> None:
+        await self._change(message_id, Expression(), None, live=True)
+
+    async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
+        now = self.table.clock()
+        expr = Expression()
+        if dead:
+            fields = {A.DEAD: s("dead"), A.DEAD_AT: n(now), A.ERROR: s(error)}
+            update = expr.sets(fields) + expr.removes([A.LIVE, A.VISIBLE])
+        else:
+            update = expr.sets({A.VISIBLE: n(now + delay), A.ERROR: s(error)})
+        if await self._change(message_id, expr, update, live=True) and not dead:
+            self.table.notify()
+
+    async def _dead_letters(self, limit: int) -> list[RawMessage]:
+        expr = Expression()
+        condition = f"{expr(A.DEAD)} = {expr.v(s('dead'))}"
+        items = await self.table.query(
+            limit,
+            IndexName=DEAD_INDEX,
+            KeyConditionExpression=condition,
+            Limit=limit,
+            **expr.params(),
+        )
+        return [_raw_message(item) for item in items]
+
+    async def _retry_dead_letter(self, message_id: str) -> bool:
+        expr = Expression()
+        pk = message_id.partition("|")[2]
+        revived = await self._change(
+            message_id, expr, _revive(expr, pk, self.table.clock()), live=False
+        )
+        if revived:
+            self.table.notify()
+        return revived
+
+    async def _wait(self, seconds: float) -> None:
+        await self.table.wait_notified(min(seconds, self._pause))
+        self._pause = min(self._pause * 2, self.poll_interval)
+
+    def __repr__(self) -> str:
+        return f"DynamoConsumer(table={self.table.name!r}, max_attempts={self.max_attempts})"
+
+
+def _raw_message(item: Item) -> RawMessage:
+    payload, attempts, error = (
+        get_b(item, A.PAYLOAD),
+        get_int(item, A.ATTEMPTS),
+        get_s(item, A.ERROR),
+    )
+    return RawMessage(_message_id(item), payload or b"", attempts or 0, error or "")
+
+
+class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
+    """The checkpointer of one table (native fencing, transactional outbox; build it
+    through :class:`~flowy_dynamodb.DynamoBackend`). Heads whose status is in
+    ``expire_statuses`` get a time to live when the store has ``expire_after``."""
 
     def __init__(
         self,
-        client: BaseClient,
-        name: str,
+        table: DynamoTable,
         *,
-        max_workers: int,
-        clock_skew: float,
-        expire_after: float | None,
-        clock: Clock,
+        codec: StateCodec[S] | None = None,
+        expire_statuses: frozenset[RunStatus] = frozenset({RunStatus.COMPLETED}),
     ) -> None:
-        self.client: Any = client
-        self.name = name
-        self.clock = clock
-        self.clock_skew = clock_skew
-        self.expire_after = expire_after
-        self.max_item_bytes = MAX_ITEM_BYTES
-        self.watch = ClockWatch()
-        self.pool = ThreadPoolExecutor(max_workers, thread_name_prefix="flowy-dynamodb")
-        self._waiters: set[asyncio.Future[None]] = set()
-        meta = self.client.meta
-        self.domain = ("dynamodb", str(meta.endpoint_url), str(meta.region_name), name)
+        super().__init__(codec=codec)
+        self.table = table
+        self.domain = table.domain
+        self.expire_statuses = expire_statuses
 
-    async def call(self, operation: str, **params: Any) -> dict[str, Any]:
-        """Run the client's ``operation`` (``"update_item"``…) on the pool; translate
-        its errors; sample the clock from the answer."""
-        sent = self.clock()
-        try:
-            future = asyncio.get_running_loop().run_in_executor(
-                self.pool, functools.partial(getattr(self.client, operation), **params)
+    def add_action(self, tx: object, action: Mapping[str, Any]) -> None:
+        """In the enqueue callback of :meth:`save_with_outbox`, add an action of the
+        application (``{"Put": {...}}``, ``Update``, ``Delete`` or ``ConditionCheck``, in
+        the low-level client's shape) to the save's ``TransactWriteItems``: it commits
+        with the snapshot and the hand-off, or nothing does."""
+        actions = _actions.get()
+        if not isinstance(tx, OutboxTransaction) or not tx.open or actions is None:
+            raise RuntimeError(
+                "add_action works only inside the enqueue callback of save_with_outbox"
             )
-        except RuntimeError as exc:  # the pool was shut down
-            raise StorageError(f"the DynamoDB store of table {self.name!r} is closed") from exc
-        name = "".join(part.capitalize() for part in operation.split("_"))
-        try:
-            result = cast(dict[str, Any], await future)
-        except ClientError as exc:
-            self._sample(sent, cast(Mapping[str, Any], exc.response))
-            raise translate_error(exc, name, self.name) from exc
-        except (BotoCoreError, OSError) as exc:
-            translated = translate_error(exc, name, self.name)
-            if translated is exc:
-                raise
-            raise translated from exc
-        self._sample(sent, result)
-        return result
-
-    def _sample(self, sent: float, response: Mapping[str, Any]) -> None:
-        meta = cast(Mapping[str, Any], response.get("ResponseMetadata") or {})
-        headers = cast(Mapping[str, Any], meta.get("HTTPHeaders") or {})
-        self.watch.sample(sent, self.clock(), headers.get("date"))
-
-    def check_clock(self, action: str) -> None:
-        """``ClockSkewError`` if this clock is certainly more than ``clock_skew / 2`` from
-        DynamoDB's (so two clients that pass differ by at most ``clock_skew``)."""
-        skew = self.watch.skew
-        if skew > self.clock_skew / 2:
-            raise ClockSkewError(
-                f"cannot {action} a lease on table {self.name!r}: this client's clock is at "
-                f"least {skew:.2f}s off DynamoDB's (measured from response Date headers), "
-                f"more than clock_skew/2 = {self.clock_skew / 2:g}s; synchronise the clock "
-                "or raise clock_skew on every client of the table"
+        if tx.domain != self.domain:
+            raise ValueError("the transaction belongs to another store")
+        if len(action) != 1 or next(iter(action)) not in (
+            "Put",
+            "Update",
+            "Delete",
+            "ConditionCheck",
+        ):
+            raise ValueError(
+                f"an action is one of Put, Update, Delete, ConditionCheck, not {sorted(action)!r}"
             )
+        actions.append(dict(action))
 
-    async def get(self, key: Item, attributes: Sequence[str]) -> Item | None:
-        """One strongly consistent ``GetItem`` of ``attributes``."""
-        expr = Expression()
-        result = await self.call(
-            "get_item",
-            TableName=self.name,
-            Key=key,
-            ConsistentRead=True,
-            ProjectionExpression=", ".join(expr.name(a) for a in attributes),
-            **expr.params(),
-        )
-        return cast("Item | None", result.get("Item"))
-
-    async def update(
-        self, key: Item, expr: Expression, update: str, condition: str, **options: Any
-    ) -> dict[str, Any]:
-        """One conditional ``UpdateItem`` (``ConditionFailed`` with the old item)."""
-        return await self.call(
-            "update_item",
-            TableName=self.name,
-            Key=key,
-            UpdateExpression=update,
-            ConditionExpression=condition,
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            **options,
-            **expr.params(),
-        )
-
-    async def query(self, limit: int | None, **params: Any) -> list[Item]:
-        """A ``Query``, page by page, until ``limit`` items (or all) are read."""
-        items: list[Item] = []
-        start: Item | None = None
-        while limit is None or len(items) < limit:
-            result = await self.call(
-                "query",
-                TableName=self.name,
-                **params,
-                **({"ExclusiveStartKey": start} if start else {}),
-            )
-            items.extend(cast(list[Item], result.get("Items") or []))
-            start = cast("Item | None", result.get("LastEvaluatedKey"))
-            if start is None:
-                break
-        return items if limit is None else items[:limit]
-
-    async def delete_keys(self, keys: Sequence[Item]) -> None:
-        """Delete items by key, 25 per ``BatchWriteItem``, resending unprocessed ones."""
-        for first in range(0, len(keys), 25):
-            pending: list[Any] = [{"DeleteRequest": {"Key": k}} for k in keys[first : first + 25]]
-            for attempt in range(8):
-                result = await self.call("batch_write_item", RequestItems={self.name: pending})
-                pending = cast(dict[str, Any], result.get("UnprocessedItems") or {}).get(
-                    self.name, []
-                )
-                if not pending:
-                    break
-                await asyncio.sleep(min(0.02 * 2**attempt, 1.0))
-            else:
-                raise StorageUnavailableError(
-                    f"DynamoDB left {len(pending)} deletes on table {self.name!r} "
-                    "unprocessed (throttled); retry later"
-                )
-
-    def notify(self) -> None:
-        """Wake this store's consumers waiting in ``claim`` (a message was added)."""
-        for waiter in list(self._waiters):
-            loop = waiter.get_loop()
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_wake, waiter)
-
-    async def wait_notified(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for :meth:`notify`."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
+    async def save_with_outbox(
+        self,
+        expected_revision: int,
+        snapshot: Snapshot[S],
+        enqueue: EnqueueCallback,
+        *,
+        lease: Lease | None = None,
+    ) -> int:
+        """Save like ``save`` and commit the messages ``enqueue(tx, revision)`` adds (and
+        the actions it adds with :meth:`add_action`) in the same transaction."""
+        token = _actions.set([])
         try:
-            await asyncio.wait_for(waiter, seconds)
-        except TimeoutError:
-            pass
+            return await super().save_with_outbox(expected_revision, snapshot, enqueue, lease=lease)
         finally:
-            self._waiters.discard(waiter)
+            _actions.reset(token)
 
-    def close(self) -> None:
-        """Shut the pool down (calls in flight finish on their threads)."""
-        self.pool.shutdown(wait=False)
+    async def _write(self, write: Write) -> Refused | None:
+        table, extra = self.table, _actions.get() or []
+        if 2 + len(write.outbox) + len(extra) > 100:
+            raise ValueError("a DynamoDB transaction holds at most 100 actions (2 are the save's)")
+        write_tx = uuid.uuid4().hex  # marks this save's items: a resent request is recognised
+        revive: set[int] = set()
+        for attempt in range(ATTEMPTS):
+            now = table.clock()
+            messages = [
+                {"Update": message_write(table, row, now, revive=i in revive)}
+                for i, row in enumerate(write.outbox)
+            ]
+            try:
+                items = [*self._items(write, write_tx, now), *messages, *extra]
+                await table.call("transact_write_items", TransactItems=items)
+            except ConditionFailed as cancelled:
+                failed, reasons = cancelled.failed(), cancelled.reasons
+                if failed[:1] == [0]:
+                    return await self._refused(write, cancelled.item, now, write_tx)
+                dead = {i - 2 for i in failed if 2 <= i < 2 + len(write.outbox)}
+                if dead and len(dead) == len(failed):
+                    revive ^= dead  # a dead message of this revision: revive it (or not)
+                    continue
+                if failed == [1]:  # a history entry left from an earlier life of the thread
+                    await self._drop_leftover(write, reasons[1][2])
+                elif not any(code in _TRANSIENT for code, _, _ in reasons):
+                    self._raise_for(write, reasons)
+                await asyncio.sleep(0.02 * 2**attempt)
+                continue
+            if write.outbox:
+                table.notify()
+            return None
+        raise StorageUnavailableError(
+            f"the save of thread {show_id(write.thread_id)} at revision {write.revision} was "
+            f"cancelled {ATTEMPTS} times by concurrent transactions; nothing was written"
+        )
+
+    def _items(self, write: Write, write_tx: str, now: float) -> tuple[Item, Item]:
+        """The head ``Update`` and the history ``Put`` of ``write``, size-checked."""
+        table, head, lease = self.table, write.summary, write.lease
+        key = head_key(write.thread_id)
+        fields: Item = {
+            A.THREAD_ID: s(write.thread_id),  # :v0
+            A.REVISION: n(write.revision),
+            A.POINTER: s(head.execution_pointer),
+            A.STATUS: s(head.status.value),
+            A.REASON: s(head.reason),
+            A.HANDOFF: s(head.handoff_status.value),
+            A.UPDATED: n(head.updated_at),
+            A.RECORD: {"B": write.record},
+            A.WRITE_TX: s(write_tx),
+            A.LIST_KEY: s(f"{head.handoff_status.value}#{shard_of(key[PK]['S'])}"),
+            A.LIST_SORT: s(sort_key(write.thread_id)),
+        }
+        if head.handoff_pending_at is not None:
+            fields[A.HANDOFF_AT] = n(head.handoff_pending_at)
+        if table.expire_after is not None and head.status in self.expire_statuses:
+            expires = math.ceil(now + table.expire_after)
+            if lease is not None:  # never before the lease ends
+                expires = max(expires, lease_ttl(table, lease.expires_at, lease.fencing_token))
+            fields[TTL] = n(expires)
+        expr = Expression()
+        update = expr.sets(fields) + expr.removes(a for a in (A.HANDOFF_AT, TTL) if a not in fields)
+        rev, tid = expr(A.REVISION), expr(A.THREAD_ID)
+        expected = write.expected_revision
+        revision_ok = (
+            f"{rev} = {expr.v(n(expected))}" if expected else f"attribute_not_exists({rev})"
+        )
+        lease_ok = (
+            lease_free(expr, now - table.clock_skew)
+            if lease is None
+            else lease_held(expr, lease, now)
+        )
+        condition = f"{revision_ok} AND (attribute_not_exists({tid}) OR {tid} = :v0) AND {lease_ok}"
+        entry: Item = entry_key(write.thread_id, HISTORY, write.revision)
+        entry.update(
+            {
+                k: v
+                for k, v in fields.items()
+                if k in (A.THREAD_ID, A.REVISION, A.RECORD, A.WRITE_TX, TTL)
+            }
+        )
+        size = max(item_size({**key, **fields}) + 1024, item_size(entry))  # 1 KiB: the lease
+        if size > table.max_item_bytes:
+            raise SnapshotTooLargeError(
+                f"the snapshot of thread {show_id(write.thread_id)} at revision "
+                f"{write.revision} needs a DynamoDB item of about {size} bytes (its record is "
+                f"{len(write.record)} bytes); the limit is {table.max_item_bytes} bytes. "
+                "Nothing was written. Keep large payloads out of the state (e.g. in S3)",
+                size=size,
+                limit=table.max_item_bytes,
+            )
+        common = {"TableName": table.name, "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
+        absent = {
+            "ConditionExpression": "attribute_not_exists(#pk)",
+            "ExpressionAttributeNames": {"#pk": PK},
+        }
+        head_update = {"Key": key, "UpdateExpression": update, "ConditionExpression": condition}
+        return (
+            {"Update": {**common, **head_update, **expr.params()}},
+            {"Put": {**common, "Item": entry, **absent}},
+        )
+
+    async def _refused(
+        self, write: Write, item: Item | None, now: float, write_tx: str
+    ) -> Refused | None:
+        """The head's condition failed: ``None`` if it is our own write that landed
+        earlier, else what the head holds (the lease live by the judge of this save: the
+        holder's own clock with a lease, the clock plus the skew without)."""
+        check_stored_id(write.thread_id, item)
+        actual = get_int(item, A.REVISION) or 0
+        if actual == write.revision and get_s(item, A.WRITE_TX) == write_tx:
+            return None  # botocore resent a request whose first copy landed
+        if actual > write.revision:
+            entry = await self.table.get(
+                entry_key(write.thread_id, HISTORY, write.revision), (A.WRITE_TX,)
+            )
+            if get_s(entry, A.WRITE_TX) == write_tx:
+                return None  # ours landed, and others saved on top since
+        cutoff = now if write.lease is not None else now - self.table.clock_skew
+        return Refused(actual, live_lease(write.thread_id, item, cutoff))
+
+    def _raise_for(self, write: Write, reasons: list[tuple[str, str, Item | None]]) -> None:
+        where = f"the save of thread {show_id(write.thread_id)} at revision {write.revision}"
+        for code, message, _ in reasons:
+            if code == "ValidationError" and is_size_error(message):
+                raise SnapshotTooLargeError(
+                    f"DynamoDB refused {where}: an item is over the size limit ({message}); "
+                    "nothing was written",
+                    limit=self.table.max_item_bytes,
+                )
+        failed = "; ".join(
+            f"action {i}: {c} {m}".strip() for i, (c, m, _) in enumerate(reasons) if c != "None"
+        )
+        raise StorageError(
+            f"{where} was cancelled and nothing was written ({failed}); an action the "
+            "enqueue callback added failed its condition or was invalid"
+        )
+
+    async def _drop_leftover(self, write: Write, item: Item | None) -> None:
+        # The head was at the expected revision, so an entry at the next revision can only
+        # be left from an earlier life of the thread whose delete did not finish.
+        expr = Expression()
+        condition = f"{expr(A.WRITE_TX)} = {expr.v(s(get_s(item, A.WRITE_TX) or ''))}"
+        try:
+            await self.table.write(
+                "delete_item", entry_key(write.thread_id, HISTORY, write.revision), expr, condition
+            )
+        except ConditionFailed:
+            pass  # gone or replaced already: the next attempt tells
+
+    async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        item = await self.table.get(head_key(thread_id), (A.THREAD_ID, A.REVISION, A.RECORD))
+        check_stored_id(thread_id, item)
+        revision, record = get_int(item, A.REVISION), get_b(item, A.RECORD)
+        if revision is None:
+            return None  # no item, or one that holds only a lease
+        if record is None:
+            raise SnapshotEnvelopeInvalidError(
+                f"the head of thread {show_id(thread_id)} has no record"
+            )
+        return revision, record
+
+    async def _history(self, thread_id: str, limit: int | None, *attributes: str) -> list[Item]:
+        expr = Expression()
+        pk, prefix = expr.v(s(thread_key(thread_id))), expr.v(s(HISTORY))
+        items = await self.table.query(
+            limit,
+            KeyConditionExpression=f"{expr(PK)} = {pk} AND begins_with({expr(SK)}, {prefix})",
+            ProjectionExpression=", ".join(map(expr, (PK, SK, A.THREAD_ID, *attributes))),
+            ScanIndexForward=False,
+            ConsistentRead=True,
+            **({"Limit": limit} if limit is not None else {}),
+            **expr.params(),
+        )
+        for item in items:
+            check_stored_id(thread_id, item)
+        return items
+
+    async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = []
+        for item in await self._history(thread_id, limit, A.REVISION, A.RECORD):
+            revision, record = _revision_of(item), get_b(item, A.RECORD)
+            if record is None or get_int(item, A.REVISION) != revision:
+                raise SnapshotEnvelopeInvalidError(
+                    f"history entry {revision} of thread {show_id(thread_id)} is damaged"
+                )
+            out.append((revision, record))
+        return out
+
+    async def _prune(self, thread_id: str, keep: int) -> None:
+        head = await self.table.get(head_key(thread_id), (A.THREAD_ID, A.REVISION))
+        check_stored_id(thread_id, head)
+        top = get_int(head, A.REVISION)
+        doomed: list[Item] = []
+        kept = 0
+        for item in await self._history(thread_id, None):  # newest first
+            revision = _revision_of(item)
+            if top is not None and (revision == top or (revision < top and kept < keep)):
+                kept += 1
+            else:  # older than the kept ones, or debris beyond the head
+                doomed.append({PK: item[PK], SK: item[SK]})
+        await self.table.delete_keys(doomed)
+
+    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        table = self.table
+        for _ in range(ATTEMPTS):
+            now = table.clock()
+            expr = Expression()
+            # The whole item goes unless a live lease holds it or its token is fresh: a
+            # client whose clock is behind ours could still issue a smaller one.
+            tid, tok, spent = (
+                expr(A.THREAD_ID),
+                expr(A.TOKEN),
+                n(int((now - table.clock_skew) * 1e6)),
+            )
+            condition = (
+                f"{tid} = {expr.v(s(thread_id))} AND {lease_free(expr, now - table.clock_skew)}"
+                f" AND (attribute_not_exists({tok}) OR {tok} <= {expr.v(spent)})"
+            )
+            try:
+                await table.write("delete_item", head_key(thread_id), expr, condition)
+                break
+            except ConditionFailed as failed:
+                item = failed.item
+            if item is None:
+                break  # no head item: only history (if any) to delete
+            check_stored_id(thread_id, item)
+            live = live_lease(thread_id, item, now - table.clock_skew)
+            if live is not None and if_idle:
+                return live
+            if await self._strip(thread_id, item, live):
+                break
+        else:
+            raise StorageUnavailableError(
+                f"thread {show_id(thread_id)} kept changing while deleted; retry"
+            )
+        await table.delete_keys(
+            [{PK: i[PK], SK: i[SK]} for i in await self._history(thread_id, None)]
+        )
+        return None
+
+    async def _strip(self, thread_id: str, item: Item, live: Lease | None) -> bool:
+        """Remove the head's columns but keep its live lease, or the fresh token of an
+        ended one, on an item whose time to live outlasts both."""
+        token = get_int(item, A.TOKEN) or 0
+        expr = Expression()
+        removed = [*_HEAD_COLUMNS, *(() if live else (A.OWNER, A.EXPIRES))]
+        ttl = lease_ttl(self.table, live.expires_at if live else 0.0, token)
+        update = expr.sets({TTL: n(ttl)}) + expr.removes(removed)
+        condition = f"{expr(A.TOKEN)} = {expr.v(n(token))}"
+        if live is not None:
+            condition += f" AND {expr(A.OWNER)} = {expr.v(s(live.owner))}"
+        try:
+            await self.table.write(
+                "update_item", head_key(thread_id), expr, condition, UpdateExpression=update
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    async def _list_heads(
+        self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
+    ) -> list[ThreadSummary]:
+        keys = [f"{h.value}#{i}" for h in (statuses or HandoffStatus) for i in range(SHARDS)]
+        parts = await asyncio.gather(*(self._index_range(key, limit, after) for key in keys))
+        heads = sorted(
+            (i for part in parts for i in part), key=lambda i: get_s(i, A.THREAD_ID) or ""
+        )
+        return [
+            self.summary(get_s(i, A.THREAD_ID) or "", *(get_text(i, a) for a in A.SUMMARY[1:]))
+            for i in heads[:limit]
+        ]
+
+    async def _index_range(self, list_key: str, limit: int, after: str | None) -> list[Item]:
+        """The first ``limit`` heads of one index partition in thread-id order (past
+        ``after``), read on while the index's sort key (the id cut to 1 KiB) ties."""
+        expr = Expression()
+        condition = f"{expr(A.LIST_KEY)} = {expr.v(s(list_key))}"
+        if after is not None:
+            condition += f" AND {expr(A.LIST_SORT)} >= {expr.v(s(sort_key(after)))}"
+        out: list[Item] = []
+        start: Item | None = None
+        while True:
+            page = await self.table.call(
+                "query",
+                TableName=self.table.name,
+                IndexName=THREADS_INDEX,
+                KeyConditionExpression=condition,
+                Limit=limit + 1,
+                **({"ExclusiveStartKey": start} if start else {}),
+                **expr.params(),
+            )
+            items: list[Item] = page.get("Items") or []
+            out.extend(i for i in items if after is None or (get_s(i, A.THREAD_ID) or "") > after)
+            start = page.get("LastEvaluatedKey")
+            if start is None or not items:
+                return out
+            if len(out) >= limit and get_s(items[-1], A.LIST_SORT) != get_s(
+                out[limit - 1], A.LIST_SORT
+            ):
+                return out
+
+    def __repr__(self) -> str:
+        return f"DynamoCheckpointer(table={self.table.name!r}, codec={self.codec!r})"
 
 
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+def _revision_of(item: Item) -> int:
+    sk = get_s(item, SK) or ""
+    try:
+        return int(sk.removeprefix(HISTORY))
+    except ValueError:
+        raise SnapshotEnvelopeInvalidError(f"history entry {sk!r} has no revision") from None
