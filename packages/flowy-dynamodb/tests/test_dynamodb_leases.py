@@ -108,9 +108,11 @@ async def test_a_head_deleted_by_time_to_live_does_not_bring_tokens_back(
         items = items_of(raw_client, table_name, tid)
         assert {"expires", "lease_token"} <= set(items["head"])
         # What DynamoDB's time to live does (moto never expires items).
-        for sk, item in items.items():
+        for item in items.values():
             if "expires" in item:
-                raw_client.delete_item(TableName=table_name, Key={"pk": item["pk"], "sk": item["sk"]})
+                raw_client.delete_item(
+                    TableName=table_name, Key={"pk": item["pk"], "sk": item["sk"]}
+                )
         assert items_of(raw_client, table_name, tid) == {}
         with pytest.raises(LeaseLostError):
             await cp.save(0, snap(tid), lease=stale)
@@ -138,7 +140,9 @@ async def test_a_completed_head_outlives_a_lease_taken_on_it(
         lease = await backend.leases.acquire(tid, "w", 60)
         assert int(items_of(raw_client, table_name, tid)["head"]["expires"]["N"]) > lease.expires_at
         renewed = await backend.leases.renew(lease, 120)
-        assert int(items_of(raw_client, table_name, tid)["head"]["expires"]["N"]) > renewed.expires_at
+        assert (
+            int(items_of(raw_client, table_name, tid)["head"]["expires"]["N"]) > renewed.expires_at
+        )
 
 
 # -- clean-up ---------------------------------------------------------------------------
@@ -229,10 +233,11 @@ async def test_a_client_clock_far_ahead_refuses_to_take_leases(
     of moto's answers here) and refuses instead."""
     url = dynamo_endpoint.store_url(table_name, clock_skew=2)
     async with flowy.connect(url) as honest:
+        assert isinstance(honest, DynamoBackend)
         tid = f"clock-{uuid.uuid4().hex}"
         lease = await honest.leases.acquire(tid, "honest", 5)
         client = dynamo_endpoint.client()
-        ahead: DynamoBackend[Any] = DynamoBackend.from_client(
+        ahead: DynamoBackend[Any] = DynamoBackend[Any].from_client(
             client, table_name, clock_skew=2, clock=lambda: time.time() + 5 + 2 + 1
         )
         async with ahead:
@@ -250,7 +255,7 @@ async def test_a_client_clock_far_ahead_refuses_to_take_leases(
 
 async def test_a_clock_within_the_bound_takes_leases(dynamo_endpoint: Any, table_name: str) -> None:
     client = dynamo_endpoint.client()
-    skewed: DynamoBackend[Any] = DynamoBackend.from_client(
+    skewed: DynamoBackend[Any] = DynamoBackend[Any].from_client(
         client, table_name, clock_skew=4, clock=lambda: time.time() + 0.5
     )
     async with skewed:
