@@ -280,7 +280,7 @@ async def _upgrade(table: DynamoTable, item: Item) -> None:
         expr = Expression()
         update = expr.sets({A.LIST_SORT: s(sort_key(thread_id))})
         condition = f"attribute_exists({expr(A.REVISION)})"
-        await table.write("update_item", key, expr, condition, UpdateExpression=update)
+        await table.update(key, expr, update, condition)
         return
     dead = pk.startswith("dead#")
     if not (dead or pk.startswith("outbox#")):

@@ -165,14 +165,7 @@ class DynamoLeaseManager(BaseLeaseManager):
                 f"(attribute_not_exists({tok}) OR {tok} < :v3)"
             )
             try:
-                result = await table.write(
-                    "update_item",
-                    head_key(thread_id),
-                    expr,
-                    condition,
-                    UpdateExpression=update,
-                    ReturnValues="ALL_NEW",
-                )
+                result = await table.update(head_key(thread_id), expr, update, condition)
             except ConditionFailed as failed:
                 check_stored_id(thread_id, failed.item)
                 live = live_lease(thread_id, failed.item, now - table.clock_skew)
@@ -180,7 +173,7 @@ class DynamoLeaseManager(BaseLeaseManager):
                     return Busy(live)
                 seen = get_int(failed.item, A.TOKEN) or 0  # issued by a clock ahead of ours
                 continue
-            if await self._keep_alive(lease, result.get("Attributes") or {}):
+            if await self._keep_alive(lease, result):
                 return lease
         raise StorageUnavailableError(
             f"could not lease a thread of table {table.name!r} in {ATTEMPTS} attempts: its "
@@ -202,9 +195,7 @@ class DynamoLeaseManager(BaseLeaseManager):
             f"(attribute_not_exists({expr(A.REVISION)}) OR {expr(TTL)} < :v0)"
         )
         try:
-            await self.table.write(
-                "update_item", head_key(lease.thread_id), expr, condition, UpdateExpression=update
-            )
+            await self.table.update(head_key(lease.thread_id), expr, update, condition)
         except ConditionFailed as failed:
             return failed.item is not None
         return True
@@ -212,17 +203,9 @@ class DynamoLeaseManager(BaseLeaseManager):
     async def _update_held(self, lease: Lease, expr: Expression, update: str) -> Item | None:
         condition = lease_held(expr, lease, self.table.clock())
         try:
-            result = await self.table.write(
-                "update_item",
-                head_key(lease.thread_id),
-                expr,
-                condition,
-                UpdateExpression=update,
-                ReturnValues="ALL_NEW",
-            )
+            return await self.table.update(head_key(lease.thread_id), expr, update, condition)
         except ConditionFailed:
             return None
-        return result.get("Attributes") or {}
 
     async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
         self.table.check_clock("renew")
@@ -247,7 +230,7 @@ class DynamoLeaseManager(BaseLeaseManager):
             expr = Expression()
             condition = expr.all_absent(A.REVISION, A.TOKEN)
             try:
-                await table.write("delete_item", head_key(lease.thread_id), expr, condition)
+                await table.delete(head_key(lease.thread_id), expr, condition)
             except ConditionFailed:
                 pass  # saved or leased again meanwhile
         return True
@@ -259,6 +242,10 @@ class DynamoLeaseManager(BaseLeaseManager):
 
     def __repr__(self) -> str:
         return f"DynamoLeaseManager(table={self.table.name!r})"
+
+
+def _key_of(item: Item) -> Item:
+    return {PK: item[PK], SK: item[SK]}
 
 
 def _message_id(item: Item) -> str:
@@ -375,17 +362,9 @@ class DynamoConsumer(BaseConsumer):
             f"attribute_exists({expr(A.LIVE)}) AND {expr(A.VISIBLE)} = {expr.v(item[A.VISIBLE])}"
         )
         try:
-            result = await self.table.write(
-                "update_item",
-                {PK: item[PK], SK: item[SK]},
-                expr,
-                condition,
-                UpdateExpression=update,
-                ReturnValues="ALL_NEW",
-            )
+            return _raw_message(await self.table.update(_key_of(item), expr, update, condition))
         except ConditionFailed:
             return None  # claimed, released or acked by someone else meanwhile
-        return _raw_message(result.get("Attributes") or {})
 
     async def _change(
         self, message_id: str, expr: Expression, update: str | None, live: bool
@@ -396,9 +375,9 @@ class DynamoConsumer(BaseConsumer):
         condition = f"attribute_exists({expr(A.LIVE if live else A.DEAD)})"
         try:
             if update is None:
-                await self.table.write("delete_item", key, expr, condition)
+                await self.table.delete(key, expr, condition)
             else:
-                await self.table.write("update_item", key, expr, condition, UpdateExpression=update)
+                await self.table.update(key, expr, update, condition)
         except ConditionFailed:
             return False
         return True
@@ -657,8 +636,8 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         expr = Expression()
         condition = f"{expr(A.WRITE_TX)} = {expr.v(s(get_s(item, A.WRITE_TX) or ''))}"
         try:
-            await self.table.write(
-                "delete_item", entry_key(write.thread_id, HISTORY, write.revision), expr, condition
+            await self.table.delete(
+                entry_key(write.thread_id, HISTORY, write.revision), expr, condition
             )
         except ConditionFailed:
             pass  # gone or replaced already: the next attempt tells
@@ -713,7 +692,7 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
             if top is not None and (revision == top or (revision < top and kept < keep)):
                 kept += 1
             else:  # older than the kept ones, or debris beyond the head
-                doomed.append({PK: item[PK], SK: item[SK]})
+                doomed.append(_key_of(item))
         await self.table.delete_keys(doomed)
 
     async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
@@ -733,7 +712,7 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
                 f" AND (attribute_not_exists({tok}) OR {tok} <= {expr.v(spent)})"
             )
             try:
-                await table.write("delete_item", head_key(thread_id), expr, condition)
+                await table.delete(head_key(thread_id), expr, condition)
                 break
             except ConditionFailed as failed:
                 item = failed.item
@@ -749,9 +728,7 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
             raise StorageUnavailableError(
                 f"thread {show_id(thread_id)} kept changing while deleted; retry"
             )
-        await table.delete_keys(
-            [{PK: i[PK], SK: i[SK]} for i in await self._history(thread_id, None)]
-        )
+        await table.delete_keys([_key_of(i) for i in await self._history(thread_id, None)])
         return None
 
     async def _strip(self, thread_id: str, item: Item, live: Lease | None) -> bool:
@@ -766,9 +743,7 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         if live is not None:
             condition += f" AND {expr(A.OWNER)} = {expr.v(s(live.owner))}"
         try:
-            await self.table.write(
-                "update_item", head_key(thread_id), expr, condition, UpdateExpression=update
-            )
+            await self.table.update(head_key(thread_id), expr, update, condition)
         except ConditionFailed:
             return False
         return True

@@ -171,9 +171,9 @@ def item_size(item: Mapping[str, Any]) -> int:
     values, every number at its 21-byte maximum)."""
     total = 0
     for name, value in item.items():
-        for kind, raw in cast(Mapping[str, Any], value).items():
-            total += 21 if kind == "N" else len(raw if kind == "B" else str(raw).encode())
-        total += len(name.encode("utf-8"))
+        ((kind, raw),) = cast(Mapping[str, Any], value).items()
+        size = 21 if kind == "N" else len(raw) if kind == "B" else len(str(raw).encode())
+        total += len(name.encode()) + size
     return total
 
 
@@ -405,18 +405,29 @@ class DynamoTable:
         )
         return result.get("Item")
 
-    async def write(
-        self, operation: str, key: Item, expr: Expression, condition: str, **params: Any
-    ) -> dict[str, Any]:
-        """One conditional ``update_item`` / ``delete_item`` of ``key``; a false
-        ``condition`` raises :class:`ConditionFailed` with the item as it was."""
-        return await self.call(
-            operation,
+    async def update(self, key: Item, expr: Expression, update: str, condition: str) -> Item:
+        """One conditional ``UpdateItem`` of ``key``; returns the item as it is after it.
+        A false ``condition`` raises :class:`ConditionFailed` with the item as it was."""
+        result = await self.call(
+            "update_item",
+            TableName=self.name,
+            Key=key,
+            UpdateExpression=update,
+            ConditionExpression=condition,
+            ReturnValues="ALL_NEW",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            **expr.params(),
+        )
+        return result.get("Attributes") or {}
+
+    async def delete(self, key: Item, expr: Expression, condition: str) -> None:
+        """One conditional ``DeleteItem`` of ``key`` (``ConditionFailed`` as above)."""
+        await self.call(
+            "delete_item",
             TableName=self.name,
             Key=key,
             ConditionExpression=condition,
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            **params,
             **expr.params(),
         )
 
