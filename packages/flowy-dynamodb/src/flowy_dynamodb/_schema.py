@@ -147,16 +147,22 @@ def _missing_indexes(table: Mapping[str, Any]) -> list[str]:
     return [name for name in _INDEXES if name not in {i.get("IndexName") for i in indexes}]
 
 
-def _ensure_ttl(client: Any, table_name: str) -> None:
+def _ensure_ttl(client: Any, table_name: str, again: bool = True) -> None:
     current = client.describe_time_to_live(TableName=table_name).get("TimeToLiveDescription", {})
-    if current.get("TimeToLiveStatus") not in ("ENABLED", "ENABLING"):
+    if current.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
+        if current.get("AttributeName") != TTL:
+            raise StorageError(
+                f"DynamoDB table {table_name!r} has time to live on "
+                f"{current.get('AttributeName')!r}; flowy needs it on {TTL!r}"
+            )
+        return
+    try:
         spec = {"Enabled": True, "AttributeName": TTL}
         client.update_time_to_live(TableName=table_name, TimeToLiveSpecification=spec)
-    elif current.get("AttributeName") != TTL:
-        raise StorageError(
-            f"DynamoDB table {table_name!r} has time to live on {current.get('AttributeName')!r};"
-            f" flowy needs it on {TTL!r}"
-        )
+    except ClientError:  # another process enabled it meanwhile: look again
+        if not again:
+            raise
+        _ensure_ttl(client, table_name, again=False)
 
 
 def create_table(

@@ -105,10 +105,8 @@ _actions: contextvars.ContextVar[list[Item] | None] = contextvars.ContextVar(
     "flowy_dynamodb_actions", default=None
 )
 _TRANSIENT = {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}
-_HEAD_COLUMNS = (
-    A.REVISION, A.POINTER, A.STATUS, A.REASON, A.HANDOFF, A.HANDOFF_AT, A.UPDATED, A.RECORD,
-    A.WRITE_TX, A.LIST_KEY, A.LIST_SORT,
-)  # fmt: skip
+_HEAD_COLUMNS = (*A.SUMMARY[1:], A.RECORD, A.WRITE_TX, A.LIST_KEY, A.LIST_SORT)
+_ACTIONS = ("Put", "Update", "Delete", "ConditionCheck")
 
 
 def live_lease(thread_id: str, item: Mapping[str, Any] | None, cutoff: float) -> Lease | None:
@@ -427,12 +425,8 @@ class DynamoConsumer(BaseConsumer):
 
 
 def _raw_message(item: Item) -> RawMessage:
-    payload, attempts, error = (
-        get_b(item, A.PAYLOAD),
-        get_int(item, A.ATTEMPTS),
-        get_s(item, A.ERROR),
-    )
-    return RawMessage(_message_id(item), payload or b"", attempts or 0, error or "")
+    payload, error = get_b(item, A.PAYLOAD) or b"", get_s(item, A.ERROR) or ""
+    return RawMessage(_message_id(item), payload, get_int(item, A.ATTEMPTS) or 0, error)
 
 
 class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
@@ -464,15 +458,8 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
             )
         if tx.domain != self.domain:
             raise ValueError("the transaction belongs to another store")
-        if len(action) != 1 or next(iter(action)) not in (
-            "Put",
-            "Update",
-            "Delete",
-            "ConditionCheck",
-        ):
-            raise ValueError(
-                f"an action is one of Put, Update, Delete, ConditionCheck, not {sorted(action)!r}"
-            )
+        if len(action) != 1 or next(iter(action)) not in _ACTIONS:
+            raise ValueError(f"an action is one of {', '.join(_ACTIONS)}, not {sorted(action)!r}")
         actions.append(dict(action))
 
     async def save_with_outbox(
