@@ -159,6 +159,9 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Dynam
     Credentials come from boto3's chain (environment, ``profile``, instance role),
     never from the URL.
     """
+    endpoint = urllib.parse.urlsplit(url.options.get("endpoint_url", ""))
+    if endpoint.username is not None or endpoint.password is not None:
+        raise BackendURLError("credentials do not go in endpoint_url; boto3 finds them")
     url.check_options(OPTIONS)
     parts = urllib.parse.urlsplit(url.raw)
     if parts.username is not None or parts.password is not None:
