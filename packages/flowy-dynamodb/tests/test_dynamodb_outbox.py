@@ -201,21 +201,23 @@ async def test_add_action_only_inside_the_callback(backend: DynamoBackend[Any]) 
 
 
 async def test_a_waiting_claim_wakes_at_once_for_this_stores_messages(
-    backend: DynamoBackend[Any],
+    dynamo_endpoint: Any, table_name: str
 ) -> None:
-    tid = f"wake-{uuid.uuid4().hex}"
-    consumer = backend.consumer
-    assert await consumer.claim(1, 30, wait=0.5) == []  # polls back off meanwhile
+    url = dynamo_endpoint.store_url(table_name, poll_interval=5)
+    async with flowy.connect(url) as backend:
+        tid = f"wake-{uuid.uuid4().hex}"
+        consumer = backend.consumer
+        assert await consumer.claim(1, 30, wait=3.0) == []  # its polls back off to 2.5 s+
 
-    async def later() -> None:
-        await asyncio.sleep(0.3)
-        await backend.outbox.enqueue_intent(intent(tid))
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            await backend.outbox.enqueue_intent(intent(tid))
 
-    task = asyncio.create_task(later())
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    got = await consumer.claim(1, 30, wait=5.0)
-    elapsed = loop.time() - started
-    await task
-    assert [m.intent.thread_id for m in got] == [tid]
-    assert 0.25 < elapsed < 0.45
+        task = asyncio.create_task(later())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        got = await consumer.claim(1, 30, wait=10.0)
+        elapsed = loop.time() - started
+        await task
+        assert [m.intent.thread_id for m in got] == [tid]
+        assert 0.25 < elapsed < 2.0  # woken by the enqueue, not by the next poll
