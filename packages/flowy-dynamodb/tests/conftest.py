@@ -36,6 +36,8 @@ StartResponse = Callable[..., Any]
 
 
 class _QuietHandler(MotoRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep connections open between requests
+
     def log_request(self, *args: Any, **kwargs: Any) -> None:
         pass
 
