@@ -82,7 +82,10 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         owns_client: bool = False,
     ) -> None:
         if clock_skew < 0 or max_workers < 1 or (expire_after is not None and expire_after <= 0):
-            raise ValueError("clock_skew must be >= 0, max_workers >= 1, expire_after > 0")
+            raise ValueError(
+                f"DynamoBackend needs clock_skew >= 0 (got {clock_skew!r}), max_workers >= 1 "
+                f"(got {max_workers!r}) and expire_after > 0 or None (got {expire_after!r})"
+            )
         self.table = DynamoTable(
             client,
             table_name,
