@@ -24,8 +24,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from flowy.checkpoint import Snapshot, new_write_id
-from flowy_dynamodb import DynamoCheckpointer, DynamoExecutor, create_table, make_client
+from flowy.storage import Snapshot, new_write_id
+from flowy_dynamodb import DynamoBackend, create_table, make_client
 
 STATE = {"blob": "x" * 1000, "step": 0}  # ~1 KiB encoded
 
@@ -44,13 +44,10 @@ def start_endpoint() -> tuple[str, str, Any]:
 
 
 def client_for(endpoint: str) -> Any:
-    credentials: dict[str, Any] = {}
-    if not os.environ.get("AWS_ACCESS_KEY_ID"):
-        credentials = {"aws_access_key_id": "bench", "aws_secret_access_key": "bench"}
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):  # an emulator takes any credentials
+        os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "bench"
     return make_client(
-        endpoint_url=endpoint,
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        **credentials,
+        endpoint_url=endpoint, region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
     )
 
 
@@ -91,8 +88,7 @@ async def run(rounds: int, per_round: int) -> None:
     endpoint, kind, server = start_endpoint()
     client = client_for(endpoint)
     table = f"flowy-bench-{uuid.uuid4().hex[:10]}"
-    create_table(client, table, enable_ttl=False)
-    executor = DynamoExecutor(4)
+    create_table(client, table)
     # The checkpointer gets its own client whose TransactWriteItems is timed from inside,
     # so flowy's own share of a save (encoding, expressions, the hop to the pool
     # thread) can be told apart from the request itself.
@@ -108,7 +104,8 @@ async def run(rounds: int, per_round: int) -> None:
             inner.append(time.perf_counter() - started)
 
     cp_client.transact_write_items = timed_send
-    cp = DynamoCheckpointer[Any](cp_client, table, executor=executor)
+    backend = await DynamoBackend[Any].from_client(cp_client, table, max_workers=4).open()
+    cp = backend.checkpointer
     thread_id = f"bench-{uuid.uuid4().hex}"
     revision = 0
     raw_revision = 0
@@ -192,8 +189,7 @@ async def run(rounds: int, per_round: int) -> None:
                 forget_moto_instances()
     finally:
         client.delete_table(TableName=table)
-        await cp.close()
-        executor.close()
+        await backend.aclose()
         if server is not None:
             server.stop()
 
@@ -205,8 +201,8 @@ async def run(rounds: int, per_round: int) -> None:
         def transact_write_items(self, **_: Any) -> dict[str, Any]:
             return {}
 
-    noop_executor = DynamoExecutor(1)
-    noop = DynamoCheckpointer[Any](cast(Any, NoopClient()), table, executor=noop_executor)
+    noop_backend = DynamoBackend[Any].from_client(cast(Any, NoopClient()), table, max_workers=1)
+    noop = noop_backend.checkpointer
     noop_samples: list[float] = []
 
     async def noop_save() -> None:
@@ -217,7 +213,7 @@ async def run(rounds: int, per_round: int) -> None:
 
     await timed(noop_save, 200, [])
     await timed(noop_save, 2000, noop_samples)
-    noop_executor.close()
+    await noop_backend.aclose()
     samples["noop"] = noop_samples
 
     def median_us(name: str) -> float:

@@ -2,8 +2,9 @@
 
 The endpoint is found in this order: ``FLOWY_DYNAMODB_ENDPOINT``; DynamoDB Local in a
 container when a Docker engine answers; moto's server mode in this process (real HTTP
-through boto3). Dummy credentials are passed to the clients
-here only. Each test gets its own table, deleted afterwards.
+through boto3). Against an emulator, dummy credentials come from the environment, as
+boto3's chain would find real ones. Each test's ``flowy_url`` names its own table
+(created when the store opens it), deleted afterwards.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
+import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from boto3.session import Session
 from moto.core.model_instances import reset_model_data
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -27,28 +27,36 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from flowy.testing import BackendBundle
+from flowy.errors import ThreadNotFoundError
+from flowy.storage import Backend
 from flowy.testing.backends import backend_missing, docker_available
-from flowy_dynamodb import DynamoBackend, create_table, make_client, thread_key
+from flowy_dynamodb import DynamoBackend, make_client, thread_key
 
 StartResponse = Callable[..., Any]
 
 
 class _QuietHandler(MotoRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep connections open between requests
+
     def log_request(self, *args: Any, **kwargs: Any) -> None:
         pass
 
 
 class SerializedMotoServer:
-    """moto's DynamoDB on ``host`` (port chosen by the OS), one request at a time."""
+    """moto's DynamoDB on ``host`` (port chosen by the OS), one request at a time.
+
+    moto's in-memory backend is not safe under concurrent requests (a conditional write
+    can interleave with another request, and a cancelled transaction restores a copy of
+    the table taken before it started), so its application runs behind one lock: one
+    request at a time, linearizable like the service.
+    """
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._host = host
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        inner: Any = DomainDispatcherApplication(create_backend_app)
-        self._inner = inner
+        self._inner: Any = DomainDispatcherApplication(create_backend_app)
 
     def _app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         with self._lock:
@@ -60,19 +68,13 @@ class SerializedMotoServer:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)
         server = make_server(self._host, 0, self._app, threaded=True, request_handler=_QuietHandler)
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="moto-dynamodb", daemon=True
-        )
+        self._thread = threading.Thread(target=server.serve_forever, name="moto", daemon=True)
         self._thread.start()
         return f"http://{self._host}:{server.server_port}"
 
     def forget_tracked_instances(self) -> None:
-        """Drop moto's record of every model object it ever made.
-
-        moto keeps each instance it creates in a class-level list (for its dashboard);
-        a transaction deep-copies its table, so without this the process would keep
-        every copy alive and garbage collection would stall for seconds.
-        """
+        """Drop moto's record of every model object it made (a transaction deep-copies
+        its table; without this, garbage collection stalls for seconds)."""
         with self._lock:
             reset_model_data()
 
@@ -85,11 +87,6 @@ class SerializedMotoServer:
             self._thread.join(timeout=10)
 
 
-# One session for every client of the run: it caches the service model, so a new client
-# (with its own connection pool) costs milliseconds instead of a model load.
-_SESSION = Session()
-
-
 @dataclass(frozen=True)
 class Endpoint:
     """Where the tests talk to DynamoDB."""
@@ -100,19 +97,14 @@ class Endpoint:
     after_test: Callable[[], None] | None = None
 
     def client(self, **options: Any) -> Any:
-        """A new boto3 client for this endpoint (dummy credentials unless the
-        environment has real ones for an explicit endpoint)."""
-        credentials: dict[str, Any] = {}
-        if self.kind != "env" or not os.environ.get("AWS_ACCESS_KEY_ID"):
-            credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-        options.setdefault("max_attempts", 3)
-        return make_client(
-            endpoint_url=self.url,
-            region_name=self.region,
-            session=_SESSION,
-            **credentials,
-            **options,
-        )
+        """A new boto3 client for this endpoint."""
+        options.setdefault("retry_attempts", 3)
+        return make_client(region=self.region, endpoint_url=self.url, **options)
+
+    def store_url(self, table: str, **options: object) -> str:
+        """A ``dynamodb://`` URL of ``table`` on this endpoint."""
+        query = {"region": self.region, "endpoint_url": self.url, **options}
+        return f"dynamodb://{table}?{urllib.parse.urlencode(query)}"
 
 
 def _dynamodb_local() -> tuple[Any, str]:
@@ -127,7 +119,7 @@ def _dynamodb_local() -> tuple[Any, str]:
 
 
 def _docker_configured() -> bool:
-    # Only ask for a Docker engine when one could answer: a failed probe leaves an
+    # Ask for a Docker engine only when one could answer: a failed probe leaves an
     # unclosed socket behind, which pytest (warnings as errors) reports.
     return bool(os.environ.get("DOCKER_HOST")) or os.path.exists("/var/run/docker.sock")
 
@@ -135,59 +127,71 @@ def _docker_configured() -> bool:
 @pytest.fixture(scope="session")
 def dynamo_endpoint() -> Iterator[Endpoint]:
     """The session's DynamoDB endpoint (env -> Docker DynamoDB Local -> moto)."""
-    explicit = os.environ.get("FLOWY_DYNAMODB_ENDPOINT")
-    if explicit:
-        yield Endpoint(explicit, "env", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
-        return
-    if _docker_configured() and docker_available():
-        container, url = _dynamodb_local()
+    with pytest.MonkeyPatch.context() as patch:
+        explicit = os.environ.get("FLOWY_DYNAMODB_ENDPOINT")
+        if explicit:
+            yield Endpoint(explicit, "env", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+            return
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing")  # an emulator takes any credentials
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        patch.delenv("AWS_SESSION_TOKEN", raising=False)
+        patch.delenv("AWS_PROFILE", raising=False)
+        if _docker_configured() and docker_available():
+            container, url = _dynamodb_local()
+            try:
+                yield Endpoint(url, "dynamodb-local")
+            finally:
+                container.stop()
+            return
         try:
-            yield Endpoint(url, "dynamodb-local")
+            server = SerializedMotoServer()
+        except ImportError as exc:  # pragma: no cover - moto is a dev dependency
+            backend_missing(f"no DynamoDB endpoint (FLOWY_DYNAMODB_ENDPOINT, Docker, moto): {exc}")
+        url = server.start()
+        try:
+            yield Endpoint(url, "moto", after_test=server.forget_tracked_instances)
         finally:
-            container.stop()
-        return
-    try:
-        server = SerializedMotoServer()
-    except ImportError as exc:  # pragma: no cover - moto is a dev dependency
-        backend_missing(f"no DynamoDB endpoint: FLOWY_DYNAMODB_ENDPOINT unset, no Docker, {exc}")
-    url = server.start()
-    try:
-        yield Endpoint(url, "moto", after_test=server.forget_tracked_instances)
-    finally:
-        server.stop()
+            server.stop()
 
 
 @pytest.fixture
 def table_name(dynamo_endpoint: Endpoint) -> Iterator[str]:
-    """A new table for this test (deleted afterwards)."""
+    """A table name for this test; the table (if made) is deleted afterwards."""
     name = f"flowy-test-{uuid.uuid4().hex[:16]}"
+    yield name
     client = dynamo_endpoint.client()
-    create_table(client, name)
     try:
-        yield name
+        client.delete_table(TableName=name)
+    except client.exceptions.ResourceNotFoundException:
+        pass
     finally:
-        try:
-            client.delete_table(TableName=name)
-        except Exception:
-            pass
+        client.close()
         if dynamo_endpoint.after_test is not None:
             dynamo_endpoint.after_test()
 
 
 @pytest.fixture
-def raw_client(dynamo_endpoint: Endpoint) -> Any:
-    """A plain boto3 client on the endpoint (for inspecting and damaging items)."""
-    return dynamo_endpoint.client()
+def flowy_url(dynamo_endpoint: Endpoint, table_name: str) -> str:
+    """The conformance suite's store: a fresh table, one machine's clock (no skew)."""
+    return dynamo_endpoint.store_url(table_name, max_attempts=3, clock_skew=0)
 
 
-async def corrupt_thread(client: Any, table: str, thread_id: str) -> None:
-    """Flip one byte of the thread's head record and of its newest history entry."""
+@pytest.fixture
+def raw_client(dynamo_endpoint: Endpoint) -> Iterator[Any]:
+    """A plain boto3 client on the endpoint (to inspect and damage items)."""
+    client = dynamo_endpoint.client()
+    yield client
+    client.close()
+
+
+def corrupt_thread(client: Any, table: str, thread_id: str) -> None:
+    """Flip one byte of the thread's head record and of its history entry."""
     pk = thread_key(thread_id)
-    head = client.get_item(
-        TableName=table, Key={"pk": {"S": pk}, "sk": {"S": "head"}}, ConsistentRead=True
-    )["Item"]
-    revision = int(head["revision"]["N"])
-    for sk in ("head", f"rev#{revision:020d}"):
+    key = {"pk": {"S": pk}, "sk": {"S": "head"}}
+    head = client.get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+    if head is None or "revision" not in head:
+        raise ThreadNotFoundError(f"no checkpoint for thread {thread_id!r}")
+    for sk in ("head", f"rev#{int(head['revision']['N']):020d}"):
         key = {"pk": {"S": pk}, "sk": {"S": sk}}
         item = client.get_item(TableName=table, Key=key, ConsistentRead=True)["Item"]
         data = bytearray(item["record"]["B"])
@@ -201,60 +205,13 @@ async def corrupt_thread(client: Any, table: str, thread_id: str) -> None:
         )
 
 
-def make_bundle(endpoint: Endpoint, table: str, name: str) -> tuple[BackendBundle, Any]:
-    """A BackendBundle over ``table`` with its own client and thread pool."""
-    client = endpoint.client()
-    # One machine, one clock: no skew allowance, so lease expiry is exact.
-    backend: DynamoBackend[Any] = DynamoBackend[Any].create(
-        client, table, clock_skew=0.0, max_workers=8, max_attempts=3
-    )
-
-    async def corrupt(thread_id: str) -> None:
-        await corrupt_thread(client, table, thread_id)
-
-    async def open_peer() -> BackendBundle:
-        peer, _ = make_bundle(endpoint, table, f"{name}-peer")
-        return peer
-
-    bundle = BackendBundle(
-        checkpointer=backend.checkpointer,
-        leases=backend.leases,
-        outbox=backend.outbox,
-        consumer=backend.consumer,
-        corrupt=corrupt,
-        open_peer=open_peer,
-        close=backend.close,
-        name=name,
-    )
-    return bundle, backend
-
-
 @pytest.fixture
-async def flowy_backend(dynamo_endpoint: Endpoint, table_name: str) -> AsyncIterator[BackendBundle]:
-    """The conformance suite's backend: the four components on a fresh table."""
-    bundle, backend = make_bundle(dynamo_endpoint, table_name, f"dynamodb-{dynamo_endpoint.kind}")
-    try:
-        yield bundle
-    finally:
-        await backend.close()
+def flowy_corrupt() -> Callable[[Backend[Any], str], Any]:
+    """Flips one byte of a thread's stored head record (and its history entry)."""
 
+    async def corrupt(backend: Backend[Any], thread_id: str) -> None:
+        assert isinstance(backend, DynamoBackend)
+        table = backend.table
+        corrupt_thread(table.client, table.name, thread_id)
 
-@pytest.fixture
-async def backend(dynamo_endpoint: Endpoint, table_name: str) -> AsyncIterator[DynamoBackend[Any]]:
-    """A DynamoBackend on a fresh table (clock skew 0: one machine, one clock)."""
-    b: DynamoBackend[Any] = DynamoBackend[Any].create(
-        dynamo_endpoint.client(), table_name, clock_skew=0.0, max_attempts=3
-    )
-    try:
-        yield b
-    finally:
-        await b.close()
-
-
-def wait_until(predicate: Any, timeout: float = 5.0) -> None:
-    """Poll ``predicate()`` until true (for eventually consistent index reads)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
+    return corrupt

@@ -1,6 +1,6 @@
 """One OS process of the two-process race in ``test_dynamodb_hazards`` (not a test).
 
-Usage: ``python dynamo_race_worker.py ENDPOINT TABLE THREAD_ID SAVES MODE START_AT NAME``.
+Usage: ``python dynamo_race_worker.py URL THREAD_ID SAVES MODE START_AT NAME``.
 It waits until the epoch second ``START_AT``, then performs ``SAVES`` successful
 read-modify-write increments of the thread's counter, retrying every conflict; with
 MODE ``lease`` each increment runs under a fenced lease. Prints a JSON summary.
@@ -10,30 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from typing import Any
 
-from flowy import ConcurrencyConflictError, Snapshot, ThreadLeaseBusyError, ThreadNotFoundError
-from flowy.checkpoint import Lease, new_write_id
-from flowy_dynamodb import DynamoCheckpointer, DynamoExecutor, DynamoLeaseManager, make_client
+import flowy
+from flowy.errors import ConcurrencyConflictError, ThreadLeaseBusyError, ThreadNotFoundError
+from flowy.storage import Lease, Snapshot, new_write_id
 
 
 async def race(
-    endpoint: str, table: str, thread_id: str, saves: int, mode: str, start_at: float, name: str
+    url: str, thread_id: str, saves: int, mode: str, start_at: float, name: str
 ) -> dict[str, Any]:
-    credentials: dict[str, Any] = {}
-    if not os.environ.get("AWS_ACCESS_KEY_ID"):
-        credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-    client = make_client(
-        endpoint_url=endpoint,
-        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        **credentials,
-    )
-    executor = DynamoExecutor(2)
-    cp = DynamoCheckpointer[Any](client, table, clock_skew=0.0, executor=executor)
-    leases = DynamoLeaseManager(client, table, clock_skew=0.0, executor=executor)
+    backend = await flowy.connect(url)
+    cp, leases = backend.checkpointer, backend.leases
     await asyncio.sleep(max(0.0, start_at - time.time()))
     done = conflicts = busy = 0
     started = time.monotonic()
@@ -66,7 +56,7 @@ async def race(
         finally:
             if lease is not None:
                 await leases.release(lease)
-    executor.close()
+    await backend.aclose()
     return {
         "name": name,
         "saves": done,
@@ -77,8 +67,8 @@ async def race(
 
 
 def main(argv: list[str]) -> None:
-    endpoint, table, thread_id, saves, mode, start_at, name = argv
-    summary = asyncio.run(race(endpoint, table, thread_id, int(saves), mode, float(start_at), name))
+    url, thread_id, saves, mode, start_at, name = argv
+    summary = asyncio.run(race(url, thread_id, int(saves), mode, float(start_at), name))
     print(json.dumps(summary))
 
 

@@ -1,20 +1,35 @@
-"""The public facade: exported names, their module, and the protocols they implement."""
+"""The public face of flowy-dynamodb: exported names, ``flowy.connect`` through the
+entry point, URL options (and their errors), credentials kept out of URLs and messages,
+client ownership, the deprecated ``close()``, schema versions and the 0.1 upgrade."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import time
+import urllib.parse
+import uuid
 from typing import Any
 
 import pytest
 
+import flowy
 import flowy_dynamodb
-from flowy.checkpoint import (
+from flowy.errors import BackendURLError, SchemaVersionError, StorageError
+from flowy.storage import (
     FencingCheckpointer,
+    HandoffIntent,
+    HandoffStatus,
     LeaseManager,
     OutboxConsumer,
+    ResumeToken,
+    Snapshot,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
+    encode_intent,
+    encode_snapshot,
+    new_write_id,
 )
-from flowy_dynamodb import DynamoBackend
+from flowy_dynamodb import DynamoBackend, thread_key
 
 pytestmark = pytest.mark.anyio
 
@@ -23,45 +38,289 @@ def test_exports() -> None:
     assert sorted(flowy_dynamodb.__all__) == sorted(set(flowy_dynamodb.__all__))
     for name in flowy_dynamodb.__all__:
         obj = getattr(flowy_dynamodb, name)
-        if isinstance(obj, type):
+        if isinstance(obj, type) or callable(obj):
             assert obj.__module__ == "flowy_dynamodb", name
             assert obj.__doc__, f"{name} has no docstring"
 
 
-async def test_components_implement_the_protocols(dynamo_endpoint: Any, table_name: str) -> None:
-    backend = DynamoBackend[Any].create(dynamo_endpoint.client(), table_name)
-    try:
+def test_the_entry_point_names_the_opener() -> None:
+    [entry] = [
+        e for e in importlib.metadata.entry_points(group="flowy.backends") if e.name == "dynamodb"
+    ]
+    assert entry.value == "flowy_dynamodb:open_backend"
+    assert entry.load() is flowy_dynamodb.open_backend
+
+
+async def test_connect_opens_a_store_with_every_option(
+    dynamo_endpoint: Any, table_name: str
+) -> None:
+    url = dynamo_endpoint.store_url(
+        table_name,
+        create_table="yes",
+        max_attempts=7,
+        max_workers=3,
+        retry_attempts=2,
+        retry_mode="adaptive",
+        clock_skew=1.5,
+        expire_after=60,
+        poll_interval=0.25,
+    )
+    async with flowy.connect(url) as backend:
+        assert isinstance(backend, DynamoBackend)
+        assert backend.url == url
+        table = backend.table
+        assert (table.name, table.clock_skew, table.expire_after) == (table_name, 1.5, 60.0)
+        assert table.pool._max_workers == 3
+        config = table.client.meta.config
+        assert config.retries == {"mode": "adaptive", "total_max_attempts": 2}
+        assert config.max_pool_connections == 3
+        assert table.client.meta.region_name == dynamo_endpoint.region
+        assert (backend.consumer.max_attempts, backend.consumer.poll_interval) == (7, 0.25)
         assert isinstance(backend.checkpointer, FencingCheckpointer)
         assert isinstance(backend.checkpointer, TransactionalCheckpointer)
         assert isinstance(backend.leases, LeaseManager)
         assert isinstance(backend.outbox, TransactionalHandoffOutbox)
         assert isinstance(backend.consumer, OutboxConsumer)
-        assert backend.consumer.max_attempts == 5
-        assert backend.checkpointer.fences(backend.leases)
-    finally:
-        await backend.close()
-
-
-async def test_connect_builds_a_client(
-    dynamo_endpoint: Any, table_name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import os
-
-    from flowy import Snapshot
-
-    if dynamo_endpoint.kind != "env" or not os.environ.get("AWS_ACCESS_KEY_ID"):
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    backend = DynamoBackend[Any].connect(
-        table_name,
-        endpoint_url=dynamo_endpoint.url,
-        region_name=dynamo_endpoint.region,
-        max_workers=3,
-    )
-    try:
-        assert backend.executor.max_workers == 3
-        snap: Snapshot[Any] = Snapshot(thread_id="c", state={"x": 1}, execution_pointer="p")
+        domains = {c.domain for c in (backend.checkpointer, backend.leases, backend.outbox)}
+        assert domains == {backend.consumer.domain}
+        snap: Snapshot[Any] = Snapshot(thread_id="t", state={"x": 1}, execution_pointer="p")
         assert await backend.checkpointer.save(0, snap) == 1
-        assert (await backend.checkpointer.load("c"))[0].state == {"x": 1}
-    finally:
+    assert backend.closed
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_attempts", "0"),
+        ("max_workers", "many"),
+        ("retry_attempts", "-1"),
+        ("retry_mode", "legacy"),
+        ("clock_skew", "-1"),
+        ("clock_skew", "nan"),
+        ("expire_after", "0"),
+        ("poll_interval", "soon"),
+        ("create_table", "maybe"),
+    ],
+)
+async def test_bad_option_values_name_the_option(
+    dynamo_endpoint: Any, option: str, value: str
+) -> None:
+    with pytest.raises(BackendURLError, match=option):
+        await flowy.connect(dynamo_endpoint.store_url("flowy-never-made", **{option: value}))
+
+
+async def test_an_unknown_option_lists_the_known_ones() -> None:
+    with pytest.raises(BackendURLError) as info:
+        await flowy.connect("dynamodb://my-table?region=us-east-1&shards=4&colour=blue")
+    message = str(info.value)
+    assert "colour, shards" in message
+    for option in flowy_dynamodb.OPTIONS:
+        assert option in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "dynamodb://key:s3cret@my-table?region=us-east-1",
+        "dynamodb://:s3cret@my-table?region=us-east-1",
+        "dynamodb://key:s3cret@my-table?region=us-east-1&unknown=1",
+        "dynamodb://my-table?endpoint_url=http://key:s3cret@localhost:8000&unknown=1",
+    ],
+)
+async def test_credentials_stay_out_of_urls_and_messages(url: str) -> None:
+    with pytest.raises(BackendURLError) as info:
+        await flowy.connect(url)
+    assert "s3cret" not in str(info.value)
+    assert "@my-table" not in url or "***" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["dynamodb://?region=us-east-1", "dynamodb://ab", "dynamodb://a/b", "dynamodb://bad name"],
+)
+async def test_a_url_must_name_a_table(url: str) -> None:
+    with pytest.raises(BackendURLError, match="table"):
+        await flowy.connect(url)
+
+
+async def test_no_region_and_an_unknown_profile_are_url_errors(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(BackendURLError, match="region"):
+        await flowy.connect("dynamodb://my-table")
+    with pytest.raises(BackendURLError, match="no-such-profile"):
+        await flowy.connect("dynamodb://my-table?region=us-east-1&profile=no-such-profile")
+
+
+async def test_a_missing_table_without_create_table(dynamo_endpoint: Any, table_name: str) -> None:
+    with pytest.raises(StorageError, match="does not exist"):
+        await flowy.connect(dynamo_endpoint.store_url(table_name, create_table="false"))
+
+
+async def test_from_client_leaves_the_client_open(dynamo_endpoint: Any, table_name: str) -> None:
+    client = dynamo_endpoint.client()
+    closed: list[bool] = []
+    client.close = lambda: closed.append(True)
+    backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
+    async with backend:
+        # Its URL reaches the same table again (credentials from the environment).
+        params = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(backend.url).query))
+        assert params["endpoint_url"] == dynamo_endpoint.url and params["clock_skew"] == "0"
+        async with flowy.connect(backend.url) as peer:
+            snap: Snapshot[Any] = Snapshot(thread_id="p", state=1, execution_pointer="p")
+            await peer.checkpointer.save(0, snap)
+        assert (await backend.checkpointer.load("p"))[1] == 1
+    assert closed == []
+    assert repr(backend) == f"DynamoBackend({backend.url!r})"
+    owned = await flowy.connect(dynamo_endpoint.store_url(table_name))
+    assert isinstance(owned, DynamoBackend)
+    owned_client = owned.table.client
+    owned_closed: list[bool] = []
+    owned_client.close = lambda: owned_closed.append(True)
+    await owned.aclose()
+    await owned.aclose()  # idempotent
+    assert owned_closed == [True]
+    with pytest.raises(StorageError, match="closed"):
+        await owned.checkpointer.load("p")
+
+
+async def test_close_is_a_deprecated_alias(dynamo_endpoint: Any, table_name: str) -> None:
+    backend = await flowy.connect(dynamo_endpoint.store_url(table_name))
+    assert isinstance(backend, DynamoBackend)
+    with pytest.warns(DeprecationWarning, match="aclose"):
         await backend.close()
+    assert backend.closed
+
+
+async def test_a_newer_schema_is_refused(
+    dynamo_endpoint: Any, table_name: str, raw_client: Any
+) -> None:
+    url = dynamo_endpoint.store_url(table_name)
+    async with flowy.connect(url) as backend:
+        assert await backend.migrate() == 2
+    raw_client.put_item(
+        TableName=table_name,
+        Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "3"}},
+    )
+    with pytest.raises(SchemaVersionError, match="newer"):
+        await flowy.connect(url)
+
+
+def _v1_table(client: Any, name: str) -> None:
+    """A table as flowy-dynamodb 0.1 made it."""
+    client.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": a, "AttributeType": "S"} for a in ("pk", "sk", "list_key")
+        ],
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": "threads",
+                "KeySchema": [{"AttributeName": "list_key", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["thread_id"]},
+            }
+        ],
+    )
+
+
+async def test_a_0_1_table_is_refused_until_migrated(
+    dynamo_endpoint: Any, table_name: str, raw_client: Any
+) -> None:
+    _v1_table(raw_client, table_name)
+    tid, queued, buried = f"old-{uuid.uuid4().hex}", "queued-thread", "buried-thread"
+    snap: Snapshot[Any] = Snapshot(
+        thread_id=tid,
+        state={"n": 2},
+        execution_pointer="p",
+        handoff_status=HandoffStatus.ENQUEUED,
+        write_id=new_write_id(),
+    )
+    record = encode_snapshot(snap, 2, None)
+    common = {"pk": {"S": thread_key(tid)}, "thread_id": {"S": tid}, "record": {"B": record}}
+    raw_client.put_item(
+        TableName=table_name,
+        Item={
+            **common,
+            "sk": {"S": "head"},
+            "revision": {"N": "2"},
+            "pointer": {"S": "p"},
+            "status": {"S": "running"},
+            "reason": {"S": ""},
+            "handoff_status": {"S": "enqueued"},
+            "updated_at": {"N": "0"},
+            "write_tx": {"S": "x"},
+            "list_key": {"S": "enqueued#3"},
+            "lease_token": {"N": "4"},
+        },
+    )
+    raw_client.put_item(
+        TableName=table_name,
+        Item={
+            **common,
+            "sk": {"S": f"rev#{2:020d}"},
+            "revision": {"N": "2"},
+            "write_tx": {"S": "x"},
+        },
+    )
+    for pk, thread, error, extra in (
+        ("outbox#1", queued, "", {"visible_at": {"N": "0"}}),
+        ("dead#5", buried, "it failed", {"dead_at": {"N": str(time.time())}}),
+        ("outbox#2", "", "", {"visible_at": {"N": "0"}}),
+    ):
+        intent = HandoffIntent(
+            thread_id=thread,
+            pending_snapshot_revision=1,
+            committed_snapshot_revision=1,
+            snapshot_revision=1,
+            resume_token=ResumeToken(thread, 1),
+            handoff_status=HandoffStatus.ENQUEUED,
+            reason="handoff",
+            execution_pointer="worker",
+        )
+        raw_client.put_item(
+            TableName=table_name,
+            Item={
+                "pk": {"S": pk},
+                "sk": {"S": f"{time.time_ns():020d}#{uuid.uuid4().hex}"},
+                "payload": {"B": encode_intent(intent) if thread else b"poison"},
+                "attempts": {"N": "3" if error else "1"},
+                "error": {"S": error},
+                "enqueued_at": {"N": "1"},
+                **extra,
+            },
+        )
+    url = dynamo_endpoint.store_url(table_name, clock_skew=0)
+    with pytest.raises(SchemaVersionError, match="migrate"):
+        await flowy.connect(url)
+
+    client = dynamo_endpoint.client()
+    backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
+    assert await backend.migrate() == 2
+    assert await backend.migrate() == 2  # idempotent
+    async with backend:
+        cp, consumer = backend.checkpointer, backend.consumer
+        assert await cp.load(tid) == (snap.at_revision(2), 2)
+        [listed] = await cp.list_threads(handoff_statuses=frozenset({HandoffStatus.ENQUEUED}))
+        assert (listed.thread_id, listed.revision) == (tid, 2)
+        [message] = await consumer.claim(10, 30)
+        assert (message.intent.thread_id, message.attempts) == (queued, 2)
+        dead = {d.thread_id: d for d in await consumer.dead_letters()}
+        assert set(dead) == {buried, ""}
+        assert (dead[buried].attempts, dead[buried].error) == (3, "it failed")
+        assert dead[""].payload == b"poison" and dead[""].intent is None
+        lease = await backend.leases.acquire(tid, "new-worker", 30)
+        assert lease.fencing_token > 4
+        await consumer.retry_dead_letter(dead[buried].message_id)
+        [revived] = await consumer.claim(10, 30)
+        assert (revived.intent.thread_id, revived.attempts) == (buried, 1)
+    client.close()
+    async with flowy.connect(url):
+        pass

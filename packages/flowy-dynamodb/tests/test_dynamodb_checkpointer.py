@@ -1,32 +1,29 @@
 """DynamoDB-specific checkpointer tests: the single-table layout, thread keys, one
-conditional write per save, placeholders in every expression, stored-id checks, the
-index behind ``list_threads``, deletion keeping the fencing token, time to live and the
-clean-up of history entries left over from a deleted thread."""
+transaction per save, placeholders in every expression, stored-id checks, the index
+behind ``list_threads`` (thread-id order, ``after``), history left over from a deleted
+thread, time to live, and the table itself."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from flowy import (
-    ConcurrencyConflictError,
+import flowy
+from flowy.errors import ConcurrencyConflictError, SnapshotEnvelopeInvalidError, ThreadNotFoundError
+from flowy.memory import MemoryLeaseManager
+from flowy.storage import (
+    HandoffIntent,
+    HandoffStatus,
+    ResumeToken,
     RunStatus,
     Snapshot,
-    SnapshotEnvelopeInvalidError,
-    ThreadNotFoundError,
+    new_write_id,
 )
-from flowy.checkpoint import HandoffStatus, new_write_id
-from flowy_dynamodb import (
-    INDEX_NAME,
-    DynamoBackend,
-    DynamoCheckpointer,
-    DynamoLeaseManager,
-    create_table,
-    thread_key,
-)
+from flowy_dynamodb import DynamoBackend, create_table, thread_key
 
 pytestmark = pytest.mark.anyio
 
@@ -41,34 +38,46 @@ def snap(thread_id: str, state: Any = None, **kw: Any) -> Snapshot[Any]:
     )
 
 
-def head(client: Any, table: str, thread_id: str) -> dict[str, Any] | None:
-    key = {"pk": {"S": thread_key(thread_id)}, "sk": {"S": "head"}}
-    item: dict[str, Any] | None = client.get_item(
-        TableName=table, Key=key, ConsistentRead=True
-    ).get("Item")
-    return item
+def intent(thread_id: str, revision: int) -> HandoffIntent:
+    return HandoffIntent(
+        thread_id=thread_id,
+        pending_snapshot_revision=revision,
+        committed_snapshot_revision=revision,
+        snapshot_revision=revision,
+        resume_token=ResumeToken(thread_id, revision),
+        handoff_status=HandoffStatus.ENQUEUED,
+        reason="handoff",
+        execution_pointer="worker",
+    )
 
 
-def thread_items(client: Any, table: str, thread_id: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = client.query(
+def thread_items(client: Any, table: str, thread_id: str) -> dict[str, dict[str, Any]]:
+    items = client.query(
         TableName=table,
         KeyConditionExpression="#pk = :pk",
         ExpressionAttributeNames={"#pk": "pk"},
         ExpressionAttributeValues={":pk": {"S": thread_key(thread_id)}},
         ConsistentRead=True,
     )["Items"]
-    return items
+    return {item["sk"]["S"]: item for item in items}
 
 
-def record_calls(client: Any) -> list[dict[str, Any]]:
-    """Every API call the client makes from now on: operation name and parameters."""
+def record_calls(backend: DynamoBackend[Any]) -> list[dict[str, Any]]:
+    """Every API call the backend's client makes from now on (operation, parameters)."""
     calls: list[dict[str, Any]] = []
 
     def hook(model: Any, params: dict[str, Any], **_: Any) -> None:
         calls.append({"operation": model.name, "params": params})
 
-    client.meta.events.register("provide-client-params.dynamodb", hook)
+    backend.table.client.meta.events.register("provide-client-params.dynamodb", hook)
     return calls
+
+
+@pytest.fixture
+async def backend(dynamo_endpoint: Any, table_name: str) -> AsyncIterator[DynamoBackend[Any]]:
+    async with flowy.connect(dynamo_endpoint.store_url(table_name, clock_skew=0)) as opened:
+        assert isinstance(opened, DynamoBackend)
+        yield opened
 
 
 def test_thread_keys_are_verbatim_or_hashed() -> None:
@@ -78,18 +87,15 @@ def test_thread_keys_are_verbatim_or_hashed() -> None:
     assert thread_key(long_a).startswith("thread-sha256#")
     assert len(thread_key(long_a).encode()) < 2048
     assert thread_key(long_a) != thread_key(long_b)
-    # An id that looks like a hashed key stays in the verbatim namespace.
-    fake = "-sha256#" + "0" * 64
+    fake = "-sha256#" + "0" * 64  # looks like a hashed key: stays in the verbatim namespace
     assert thread_key(fake) == "thread#" + fake
-    assert thread_key(fake) != thread_key("x" * 2000)
 
 
 async def test_save_is_one_transaction_of_head_and_history(
     backend: DynamoBackend[Any], raw_client: Any, table_name: str
 ) -> None:
     cp = backend.checkpointer
-    client = cp._table.client  # pyright: ignore[reportPrivateUsage]
-    calls = record_calls(client)
+    calls = record_calls(backend)
     tid = f"layout-{uuid.uuid4().hex}"
     assert await cp.save(0, snap(tid, {"a": 1})) == 1
     assert [c["operation"] for c in calls] == ["TransactWriteItems"]
@@ -98,29 +104,46 @@ async def test_save_is_one_transaction_of_head_and_history(
     assert actions[0]["Update"]["ReturnValuesOnConditionCheckFailure"] == "ALL_OLD"
     assert await cp.save(1, snap(tid, {"a": 2}, status=RunStatus.SUSPENDED)) == 2
     items = thread_items(raw_client, table_name, tid)
-    assert sorted(i["sk"]["S"] for i in items) == [
+    assert sorted(items) == ["head", f"rev#{1:020d}", f"rev#{2:020d}"]
+    head = items["head"]
+    assert (head["thread_id"]["S"], head["revision"]["N"]) == (tid, "2")
+    assert (head["status"]["S"], head["handoff_status"]["S"]) == ("suspended", "none")
+    assert head["list_key"]["S"].startswith("none#") and head["list_sort"]["S"] == tid
+
+
+async def test_save_with_outbox_is_one_transaction(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp, outbox = backend.checkpointer, backend.outbox
+    calls = record_calls(backend)
+    tid = f"tx-{uuid.uuid4().hex}"
+
+    async def enqueue(tx: object, revision: int) -> None:
+        await outbox.enqueue_intent_tx(tx, intent(tid, revision))
+
+    assert await cp.save_with_outbox(0, snap(tid), enqueue) == 1
+    assert [c["operation"] for c in calls] == ["TransactWriteItems"]
+    actions = calls[0]["params"]["TransactItems"]
+    assert [next(iter(a)) for a in actions] == ["Update", "Put", "Update"]
+    assert sorted(thread_items(raw_client, table_name, tid)) == [
         "head",
+        f"outbox#{1:020d}",
         f"rev#{1:020d}",
-        f"rev#{2:020d}",
     ]
-    h = head(raw_client, table_name, tid)
-    assert h is not None
-    assert h["thread_id"]["S"] == tid
-    assert h["revision"]["N"] == "2"
-    assert h["status"]["S"] == "suspended"
-    assert h["handoff_status"]["S"] == "none"
-    assert "record" in h
-    assert h["list_key"]["S"].startswith("none#")
 
 
 async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -> None:
     """No attribute name or value is spliced into an expression, whatever the id."""
     cp, leases = backend.checkpointer, backend.leases
-    calls = record_calls(cp._table.client)  # pyright: ignore[reportPrivateUsage]
+    calls = record_calls(backend)
     tid = "x'; #pk = :pk OR revision > 0 --" + uuid.uuid4().hex
     lease = await leases.acquire(tid, "owner", 30)
     await cp.save(0, snap(tid), lease=lease)
-    await cp.save(1, snap(tid), lease=lease)
+
+    async def enqueue(tx: object, revision: int) -> None:
+        await backend.outbox.enqueue_intent_tx(tx, intent(tid, revision))
+
+    await cp.save_with_outbox(1, snap(tid), enqueue, lease=lease)
     await leases.renew(lease, 30)
     with pytest.raises(ConcurrencyConflictError):
         await cp.save(0, snap(tid), lease=lease)
@@ -129,12 +152,13 @@ async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -
     await cp.prune(tid, 1)
     await leases.release(lease)
     await cp.delete_if_idle(tid)
-    await cp.list_threads()
+    await cp.list_threads(after="a")
+    [message] = await backend.consumer.claim(10, 30)
+    await backend.consumer.release(message, error="x", delay=0)
     expressions = 0
     for call in calls:
-        params = call["params"]
-        bodies = [params]
-        bodies += [next(iter(a.values())) for a in params.get("TransactItems", [])]
+        bodies = [call["params"]]
+        bodies += [next(iter(a.values())) for a in call["params"].get("TransactItems", [])]
         for body in bodies:
             names = body.get("ExpressionAttributeNames", {})
             values = body.get("ExpressionAttributeValues", {})
@@ -142,7 +166,6 @@ async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -
                 "UpdateExpression",
                 "ConditionExpression",
                 "KeyConditionExpression",
-                "FilterExpression",
                 "ProjectionExpression",
             ):
                 text = body.get(field)
@@ -150,8 +173,7 @@ async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -
                     continue
                 expressions += 1
                 assert tid not in text
-                stripped = re.sub(r"[#:][A-Za-z0-9_]+", "", text)
-                words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", stripped))
+                words = set(re.findall(r"[A-Za-z_]\w*", re.sub(r"[#:]\w+", "", text)))
                 assert words <= {
                     "SET",
                     "REMOVE",
@@ -162,129 +184,81 @@ async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -
                     "if_not_exists",
                     "begins_with",
                 }, (field, text)
-                for token in re.findall(r"#[A-Za-z0-9_]+", text):
-                    assert token in names, (token, text)
-                for token in re.findall(r":[A-Za-z0-9_]+", text):
-                    assert token in values, (token, text)
-    assert expressions > 10
+                assert all(token in names for token in re.findall(r"#\w+", text)), text
+                assert all(token in values for token in re.findall(r":\w+", text)), text
+    assert expressions > 20
 
 
-async def test_save_with_outbox_is_one_transaction(backend: DynamoBackend[Any]) -> None:
-    cp, outbox = backend.checkpointer, backend.outbox
-    calls = record_calls(cp._table.client)  # pyright: ignore[reportPrivateUsage]
-    tid = f"tx-{uuid.uuid4().hex}"
-
-    async def enqueue(tx: object, revision: int) -> None:
-        from flowy.checkpoint import HandoffIntent, ResumeToken
-
-        intent = HandoffIntent(
-            thread_id=tid,
-            pending_snapshot_revision=revision,
-            committed_snapshot_revision=revision,
-            snapshot_revision=revision,
-            resume_token=ResumeToken(tid, revision),
-            handoff_status=HandoffStatus.ENQUEUED,
-            reason="handoff",
-            execution_pointer="worker",
-        )
-        await outbox.enqueue_intent_tx(tx, intent)
-
-    assert await cp.save_with_outbox(0, snap(tid), enqueue) == 1
-    assert [c["operation"] for c in calls] == ["TransactWriteItems"]
-    actions = calls[0]["params"]["TransactItems"]
-    assert [next(iter(a)) for a in actions] == ["Update", "Put", "Put"]
-    assert actions[2]["Put"]["Item"]["pk"]["S"].startswith("outbox#")
-
-
-async def test_load_checks_the_stored_thread_id(
+async def test_load_and_writes_check_the_stored_thread_id(
     backend: DynamoBackend[Any], raw_client: Any, table_name: str
 ) -> None:
     cp = backend.checkpointer
     tid = f"stored-id-{uuid.uuid4().hex}"
     await cp.save(0, snap(tid))
-    raw_client.update_item(
-        TableName=table_name,
-        Key={"pk": {"S": thread_key(tid)}, "sk": {"S": "head"}},
-        UpdateExpression="SET #t = :t",
-        ExpressionAttributeNames={"#t": "thread_id"},
-        ExpressionAttributeValues={":t": {"S": tid + "-other"}},
-    )
-    with pytest.raises(SnapshotEnvelopeInvalidError):
-        await cp.load(tid)
-    # A save onto an item of another id is refused too, and writes nothing.
-    with pytest.raises(SnapshotEnvelopeInvalidError):
-        await cp.save(1, snap(tid))
-    with pytest.raises(SnapshotEnvelopeInvalidError):
-        await backend.leases.acquire(tid, "owner", 30)
-    assert len(thread_items(raw_client, table_name, tid)) == 2
+    for sk in ("head", f"rev#{1:020d}"):
+        raw_client.update_item(
+            TableName=table_name,
+            Key={"pk": {"S": thread_key(tid)}, "sk": {"S": sk}},
+            UpdateExpression="SET #t = :t",
+            ExpressionAttributeNames={"#t": "thread_id"},
+            ExpressionAttributeValues={":t": {"S": tid + "-other"}},
+        )
+    for action in (
+        cp.load(tid),
+        cp.get_history(tid),
+        cp.save(1, snap(tid)),
+        backend.leases.acquire(tid, "owner", 30),
+        backend.leases.holder(tid),
+        cp.delete(tid),
+    ):
+        with pytest.raises(SnapshotEnvelopeInvalidError):
+            await action
+    assert len(thread_items(raw_client, table_name, tid)) == 2  # nothing written
 
 
-async def test_history_checks_the_stored_thread_id(
+async def test_list_threads_reads_the_index_in_thread_id_order(
     backend: DynamoBackend[Any], raw_client: Any, table_name: str
 ) -> None:
     cp = backend.checkpointer
-    tid = f"history-id-{uuid.uuid4().hex}"
-    await cp.save(0, snap(tid))
-    raw_client.update_item(
+    prefix = uuid.uuid4().hex[:6]
+    ids = [f"{prefix}-{c}" for c in "fbdaec"] + ["k" * 2000 + "b", "k" * 2000 + "a", "é", "e"]
+    for index, tid in enumerate(ids):
+        handoff = HandoffStatus.PENDING if index % 2 else HandoffStatus.NONE
+        await cp.save(
+            0, snap(tid, handoff_status=handoff, handoff_pending_at=5.5 if index % 2 else None)
+        )
+    raw_client.update_item(  # the listing reads the index's columns, never a record
         TableName=table_name,
-        Key={"pk": {"S": thread_key(tid)}, "sk": {"S": f"rev#{1:020d}"}},
-        UpdateExpression="SET #t = :t",
-        ExpressionAttributeNames={"#t": "thread_id"},
-        ExpressionAttributeValues={":t": {"S": "someone-else"}},
-    )
-    with pytest.raises(SnapshotEnvelopeInvalidError):
-        await cp.get_history(tid)
-
-
-async def test_list_threads_reads_the_index_not_the_records(
-    backend: DynamoBackend[Any], raw_client: Any, table_name: str
-) -> None:
-    cp = backend.checkpointer
-    tid = f"listed-{uuid.uuid4().hex}"
-    await cp.save(0, snap(tid, handoff_status=HandoffStatus.PENDING, handoff_pending_at=5.5))
-    raw_client.update_item(
-        TableName=table_name,
-        Key={"pk": {"S": thread_key(tid)}, "sk": {"S": "head"}},
+        Key={"pk": {"S": thread_key(ids[0])}, "sk": {"S": "head"}},
         UpdateExpression="SET #r = :r",
         ExpressionAttributeNames={"#r": "record"},
         ExpressionAttributeValues={":r": {"B": b"garbage"}},
     )
-    [summary] = await cp.list_threads(handoff_statuses=frozenset({HandoffStatus.PENDING}))
-    assert (summary.thread_id, summary.revision, summary.handoff_pending_at) == (tid, 1, 5.5)
-    described = raw_client.describe_table(TableName=table_name)["Table"]
-    assert [ix["IndexName"] for ix in described["GlobalSecondaryIndexes"]] == [INDEX_NAME]
+    listed = [t.thread_id for t in await cp.list_threads(limit=100)]
+    assert listed == sorted(ids)
+    assert [t.thread_id for t in await cp.list_threads(limit=3)] == sorted(ids)[:3]
+    pages: list[str] = []
+    after: str | None = None
+    while page := await cp.list_threads(limit=3, after=after):
+        pages += [t.thread_id for t in page]
+        after = page[-1].thread_id
+    assert pages == sorted(ids)
+    pending = await cp.list_threads(handoff_statuses=frozenset({HandoffStatus.PENDING}))
+    assert [t.thread_id for t in pending] == sorted(ids[1::2])
+    assert {t.handoff_pending_at for t in pending} == {5.5}
+    long_after = await cp.list_threads(after="k" * 2000 + "a")
+    assert [t.thread_id for t in long_after] == ["k" * 2000 + "b", "é"]
 
 
-async def test_lease_only_head_is_not_a_thread(
-    backend: DynamoBackend[Any], raw_client: Any, table_name: str
-) -> None:
+async def test_a_lease_only_item_is_not_a_thread(backend: DynamoBackend[Any]) -> None:
     cp, leases = backend.checkpointer, backend.leases
     tid = f"lease-only-{uuid.uuid4().hex}"
     lease = await leases.acquire(tid, "owner", 30)
-    assert head(raw_client, table_name, tid) is not None
     with pytest.raises(ThreadNotFoundError):
         await cp.load(tid)
+    assert await cp.get_history(tid) == []
     assert await cp.list_threads() == []
     assert await cp.save(0, snap(tid), lease=lease) == 1
-
-
-async def test_delete_keeps_the_fencing_token(
-    backend: DynamoBackend[Any], raw_client: Any, table_name: str
-) -> None:
-    cp, leases = backend.checkpointer, backend.leases
-    tid = f"delete-token-{uuid.uuid4().hex}"
-    first = await leases.acquire(tid, "a", 30)
-    await cp.save(0, snap(tid), lease=first)
-    await leases.release(first)
-    await cp.delete_if_idle(tid)
-    with pytest.raises(ThreadNotFoundError):
-        await cp.load(tid)
-    remaining = thread_items(raw_client, table_name, tid)
-    assert [i["sk"]["S"] for i in remaining] == ["head"]
-    assert "record" not in remaining[0]
-    assert "list_key" not in remaining[0]
-    second = await leases.acquire(tid, "b", 30)
-    assert second.token == first.token + 1
 
 
 async def test_delete_of_a_never_leased_thread_removes_every_item(
@@ -295,7 +269,23 @@ async def test_delete_of_a_never_leased_thread_removes_every_item(
     for expected in range(3):
         await cp.save(expected, snap(tid))
     await cp.delete(tid)
-    assert thread_items(raw_client, table_name, tid) == []
+    assert thread_items(raw_client, table_name, tid) == {}
+
+
+async def test_delete_under_a_live_lease_keeps_the_lease(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp, leases = backend.checkpointer, backend.leases
+    tid = f"delete-leased-{uuid.uuid4().hex}"
+    lease = await leases.acquire(tid, "a", 30)
+    await cp.save(0, snap(tid), lease=lease)
+    await cp.delete(tid)
+    [item] = thread_items(raw_client, table_name, tid).values()
+    assert "revision" not in item and "record" not in item and "list_key" not in item
+    assert item["lease_owner"]["S"] == "a" and int(item["expires"]["N"]) > lease.expires_at
+    holder = await leases.holder(tid)
+    assert holder is not None and holder.fencing_token == lease.fencing_token
+    assert await cp.save(0, snap(tid), lease=lease) == 1
 
 
 async def test_leftover_history_entry_is_replaced(
@@ -319,10 +309,8 @@ async def test_leftover_history_entry_is_replaced(
     )
     second = snap(tid, {"life": 2})
     assert await cp.save(1, second) == 2
-    history = await cp.get_history(tid)
-    assert [(s.revision, s.write_id) for s in history] == [
-        (2, second.write_id),
-        (1, history[1].write_id),
+    assert [(s.revision, s.write_id) for s in await cp.get_history(tid, 1)] == [
+        (2, second.write_id)
     ]
 
 
@@ -349,81 +337,52 @@ async def test_prune_keeps_the_head_entry_and_drops_entries_beyond_it(
 async def test_completed_threads_get_a_time_to_live(
     dynamo_endpoint: Any, table_name: str, raw_client: Any
 ) -> None:
-    cp = DynamoCheckpointer[Any](dynamo_endpoint.client(), table_name, expire_after=3600)
-    try:
+    url = dynamo_endpoint.store_url(table_name, expire_after=3600)
+    async with flowy.connect(url) as backend:
+        cp = backend.checkpointer
         tid = f"ttl-{uuid.uuid4().hex}"
         await cp.save(0, snap(tid))
-        assert "expires" not in (head(raw_client, table_name, tid) or {})
+        assert "expires" not in thread_items(raw_client, table_name, tid)["head"]
         await cp.save(1, snap(tid, status=RunStatus.COMPLETED))
-        items = {i["sk"]["S"]: i for i in thread_items(raw_client, table_name, tid)}
+        items = thread_items(raw_client, table_name, tid)
         expires = int(items["head"]["expires"]["N"])
         assert int(items[f"rev#{2:020d}"]["expires"]["N"]) == expires
         assert "expires" not in items[f"rev#{1:020d}"]
         await cp.save(2, snap(tid, status=RunStatus.RUNNING))
-        assert "expires" not in (head(raw_client, table_name, tid) or {})
-        ttl = raw_client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
-        assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "expires")
-    finally:
-        await cp.close()
+        assert "expires" not in thread_items(raw_client, table_name, tid)["head"]
+    ttl = raw_client.describe_time_to_live(TableName=table_name)["TimeToLiveDescription"]
+    assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "expires")
 
 
-def test_create_table_is_idempotent(dynamo_endpoint: Any) -> None:
+def test_create_table_is_idempotent(dynamo_endpoint: Any, table_name: str) -> None:
     client = dynamo_endpoint.client()
-    name = f"flowy-idem-{uuid.uuid4().hex[:12]}"
-    try:
-        create_table(client, name)
-        create_table(client, name)
-        table = client.describe_table(TableName=name)["Table"]
-        assert table["TableStatus"] == "ACTIVE"
-        assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
-        assert {k["AttributeName"]: k["KeyType"] for k in table["KeySchema"]} == {
-            "pk": "HASH",
-            "sk": "RANGE",
-        }
-    finally:
-        client.delete_table(TableName=name)
-
-
-def test_create_table_refuses_other_objects() -> None:
-    with pytest.raises(TypeError):
-        create_table(object(), "t")
+    create_table(client, table_name)
+    create_table(client, table_name)
+    table = client.describe_table(TableName=table_name)["Table"]
+    assert table["TableStatus"] == "ACTIVE"
+    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    assert sorted(i["IndexName"] for i in table["GlobalSecondaryIndexes"]) == [
+        "by_thread",
+        "dead_letters",
+        "outbox",
+    ]
+    version = client.get_item(
+        TableName=table_name, Key={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}}
+    )["Item"]["version"]["N"]
+    assert version == "2"
+    client.close()
 
 
 async def test_fences_only_leases_of_the_same_table(
     dynamo_endpoint: Any, backend: DynamoBackend[Any], table_name: str
 ) -> None:
-    from flowy import MemoryLeaseManager
-
     cp = backend.checkpointer
     assert cp.fences(backend.leases)
-    same = DynamoLeaseManager(dynamo_endpoint.client(), table_name)
-    other = DynamoLeaseManager(dynamo_endpoint.client(), table_name + "-other")
-    try:
-        assert cp.fences(same)
-        assert not cp.fences(other)
-        assert not cp.fences(MemoryLeaseManager())
-    finally:
-        await same.close()
-        await other.close()
-
-
-async def test_any_ttl_attribute_name_goes_through_a_placeholder(dynamo_endpoint: Any) -> None:
-    from flowy import StorageError
-
-    client = dynamo_endpoint.client()
-    name = f"flowy-ttl-{uuid.uuid4().hex[:12]}"
-    create_table(client, name, ttl_attribute="expire-at")
-    cp = DynamoCheckpointer[Any](client, name, expire_after=60, ttl_attribute="expire-at")
-    try:
-        with pytest.raises(StorageError, match="already has time to live"):
-            create_table(client, name)  # the default attribute differs
-        tid = f"ttl-name-{uuid.uuid4().hex}"
-        await cp.save(0, snap(tid, status=RunStatus.COMPLETED))
-        assert "expire-at" in (head(client, name, tid) or {})
-        await cp.save(1, snap(tid))
-        assert "expire-at" not in (head(client, name, tid) or {})
-        await cp.delete(tid)
-        assert thread_items(client, name, tid) == []
-    finally:
-        await cp.close()
-        client.delete_table(TableName=name)
+    async with flowy.connect(dynamo_endpoint.store_url(table_name)) as same:
+        assert cp.fences(same.leases)
+    async with flowy.connect(dynamo_endpoint.store_url(table_name + "-other")) as other:
+        assert not cp.fences(other.leases)
+        other_client = dynamo_endpoint.client()
+        other_client.delete_table(TableName=table_name + "-other")
+        other_client.close()
+    assert not cp.fences(MemoryLeaseManager())

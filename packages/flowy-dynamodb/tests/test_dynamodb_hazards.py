@@ -4,7 +4,7 @@
   a request that reached the table but whose response was lost (ambiguous outcome), a
   request that never arrived, throttling answered for the service, a transaction
   cancelled by a concurrent one. The save's own landed write is never reported as a
-  conflict and is never applied twice; ``flowy.checkpoint.durable_save`` resolves the
+  conflict and is never applied twice; ``flowy.storage.durable_save`` resolves the
   outcomes the checkpointer cannot.
 - Two OS processes racing on one thread: a single history chain, no lost update.
 - Oversized state: ``SnapshotTooLargeError`` naming the size, and nothing written.
@@ -28,21 +28,22 @@ from botocore.awsrequest import AWSPreparedRequest, AWSResponse
 from botocore.exceptions import ConnectionClosedError, ReadTimeoutError
 from botocore.httpsession import URLLib3Session
 
-from flowy import (
+import flowy
+from flowy.errors import (
     ConcurrencyConflictError,
-    Snapshot,
     SnapshotTooLargeError,
     StorageUnavailableError,
     ThreadNotFoundError,
 )
-from flowy.checkpoint import (
+from flowy.storage import (
     HandoffIntent,
     HandoffStatus,
     ResumeToken,
+    Snapshot,
     durable_save,
     new_write_id,
 )
-from flowy_dynamodb import MAX_ITEM_BYTES, DynamoBackend, DynamoCheckpointer
+from flowy_dynamodb import MAX_ITEM_BYTES, DynamoBackend, make_client
 
 pytestmark = pytest.mark.anyio
 
@@ -154,14 +155,18 @@ def transaction_conflict(_: AWSPreparedRequest) -> AWSResponse:
 
 
 async def make_backend(endpoint: Any, table: str, **client_options: Any) -> DynamoBackend[Any]:
-    return DynamoBackend[Any].create(endpoint.client(**client_options), table, clock_skew=0.0)
+    """An opened store on ``table`` with a client of its own (made with ``client_options``)."""
+    url = endpoint.store_url(table, clock_skew=0, **client_options)
+    backend = await flowy.connect(url)
+    assert isinstance(backend, DynamoBackend)
+    return backend
 
 
 def client_of(backend: DynamoBackend[Any]) -> Any:
-    return backend.checkpointer._table.client  # pyright: ignore[reportPrivateUsage]
+    return backend.table.client
 
 
-async def assert_single_chain(cp: DynamoCheckpointer[Any], thread_id: str, head: int) -> None:
+async def assert_single_chain(cp: Any, thread_id: str, head: int) -> None:
     history = await cp.get_history(thread_id, 1000)
     assert [s.revision for s in history] == list(range(head, 0, -1))
     assert len({s.write_id for s in history}) == head
@@ -175,7 +180,7 @@ async def test_lost_response_retried_by_botocore_is_reported_as_success(
 ) -> None:
     """The transaction landed, its response was lost, botocore sent it again and the
     second attempt's condition failed: the save returns its revision, once."""
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=3)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=3)
     try:
         cp = backend.checkpointer
         tid = f"ambiguous-{uuid.uuid4().hex}"
@@ -188,13 +193,13 @@ async def test_lost_response_retried_by_botocore_is_reported_as_success(
         assert (revision, loaded.write_id) == (2, second.write_id)
         await assert_single_chain(cp, tid, 2)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def test_lost_response_without_retries_is_resolved_by_durable_save(
     dynamo_endpoint: Any, table_name: str
 ) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=1)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=1)
     try:
         cp = backend.checkpointer
         tid = f"unknown-{uuid.uuid4().hex}"
@@ -210,13 +215,13 @@ async def test_lost_response_without_retries_is_resolved_by_durable_save(
         assert (await cp.load(tid))[0].write_id == second.write_id
         await assert_single_chain(cp, tid, 2)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def test_request_that_never_arrived_is_applied_once_by_durable_save(
     dynamo_endpoint: Any, table_name: str
 ) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=1)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=1)
     try:
         cp = backend.checkpointer
         tid = f"not-sent-{uuid.uuid4().hex}"
@@ -227,13 +232,13 @@ async def test_request_that_never_arrived_is_applied_once_by_durable_save(
         assert (await cp.load(tid))[0].write_id == first.write_id
         await assert_single_chain(cp, tid, 1)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def test_lost_response_of_save_with_outbox_enqueues_once(
     dynamo_endpoint: Any, table_name: str
 ) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=3)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=3)
     try:
         cp, outbox, consumer = backend.checkpointer, backend.outbox, backend.consumer
         tid = f"ambiguous-outbox-{uuid.uuid4().hex}"
@@ -247,7 +252,7 @@ async def test_lost_response_of_save_with_outbox_enqueues_once(
         assert [m.intent.committed_snapshot_revision for m in messages] == [1]
         await assert_single_chain(cp, tid, 1)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def test_own_write_landed_and_was_overtaken_before_the_retry(
@@ -255,7 +260,7 @@ async def test_own_write_landed_and_was_overtaken_before_the_retry(
 ) -> None:
     """Our write landed, another writer saved on top, then botocore's retry failed: the
     history entry at our revision carries our write, so the save reports success."""
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=3)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=3)
     other = await make_backend(dynamo_endpoint, table_name)
     try:
         cp = backend.checkpointer
@@ -276,14 +281,14 @@ async def test_own_write_landed_and_was_overtaken_before_the_retry(
             (1, mine.write_id),
         ]
     finally:
-        await backend.close()
-        await other.close()
+        await backend.aclose()
+        await other.aclose()
 
 
 async def test_real_conflict_after_a_lost_response_is_still_a_conflict(
     dynamo_endpoint: Any, table_name: str
 ) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=3)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=3)
     try:
         cp = backend.checkpointer
         tid = f"real-conflict-{uuid.uuid4().hex}"
@@ -295,7 +300,7 @@ async def test_real_conflict_after_a_lost_response_is_still_a_conflict(
         assert (info.value.expected, info.value.actual) == (1, 2)
         await assert_single_chain(cp, tid, 2)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 # -- throttling and cancelled transactions ------------------------------------------------
@@ -305,7 +310,7 @@ async def test_real_conflict_after_a_lost_response_is_still_a_conflict(
 async def test_throttled_save_is_retried_with_backoff(
     dynamo_endpoint: Any, table_name: str, mode: str
 ) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, retry_mode=mode, max_attempts=4)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_mode=mode, retry_attempts=4)
     try:
         cp = backend.checkpointer
         tid = f"throttled-{mode}-{uuid.uuid4().hex}"
@@ -314,13 +319,13 @@ async def test_throttled_save_is_retried_with_backoff(
         assert injector.attempts == 2
         await assert_single_chain(cp, tid, 1)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def test_throttling_that_outlasts_the_retries_is_unavailable(
     dynamo_endpoint: Any, table_name: str
 ) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=2)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=2)
     try:
         cp = backend.checkpointer
         tid = f"throttled-out-{uuid.uuid4().hex}"
@@ -330,7 +335,7 @@ async def test_throttling_that_outlasts_the_retries_is_unavailable(
         with pytest.raises(ThreadNotFoundError):
             await cp.load(tid)
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def test_transaction_conflict_is_sent_again(dynamo_endpoint: Any, table_name: str) -> None:
@@ -349,40 +354,37 @@ async def test_transaction_conflict_is_sent_again(dynamo_endpoint: Any, table_na
             await cp.save(1, snap(tid))
         assert (await cp.load(tid))[1] == 1
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 # -- broken connections ---------------------------------------------------------------------
 
 
-async def test_unreachable_endpoint_is_unavailable(table_name: str) -> None:
+async def test_unreachable_endpoint_is_unavailable(dynamo_endpoint: Any, table_name: str) -> None:
     import socket
-
-    from flowy_dynamodb import make_client
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     client = make_client(
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        max_attempts=1,
-        connect_timeout=1,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
+        region="us-east-1", endpoint_url=f"http://127.0.0.1:{port}", retry_attempts=1
     )
-    cp = DynamoCheckpointer[Any](client, table_name)
+    backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name)
+    with pytest.raises(StorageUnavailableError, match="connection"):
+        await backend.open()  # opening checks the table
+    backend = DynamoBackend[Any].from_client(client, table_name)  # not opened: the calls themselves
     try:
         with pytest.raises(StorageUnavailableError, match="connection"):
-            await cp.load("t")
+            await backend.checkpointer.load("t")
         with pytest.raises(StorageUnavailableError):
-            await cp.save(0, snap("t"))
+            await backend.checkpointer.save(0, snap("t"))
     finally:
-        await cp.close()
+        await backend.aclose()
+        client.close()
 
 
 async def test_read_timeout_is_unavailable(dynamo_endpoint: Any, table_name: str) -> None:
-    backend = await make_backend(dynamo_endpoint, table_name, max_attempts=1)
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=1)
     try:
 
         def time_out(request: AWSPreparedRequest) -> None:
@@ -394,7 +396,7 @@ async def test_read_timeout_is_unavailable(dynamo_endpoint: Any, table_name: str
         with pytest.raises(ThreadNotFoundError):  # the next call goes through
             await backend.checkpointer.load("t")
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 # -- the executor ---------------------------------------------------------------------------
@@ -403,9 +405,7 @@ async def test_read_timeout_is_unavailable(dynamo_endpoint: Any, table_name: str
 async def test_calls_run_off_the_loop_in_a_bounded_pool(
     dynamo_endpoint: Any, table_name: str
 ) -> None:
-    backend: DynamoBackend[Any] = DynamoBackend[Any].create(
-        dynamo_endpoint.client(), table_name, max_workers=2
-    )
+    backend = await make_backend(dynamo_endpoint, table_name, max_workers=2)
     in_flight = 0
     most = 0
     lock = threading.Lock()
@@ -440,10 +440,17 @@ async def test_calls_run_off_the_loop_in_a_bounded_pool(
         assert most == 2
         assert ticks >= 20  # ~0.45 s of blocking calls; the loop kept turning
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 # -- oversized state ------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def backend(dynamo_endpoint: Any, table_name: str) -> Any:
+    opened = await make_backend(dynamo_endpoint, table_name)
+    yield opened
+    await opened.aclose()
 
 
 async def test_oversized_state_is_refused_before_anything_is_written(
@@ -489,20 +496,16 @@ async def test_long_thread_id_counts_toward_the_item_size(backend: DynamoBackend
         await cp.load(tid)
 
 
-async def test_size_refused_by_the_service_is_too_large(
-    dynamo_endpoint: Any, table_name: str
-) -> None:
+async def test_size_refused_by_the_service_is_too_large(backend: DynamoBackend[Any]) -> None:
     """With the local check disabled, the service's own refusal is translated too."""
-    cp = DynamoCheckpointer[Any](dynamo_endpoint.client(), table_name, max_item_bytes=10**8)
-    try:
-        tid = f"big-remote-{uuid.uuid4().hex}"
-        with pytest.raises(SnapshotTooLargeError):
-            await cp.save(0, snap(tid, {"blob": "z" * 600_000}))
-        with pytest.raises(ThreadNotFoundError):
-            await cp.load(tid)
-        assert await cp.get_history(tid) == []
-    finally:
-        await cp.close()
+    backend.table.max_item_bytes = 10**8
+    cp = backend.checkpointer
+    tid = f"big-remote-{uuid.uuid4().hex}"
+    with pytest.raises(SnapshotTooLargeError):
+        await cp.save(0, snap(tid, {"blob": "z" * 600_000}))
+    with pytest.raises(ThreadNotFoundError):
+        await cp.load(tid)
+    assert await cp.get_history(tid) == []
 
 
 # -- two OS processes -----------------------------------------------------------------------
@@ -515,12 +518,13 @@ async def test_two_processes_racing_keep_one_history_chain(
     saves = 25
     tid = f"race-{mode}-{uuid.uuid4().hex}"
     start_at = time.time() + 3.0  # both processes are importing by then
+    async with flowy.connect(dynamo_endpoint.store_url(table_name)):
+        pass  # the table exists before the racers start
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             str(WORKER),
-            dynamo_endpoint.url,
-            table_name,
+            dynamo_endpoint.store_url(table_name, clock_skew=0, max_workers=2),
             tid,
             str(saves),
             mode,
@@ -540,8 +544,8 @@ async def test_two_processes_racing_keep_one_history_chain(
     # They really raced: someone lost a revision or waited for a lease.
     assert sum(s["conflicts"] + s["busy"] for s in summaries) > 0, summaries
 
-    cp = DynamoCheckpointer[Any](dynamo_endpoint.client(), table_name)
-    try:
+    async with flowy.connect(dynamo_endpoint.store_url(table_name)) as backend:
+        cp = backend.checkpointer
         head, revision = await cp.load(tid)
         assert revision == 2 * saves
         assert head.state["count"] == 2 * saves  # no lost update
@@ -549,5 +553,3 @@ async def test_two_processes_racing_keep_one_history_chain(
         assert [s.revision for s in history] == list(range(2 * saves, 0, -1))
         assert [s.state["count"] for s in history] == list(range(2 * saves, 0, -1))
         assert {s.state["by"] for s in history} == {"proc-a", "proc-b"}
-    finally:
-        await cp.close()

@@ -1,6 +1,6 @@
-"""End to end on DynamoDB: a Runner hands runs off through the transactional outbox
-(one TransactWriteItems per hand-off) and a flowy.Worker on another client resumes them
-from ``DynamoOutboxConsumer``, under fenced leases."""
+"""End to end on DynamoDB: a Runner hands runs off through the transactional outbox (one
+TransactWriteItems per hand-off) and a flowy.Worker on another connection resumes them,
+under fenced leases."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 import flowy
-from flowy.checkpoint import HandoffStatus, RunStatus
-from flowy_dynamodb import DynamoBackend
+from flowy.storage import HandoffStatus, RunStatus
 
 pytestmark = pytest.mark.anyio
 
@@ -37,25 +36,18 @@ def graph(runs: list[str]) -> flowy.Graph[State, Any]:
 
 async def test_worker_resumes_handoffs(dynamo_endpoint: Any, table_name: str) -> None:
     runs: list[str] = []
-    front = DynamoBackend[Any].create(dynamo_endpoint.client(), table_name, clock_skew=0.0)
-    back = DynamoBackend[Any].create(dynamo_endpoint.client(), table_name, clock_skew=0.0)
-    try:
-        runner = flowy.Runner(
-            graph(runs), front.checkpointer, lease_manager=front.leases, handoff_outbox=front.outbox
-        )
+    url = dynamo_endpoint.store_url(table_name, clock_skew=0)
+    async with flowy.connect(url) as front, flowy.connect(url) as back:
+        runner = flowy.Runner(graph(runs), front)
         assert runner.checkpointer is front.checkpointer  # native fencing, no lease guard
         threads = [f"order:{{{i}}}\n" for i in range(5)] + ["k" * 10_000]
         for thread_id in threads:
             await runner.start(thread_id, {}, run_lease=("frontend", 5))
-        pending = await front.checkpointer.list_threads(
-            handoff_statuses=frozenset({HandoffStatus.ENQUEUED})
-        )
-        assert sorted(s.thread_id for s in pending) == sorted(threads)
+        enqueued = frozenset({HandoffStatus.ENQUEUED})
+        pending = await front.checkpointer.list_threads(handoff_statuses=enqueued)
+        assert [s.thread_id for s in pending] == sorted(threads)
 
-        worker_runner = flowy.Runner(
-            graph(runs), back.checkpointer, lease_manager=back.leases, handoff_outbox=back.outbox
-        )
-        worker = flowy.Worker(worker_runner, back.consumer, owner="worker-1", lease_ttl=5)
+        worker = flowy.Worker(flowy.Runner(graph(runs), back), owner="worker-1", lease_ttl=5)
         assert await worker.run_until_idle() == len(threads)
         assert sorted(runs) == sorted(threads)
         for thread_id in threads:
@@ -65,6 +57,3 @@ async def test_worker_resumes_handoffs(dynamo_endpoint: Any, table_name: str) ->
             assert await back.leases.holder(thread_id) is None
         assert await back.consumer.claim(10, 30) == []
         assert await back.consumer.dead_letters() == []
-    finally:
-        await front.close()
-        await back.close()

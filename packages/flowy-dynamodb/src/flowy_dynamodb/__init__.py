@@ -1,59 +1,53 @@
-"""DynamoDB backend for flowy (boto3): a strict-OCC checkpointer with native fencing,
-fenced run leases and a transactional hand-off outbox, all in one table.
+"""DynamoDB store for flowy (boto3): a strict-OCC checkpointer with native fencing, fenced
+run leases and a transactional hand-off outbox with its consumer, all in one table.
 
-Install with ``pip install "flowy-core[dynamodb]"``. Create the table once with
-:func:`create_table`, then build the components (or a :class:`DynamoBackend`) over a
-boto3 client.
+Install with ``pip install "flowy-core[dynamodb]"`` and open a store with
+``await flowy.connect("dynamodb://TABLE?region=eu-west-1")``, or build a
+:class:`DynamoBackend` over your own boto3 client with :meth:`DynamoBackend.from_client`.
 """
 
 from __future__ import annotations
 
+from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
-from ._checkpointer import DEFAULT_INDEX_SHARDS as DEFAULT_INDEX_SHARDS
-from ._checkpointer import DynamoCheckpointer as DynamoCheckpointer
-from ._executor import DEFAULT_MAX_WORKERS as DEFAULT_MAX_WORKERS
-from ._executor import DynamoExecutor as DynamoExecutor
-from ._lease import DEFAULT_CLOCK_SKEW as DEFAULT_CLOCK_SKEW
-from ._lease import DynamoLeaseManager as DynamoLeaseManager
-from ._outbox import DEFAULT_OUTBOX_SHARDS as DEFAULT_OUTBOX_SHARDS
-from ._outbox import DynamoOutbox as DynamoOutbox
-from ._outbox import DynamoOutboxConsumer as DynamoOutboxConsumer
-from ._table import INDEX_NAME as INDEX_NAME
+from ._backend import open_backend as open_backend
+from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
+from ._schema import create_table as create_table
+from ._schema import make_client as make_client
+from ._store import DynamoCheckpointer as DynamoCheckpointer
+from ._store import DynamoConsumer as DynamoConsumer
+from ._store import DynamoLeaseManager as DynamoLeaseManager
+from ._store import DynamoOutbox as DynamoOutbox
 from ._table import MAX_ITEM_BYTES as MAX_ITEM_BYTES
-from ._table import TTL_ATTRIBUTE as TTL_ATTRIBUTE
-from ._table import DynamoTransaction as DynamoTransaction
-from ._table import create_table as create_table
-from ._table import make_client as make_client
+from ._table import ClockSkewError as ClockSkewError
+from ._table import DynamoTable as DynamoTable
 from ._table import thread_key as thread_key
 
 __all__ = [
-    "DEFAULT_CLOCK_SKEW",
-    "DEFAULT_INDEX_SHARDS",
-    "DEFAULT_MAX_WORKERS",
-    "DEFAULT_OUTBOX_SHARDS",
-    "INDEX_NAME",
     "MAX_ITEM_BYTES",
-    "TTL_ATTRIBUTE",
+    "OPTIONS",
+    "SCHEMA_VERSION",
+    "ClockSkewError",
     "DynamoBackend",
     "DynamoCheckpointer",
-    "DynamoExecutor",
+    "DynamoConsumer",
     "DynamoLeaseManager",
     "DynamoOutbox",
-    "DynamoOutboxConsumer",
-    "DynamoTransaction",
+    "DynamoTable",
     "create_table",
     "make_client",
+    "open_backend",
     "thread_key",
 ]
 
 
-def _public_module() -> None:
-    # Tracebacks and reprs name flowy_dynamodb.X, not the private module X lives in.
+def _present_as_public() -> None:
+    """Make tracebacks and reprs say ``flowy_dynamodb.X`` rather than the private module."""
     for name in __all__:
         obj = globals()[name]
-        if callable(obj) and getattr(obj, "__module__", "").startswith("flowy_dynamodb."):
-            obj.__module__ = "flowy_dynamodb"
+        if getattr(obj, "__module__", "").startswith("flowy_dynamodb."):
+            obj.__module__ = __name__
 
 
-_public_module()
-del _public_module
+_present_as_public()
+del _present_as_public

@@ -1,123 +1,203 @@
-"""``DynamoBackend``: the four components over one table, sharing one thread pool."""
+"""``DynamoBackend``: the four components over one table, and the opener of
+``dynamodb://TABLE?...`` URLs for ``flowy.connect``."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
-from dataclasses import dataclass
+import urllib.parse
+import warnings
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from flowy.checkpoint import RunStatus, StateCodec
+from botocore.exceptions import BotoCoreError
 
-from ._checkpointer import DEFAULT_INDEX_SHARDS, DynamoCheckpointer
-from ._executor import DEFAULT_MAX_WORKERS, DynamoExecutor
-from ._lease import DEFAULT_CLOCK_SKEW, DynamoLeaseManager
-from ._outbox import DEFAULT_OUTBOX_SHARDS, DynamoOutbox, DynamoOutboxConsumer
-from ._table import Clock, RetryMode, make_client
+from flowy.errors import BackendURLError
+from flowy.storage import BaseBackend, RunStatus, StateCodec, StoreURL
+
+from ._schema import check_version, make_client, migrate, schema_version
+from ._store import DynamoCheckpointer, DynamoConsumer, DynamoLeaseManager, DynamoOutbox
+from ._table import Clock, DynamoTable
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
-__all__ = ["DynamoBackend"]
+__all__ = ["OPTIONS", "DynamoBackend", "open_backend"]
 
 S = TypeVar("S")
 
+OPTIONS = {
+    "region": "AWS region (default: boto3's, e.g. AWS_REGION)",
+    "endpoint_url": "another endpoint, e.g. DynamoDB Local (default: AWS)",
+    "profile": "AWS profile of the credentials (default: boto3's chain)",
+    "create_table": "create the table if it is missing (default true)",
+    "max_attempts": "deliveries before a hand-off is dead-lettered (default 5)",
+    "max_workers": "threads running boto3 calls, and connections (default 16)",
+    "retry_attempts": "attempts of a request, botocore's retries included (default 5)",
+    "retry_mode": "botocore retry mode: standard (default) or adaptive",
+    "clock_skew": "seconds two clients' clocks may differ (default 2)",
+    "expire_after": "seconds until a completed thread expires (default never)",
+    "poll_interval": "longest pause between outbox polls while claim waits (default 0.5)",
+}
+_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
-@dataclass
-class DynamoBackend(Generic[S]):
-    """Checkpointer, lease manager, outbox and consumer over one DynamoDB table.
 
-    The checkpointer fences with the lease manager and commits hand-offs with the outbox
-    in one transaction; all four share ``executor``, so at most
-    ``executor.max_workers`` DynamoDB calls are in flight. Build it with :meth:`create`
-    (your client) or :meth:`connect` (a client made by :func:`make_client`).
+class DynamoBackend(BaseBackend[S], Generic[S]):
+    """One DynamoDB table as a flowy store: ``flowy.connect("dynamodb://TABLE?...")``,
+    or :meth:`from_client` with the application's own boto3 client.
+
+    Args:
+        client: a boto3 DynamoDB client (see :func:`~flowy_dynamodb.make_client`).
+        table_name: the table; created on open if missing and ``create_table``.
+        codec: the state codec (JSON by default; a runner gives a typed graph's type).
+        max_attempts: deliveries of a hand-off before it is dead-lettered.
+        max_workers: threads running boto3's blocking calls (calls in flight at most).
+        clock_skew: seconds two clients' clocks may differ: a lease is taken over that
+            long after it expired, and a client more than half of it off DynamoDB's
+            clock refuses to take or renew leases (:class:`ClockSkewError`).
+        expire_after: seconds after which DynamoDB's time to live deletes a completed
+            thread's head and last history entry (``None``: never).
+        expire_statuses: which statuses ``expire_after`` applies to.
+        poll_interval: longest pause between outbox polls while ``claim`` waits.
+        clock: epoch seconds (``time.time``).
+        url: the URL to report (and peers to open); made from the client if omitted.
+        owns_client: close ``client`` in :meth:`aclose` (``flowy.connect`` sets it).
     """
 
-    checkpointer: DynamoCheckpointer[S]
-    leases: DynamoLeaseManager
-    outbox: DynamoOutbox
-    consumer: DynamoOutboxConsumer
-    executor: DynamoExecutor
-
-    @classmethod
-    def create(
-        cls,
+    def __init__(
+        self,
         client: BaseClient,
         table_name: str,
         *,
         codec: StateCodec[S] | None = None,
-        clock_skew: float = DEFAULT_CLOCK_SKEW,
-        max_workers: int = DEFAULT_MAX_WORKERS,
-        outbox_shards: int = DEFAULT_OUTBOX_SHARDS,
-        index_shards: int = DEFAULT_INDEX_SHARDS,
+        create_table: bool = True,
         max_attempts: int = 5,
+        max_workers: int = 16,
+        clock_skew: float = 2.0,
         expire_after: float | None = None,
         expire_statuses: frozenset[RunStatus] = frozenset({RunStatus.COMPLETED}),
+        poll_interval: float = 0.5,
         clock: Clock = time.time,
-    ) -> DynamoBackend[S]:
-        """The four components over ``table_name`` with ``client`` and a new shared
-        executor of ``max_workers`` threads (closed by :meth:`close`)."""
-        executor = DynamoExecutor(max_workers)
-        return cls(
-            checkpointer=DynamoCheckpointer(
-                client,
-                table_name,
-                codec=codec,
-                clock_skew=clock_skew,
-                executor=executor,
-                index_shards=index_shards,
-                expire_after=expire_after,
-                expire_statuses=expire_statuses,
-                clock=clock,
-            ),
-            leases=DynamoLeaseManager(
-                client, table_name, clock_skew=clock_skew, executor=executor, clock=clock
-            ),
-            outbox=DynamoOutbox(
-                client, table_name, shards=outbox_shards, executor=executor, clock=clock
-            ),
-            consumer=DynamoOutboxConsumer(
-                client,
-                table_name,
-                shards=outbox_shards,
-                max_attempts=max_attempts,
-                executor=executor,
-                clock=clock,
-            ),
-            executor=executor,
+        url: str | None = None,
+        owns_client: bool = False,
+    ) -> None:
+        if clock_skew < 0 or max_workers < 1 or (expire_after is not None and expire_after <= 0):
+            raise ValueError(
+                f"DynamoBackend needs clock_skew >= 0 (got {clock_skew!r}), max_workers >= 1 "
+                f"(got {max_workers!r}) and expire_after > 0 or None (got {expire_after!r})"
+            )
+        self.table = DynamoTable(
+            client,
+            table_name,
+            max_workers=max_workers,
+            clock_skew=clock_skew,
+            expire_after=expire_after,
+            clock=clock,
+        )
+        self.create_table = create_table
+        self.owns_client = owns_client
+        self.url = url or _url_of(client, table_name, max_attempts, clock_skew, expire_after)
+        self.checkpointer: DynamoCheckpointer[S] = DynamoCheckpointer(
+            self.table, codec=codec, expire_statuses=expire_statuses
+        )
+        self.leases: DynamoLeaseManager = DynamoLeaseManager(self.table)
+        self.outbox: DynamoOutbox = DynamoOutbox(self.table)
+        self.consumer: DynamoConsumer = DynamoConsumer(
+            self.table, max_attempts=max_attempts, poll_interval=poll_interval
         )
 
     @classmethod
-    def connect(
-        cls,
-        table_name: str,
-        *,
-        endpoint_url: str | None = None,
-        region_name: str | None = None,
-        retry_mode: RetryMode = "standard",
-        retry_attempts: int = 5,
-        codec: StateCodec[S] | None = None,
-        clock_skew: float = DEFAULT_CLOCK_SKEW,
-        max_workers: int = DEFAULT_MAX_WORKERS,
-        **options: Any,
-    ) -> DynamoBackend[S]:
-        """Like :meth:`create` with a client from :func:`make_client` (its connection
-        pool sized to ``max_workers``); ``options`` go to :meth:`create`."""
-        client = make_client(
-            endpoint_url=endpoint_url,
-            region_name=region_name,
-            retry_mode=retry_mode,
-            max_attempts=retry_attempts,
-            max_pool_connections=max(max_workers, 10),
-        )
-        return cls.create(
-            client,
-            table_name,
-            codec=codec,
-            clock_skew=clock_skew,
-            max_workers=max_workers,
-            **options,
-        )
+    def from_client(cls, client: BaseClient, table_name: str, **options: Any) -> DynamoBackend[S]:
+        """A store over ``table_name`` with the application's ``client``, which
+        :meth:`aclose` leaves open; ``options`` as for the constructor. Open it with
+        ``await backend.open()`` or ``async with``."""
+        return cls(client, table_name, **options)
+
+    async def _open(self) -> None:
+        check_version(await schema_version(self.table, create=self.create_table), self.table.name)
+
+    async def _migrate(self) -> int:
+        return await migrate(self.table)
+
+    async def _close(self) -> None:
+        self.table.close()
+        if self.owns_client:
+            self.table.client.close()
 
     async def close(self) -> None:
-        """Shut down the shared executor (calls in flight finish first)."""
-        self.executor.close(wait=False)
+        """Deprecated alias of :meth:`aclose` (removed in 0.3)."""
+        warnings.warn("DynamoBackend.close() is deprecated; use aclose()", DeprecationWarning, 2)
+        await self.aclose()
+
+
+def _url_of(
+    client: BaseClient, table: str, max_attempts: int, skew: float, expire: float | None
+) -> str:
+    meta: Any = client.meta
+    options: dict[str, object] = {"region": meta.region_name}
+    if not str(meta.endpoint_url).endswith(".amazonaws.com"):
+        options["endpoint_url"] = meta.endpoint_url
+    options.update(max_attempts=max_attempts, clock_skew=f"{skew:g}")
+    if expire is not None:
+        options["expire_after"] = f"{expire:g}"
+    return f"dynamodb://{table}?{urllib.parse.urlencode(options)}"
+
+
+def _choice(text: str) -> str:
+    if text not in ("standard", "adaptive"):
+        raise ValueError(f"expected standard or adaptive, got {text!r}")
+    return text
+
+
+def _skew(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> DynamoBackend[Any]:
+    """The opener of ``dynamodb://TABLE?option=value&...`` (see :data:`OPTIONS`).
+
+    Credentials come from boto3's chain (environment, ``profile``, instance role),
+    never from the URL.
+    """
+    endpoint = urllib.parse.urlsplit(url.options.get("endpoint_url", ""))
+    if endpoint.username is not None or endpoint.password is not None:
+        raise BackendURLError("credentials do not go in endpoint_url; boto3 finds them")
+    url.check_options(OPTIONS)
+    parts = urllib.parse.urlsplit(url.raw)
+    if parts.username is not None or parts.password is not None:
+        raise BackendURLError(
+            f"{url.redacted!r}: credentials do not go in a dynamodb:// URL; boto3 finds them "
+            "(environment, profile=..., instance role)"
+        )
+    if not _TABLE_NAME.fullmatch(url.netloc) or url.path not in ("", "/"):
+        raise BackendURLError(
+            f"{url.redacted!r} names no DynamoDB table; use dynamodb://TABLE?region=... "
+            "(3-255 letters, digits, '_', '-', '.')"
+        )
+    workers = url.count("max_workers", 16)
+    settings: dict[str, Any] = {
+        "region": url.options.get("region"),
+        "endpoint_url": url.options.get("endpoint_url"),
+        "profile": url.options.get("profile"),
+        "retry_mode": url.option("retry_mode", _choice, "standard"),
+        "retry_attempts": url.count("retry_attempts", 5),
+        "max_pool_connections": workers,
+    }
+    backend_options: dict[str, Any] = {
+        "create_table": url.flag("create_table", True),
+        "max_attempts": url.count("max_attempts", 5),
+        "max_workers": workers,
+        "clock_skew": url.option("clock_skew", _skew, 2.0),
+        "expire_after": url.seconds("expire_after", 0.0) or None,
+        "poll_interval": url.seconds("poll_interval", 0.5),
+    }
+    try:
+        client = await asyncio.to_thread(make_client, **settings)
+    except BotoCoreError as exc:  # no region, unknown profile…
+        raise BackendURLError(f"cannot open {url.redacted!r}: {exc}") from None
+    return DynamoBackend(
+        client, url.netloc, codec=codec, url=url.raw, owns_client=True, **backend_options
+    )

@@ -1,566 +1,489 @@
-"""The single-table layout every flowy_dynamodb component shares, and the table handle.
+"""The one table every component of a store shares: its layout, value marshalling, the
+translation of botocore's errors, the clock check, and :class:`DynamoTable`.
 
-One table holds everything of a coordination domain, keyed by a string partition key
-``pk`` and a string sort key ``sk``::
+Items, keyed by the string partition key ``pk`` and sort key ``sk``::
 
-    pk                                   sk                    what
-    thread#<id>  or thread-sha256#<hex>  head                  head of a thread: revision,
-                                                               pointer, status, hand-off
-                                                               columns, lease, record
-    (same)                               rev#<20-digit rev>    one history entry
-    outbox#<shard>                       <20-digit ns>#<hex>   a pending outbox message
-    dead#<shard>                         (same as outbox)      a dead-lettered message
+    pk                                  sk                  item
+    thread#<id> or thread-sha256#<hex>  head                a thread's head and its lease
+    (same)                              rev#<20 digits>     one history entry
+    (same)                              outbox#<20 digits>  the hand-off message of that
+                                                            committed revision
+    flowy#schema                        version             the schema version
 
-A sparse global secondary index ``threads`` (partition key ``list_key`` =
-``<handoff status>#<shard>``) holds one entry per saved head so ``list_threads`` is a
-query of summary attributes, never a decode of records.
-
-This module owns the key derivation, the attribute names, value marshalling, the
-conservative item-size estimate, :class:`DynamoTable` (client + table name + executor),
-:class:`DynamoTransaction` (the handle ``save_with_outbox`` passes to ``enqueue``),
-:func:`create_table` and :func:`make_client`.
+Three sparse global secondary indexes: ``by_thread`` (``list_key``: hand-off status and
+shard; ``list_sort``: the thread id) lists heads in thread-id order; ``outbox``
+(``live_key``: shard; ``visible_at``) finds visible messages oldest first;
+``dead_letters`` (``dead_key``, ``dead_at``) lists dead letters oldest first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import functools
 import hashlib
 import math
-import re
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from boto3.session import Session
-from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-import flowy
-
-from ._executor import DynamoExecutor, Item, client_error_code, translate_error
+from flowy.errors import (
+    LeaseLostError,
+    SnapshotEnvelopeInvalidError,
+    SnapshotTooLargeError,
+    StorageError,
+    StorageUnavailableError,
+)
+from flowy.storage import show_id
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
-__all__ = [
-    "HEAD_SK",
-    "INDEX_NAME",
-    "MAX_ITEM_BYTES",
-    "MAX_TRANSACTION_ITEMS",
-    "DynamoTable",
-    "DynamoTransaction",
-    "Item",
-    "create_table",
-    "get_b",
-    "get_n",
-    "get_s",
-    "history_sk",
-    "item_size",
-    "make_client",
-    "n",
-    "thread_key",
-]
+__all__ = ["ClockSkewError", "DynamoTable", "thread_key"]
 
-PK = "pk"
-SK = "sk"
-HEAD_SK = "head"
-HISTORY_PREFIX = "rev#"
-INDEX_NAME = "threads"
-INDEX_PK = "list_key"
-TTL_ATTRIBUTE = "expires"
+Item = dict[str, Any]
+Clock = Callable[[], float]
 
-# Head / history attributes.
-A_THREAD_ID = "thread_id"
-A_REVISION = "revision"
-A_POINTER = "pointer"
-A_STATUS = "status"
-A_REASON = "reason"
-A_HANDOFF = "handoff_status"
-A_HANDOFF_AT = "handoff_pending_at"
-A_UPDATED = "updated_at"
-A_RECORD = "record"
-A_WRITE_TX = "write_tx"
-A_OWNER = "lease_owner"
-A_EXPIRES = "lease_expires_at"
-A_TOKEN = "lease_token"
-
-# Outbox attributes.
-A_PAYLOAD = "payload"
-A_ATTEMPTS = "attempts"
-A_VISIBLE = "visible_at"
-A_ERROR = "error"
-A_ENQUEUED = "enqueued_at"
-A_DEAD_AT = "dead_at"
-
-SUMMARY_ATTRIBUTES = (
-    A_THREAD_ID,
-    A_REVISION,
-    A_POINTER,
-    A_STATUS,
-    A_REASON,
-    A_HANDOFF,
-    A_HANDOFF_AT,
-    A_UPDATED,
-)
-
+PK, SK, HEAD_SK, HISTORY, MESSAGE = "pk", "sk", "head", "rev#", "outbox#"
+SCHEMA_KEY: Item = {PK: {"S": "flowy#schema"}, SK: {"S": "version"}}
+TTL = "expires"
+THREADS_INDEX, OUTBOX_INDEX, DEAD_INDEX = "by_thread", "outbox", "dead_letters"
+SHARDS = 8
 MAX_ITEM_BYTES = 400 * 1024
-"""DynamoDB's item size limit (400 KB, attribute names included)."""
+"""DynamoDB's item size limit (attribute names included)."""
 
-MAX_TRANSACTION_ITEMS = 100
-"""The most actions one ``TransactWriteItems`` call may carry."""
 
-_PLACEHOLDER_SAFE = re.compile(r"[A-Za-z0-9_]+")
-_BATCH_SIZE = 25
-_BATCH_ROUNDS = 8
-_VERBATIM_KEY_BYTES = 1024
-_NUMBER_BYTES = 21  # DynamoDB stores up to 38 digits in at most 21 bytes
-_THREAD_PREFIX = "thread#"
-_HASHED_PREFIX = "thread-sha256#"
+class A:
+    """Attribute names: of heads and history entries, leases, messages."""
+
+    THREAD_ID, REVISION, RECORD, WRITE_TX = "thread_id", "revision", "record", "write_tx"
+    POINTER, STATUS, REASON, UPDATED = "pointer", "status", "reason", "updated_at"
+    HANDOFF, HANDOFF_AT = "handoff_status", "handoff_pending_at"
+    LIST_KEY, LIST_SORT = "list_key", "list_sort"
+    OWNER, EXPIRES, TOKEN = "lease_owner", "lease_expires_at", "lease_token"
+    PAYLOAD, ATTEMPTS, ERROR = "payload", "attempts", "error"
+    LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
+    SUMMARY = (THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED)
+
+
+_UNAVAILABLE = {
+    "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
+    "InternalServerError", "InternalFailure", "ServiceUnavailable", "LimitExceededException",
+    "TransactionInProgressException",
+}  # fmt: skip
+
+
+class ClockSkewError(LeaseLostError):
+    """This client's clock is further from DynamoDB's than ``clock_skew / 2``.
+
+    Leases are judged by the clients' clocks, so a client whose clock runs ahead could
+    take over live leases: it refuses to take or renew leases instead (a run holding one
+    stops as if it lost it). Synchronise the clock (NTP, Amazon Time Sync Service) or
+    raise ``clock_skew`` on every client of the table.
+    """
 
 
 def thread_key(thread_id: str) -> str:
-    """The partition key of a thread (the id must already be validated).
-
-    Ids of up to 1 KiB of UTF-8 are used verbatim after ``thread#``; longer ids (a
-    partition key holds at most 2 KiB) by the SHA-256 of their UTF-8 bytes after
-    ``thread-sha256#``. The prefixes differ at a fixed position, so the mapping is
-    injective for verbatim ids and collision-free for hashed ones; every item also
-    stores the full id, checked on every read.
-    """
+    """The partition key of a thread: ``thread#`` + the id up to 1 KiB of UTF-8, else
+    ``thread-sha256#`` + the SHA-256 of the id (every item keeps the full id too)."""
     raw = thread_id.encode("utf-8")
-    if len(raw) <= _VERBATIM_KEY_BYTES:
-        return _THREAD_PREFIX + thread_id
-    return _HASHED_PREFIX + hashlib.sha256(raw).hexdigest()
+    if len(raw) <= 1024:
+        return "thread#" + thread_id
+    return "thread-sha256#" + hashlib.sha256(raw).hexdigest()
 
 
-def history_sk(revision: int) -> str:
-    """The sort key of a history entry: zero-padded so the string order is numeric."""
-    return f"{HISTORY_PREFIX}{revision:020d}"
+def sort_key(thread_id: str) -> str:
+    """The id cut to the 1 KiB an index sort key holds. UTF-8 order is code point order
+    and a cut never swaps two ids, so the index order is the id order up to ties."""
+    return thread_id.encode("utf-8")[:1024].decode("utf-8", "ignore")
 
 
-def n(value: float | int) -> dict[str, str]:
-    """A DynamoDB number attribute value (plain decimal notation, no exponent)."""
-    if isinstance(value, bool):
-        raise TypeError(f"a DynamoDB number cannot be a bool: {value!r}")
+def shard_of(text: str) -> int:
+    """A stable shard in ``range(SHARDS)``."""
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "big") % SHARDS
+
+
+def head_key(thread_id: str) -> Item:
+    """The key of a thread's head item."""
+    return {PK: {"S": thread_key(thread_id)}, SK: {"S": HEAD_SK}}
+
+
+def entry_key(thread_id: str, prefix: str, revision: int) -> Item:
+    """The key of a thread's history entry (``HISTORY``) or message (``MESSAGE``)."""
+    return {PK: {"S": thread_key(thread_id)}, SK: {"S": f"{prefix}{revision:020d}"}}
+
+
+def n(value: float) -> dict[str, str]:
+    """A number attribute value (plain decimal notation)."""
     if isinstance(value, int):
         return {"N": str(value)}
     if not math.isfinite(value):
-        raise ValueError(f"DynamoDB cannot store the number {value!r}; use a finite value")
+        raise ValueError(f"DynamoDB cannot store the number {value!r}")
     return {"N": format(Decimal(repr(value)), "f")}
 
 
 def s(value: str) -> dict[str, str]:
-    """A DynamoDB string attribute value."""
+    """A string attribute value."""
     return {"S": value}
 
 
-def b(value: bytes) -> dict[str, bytes]:
-    """A DynamoDB binary attribute value."""
-    return {"B": value}
+def _raw(item: Mapping[str, Any] | None, name: str, kind: str) -> Any:
+    value = (item or {}).get(name)
+    return cast(Mapping[str, Any], value).get(kind) if isinstance(value, dict) else None
 
 
-def get_s(item: Mapping[str, Any], name: str) -> str | None:
-    """The string attribute ``name`` of ``item``, or ``None`` if it is absent."""
-    value = item.get(name)
-    if isinstance(value, dict) and "S" in value:
-        return str(cast(Mapping[str, Any], value)["S"])
-    return None
+def get_s(item: Mapping[str, Any] | None, name: str) -> str | None:
+    """String attribute ``name``, or ``None``."""
+    raw = _raw(item, name, "S")
+    return None if raw is None else str(raw)
 
 
-def get_n(item: Mapping[str, Any], name: str) -> str | None:
-    """The number attribute ``name`` of ``item`` as its decimal string, or ``None``."""
-    value = item.get(name)
-    if isinstance(value, dict) and "N" in value:
-        return str(cast(Mapping[str, Any], value)["N"])
-    return None
+def get_text(item: Mapping[str, Any] | None, name: str) -> str | None:
+    """String or number attribute ``name`` as text, or ``None``."""
+    raw = _raw(item, name, "S")
+    raw = _raw(item, name, "N") if raw is None else raw
+    return None if raw is None else str(raw)
 
 
-def get_int(item: Mapping[str, Any], name: str) -> int | None:
-    """The number attribute ``name`` as an int, or ``None`` if absent."""
+def get_n(item: Mapping[str, Any] | None, name: str) -> Decimal | None:
+    """Number attribute ``name``, or ``None``."""
+    raw = _raw(item, name, "N")
+    return None if raw is None else Decimal(str(raw))
+
+
+def get_int(item: Mapping[str, Any] | None, name: str) -> int | None:
+    """Number attribute ``name`` as an int, or ``None``."""
     raw = get_n(item, name)
-    return None if raw is None else int(Decimal(raw))
+    return None if raw is None else int(raw)
 
 
-def get_float(item: Mapping[str, Any], name: str) -> float | None:
-    """The number attribute ``name`` as a float, or ``None`` if absent."""
-    raw = get_n(item, name)
-    return None if raw is None else float(raw)
-
-
-def get_b(item: Mapping[str, Any], name: str) -> bytes | None:
-    """The binary attribute ``name`` of ``item``, or ``None`` if it is absent."""
-    value = item.get(name)
-    if isinstance(value, dict) and "B" in value:
-        raw = cast(Mapping[str, Any], value)["B"]
-        if isinstance(raw, bytes | bytearray | memoryview):
-            return bytes(cast(bytes, raw))
-    return None
+def get_b(item: Mapping[str, Any] | None, name: str) -> bytes | None:
+    """Binary attribute ``name``, or ``None``."""
+    raw = _raw(item, name, "B")
+    return None if raw is None else bytes(raw)
 
 
 def item_size(item: Mapping[str, Any]) -> int:
-    """A conservative (never smaller) estimate of an item's size as DynamoDB counts it:
-    UTF-8 attribute names plus values, every number counted at its 21-byte maximum."""
+    """A never smaller estimate of an item's size as DynamoDB counts it (names and
+    values, every number at its 21-byte maximum)."""
     total = 0
     for name, value in item.items():
-        total += len(name.encode("utf-8"))
-        for kind, raw in cast(Mapping[str, Any], value).items():
-            if kind == "S":
-                total += len(str(raw).encode("utf-8"))
-            elif kind == "B":
-                total += len(cast(bytes, raw))
-            elif kind == "N":
-                total += _NUMBER_BYTES
-            else:
-                total += len(repr(raw).encode("utf-8")) + 3
+        ((kind, raw),) = cast(Mapping[str, Any], value).items()
+        size = 21 if kind == "N" else len(raw) if kind == "B" else len(str(raw).encode())
+        total += len(name.encode()) + size
     return total
 
 
+def check_stored_id(thread_id: str, item: Mapping[str, Any] | None) -> None:
+    """``SnapshotEnvelopeInvalidError`` if ``item`` is stored for another thread id."""
+    stored = get_s(item, A.THREAD_ID)
+    if stored is not None and stored != thread_id:
+        raise SnapshotEnvelopeInvalidError(
+            f"the item for thread {show_id(thread_id)} names thread {show_id(stored)}: it "
+            "does not match its key (written by something else, or corrupt)"
+        )
+
+
 class Expression:
-    """Collects the placeholders of one request's expressions: attribute names always
-    go through ``#name`` and values through ``:label`` (never spliced into the text)."""
+    """The placeholders of one request: names as ``#name``, values as ``:v0``, ``:v1``…;
+    nothing is spliced into the expression text."""
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}
         self.values: dict[str, Any] = {}
 
-    def name(self, attribute: str) -> str:
-        """The placeholder of ``attribute``: ``#`` + its name when that is a valid
-        placeholder, else a numbered one (``#n0``) for names such as ``my-ttl``."""
-        for placeholder, known in self.names.items():
-            if known == attribute:
-                return placeholder
-        if _PLACEHOLDER_SAFE.fullmatch(attribute) and not attribute.startswith("n_"):
-            placeholder = "#" + attribute
-        else:
-            placeholder = f"#n_{len(self.names)}"
-        self.names[placeholder] = attribute
-        return placeholder
+    def __call__(self, attribute: str) -> str:
+        """The placeholder of an attribute name (all of ours are identifiers)."""
+        self.names["#" + attribute] = attribute
+        return "#" + attribute
 
-    def value(self, label: str, value: Mapping[str, Any]) -> str:
-        """The placeholder ``:label`` bound to the attribute value ``value``."""
-        placeholder = ":" + label
-        self.values[placeholder] = dict(value)
-        return placeholder
+    def v(self, value: Mapping[str, Any]) -> str:
+        """A new placeholder bound to the attribute value ``value``."""
+        label = f":v{len(self.values)}"
+        self.values[label] = dict(value)
+        return label
+
+    def sets(self, fields: Mapping[str, Mapping[str, Any]]) -> str:
+        """``SET #a = :v…, …`` of ``fields``."""
+        return "SET " + ", ".join(f"{self(k)} = {self.v(v)}" for k, v in fields.items())
+
+    def removes(self, attributes: Iterable[str]) -> str:
+        """`` REMOVE #a, …`` of ``attributes`` (empty when there are none)."""
+        names = [self(a) for a in attributes]
+        return f" REMOVE {', '.join(names)}" if names else ""
+
+    def all_absent(self, *attributes: str) -> str:
+        """Condition: none of ``attributes`` exists."""
+        return " AND ".join(f"attribute_not_exists({self(a)})" for a in attributes)
 
     def params(self) -> dict[str, Any]:
-        """``ExpressionAttributeNames`` / ``ExpressionAttributeValues`` for the request."""
-        out: dict[str, Any] = {}
-        if self.names:
-            out["ExpressionAttributeNames"] = dict(self.names)
+        """``ExpressionAttributeNames`` and ``ExpressionAttributeValues``."""
+        out: dict[str, Any] = {"ExpressionAttributeNames": dict(self.names)}
         if self.values:
             out["ExpressionAttributeValues"] = dict(self.values)
         return out
 
 
-def shard_of(text: str, shards: int) -> int:
-    """A stable shard number in ``range(shards)`` for ``text``."""
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return int.from_bytes(digest[:4], "big") % shards
+class ConditionFailed(Exception):
+    """A conditional write wrote nothing. ``reasons`` holds, per action of a transaction
+    (one for a single write), its code (``"None"``: it was fine), message and the item as
+    it was; ``item`` is the first action's item."""
+
+    def __init__(self, reasons: list[tuple[str, str, Item | None]]) -> None:
+        super().__init__("the condition expression was not met")
+        self.reasons = reasons
+        self.item = reasons[0][2] if reasons else None
+
+    def failed(self) -> list[int]:
+        """The actions whose condition failed."""
+        return [i for i, r in enumerate(self.reasons) if r[0].startswith("ConditionalCheckFailed")]
 
 
-def show_id(thread_id: str, limit: int = 80) -> str:
-    """``repr`` of a thread id for messages, shortened when it is very long."""
-    if len(thread_id) <= limit:
-        return repr(thread_id)
-    size = len(thread_id.encode("utf-8"))
-    return f"{thread_id[:limit]!r}… ({size} bytes)"
+def is_size_error(message: str) -> bool:
+    """True if a ``ValidationException`` message is about the item size limit."""
+    lowered = message.lower()
+    return "item size" in lowered and ("exceed" in lowered or "too large" in lowered)
 
 
-Clock = Callable[[], float]
+def translate_error(exc: Exception, operation: str, table: str) -> Exception:
+    """What to raise (``from exc``) for a failed botocore call: :class:`ConditionFailed`
+    for a failed condition or cancelled transaction; ``StorageUnavailableError`` for a
+    broken connection, a timeout or throttling that outlived botocore's retries (the
+    outcome of a write is unknown); ``SnapshotTooLargeError`` for an oversized item;
+    else ``StorageError`` naming the operation and the table."""
+    where = f"DynamoDB {operation} on table {table!r}"
+    if isinstance(exc, ClientError):
+        response = cast(Mapping[str, Any], exc.response)  # pyright: ignore[reportUnknownMemberType]
+        error = cast(Mapping[str, Any], response.get("Error") or {})
+        code, message = str(error.get("Code", "")), str(error.get("Message", ""))
+        if code == "ConditionalCheckFailedException":
+            return ConditionFailed([(code, message, response.get("Item"))])
+        if code == "TransactionCanceledException":
+            raw = cast(list[Mapping[str, Any]], response.get("CancellationReasons") or [])
+            return ConditionFailed(
+                [
+                    (str(r.get("Code") or "None"), str(r.get("Message") or ""), r.get("Item"))
+                    for r in raw
+                ]
+            )
+        if code in _UNAVAILABLE:
+            return StorageUnavailableError(
+                f"{where} failed with {code} after botocore's retries ({message}); retry "
+                "later, or raise the retries (option retry_attempts)"
+            )
+        if code == "ValidationException" and is_size_error(message):
+            return SnapshotTooLargeError(
+                f"{where} was refused: an item exceeds DynamoDB's size limit ({message}); "
+                "nothing was written. Keep large payloads out of the state (e.g. in S3)"
+            )
+        return StorageError(f"{where} failed with {code or 'an error'}: {message}")
+    if isinstance(exc, HTTPClientError | ConnectionError):
+        return StorageUnavailableError(
+            f"{where} failed: the connection broke or timed out ({exc}); the outcome of a "
+            "write is unknown"
+        )
+    return StorageError(f"{where} failed: {exc}")
+
+
+class ClockWatch:
+    """An estimate of DynamoDB's clock minus this client's, as an interval.
+
+    An answer sent at ``sent`` and received at ``received`` (local clock) with ``Date:
+    D`` (whole seconds, rounded down) was dated by a server clock in ``[D, D + 1)`` at a
+    moment in ``[sent, received]``: the offset lies in ``[D - received, D + 1 - sent]``.
+    Intersecting successive intervals (widened by 1 ms/s for drift) narrows it to about a
+    round trip; an empty intersection (a clock was stepped) starts over.
+    """
+
+    def __init__(self) -> None:
+        self.low, self.high, self.at = -math.inf, math.inf, 0.0
+        self._date = ("", 0.0)
+
+    def sample(self, sent: float, received: float, date: object) -> None:
+        """Account one answer's ``Date`` header (ignored if missing or unparsable)."""
+        if not isinstance(date, str):
+            return
+        if date != self._date[0]:
+            try:
+                self._date = (date, email.utils.parsedate_to_datetime(date).timestamp())
+            except (TypeError, ValueError):
+                return
+        low, high = self._date[1] - received, self._date[1] + 1.0 - sent
+        slack = abs(received - self.at) * 1e-3
+        if max(low, self.low - slack) <= min(high, self.high + slack):
+            low, high = max(low, self.low - slack), min(high, self.high + slack)
+        self.low, self.high, self.at = low, high, received
+
+    @property
+    def skew(self) -> float:
+        """The smallest offset consistent with every sample (0 while it may be 0)."""
+        return max(self.low, -self.high, 0.0)
 
 
 class DynamoTable:
-    """A DynamoDB table as the components use it: the client, the table's name, the
-    executor that runs the blocking calls, and the clock.
+    """One DynamoDB table as the components of a store share it: the boto3 client, a
+    bounded pool of threads for its blocking calls, the clock (checked against
+    DynamoDB's from every answer's ``Date`` header) and the store's settings.
 
-    ``call`` runs one client operation on the executor and translates its errors (see
-    :func:`flowy_dynamodb._executor.translate_error`).
+    Args:
+        client: a boto3 DynamoDB client.
+        name: the table.
+        max_workers: threads running boto3 calls (at most this many calls in flight).
+        clock_skew: seconds two clients' clocks may differ.
+        expire_after: seconds a completed thread lives (``None``: forever).
+        clock: epoch seconds, for leases, visibility and time to live.
     """
 
     def __init__(
         self,
         client: BaseClient,
-        table_name: str,
+        name: str,
         *,
-        executor: DynamoExecutor | None = None,
-        clock: Clock = time.time,
+        max_workers: int,
+        clock_skew: float,
+        expire_after: float | None,
+        clock: Clock,
     ) -> None:
-        if not table_name:
-            raise ValueError("table_name must not be empty")
         self.client: Any = client
-        self.name = table_name
-        self.owns_executor = executor is None
-        self.executor = executor if executor is not None else DynamoExecutor()
-        self.clock = clock
-
-    @property
-    def domain(self) -> tuple[str, str, str]:
-        """What identifies the coordination domain: endpoint, region and table name."""
+        self.name, self.clock, self.clock_skew = name, clock, clock_skew
+        self.expire_after = expire_after
+        self.max_item_bytes = MAX_ITEM_BYTES
+        self.watch = ClockWatch()
+        self.pool = ThreadPoolExecutor(max_workers, thread_name_prefix="flowy-dynamodb")
         meta = self.client.meta
-        return (str(meta.endpoint_url), str(meta.region_name), self.name)
+        self.domain = ("dynamodb", str(meta.endpoint_url), str(meta.region_name), name)
+        self._waiters: set[asyncio.Future[None]] = set()
 
     async def call(self, operation: str, **params: Any) -> dict[str, Any]:
-        """Run the client's ``operation`` (e.g. ``"update_item"``) with ``params``."""
-        method = getattr(self.client, operation)
+        """Run the client's ``operation`` (``"update_item"``…) on the pool, translate its
+        errors, and sample the clock from the answer."""
+        sent = self.clock()
+        method = functools.partial(getattr(self.client, operation), **params)
         try:
-            result = await self.executor.run(method, **params)
-        except Exception as exc:
-            translated = translate_error(exc, _operation_name(operation), self.name)
-            if translated is exc:
-                raise
-            raise translated from exc
-        return cast(dict[str, Any], result)
+            future = asyncio.get_running_loop().run_in_executor(self.pool, method)
+        except RuntimeError as exc:  # the pool was shut down
+            raise StorageError(f"the store of DynamoDB table {self.name!r} is closed") from exc
+        try:
+            result = cast(dict[str, Any], await future)
+        except (BotoCoreError, ClientError) as exc:
+            if isinstance(exc, ClientError):
+                self._sample(sent, cast(Mapping[str, Any], exc.response))
+            name = operation.title().replace("_", "")
+            raise translate_error(exc, name, self.name) from exc
+        self._sample(sent, result)
+        return result
 
-    async def query_all(self, limit: int | None = None, **params: Any) -> list[Item]:
-        """Run a ``Query`` page by page until ``limit`` items (or all) are collected."""
+    def _sample(self, sent: float, response: Mapping[str, Any]) -> None:
+        headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        self.watch.sample(sent, self.clock(), cast(Mapping[str, Any], headers).get("date"))
+
+    def check_clock(self, action: str) -> None:
+        """``ClockSkewError`` if this clock is certainly more than ``clock_skew / 2`` off
+        DynamoDB's (then two clients that pass differ by at most ``clock_skew``)."""
+        skew = self.watch.skew
+        if skew > self.clock_skew / 2:
+            raise ClockSkewError(
+                f"cannot {action} a lease on DynamoDB table {self.name!r}: this client's "
+                f"clock is at least {skew:.2f}s off DynamoDB's (from the Date of its "
+                f"answers), more than clock_skew/2 = {self.clock_skew / 2:g}s; synchronise "
+                "the clock, or raise clock_skew on every client of the table"
+            )
+
+    async def get(self, key: Item, attributes: Sequence[str]) -> Item | None:
+        """One strongly consistent ``GetItem`` of ``attributes``."""
+        expr = Expression()
+        result = await self.call(
+            "get_item",
+            TableName=self.name,
+            Key=key,
+            ConsistentRead=True,
+            ProjectionExpression=", ".join(map(expr, attributes)),
+            **expr.params(),
+        )
+        return result.get("Item")
+
+    async def update(self, key: Item, expr: Expression, update: str, condition: str) -> Item:
+        """One conditional ``UpdateItem`` of ``key``; returns the item as it is after it.
+        A false ``condition`` raises :class:`ConditionFailed` with the item as it was."""
+        result = await self.call(
+            "update_item",
+            TableName=self.name,
+            Key=key,
+            UpdateExpression=update,
+            ConditionExpression=condition,
+            ReturnValues="ALL_NEW",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            **expr.params(),
+        )
+        return result.get("Attributes") or {}
+
+    async def delete(self, key: Item, expr: Expression, condition: str) -> None:
+        """One conditional ``DeleteItem`` of ``key`` (``ConditionFailed`` as above)."""
+        await self.call(
+            "delete_item",
+            TableName=self.name,
+            Key=key,
+            ConditionExpression=condition,
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            **expr.params(),
+        )
+
+    async def query(self, limit: int | None, **params: Any) -> list[Item]:
+        """A ``Query``, page by page, until ``limit`` items (or all) are read."""
         items: list[Item] = []
         start: Item | None = None
         while limit is None or len(items) < limit:
-            page_params = dict(params)
-            if start is not None:
-                page_params["ExclusiveStartKey"] = start
-            result = await self.call("query", **page_params)
-            items.extend(cast(list[Item], result.get("Items") or []))
-            start = cast("Item | None", result.get("LastEvaluatedKey"))
+            page = await self.call(
+                "query",
+                TableName=self.name,
+                **params,
+                **({"ExclusiveStartKey": start} if start else {}),
+            )
+            items.extend(page.get("Items") or [])
+            start = page.get("LastEvaluatedKey")
             if start is None:
                 break
-        return items if limit is None else items[:limit]
+        return items[:limit]
 
-    async def batch_delete(self, keys: Sequence[Item]) -> None:
-        """Delete items by key, 25 per request, retrying unprocessed ones with backoff."""
-        for first in range(0, len(keys), _BATCH_SIZE):
-            pending: list[Any] = [
-                {"DeleteRequest": {"Key": dict(key)}} for key in keys[first : first + _BATCH_SIZE]
-            ]
-            delay = 0.02
-            for _ in range(_BATCH_ROUNDS):
+    async def delete_keys(self, keys: Sequence[Item]) -> None:
+        """Delete items by key, 25 per ``BatchWriteItem``, resending unprocessed ones."""
+        for first in range(0, len(keys), 25):
+            pending: list[Any] = [{"DeleteRequest": {"Key": k}} for k in keys[first : first + 25]]
+            for attempt in range(8):
                 result = await self.call("batch_write_item", RequestItems={self.name: pending})
-                unprocessed = cast(
-                    "dict[str, list[Any]]", result.get("UnprocessedItems") or {}
-                ).get(self.name)
-                if not unprocessed:
+                unprocessed: dict[str, list[Any]] = result.get("UnprocessedItems") or {}
+                pending = unprocessed.get(self.name) or []
+                if not pending:
                     break
-                pending = unprocessed
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(0.02 * 2**attempt)
             else:
-                raise flowy.StorageUnavailableError(
-                    f"DynamoDB BatchWriteItem on table {self.name!r} left {len(pending)} "
-                    f"deletes unprocessed after {_BATCH_ROUNDS} rounds (throttled); retry later"
+                raise StorageUnavailableError(
+                    f"DynamoDB left {len(pending)} deletes on table {self.name!r} unprocessed "
+                    "(throttled); retry later"
                 )
 
+    def notify(self) -> None:
+        """Wake this store's consumers waiting in ``claim``: a message was added."""
+        for waiter in list(self._waiters):
+            if not waiter.get_loop().is_closed():
+                waiter.get_loop().call_soon_threadsafe(
+                    lambda w=waiter: None if w.done() else w.set_result(None)
+                )
+
+    async def wait_notified(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for :meth:`notify`."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter, seconds)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)
+
     def close(self) -> None:
-        """Shut down the executor if this table handle created it."""
-        if self.owns_executor:
-            self.executor.close(wait=False)
-
-
-def _operation_name(method: str) -> str:
-    return "".join(part.capitalize() for part in method.split("_"))
-
-
-class DynamoTransaction:
-    """The transaction handle ``DynamoCheckpointer.save_with_outbox`` passes to its
-    ``enqueue`` callback.
-
-    Actions added here are committed by the same ``TransactWriteItems`` call as the
-    checkpoint (head update and history entry): all or nothing. ``DynamoOutbox``'s
-    ``enqueue_intent_tx`` adds its outbox item; an application may ``add`` its own
-    actions (a domain item ``Put``, a ``ConditionCheck``) to commit them with the
-    hand-off. A transaction carries at most 100 actions, two of them the checkpoint's.
-    """
-
-    def __init__(self, table_name: str, *, reserved: int = 2) -> None:
-        self.table_name = table_name
-        self._actions: list[dict[str, Any]] = []
-        self._reserved = reserved
-        self._sealed = False
-
-    def add(self, action: Mapping[str, object]) -> None:
-        """Add one ``TransactItems`` entry (``{"Put": {...}}``, ``{"Update": {...}}``,
-        ``{"Delete": {...}}`` or ``{"ConditionCheck": {...}}``) in the client's shape."""
-        if self._sealed:
-            raise RuntimeError(
-                "this DynamoTransaction was already committed or abandoned; add actions "
-                "only inside the enqueue callback of save_with_outbox"
-            )
-        if len(action) != 1 or next(iter(action)) not in (
-            "Put",
-            "Update",
-            "Delete",
-            "ConditionCheck",
-        ):
-            raise ValueError(
-                f"a transaction action is one of Put, Update, Delete or ConditionCheck, "
-                f"got keys {sorted(action)!r}"
-            )
-        if len(self._actions) + self._reserved >= MAX_TRANSACTION_ITEMS:
-            raise ValueError(
-                f"a DynamoDB transaction holds at most {MAX_TRANSACTION_ITEMS} actions and "
-                f"{self._reserved} of them are the checkpoint's; this one would be too many"
-            )
-        self._actions.append(dict(action))
-
-    @property
-    def actions(self) -> Sequence[Mapping[str, Any]]:
-        """The actions added so far, in order."""
-        return tuple(self._actions)
-
-    def seal(self) -> list[dict[str, Any]]:
-        """Close the handle to further actions and return them (used by the checkpointer)."""
-        self._sealed = True
-        return list(self._actions)
-
-
-RetryMode = Literal["standard", "adaptive", "legacy"]
-
-
-def make_client(
-    *,
-    endpoint_url: str | None = None,
-    region_name: str | None = None,
-    retry_mode: RetryMode = "standard",
-    max_attempts: int = 5,
-    max_pool_connections: int = 10,
-    connect_timeout: float = 5.0,
-    read_timeout: float = 10.0,
-    session: Session | None = None,
-    **client_kwargs: Any,
-) -> BaseClient:
-    """A boto3 DynamoDB client configured for flowy.
-
-    Throttling and transient errors are retried by botocore with backoff
-    (``retry_mode`` ``"standard"`` or ``"adaptive"``, which also rate-limits the client
-    when throttled; ``max_attempts`` counts the first attempt). ``client_kwargs`` go to
-    ``session.client`` (credentials, ``aws_session_token`` …).
-    """
-    config = Config(
-        retries={"mode": retry_mode, "total_max_attempts": max_attempts},
-        max_pool_connections=max_pool_connections,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-    )
-    factory: Any = session if session is not None else Session()
-    return factory.client(
-        "dynamodb",
-        endpoint_url=endpoint_url,
-        region_name=region_name,
-        config=config,
-        **client_kwargs,
-    )
-
-
-def create_table(
-    client_or_resource: object,
-    table_name: str,
-    *,
-    ttl_attribute: str = TTL_ATTRIBUTE,
-    enable_ttl: bool = True,
-    timeout: float = 300.0,
-    tags: Mapping[str, str] | None = None,
-) -> None:
-    """Create the table flowy_dynamodb uses, if it does not exist yet, and wait until it
-    is ``ACTIVE`` (idempotent: an existing table is only waited for).
-
-    The table uses on-demand billing (``PAY_PER_REQUEST``), string keys ``pk`` / ``sk``
-    and the sparse index ``threads`` on ``list_key``. With ``enable_ttl`` DynamoDB's
-    time to live is enabled on ``ttl_attribute``: items carrying that attribute (heads
-    and history entries of completed threads, when the checkpointer is given
-    ``expire_after``) are deleted by DynamoDB some time after that epoch second.
-
-    ``client_or_resource`` is a boto3 DynamoDB client or service resource. This call
-    blocks; from async code run it in a thread.
-    """
-    client: Any = client_or_resource
-    if not hasattr(client, "create_table") or not hasattr(client, "describe_table"):
-        raise TypeError(
-            f"create_table needs a boto3 DynamoDB client or resource, got "
-            f"{type(client_or_resource).__name__}"
-        )
-    meta: Any = getattr(client, "meta", None)
-    if meta is not None and hasattr(meta, "client"):
-        client = meta.client  # a service resource: use its low-level client
-    try:
-        _create_if_missing(client, table_name, tags)
-        _wait_active(client, table_name, timeout)
-        if enable_ttl:
-            _enable_ttl(client, table_name, ttl_attribute)
-    except ClientError as exc:
-        raise translate_error(exc, "CreateTable", table_name) from exc
-
-
-def _create_if_missing(client: Any, table_name: str, tags: Mapping[str, str] | None) -> None:
-    try:
-        client.describe_table(TableName=table_name)
-        return
-    except ClientError as exc:
-        if client_error_code(exc) != "ResourceNotFoundException":
-            raise
-    params: dict[str, Any] = {
-        "TableName": table_name,
-        "BillingMode": "PAY_PER_REQUEST",
-        "AttributeDefinitions": [
-            {"AttributeName": PK, "AttributeType": "S"},
-            {"AttributeName": SK, "AttributeType": "S"},
-            {"AttributeName": INDEX_PK, "AttributeType": "S"},
-        ],
-        "KeySchema": [
-            {"AttributeName": PK, "KeyType": "HASH"},
-            {"AttributeName": SK, "KeyType": "RANGE"},
-        ],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": INDEX_NAME,
-                "KeySchema": [{"AttributeName": INDEX_PK, "KeyType": "HASH"}],
-                "Projection": {
-                    "ProjectionType": "INCLUDE",
-                    "NonKeyAttributes": list(SUMMARY_ATTRIBUTES),
-                },
-            }
-        ],
-    }
-    if tags:
-        params["Tags"] = [{"Key": k, "Value": v} for k, v in tags.items()]
-    try:
-        client.create_table(**params)
-    except ClientError as exc:
-        # Another process created it between our describe and create: fine.
-        if client_error_code(exc) != "ResourceInUseException":
-            raise
-
-
-def _wait_active(client: Any, table_name: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    delay = 0.05
-    while True:
-        table: Mapping[str, Any] = client.describe_table(TableName=table_name)["Table"]
-        indexes: list[Mapping[str, Any]] = table.get("GlobalSecondaryIndexes") or []
-        if table.get("TableStatus") == "ACTIVE" and all(
-            ix.get("IndexStatus", "ACTIVE") == "ACTIVE" for ix in indexes
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise flowy.StorageUnavailableError(
-                f"DynamoDB table {table_name!r} did not become ACTIVE within {timeout}s "
-                f"(status {table.get('TableStatus')!r}); try again later"
-            )
-        time.sleep(delay)
-        delay = min(delay * 2, 2.0)
-
-
-def _enable_ttl(client: Any, table_name: str, attribute: str) -> None:
-    described = client.describe_time_to_live(TableName=table_name)
-    current: Mapping[str, Any] = described.get("TimeToLiveDescription") or {}
-    if current.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
-        if current.get("AttributeName") not in (None, attribute):
-            raise flowy.StorageError(
-                f"DynamoDB table {table_name!r} already has time to live on "
-                f"{current.get('AttributeName')!r}, not {attribute!r}; pass "
-                f"ttl_attribute={current.get('AttributeName')!r} or disable it first"
-            )
-        return
-    client.update_time_to_live(
-        TableName=table_name,
-        TimeToLiveSpecification={"Enabled": True, "AttributeName": attribute},
-    )
+        """Shut the pool down (calls in flight finish on their threads)."""
+        self.pool.shutdown(wait=False)
