@@ -55,13 +55,7 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
         backend_missing("PostgreSQL is not on 127.0.0.1:5432 and FLOWY_POSTGRES_DSN is unset")
     schema = f"approvals_{uuid.uuid4().hex[:12]}"
     url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}"
-    try:
-        backend = await flowy.connect(url)
-    except flowy.BackendURLError as exc:
-        # until the postgres adapter is ported
-        if "adapter" not in str(exc):
-            raise
-        pytest.skip(f"flowy.connect cannot open PostgreSQL in this tree yet: {exc}")
+    backend = await flowy.connect(url)  # creates the schema
     await backend.aclose()
     try:
         yield url

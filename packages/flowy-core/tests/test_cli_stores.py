@@ -56,27 +56,9 @@ def _with_option(url: str, name: str, value: str) -> str:
     return f"{url}{joiner}{name}={urllib.parse.quote(value, safe='')}"
 
 
-def _adapter_ready(store: Store) -> None:
-    """Skip while ``flowy.connect`` cannot open this store for want of its adapter."""
-
-    async def probe() -> None:
-        async with flowy.connect(store.url):
-            pass
-
-    try:
-        with _environment(store):
-            asyncio.run(probe())
-    except flowy.BackendURLError as exc:
-        # until the adapters are ported
-        if "adapter" in str(exc):
-            pytest.skip(f"{store.name}: {exc}")
-        raise
-
-
 def _skip_without_adapter(scheme: str, name: str) -> None:
-    # until the adapters are ported
     if scheme not in flowy.storage.schemes():
-        pytest.skip(f"{name}: no adapter for {scheme}:// is installed yet")
+        backend_missing(f"{name}: no adapter for {scheme}:// is installed")
 
 
 @contextlib.contextmanager
@@ -115,7 +97,6 @@ def _postgres(tmp_path: Path) -> Iterator[Store]:
     dsn = _postgres_dsn()
     schema = f"flowy_cli_{uuid.uuid4().hex[:12]}"
     store = Store("postgres", _with_option(dsn, "schema", schema))
-    _adapter_ready(store)
     try:
         yield store
     finally:
@@ -140,7 +121,6 @@ def _redis(tmp_path: Path) -> Iterator[Store]:
         base = "redis://127.0.0.1:6379/0"
     namespace = f"flowy-cli-{uuid.uuid4().hex[:12]}"
     store = Store("redis", _with_option(base, "namespace", namespace))
-    _adapter_ready(store)
     try:
         yield store
     finally:
@@ -184,7 +164,6 @@ def _dynamodb(request: pytest.FixtureRequest) -> Iterator[Store]:
         env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     url = _with_option(f"dynamodb://{table}?region={region}", "endpoint_url", endpoint)
     store = Store("dynamodb", url, env)
-    _adapter_ready(store)
     try:
         yield store
     finally:
@@ -276,7 +255,7 @@ def test_show_a_dead_lettered_thread(store: Store, threads: Threads) -> None:
     assert "worker" not in fields["next"]
     assert fields["next"] == (
         "requeue its dead-lettered hand-off once the cause is fixed: flowy dead-letters "
-        f"--retry {threads.dead_message_id} {store.option}"
+        f"--retry {shlex.quote(threads.dead_message_id)} {store.option}"
     )
     data = json.loads(store.flowy("show", "dl", "--json").stdout)
     assert data["dead_letters"] == [

@@ -157,7 +157,7 @@ def _lease_json(lease: Lease | None) -> dict[str, Any] | None:
 
 
 def _dead_cell(dead: Sequence[DeadLetter]) -> str:
-    return clean(",".join(d.message_id for d in dead), 24) if dead else "-"
+    return clean(",".join(d.message_id for d in dead), 80) if dead else "-"
 
 
 async def cmd_threads(args: argparse.Namespace, out: Console) -> int:
@@ -236,7 +236,7 @@ def _dead_text(out: Console, letter: DeadLetter) -> str:
     revision = f" of revision {letter.intent.snapshot_revision}" if letter.intent else ""
     error = clean(" ".join(letter.error.split()), 160) or "-"
     return (
-        f"{out.paint('dead-lettered', 'red', 'bold')} message {clean(letter.message_id, 40)}"
+        f"{out.paint('dead-lettered', 'red', 'bold')} message {clean(letter.message_id, 80)}"
         f"{revision} after {letter.attempts} deliveries: {error}"
     )
 

@@ -270,7 +270,7 @@ async def cmd_dead_letters(args: argparse.Namespace, out: Console) -> int:
         ["ID", "THREAD", "REVISION", "ATTEMPTS", "REASON", "POINTER", "ERROR"],
         [
             [
-                clean(m.message_id, 24),
+                clean(m.message_id, 80),
                 clean(m.intent.thread_id, 48) if m.intent else "(undecodable)",
                 str(m.intent.snapshot_revision) if m.intent else "-",
                 str(m.attempts),

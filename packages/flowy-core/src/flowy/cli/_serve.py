@@ -222,7 +222,7 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
         what = clean(letter.thread_id, 48) if letter.intent else "an undecodable message"
         out.line(
             out.paint(f"{out.sym('fail')} dead-lettered while claiming", "red", "bold")
-            + f": message {clean(letter.message_id, 40)} of {what}: "
+            + f": message {clean(letter.message_id, 80)} of {what}: "
             + clean(" ".join(letter.error.split()), 160)
         )
     outcomes = worker.stats.outcomes
