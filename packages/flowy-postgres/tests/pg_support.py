@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Protocol, cast
 
 import asyncpg
 
-from flowy.checkpoint import HandoffIntent, HandoffStatus, ResumeToken, Snapshot, new_write_id
+from flowy.storage import HandoffIntent, HandoffStatus, ResumeToken, Snapshot, new_write_id
 
 FIXED_TIME = 1_700_000_000.25
 
@@ -36,9 +37,16 @@ class Conn(Sql, Protocol):
     async def close(self) -> None: ...
 
 
-def sql(target: asyncpg.Pool | asyncpg.Connection | Conn) -> Sql:
+def sql(target: asyncpg.Pool | asyncpg.Connection | Conn | None) -> Sql:
     """``target`` seen through :class:`Sql`."""
+    assert target is not None
     return cast(Sql, target)
+
+
+def with_options(dsn: str, **options: object) -> str:
+    """``dsn`` with flowy's URL options added to its query."""
+    query = urllib.parse.urlencode({k: str(v) for k, v in options.items()})
+    return dsn + ("&" if "?" in dsn else "?") + query
 
 
 async def connect(dsn: str) -> Conn:
@@ -54,7 +62,7 @@ async def new_pool(dsn: str, **options: Any) -> asyncpg.Pool:
 
 
 @asynccontextmanager
-async def acquired(pool: asyncpg.Pool) -> AsyncGenerator[Conn]:
+async def acquired(pool: asyncpg.Pool | None) -> AsyncGenerator[Conn]:
     """A connection of ``pool`` for the block."""
     raw: Any = pool
     async with raw.acquire() as conn:

@@ -1,14 +1,13 @@
-"""Where connections come from: the pool, or an application's own connection.
+"""Where connections come from: the backend's pool, or an application's own connection.
 
 asyncpg ships no type information for its pool and connection methods; the protocols
 here describe the calls this package makes so the rest of it type-checks strictly.
 
-``Connector`` hands out a connection for one operation: from the pool (with a bounded
-acquire timeout, so an exhausted pool is an error naming its size rather than a hang), or
-the connection an application bound with ``PostgresCheckpointer.bind`` (an asyncpg
-connection, or a SQLAlchemy ``AsyncConnection`` on the asyncpg driver). Driver errors
-raised inside are translated at this one boundary. ``atomic`` runs a block in its own
-transaction, or in a savepoint when the connection is already inside one.
+A :class:`Connector` hands out a connection for one operation: from the pool (with a
+bounded acquire timeout, so an exhausted pool is an error naming its size rather than a
+hang), or the connection an application bound with ``PostgresCheckpointer.bind`` (an
+asyncpg connection, or a SQLAlchemy ``AsyncConnection`` on the asyncpg driver). Driver
+errors raised inside are translated at this one boundary.
 """
 
 from __future__ import annotations
@@ -16,29 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import urllib.parse
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import asyncpg
 
-from flowy import StorageUnavailableError
+from flowy.errors import BackendURLError, StorageUnavailableError
 
-from ._errors import translate, translated
+from ._errors import translate
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = [
-    "Connector",
-    "PgConnection",
-    "PgComponent",
-    "PgPool",
-    "Row",
-    "atomic",
-    "create_pool",
-]
+    from ._schema import TableNames
+
+__all__ = ["Connector", "PgConnection", "PgPool", "Row", "atomic", "create_pool"]
 
 T = TypeVar("T")
 
@@ -87,34 +81,15 @@ class PgConnection(Protocol):
 class PgPool(Protocol):
     """The part of ``asyncpg.Pool`` this package uses."""
 
-    def acquire(self, *, timeout: float | None = None) -> Awaitable[PgConnection]: ...
+    def acquire(self) -> Awaitable[PgConnection]: ...
 
     async def release(self, connection: PgConnection) -> None: ...
 
     def get_max_size(self) -> int: ...
 
+    def is_closing(self) -> bool: ...
+
     async def close(self) -> None: ...
-
-
-class _Bound:
-    """An application's connection; a SQLAlchemy one is resolved to its asyncpg
-    connection at every use, joining whatever transaction it is in by then."""
-
-    def __init__(self, target: asyncpg.Connection | PoolConnectionProxy | AsyncConnection) -> None:
-        self._target: object = target
-        self._asyncpg: PgConnection | None = None
-        if _is_asyncpg(target):
-            self._asyncpg = cast(PgConnection, target)
-        elif not _is_sqlalchemy(target):
-            raise TypeError(
-                f"bind() needs an asyncpg connection or a SQLAlchemy AsyncConnection on the "
-                f"asyncpg driver, got {type(target).__name__} {target!r}"
-            )
-
-    async def resolve(self) -> PgConnection:
-        if self._asyncpg is not None:
-            return self._asyncpg
-        return await _resolve_sqlalchemy(cast("AsyncConnection", self._target))
 
 
 def _is_asyncpg(target: object) -> bool:
@@ -131,185 +106,150 @@ def _is_sqlalchemy(target: object) -> bool:
     return isinstance(target, AsyncConnection)
 
 
-async def _resolve_sqlalchemy(target: AsyncConnection) -> PgConnection:
-    driver = target.dialect.driver
-    if driver != "asyncpg":
+async def _resolve(target: object) -> PgConnection:
+    """The asyncpg connection behind a bound target, joining its transaction."""
+    if _is_asyncpg(target):
+        return cast(PgConnection, target)
+    sa = cast("AsyncConnection", target)
+    if sa.dialect.driver != "asyncpg":
         raise TypeError(
             f"bind() needs a SQLAlchemy AsyncConnection on the asyncpg driver, got one on "
-            f"{driver!r}; create the engine with a 'postgresql+asyncpg://' URL"
+            f"{sa.dialect.driver!r}; create the engine with a 'postgresql+asyncpg://' URL"
         )
-    raw = await target.get_raw_connection()
+    raw = await sa.get_raw_connection()
     conn = cast(PgConnection, raw.driver_connection)
-    if target.in_transaction() and not conn.is_in_transaction():
+    if sa.in_transaction() and not conn.is_in_transaction():
         # SQLAlchemy begins the driver's transaction lazily, at its first statement: run
         # one, so that ours join the application's transaction instead of autocommitting.
-        await target.exec_driver_sql("SELECT 1")
+        await sa.exec_driver_sql("SELECT 1")
     return conn
 
 
 class Connector:
-    """Connections for one adapter object: pooled, or one bound application connection."""
+    """Connections for the components of one backend: pooled, or one bound application
+    connection (:meth:`bind`). The pool is set when the backend opens."""
 
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        *,
-        acquire_timeout: float,
-        bound: _Bound | None = None,
-    ) -> None:
+    def __init__(self, names: TableNames, *, acquire_timeout: float, domain: object) -> None:
         if not acquire_timeout > 0:  # also rejects NaN
             raise ValueError(f"acquire_timeout must be positive seconds, got {acquire_timeout!r}")
-        self.pool = pool
+        self.names = names
         self.acquire_timeout = acquire_timeout
-        self._pool = cast(PgPool, pool)
-        self._bound = bound
-
-    @property
-    def is_bound(self) -> bool:
-        """True when every operation runs on one application connection."""
-        return self._bound is not None
+        self.domain = domain
+        self.pool: asyncpg.Pool | None = None
+        self.bound: object = None
 
     def bind(self, target: asyncpg.Connection | PoolConnectionProxy | AsyncConnection) -> Connector:
-        """A connector that runs everything on ``target``."""
-        return Connector(self.pool, acquire_timeout=self.acquire_timeout, bound=_Bound(target))
+        """A connector that runs everything on ``target`` (same names and domain)."""
+        if not (_is_asyncpg(target) or _is_sqlalchemy(target)):
+            raise TypeError(
+                "bind() needs an asyncpg connection or a SQLAlchemy AsyncConnection on the "
+                f"asyncpg driver, got {type(target).__name__} {target!r:.80}"
+            )
+        view = Connector(self.names, acquire_timeout=self.acquire_timeout, domain=self.domain)
+        view.pool, view.bound = self.pool, target
+        return view
+
+    def _pool(self, action: str) -> PgPool:
+        pool = cast(PgPool | None, self.pool)
+        if pool is None or pool.is_closing():
+            state = "not open yet" if pool is None else "closed"
+            raise StorageUnavailableError(
+                f"could not {action}: the PostgreSQL backend is {state}; open it with "
+                "flowy.connect(url) or `async with backend`, and use it before aclose()"
+            )
+        return pool
 
     async def acquire(self, action: str) -> PgConnection:
-        """A pooled connection (release it with :meth:`release`)."""
+        """A pooled connection (give it back with :meth:`release`)."""
+        return (await self._acquire(action))[1]
+
+    async def release(self, conn: PgConnection) -> None:
+        """Give a connection from :meth:`acquire` back to the pool."""
+        await cast(PgPool, self.pool).release(conn)
+
+    async def _acquire(self, action: str) -> tuple[PgPool, PgConnection]:
+        pool = self._pool(action)
         try:
             # asyncio.timeout arms one timer; asyncpg's own acquire(timeout=) would run
             # the wait in an extra task and time the release too (a cost on every save).
             async with asyncio.timeout(self.acquire_timeout):
-                conn = await self._pool.acquire()
+                conn = await pool.acquire()
                 if conn.is_closed():  # the server closed it while idle: take a fresh one
-                    await self._pool.release(conn)
-                    conn = await self._pool.acquire()
+                    await pool.release(conn)
+                    conn = await pool.acquire()
         except TimeoutError as exc:
             raise StorageUnavailableError(
                 f"could not {action}: no PostgreSQL connection became free within "
-                f"{self.acquire_timeout}s (the pool holds at most "
-                f"{self._pool.get_max_size()} connections, all in use); raise the pool's "
-                f"max_size, run fewer operations at once, or raise acquire_timeout"
+                f"{self.acquire_timeout}s (the pool holds at most {pool.get_max_size()} "
+                "connections, all in use); raise pool_size, run fewer operations at once, "
+                "or raise acquire_timeout"
             ) from exc
         except Exception as exc:
             err = translate(exc, action, may_have_written=False)
             if err is exc:
                 raise
             raise err from exc
-        return conn
+        return pool, conn
 
-    async def release(self, conn: PgConnection) -> None:
-        """Give a connection from :meth:`acquire` back to the pool."""
-        await self._pool.release(conn)
-
-    def release_soon(self, conn: PgConnection) -> None:
-        """Give a connection back to the pool without making the caller wait.
-
-        asyncpg returns a connection through a shielded task, which costs the caller
-        two turns of the event loop; after a successful operation that work can overlap
-        with whatever the caller does next.
-        """
-        task = asyncio.get_running_loop().create_task(self._pool.release(conn))
+    @staticmethod
+    def _release_soon(pool: PgPool, conn: PgConnection) -> None:
+        # asyncpg returns a connection through a shielded task, which costs the caller
+        # two turns of the event loop; after a successful operation that work can
+        # overlap with whatever the caller does next.
+        task = asyncio.get_running_loop().create_task(pool.release(conn))
         _releasing.add(task)
         task.add_done_callback(_released)
 
-    def connection(self, action: str) -> _Use:
-        """``async with``: a connection for one operation; driver errors in the block are
-        translated and a pooled connection goes back to the pool afterwards."""
-        return _Use(self, action)
+    @asynccontextmanager
+    async def connection(self, action: str) -> AsyncGenerator[PgConnection]:
+        """A connection for one operation; driver errors in the block are translated
+        and a pooled connection goes back to the pool afterwards."""
+        if self.bound is not None:
+            conn: PgConnection | None = None
+            try:
+                conn = await _resolve(self.bound)
+                yield conn
+            except Exception as exc:
+                err = translate(exc, action, conn)
+                if err is exc:
+                    raise
+                raise err from exc
+            return
+        pool, conn = await self._acquire(action)
+        try:
+            yield conn
+        except BaseException as exc:
+            await pool.release(conn)
+            if isinstance(exc, Exception):
+                err = translate(exc, action, conn)
+                if err is not exc:
+                    raise err from exc
+            raise
+        self._release_soon(pool, conn)
 
     async def read(self, action: str, query: Callable[[PgConnection], Awaitable[T]]) -> T:
-        """Run a read-only ``query``; a pooled connection found broken is replaced once.
-
-        Only for reads: repeating them is harmless, unlike a write whose first attempt
-        may have landed.
-        """
-        if self._bound is None:
-            conn = await self.acquire(action)
+        """Run a read-only ``query``; a pooled connection found broken is replaced once
+        (only for reads: repeating them is harmless, unlike a write that may have landed)."""
+        if self.bound is None:
+            pool, conn = await self._acquire(action)
             try:
                 result = await query(conn)
             except Exception as exc:
                 broken = conn.is_closed()
-                await self._pool.release(conn)
+                await pool.release(conn)
                 if not broken:
                     err = translate(exc, action)
                     if err is exc:
                         raise
                     raise err from exc
-                # The connection broke: repeat the read once on a fresh one.
             except BaseException:
-                await self._pool.release(conn)
+                await pool.release(conn)
                 raise
             else:
-                self.release_soon(conn)
+                self._release_soon(pool, conn)
                 return result
         async with self.connection(action) as conn:
             return await query(conn)
-
-
-class PgComponent:
-    """What the checkpointer, lease manager, outbox and consumer share: a
-    :class:`Connector` over the pool, and whether :meth:`close` closes that pool (only
-    when the object's ``from_dsn`` created it)."""
-
-    def __init__(self, pool: asyncpg.Pool, *, acquire_timeout: float) -> None:
-        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
-        self._owns_pool = False
-
-    def _owning_pool(self) -> Self:
-        """This object, now responsible for closing its pool (for ``from_dsn``)."""
-        self._owns_pool = True
-        return self
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The asyncpg pool this object uses."""
-        return self._connector.pool
-
-    async def close(self) -> None:
-        """Close the pool if :meth:`from_dsn` created it (a pool you passed in stays open)."""
-        if self._owns_pool and not self._connector.is_bound:
-            await self._connector.pool.close()
-
-
-class _Use:
-    """The context manager of ``Connector.connection`` (a class: it runs on every save)."""
-
-    __slots__ = ("_action", "_conn", "_connector", "_pooled")
-
-    def __init__(self, connector: Connector, action: str) -> None:
-        self._connector = connector
-        self._action = action
-        self._conn: PgConnection | None = None
-        self._pooled = False
-
-    async def __aenter__(self) -> PgConnection:
-        bound = self._connector._bound  # pyright: ignore[reportPrivateUsage]
-        if bound is None:
-            self._conn = await self._connector.acquire(self._action)
-            self._pooled = True
-        else:
-            with translated(self._action):
-                self._conn = await bound.resolve()
-        return self._conn
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        conn = self._conn
-        assert conn is not None
-        try:
-            if exc is not None:
-                if isinstance(exc, Exception):
-                    err = translate(exc, self._action, conn)
-                    if err is not exc:
-                        raise err from exc
-                return
-            if self._pooled:
-                self._connector.release_soon(conn)
-                self._pooled = False
-        finally:
-            if self._pooled:
-                await self._connector.release(conn)
 
 
 _releasing: set[asyncio.Task[None]] = set()
@@ -366,7 +306,8 @@ async def create_pool(
     (``SET``, session advisory locks, ``LISTEN``), pass ``reset=None`` for asyncpg's
     default. ``pooler_mode=True`` is for a transaction-mode pooler such as PgBouncer: it
     sets ``statement_cache_size=0``, so asyncpg uses only unnamed statements, which do not
-    outlive a transaction. Other keyword arguments go to ``asyncpg.create_pool``.
+    outlive a transaction. Other keyword arguments go to ``asyncpg.create_pool``. Errors
+    never show the password.
     """
     create = cast(Callable[..., Awaitable[asyncpg.Pool]], _driver.create_pool)
     if options.get("reset", _keep_session) is None:
@@ -378,7 +319,14 @@ async def create_pool(
     try:
         return await create(dsn, min_size=min_size, max_size=max_size, **options)
     except Exception as exc:
-        err = translate(exc, "connect to PostgreSQL", may_have_written=False)
-        if err is exc:
+        try:
+            secret = urllib.parse.urlsplit(dsn).password
+        except ValueError:
+            secret = None
+        err = translate(exc, "connect to PostgreSQL", may_have_written=False, secret=secret)
+        if err is not exc:
+            raise err from exc
+        if not isinstance(exc, ValueError):
             raise
-        raise err from exc
+        detail = str(exc).replace(secret, "***") if secret else str(exc)
+        raise BackendURLError(f"cannot use this PostgreSQL URL: {detail}") from None
