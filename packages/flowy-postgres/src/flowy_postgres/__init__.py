@@ -13,6 +13,8 @@ LISTEN/NOTIFY wake-ups and dead letters::
 
 from __future__ import annotations
 
+import warnings
+
 from ._backend import DRIVER_OPTIONS as DRIVER_OPTIONS
 from ._backend import OPTIONS as OPTIONS
 from ._backend import PostgresBackend as PostgresBackend
@@ -49,28 +51,16 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    """``PostgresOutboxConsumer``, the 0.1 name of :class:`PostgresConsumer` (until 0.3)."""
-    if name == "PostgresOutboxConsumer":
-        import warnings
-
-        warnings.warn(
-            "flowy_postgres.PostgresOutboxConsumer is now PostgresConsumer",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+    if name == "PostgresOutboxConsumer":  # its 0.1 name, until 0.3
+        warnings.warn("use PostgresConsumer", DeprecationWarning, stacklevel=2)
         return PostgresConsumer
     raise AttributeError(f"module 'flowy_postgres' has no attribute {name!r}")
 
 
 def _present_as_public() -> None:
-    # Tracebacks and reprs say flowy_postgres.PostgresCheckpointer, not the private module.
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy_postgres._"):
-            try:
-                obj.__module__ = "flowy_postgres"
-            except (AttributeError, TypeError):
-                pass
+    for name in __all__:  # reprs and tracebacks say flowy_postgres.X, not a private module
+        if getattr(obj := globals()[name], "__module__", "").startswith("flowy_postgres._"):
+            obj.__module__ = __name__
 
 
 _present_as_public()

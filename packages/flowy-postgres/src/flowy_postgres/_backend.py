@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import asyncpg
 
-from flowy.errors import BackendURLError, SchemaVersionError
+from flowy.errors import BackendURLError
 from flowy.storage import BaseBackend, StateCodec, StoreURL, redact_url
 
 from ._checkpointer import PostgresCheckpointer
@@ -22,11 +22,9 @@ from ._schema import (
     DEFAULT_PREFIX,
     DEFAULT_SCHEMA,
     MAX_PREFIX,
-    SCHEMA_VERSION,
     TableNames,
     check_identifier,
-    migrate,
-    schema_version,
+    prepare,
 )
 
 __all__ = ["DRIVER_OPTIONS", "OPTIONS", "PostgresBackend", "open_backend"]
@@ -38,53 +36,40 @@ OPTIONS = {
     "schema": "PostgreSQL schema of the tables (default public)",
     "prefix": "prefix of the table names (default flowy_)",
     "pool_size": "most connections in the pool (default 10)",
-    "acquire_timeout": "seconds an operation waits for a free pooled connection (default 10)",
+    "acquire_timeout": "seconds an operation waits for a pooled connection (default 10)",
     "pooler_mode": "true behind a transaction-mode pooler such as PgBouncer: no prepared "
     "statements, no LISTEN (default false)",
-    "listen": "wake waiting consumers with LISTEN/NOTIFY over one more connection "
-    "(default true, false with pooler_mode)",
+    "listen": "LISTEN/NOTIFY wakes waiting consumers, over one more connection (default "
+    "true; false with pooler_mode)",
     "poll_interval": "seconds between outbox looks of a waiting consumer that does not "
     "listen (default 0.1)",
     "max_attempts": "deliveries before a hand-off is dead-lettered (default 5)",
 }
 """flowy's options of a ``postgresql://`` URL (query parameters)."""
 
+_PASSED = "host port user dbname database passfile application_name target_session_attrs"
 DRIVER_OPTIONS = {
-    name: "passed to asyncpg"
-    for name in (
-        "host",
-        "port",
-        "user",
-        "dbname",
-        "database",
-        "passfile",
-        "application_name",
-        "sslmode",
-        "sslrootcert",
-        "sslcert",
-        "sslkey",
-        "sslcrl",
-        "target_session_attrs",
-    )
+    n: "passed to asyncpg" for n in f"{_PASSED} sslmode sslrootcert sslcert sslkey sslcrl".split()
 }
-"""Connection parameters a ``postgresql://`` URL passes to asyncpg unchanged (a password
-goes in the URL's user part or a passfile, never in the query: it would show in
-messages)."""
+"""Connection parameters a URL passes to asyncpg unchanged. A password goes in the URL's
+user part or a passfile, not in the query (where messages would show it)."""
 
 
 class PostgresBackend(BaseBackend[S], Generic[S]):
     """Everything flowy stores in one PostgreSQL schema, over one asyncpg pool.
 
-    Open one with ``flowy.connect("postgresql://user@host/db?schema=flowy")`` (the
-    options are in :data:`OPTIONS`), or build one over a DSN (the backend creates its
-    pool on :meth:`open` and closes it on :meth:`aclose`) or over the application's own
-    pool with :meth:`from_pool` (left open). A new schema is created on open; a schema
-    of an older flowy-postgres raises ``SchemaVersionError`` until :meth:`migrate`
-    upgrades it (this works on a backend that is not open).
+    Open one with ``flowy.connect("postgresql://user@host/db?schema=flowy")`` (options:
+    :data:`OPTIONS`), build one over a DSN (``async with PostgresBackend(dsn,
+    schema=...)``: it creates its pool on open and closes it on ``aclose``), or over the
+    application's own pool with :meth:`from_pool` (left open). The keyword arguments are
+    the URL options. A new schema is created on open; a schema of an older
+    flowy-postgres raises ``SchemaVersionError`` until :meth:`migrate` upgrades it
+    (which works on a backend that is not open).
 
     The checkpointer fences its saves with ``leases`` and commits hand-offs into
     ``outbox`` in the same statement; ``consumer`` feeds ``flowy.Worker``. Leases
-    expire by the database clock.
+    expire by the database clock. ``url`` is what reprs show (password masked) and
+    what ``flowy.connect`` opens to reach the same store again.
     """
 
     def __init__(
@@ -104,7 +89,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         url: str | None = None,
     ) -> None:
         if (dsn is None) == (pool is None):
-            raise TypeError("PostgresBackend needs either a dsn or a pool (use from_pool)")
+            raise TypeError("PostgresBackend needs a dsn or (from_pool) a pool, not both")
         if listen is None:
             listen = not pooler_mode
         elif listen and pooler_mode:
@@ -112,66 +97,37 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
                 "listen and pooler_mode exclude each other: LISTEN needs a session of its "
                 "own, which a transaction-mode pooler does not keep (consumers poll instead)"
             )
-        names = TableNames(schema, prefix)
         query = urllib.parse.urlencode({"schema": schema, "prefix": prefix})
-        if dsn is not None:
-            self.url = url or dsn + ("&" if "?" in dsn else "?") + query
-            identity: object = redact_url(dsn)
-        else:
-            self.url = url or f"postgresql://?{query}"
-            identity = pool
-        self._dsn = dsn
-        self._pooler_mode = pooler_mode
-        self._pool_size = pool_size
+        base = dsn if dsn is not None else "postgresql://"
+        self.url = url or base + ("&" if "?" in base else "?") + query
+        self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
+        identity = pool if dsn is None else redact_url(dsn)
         self.connector = Connector(
-            names, acquire_timeout=acquire_timeout, domain=("postgresql", identity, schema, prefix)
+            TableNames(schema, prefix),
+            acquire_timeout=acquire_timeout,
+            domain=("postgresql", identity, schema, prefix),
         )
         self.connector.pool = pool
-        self.checkpointer: PostgresCheckpointer[S] = PostgresCheckpointer(
-            self.connector, codec=codec
-        )
+        self.checkpointer = PostgresCheckpointer[S](self.connector, codec=codec)
         self.leases = PostgresLeaseManager(self.connector)
         self.outbox = PostgresOutbox(self.connector)
         self.consumer = PostgresConsumer(
             self.connector,
             max_attempts=max_attempts,
             poll_interval=poll_interval,
-            listen=self._listen_hooks() if listen else None,
+            listen=self._listen_hooks(pool) if listen else None,
         )
 
     @classmethod
-    def from_pool(
-        cls,
-        pool: asyncpg.Pool,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        prefix: str = DEFAULT_PREFIX,
-        codec: StateCodec[S] | None = None,
-        max_attempts: int = 5,
-        acquire_timeout: float = 10.0,
-        listen: bool = True,
-        poll_interval: float = 0.1,
-        url: str | None = None,
-    ) -> PostgresBackend[S]:
-        """A backend over the application's ``pool`` (which :meth:`aclose` leaves open;
-        with ``listen`` a waiting consumer holds one of its connections). ``url`` is what
-        reprs show and what ``flowy.connect`` needs to open a peer of this store."""
-        return cls(
-            pool=pool,
-            schema=schema,
-            prefix=prefix,
-            codec=codec,
-            max_attempts=max_attempts,
-            acquire_timeout=acquire_timeout,
-            listen=listen,
-            poll_interval=poll_interval,
-            url=url,
-        )
+    def from_pool(cls, pool: asyncpg.Pool, **options: Any) -> PostgresBackend[S]:
+        """A backend over the application's ``pool``, which :meth:`aclose` leaves open
+        (options as for the constructor; with ``listen``, a waiting consumer holds one of
+        the pool's connections)."""
+        return cls(pool=pool, **options)
 
     @classmethod
     async def from_dsn(cls, dsn: str, **options: Any) -> PostgresBackend[S]:
-        """An opened backend on a pool of its own for ``dsn`` (options as for the
-        constructor); ``flowy.connect(url)`` does the same from a URL."""
+        """An opened backend on a pool of its own (options as for the constructor)."""
         return await cls(dsn, **options).open()
 
     @property
@@ -181,13 +137,17 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 
     @property
     def pool(self) -> asyncpg.Pool | None:
-        """The asyncpg pool (``None`` before a DSN backend opens)."""
+        """The asyncpg pool (``None`` while a DSN backend is not open)."""
         return self.connector.pool
 
-    def _listen_hooks(self) -> ListenHooks:
-        connector = self.connector
-        if self._dsn is None:  # the application's pool: hold one of its connections
-            return (lambda: connector.acquire("listen for outbox messages"), connector.release)
+    def _listen_hooks(self, given: asyncpg.Pool | None) -> ListenHooks:
+        if given is not None:  # the application's pool: hold one of its connections
+            pool = cast(PgPool, given)
+
+            async def acquire() -> PgConnection:
+                return (await self.connector.acquire("listen for outbox messages"))[1]
+
+            return acquire, pool.release
         dsn = self._dsn
 
         async def connect() -> PgConnection:
@@ -198,7 +158,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 
         return connect, disconnect
 
-    async def _ensure_pool(self) -> asyncpg.Pool:
+    async def _pool(self) -> asyncpg.Pool:
         if self.connector.pool is None:
             assert self._dsn is not None
             self.connector.pool = await create_pool(
@@ -207,28 +167,10 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         return self.connector.pool
 
     async def _open(self) -> None:
-        pool = await self._ensure_pool()
-        names = self.names
-        version = await schema_version(pool, schema=names.schema, prefix=names.prefix)
-        if version == 0:
-            await migrate(pool, schema=names.schema, prefix=names.prefix)
-        elif version != SCHEMA_VERSION:
-            where = f"schema {names.schema!r} (prefix {names.prefix!r})"
-            if version > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"the flowy tables in {where} are at schema version {version}, but this "
-                    f"flowy-postgres knows versions up to {SCHEMA_VERSION}; upgrade it"
-                )
-            raise SchemaVersionError(
-                f"the flowy tables in {where} are at schema version {version}; this "
-                f"flowy-postgres needs {SCHEMA_VERSION}. Back the database up, then upgrade "
-                "with `await PostgresBackend(dsn, schema=..., prefix=...).migrate()` or "
-                "flowy_postgres.migrate(pool, schema=..., prefix=...)"
-            )
+        await prepare(await self._pool(), self.names, upgrade=False)
 
     async def _migrate(self) -> int:
-        names = self.names
-        return await migrate(await self._ensure_pool(), schema=names.schema, prefix=names.prefix)
+        return await prepare(await self._pool(), self.names, upgrade=True)
 
     async def _close(self) -> None:
         await self.consumer.aclose()
@@ -245,28 +187,21 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 
 
 def _identifier(what: str, *, empty: bool = False, longest: int = 63) -> Callable[[str], str]:
-    def convert(text: str) -> str:
-        return check_identifier(text, what, empty=empty, longest=longest)
-
-    return convert
+    return lambda text: check_identifier(text, what, empty=empty, longest=longest)
 
 
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> PostgresBackend[Any]:
     """The opener of ``postgresql://`` and ``postgres://`` URLs (``flowy.connect``)."""
     url.check_options({**OPTIONS, **DRIVER_OPTIONS})
-    schema = url.option("schema", _identifier("schema name"), DEFAULT_SCHEMA)
-    prefix = url.option(
-        "prefix", _identifier("table prefix", empty=True, longest=MAX_PREFIX), DEFAULT_PREFIX
-    )
-    driver = {k: v for k, v in url.options.items() if k in DRIVER_OPTIONS}
-    parts = urllib.parse.urlsplit(url.raw)
-    dsn = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(driver)))
+    query = urllib.parse.urlencode({k: v for k, v in url.options.items() if k in DRIVER_OPTIONS})
     pooler_mode = url.flag("pooler_mode", False)
     try:
         return PostgresBackend(
-            dsn,
-            schema=schema,
-            prefix=prefix,
+            urllib.parse.urlunsplit(urllib.parse.urlsplit(url.raw)._replace(query=query)),
+            schema=url.option("schema", _identifier("schema name"), DEFAULT_SCHEMA),
+            prefix=url.option(
+                "prefix", _identifier("table prefix", empty=True, longest=MAX_PREFIX), "flowy_"
+            ),
             codec=codec,
             max_attempts=url.count("max_attempts", 5),
             pool_size=url.count("pool_size", 10),
@@ -276,5 +211,5 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Postg
             poll_interval=url.seconds("poll_interval", 0.1),
             url=url.raw,
         )
-    except ValueError as exc:
+    except ValueError as exc:  # listen with pooler_mode
         raise BackendURLError(f"{url.redacted!r}: {exc}") from None

@@ -1,15 +1,13 @@
 """``PostgresCheckpointer``: the checkpointer primitives in SQL.
 
-A save is ONE statement, so one round trip: it locks the thread's lease row (if any)
-``FOR KEY SHARE`` and checks the lease by the database clock, updates (or creates) the
-head row only if it is at the expected revision, appends the record to the history (the
-only copy of the record: the head's record is its history entry) and inserts the outbox
-rows of a transactional save, notifying consumers. When nothing was written the same
-statement reports what it saw (revision, live lease); one more read happens only when a
-racing save or takeover committed while this one waited for its lock. The statement is
-specialised per case (create or update, with or without a lease, with or without outbox
-rows), so PostgreSQL settles on one generic plan for each instead of planning every
-save. A load is one read of the head row joined to its history entry.
+A save is ONE statement, one round trip: it locks the thread's lease row (if any) ``FOR
+KEY SHARE`` and checks the lease by the database clock, updates (or creates) the head
+row only if it is at the expected revision, appends the record to the history (its only
+copy: the head's record is its history entry) and inserts a transactional save's outbox
+rows, notifying consumers. When nothing was written the same statement reports what it
+saw; one more read happens only when a racing save or takeover committed while it
+waited for a lock. Each case (create or update, with or without a lease or outbox rows)
+has its own statement, so PostgreSQL settles on one generic plan for each.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from flowy.storage import (
     show_id,
 )
 
-from ._conn import Connector, PgConnection, Row, atomic
+from ._conn import Connector, PgConnection, Row
 from ._schema import ID_PREFIX, TableNames, thread_key
 
 if TYPE_CHECKING:
@@ -137,9 +135,7 @@ FROM outcome
     return _numbered(sql, params), params
 
 
-_COLUMNS = (
-    "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at, updated_at"
-)
+_COLUMNS = "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at"
 
 
 class _Sql:
@@ -202,17 +198,8 @@ SELECT owner, token, {_EPOCH} AS expires FROM lease WHERE live AND $3::bool
                     where.append("handoff_status <> 'none'")
                 clause = f"WHERE {' AND '.join(where)}" if where else ""
                 self.list[(statuses, paged)] = (
-                    f"SELECT {_COLUMNS} FROM {n.threads} {clause} {order}"
+                    f"SELECT {_COLUMNS}, updated_at FROM {n.threads} {clause} {order}"
                 )
-
-
-_cache: dict[TableNames, _Sql] = {}
-
-
-def _sql(names: TableNames) -> _Sql:
-    if (sql := _cache.get(names)) is None:
-        sql = _cache[names] = _Sql(names)
-    return sql
 
 
 def _outbox_args(rows: tuple[OutboxRow, ...], channel: str) -> list[object]:
@@ -220,21 +207,19 @@ def _outbox_args(rows: tuple[OutboxRow, ...], channel: str) -> list[object]:
     for row in rows:  # one row per (thread, revision): the first one enqueued
         unique.setdefault((row.thread_id, row.committed_revision), row)
     kept = unique.values()
+    ids = [r.thread_id for r in kept]
     return [
-        [thread_key(r.thread_id) for r in kept],
-        [r.thread_id for r in kept],
+        [thread_key(i) for i in ids],
+        ids,
         [r.committed_revision for r in kept],
         [r.payload for r in kept],
         channel,
     ]
 
 
-def _refused(row: Row, thread_id: str) -> Refused:
-    holder = None
-    if row["holder"] is not None:
-        holder = Lease(
-            thread_id, str(row["holder"]), int(row["holder_token"]), float(row["holder_expires"])
-        )
+def _refused(row: Row, tid: str) -> Refused:
+    owner, token, expires = row["holder"], row["holder_token"], row["holder_expires"]
+    holder = None if owner is None else Lease(tid, str(owner), int(token), float(expires))
     return Refused(int(row["actual"] or 0), holder)
 
 
@@ -254,41 +239,32 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         super().__init__(codec=codec)
         self.connector = connector
         self.domain = connector.domain
-        self._sql = _sql(connector.names)
+        self._sql = _Sql(connector.names)
 
     def bind(
         self, connection: asyncpg.Connection | PoolConnectionProxy | AsyncConnection
     ) -> PostgresCheckpointer[S]:
-        """A view of this checkpointer that runs every operation on ``connection``.
+        """A view running every operation on ``connection``: an asyncpg connection or a
+        SQLAlchemy ``AsyncConnection`` on asyncpg (extra ``flowy-postgres[sqlalchemy]``).
 
-        ``connection`` is an asyncpg connection or a SQLAlchemy ``AsyncConnection`` on
-        the asyncpg driver (extra ``flowy-postgres[sqlalchemy]``). Inside a transaction,
-        a save (with its outbox rows, for ``save_with_outbox``) joins it: the checkpoint
-        and the hand-off commit or roll back with the application's own writes. Until
-        the application commits, other saves of the thread and a takeover of its lease
-        wait; renewing or releasing the lease does not. The view serves one task at a
-        time, like the connection, and must not outlive it.
+        Inside a transaction, a save (with its outbox rows, for ``save_with_outbox``)
+        joins it: checkpoint and hand-off commit or roll back with the application's own
+        writes. Until then other saves of the thread and a takeover of its lease wait;
+        renewing or releasing the lease does not. Use the view from one task at a time,
+        like the connection, and not after it.
         """
         view = copy.copy(self)
         view.connector = self.connector.bind(connection)
         return view
 
     async def _write(self, write: Write) -> Refused | None:
+        head = write.summary
         sql, params = self._sql.save[
             (write.expected_revision == 0, write.lease is not None, bool(write.outbox))
         ]
-        head = write.summary
-        args: list[object] = [
-            thread_key(head.thread_id),
-            head.thread_id,
-            write.record,
-            head.execution_pointer,
-            head.status.value,
-            head.reason,
-            head.handoff_status.value,
-            head.handoff_pending_at,
-            head.updated_at,
-        ]
+        args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
+        args += (head.execution_pointer, head.status.value, head.reason)
+        args += (head.handoff_status.value, head.handoff_pending_at, head.updated_at)
         if write.expected_revision:
             args.append(write.expected_revision)
         if write.lease is not None:
@@ -297,26 +273,22 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
             args += _outbox_args(write.outbox, self.connector.names.channel)
         assert len(args) == len(params)
         action = f"save thread {show_id(head.thread_id)} at revision {write.revision}"
-        async with self.connector.connection(action) as conn:
-            row = await conn.fetchrow(sql, *args)
+        row = await self.connector.fetchrow(action, sql, *args)
         assert row is not None
         return None if row["saved"] is not None else _refused(row, head.thread_id)
 
     async def _diagnose(self, write: Write) -> Refused:
         tid = write.thread_id
-
-        async def query(conn: PgConnection) -> Row | None:
-            return await conn.fetchrow(self._sql.diagnose, thread_key(tid), tid)
-
-        row = await self.connector.read(f"check thread {show_id(tid)}", query)
+        args = (thread_key(tid), tid)
+        row = await self.connector.fetchrow(
+            f"check thread {show_id(tid)}", self._sql.diagnose, *args
+        )
         assert row is not None
         return _refused(row, tid)
 
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
-        async def query(conn: PgConnection) -> Row | None:
-            return await conn.fetchrow(self._sql.load, thread_key(thread_id), thread_id)
-
-        row = await self.connector.read(f"load thread {show_id(thread_id)}", query)
+        action, args = f"load thread {show_id(thread_id)}", (thread_key(thread_id), thread_id)
+        row = await self.connector.fetchrow(action, self._sql.load, *args, read=True)
         if row is None:
             return None
         if row["record"] is None:
@@ -327,28 +299,32 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         return int(row["revision"]), bytes(row["record"])
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
-        async def query(conn: PgConnection) -> list[Row]:
-            return await conn.fetch(self._sql.history, thread_key(thread_id), limit)
-
-        rows = await self.connector.read(f"read the history of thread {show_id(thread_id)}", query)
+        action = f"read the history of thread {show_id(thread_id)}"
+        args = (thread_key(thread_id), limit)
+        rows = await self.connector.fetch(action, self._sql.history, *args, read=True)
         return [(int(row["revision"]), bytes(row["record"])) for row in rows]
 
     async def _prune(self, thread_id: str, keep: int) -> None:
         action = f"prune the history of thread {show_id(thread_id)}"
-        async with self.connector.connection(action) as conn:
-            await conn.execute(self._sql.prune, thread_key(thread_id), keep)
+        await self.connector.execute(action, self._sql.prune, thread_key(thread_id), keep)
 
     async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
         key = thread_key(thread_id)
-        async with (
-            self.connector.connection(f"delete thread {show_id(thread_id)}") as conn,
-            atomic(conn),
-        ):
+
+        async def body(conn: PgConnection) -> Lease | None:
             row = await conn.fetchrow(self._sql.delete, key, thread_id, if_idle)
             if row is not None:
-                return Lease(thread_id, str(row["owner"]), int(row["token"]), float(row["expires"]))
+                return Lease(thread_id, str(row[0]), int(row[1]), float(row[2]))
             await conn.execute(self._sql.delete_history, key)
-        return None
+            return None
+
+        async def delete(conn: PgConnection) -> Lease | None:
+            if conn.is_in_transaction():  # the application's: it commits or rolls back both
+                return await body(conn)
+            async with conn.transaction():
+                return await body(conn)
+
+        return await self.connector.run(f"delete thread {show_id(thread_id)}", delete)
 
     async def _list_heads(
         self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
@@ -360,9 +336,5 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         if statuses is not None:
             args.append(sorted(s.value for s in statuses))
         sql = self._sql.list[(kind, after is not None)]
-
-        async def query(conn: PgConnection) -> list[Row]:
-            return await conn.fetch(sql, *args)
-
-        rows = await self.connector.read("list threads", query)
+        rows = await self.connector.fetch("list threads", sql, *args, read=True)
         return [self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]

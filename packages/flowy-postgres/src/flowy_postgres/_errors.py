@@ -1,16 +1,13 @@
-"""Translation of asyncpg and socket errors into flowy's exception tree.
+"""Translation of asyncpg and socket errors into flowy's exception tree, at the one
+boundary where statements run (the connector), so callers only ever see flowy errors::
 
-Every statement this package runs goes through :func:`translate` (the connector does it
-at one boundary), so callers only ever see flowy errors::
+    connection lost, server shutting down, timeouts,  -> StorageUnavailableError (a write's
+    too many connections, deadlock, lock timeout         outcome may be unknown: reload)
+    missing table or schema                           -> SchemaVersionError
+    any other PostgreSQL or driver error              -> StorageError
 
-    connection lost, server shutting down, timeouts,   -> flowy.errors.StorageUnavailableError
-    too many connections, deadlock, lock/statement        (the outcome of a write may be
-    timeouts                                               unknown: reload to find out)
-    missing table or schema                            -> flowy.errors.SchemaVersionError
-    any other PostgreSQL or driver error               -> flowy.errors.StorageError
-
-flowy's own errors and ``asyncio.CancelledError`` pass through unchanged, as do errors
-that are not the driver's.
+flowy's own errors, ``asyncio.CancelledError`` and errors that are not the driver's pass
+through unchanged.
 """
 
 from __future__ import annotations
@@ -63,13 +60,7 @@ def translate(
     if secret:
         detail = detail.replace(secret, "***")
     driver = isinstance(exc, _DRIVER)
-    broken = False
-    if driver and connection is not None:
-        try:
-            broken = connection.is_closed()
-        except Exception:
-            broken = True
-    if isinstance(exc, _UNAVAILABLE) or broken:
+    if isinstance(exc, _UNAVAILABLE) or (driver and connection is not None and _closed(connection)):
         if not may_have_written:
             return StorageUnavailableError(
                 f"could not {action}: PostgreSQL is unavailable ({detail}); check that the "
@@ -91,3 +82,10 @@ def translate(
         code = f" (SQLSTATE {sqlstate})" if sqlstate else ""
         return StorageError(f"could not {action}: PostgreSQL reported {detail}{code}")
     return exc
+
+
+def _closed(connection: _Closable) -> bool:
+    try:
+        return connection.is_closed()
+    except Exception:
+        return True

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from flowy.storage import BaseLeaseManager, Busy, Lease, show_id
 
-from ._conn import Connector, PgConnection, Row
+from ._conn import Connector
 from ._schema import TableNames, thread_key
 
 __all__ = ["PostgresLeaseManager"]
@@ -65,7 +65,7 @@ RETURNING extract(epoch FROM expires_at)::float8
         # A save in flight holds the row FOR KEY SHARE: mark it released rather than wait.
         self.release = f"""
 WITH gone AS (
-    DELETE FROM {n.leases} WHERE ctid = (
+    DELETE FROM {n.leases} WHERE thread_key = $1 AND ctid = (
         SELECT ctid FROM {n.leases} WHERE {_MINE} AND {_LIVE} FOR UPDATE SKIP LOCKED)
     RETURNING token
 ), marked AS (
@@ -81,9 +81,6 @@ FROM {n.leases} WHERE thread_key = $1 AND thread_id = $2::text AND {_LIVE}
 """
 
 
-_cache: dict[TableNames, _Sql] = {}
-
-
 class PostgresLeaseManager(BaseLeaseManager):
     """The run leases of a :class:`~flowy_postgres.PostgresBackend`, timed by the
     database clock; its checkpointer checks them in the same statement as each save."""
@@ -91,56 +88,41 @@ class PostgresLeaseManager(BaseLeaseManager):
     def __init__(self, connector: Connector) -> None:
         self.connector = connector
         self.domain = connector.domain
-        names = connector.names
-        if (sql := _cache.get(names)) is None:
-            sql = _cache[names] = _Sql(names)
-        self._sql = sql
-
-    async def _fetchrow(self, action: str, sql: str, *args: object) -> Row | None:
-        async with self.connector.connection(action) as conn:
-            return await conn.fetchrow(sql, *args)
+        self._sql = _Sql(connector.names)
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
         action = f"acquire a lease on thread {show_id(thread_id)} for {owner!r:.80}"
         while True:
-            row = await self._fetchrow(
-                action, self._sql.acquire, thread_key(thread_id), thread_id, owner, ttl
-            )
+            args = (thread_key(thread_id), thread_id, owner, ttl)
+            row = await self.connector.fetchrow(action, self._sql.acquire, *args)
             assert row is not None
             if row["token"] is not None:
                 return Lease(thread_id, owner, int(row["token"]), float(row["expires_at"]))
             if row["holder"] is not None:
-                holder = Lease(
-                    thread_id,
-                    str(row["holder"]),
-                    int(row["holder_token"]),
-                    float(row["holder_expires"]),
-                )
-                return Busy(holder)
-            # Another acquisition created the row at the same moment: see who holds it
-            # (if that lease is already gone again, try once more).
-            holder = await self._holder(thread_id)
-            if holder is not None:
+                expires = float(row["holder_expires"])
+                return Busy(Lease(thread_id, str(row["holder"]), int(row["holder_token"]), expires))
+            # Another acquisition created the row at the same moment: report its holder
+            # (or, should that lease be gone already, try again).
+            if (holder := await self._holder(thread_id)) is not None:
                 return Busy(holder)
 
     async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
-        tid = lease.thread_id
-        action = f"renew lease {lease.fencing_token} on thread {show_id(tid)}"
-        args = (thread_key(tid), tid, lease.owner, lease.fencing_token, ttl)
-        row = await self._fetchrow(action, self._sql.renew, *args)
-        return None if row is None else Lease(tid, lease.owner, lease.fencing_token, float(row[0]))
+        tid, owner, token = lease.thread_id, lease.owner, lease.fencing_token
+        action = f"renew lease {token} on thread {show_id(tid)}"
+        args = (thread_key(tid), tid, owner, token, ttl)
+        row = await self.connector.fetchrow(action, self._sql.renew, *args)
+        return None if row is None else Lease(tid, owner, token, float(row[0]))
 
     async def _release(self, lease: Lease) -> bool:
-        tid = lease.thread_id
-        action = f"release lease {lease.fencing_token} on thread {show_id(tid)}"
-        args = (thread_key(tid), tid, lease.owner, lease.fencing_token)
-        return await self._fetchrow(action, self._sql.release, *args) is not None
+        tid, token = lease.thread_id, lease.fencing_token
+        action = f"release lease {token} on thread {show_id(tid)}"
+        args = (thread_key(tid), tid, lease.owner, token)
+        return await self.connector.fetchrow(action, self._sql.release, *args) is not None
 
     async def _holder(self, thread_id: str) -> Lease | None:
-        async def query(conn: PgConnection) -> Row | None:
-            return await conn.fetchrow(self._sql.holder, thread_key(thread_id), thread_id)
-
-        row = await self.connector.read(f"read the lease of thread {show_id(thread_id)}", query)
+        action = f"read the lease of thread {show_id(thread_id)}"
+        args = (thread_key(thread_id), thread_id)
+        row = await self.connector.fetchrow(action, self._sql.holder, *args, read=True)
         if row is None:
             return None
         return Lease(thread_id, str(row["owner"]), int(row["token"]), float(row["expires_at"]))
