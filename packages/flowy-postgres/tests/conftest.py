@@ -164,4 +164,3 @@ async def shared(pg_pool: asyncpg.Pool, pg_schema: str) -> AsyncIterator[Postgre
     """A backend over the application's ``pg_pool`` (``from_pool``)."""
     async with PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema, max_attempts=3) as made:
         yield made
-

@@ -165,9 +165,10 @@ class Connector:
                 conn = await self._bound()
             yield conn
         except BaseException as exc:
-            if pool is not None and conn is not None:
+            err = translate(exc, action, conn) if isinstance(exc, Exception) else exc
+            if pool is not None and conn is not None:  # (after translate: it asks conn)
                 await pool.release(conn)
-            if isinstance(exc, Exception) and (err := translate(exc, action, conn)) is not exc:
+            if err is not exc:
                 raise err from exc
             raise
         if pool is not None:
