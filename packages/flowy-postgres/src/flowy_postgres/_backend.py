@@ -56,20 +56,14 @@ user part or a passfile, not in the query (where messages would show it)."""
 
 
 class PostgresBackend(BaseBackend[S], Generic[S]):
-    """Everything flowy stores in one PostgreSQL schema, over one asyncpg pool.
+    """Everything flowy stores in one PostgreSQL schema and prefix, over one pool.
 
-    Open one with ``flowy.connect("postgresql://user@host/db?schema=flowy")`` (options:
-    :data:`OPTIONS`), build one over a DSN (``async with PostgresBackend(dsn,
-    schema=...)``: it creates its pool on open and closes it on ``aclose``), or over the
-    application's own pool with :meth:`from_pool` (left open). The keyword arguments are
-    the URL options. A new schema is created on open; a schema of an older
-    flowy-postgres raises ``SchemaVersionError`` until :meth:`migrate` upgrades it
-    (which works on a backend that is not open).
-
-    The checkpointer fences its saves with ``leases`` and commits hand-offs into
-    ``outbox`` in the same statement; ``consumer`` feeds ``flowy.Worker``. Leases
-    expire by the database clock. ``url`` is what reprs show (password masked) and
-    what ``flowy.connect`` opens to reach the same store again.
+    ``flowy.connect("postgresql://user@host/db?schema=flowy")`` opens one (options:
+    :data:`OPTIONS`, also the keyword arguments here). ``PostgresBackend(dsn, ...)``
+    creates its pool on open and closes it on ``aclose``; :meth:`from_pool` uses the
+    application's pool and leaves it open. Opening creates a new schema; an older one
+    raises ``SchemaVersionError`` until :meth:`migrate` (which needs no open) upgrades
+    it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
     def __init__(
@@ -102,20 +96,15 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         self.url = url or base + ("&" if "?" in base else "?") + query
         self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
         identity = pool if dsn is None else redact_url(dsn)
-        self.connector = Connector(
-            TableNames(schema, prefix),
-            acquire_timeout=acquire_timeout,
-            domain=("postgresql", identity, schema, prefix),
-        )
+        names, domain = TableNames(schema, prefix), ("postgresql", identity, schema, prefix)
+        self.connector = Connector(names, acquire_timeout=acquire_timeout, domain=domain)
         self.connector.pool = pool
         self.checkpointer = PostgresCheckpointer[S](self.connector, codec=codec)
         self.leases = PostgresLeaseManager(self.connector)
         self.outbox = PostgresOutbox(self.connector)
+        hooks = self._listen_hooks(pool) if listen else None
         self.consumer = PostgresConsumer(
-            self.connector,
-            max_attempts=max_attempts,
-            poll_interval=poll_interval,
-            listen=self._listen_hooks(pool) if listen else None,
+            self.connector, max_attempts=max_attempts, poll_interval=poll_interval, listen=hooks
         )
 
     @classmethod

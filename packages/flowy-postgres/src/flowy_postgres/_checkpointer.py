@@ -52,86 +52,68 @@ def _numbered(sql: str, names: tuple[str, ...]) -> str:
     return sql
 
 
-_WRITE = ("key", "thread_id", "record", "pointer", "status", "reason", "handoff", "pending_at")
+_WRITE = ("key", "tid", "record", "pointer", "status", "reason", "handoff", "pending", "updated")
 _OUTBOX = ("o_keys", "o_ids", "o_revisions", "o_payloads", "channel")
 
 
 def _save_sql(
     n: TableNames, create: bool, leased: bool, outbox: bool
 ) -> tuple[str, tuple[str, ...]]:
-    """One save statement and its parameter names for one case.
+    """The save statement of one case, and its parameter names.
 
-    The lease row is locked ``FOR KEY SHARE`` (live or not) before the head row is
-    written, so a takeover waits for this save and a save waits for a takeover in
-    progress. The report columns are computed only when nothing was written.
+    The lease row is locked ``FOR KEY SHARE`` (without a lease: live or not) before the
+    head row is written, so a takeover waits for this save and a save waits for a
+    takeover in progress. The report columns are computed only when nothing was written.
     """
-    params = (
-        (*_WRITE, "updated_at")
-        + (() if create else ("expected",))
-        + (("owner", "token") if leased else ())
-        + (_OUTBOX if outbox else ())
-    )
-    lease = f"SELECT owner, token, expires_at FROM {n.leases} WHERE thread_key = :key FOR KEY SHARE"
-    if leased:
-        fence = f"""EXISTS (SELECT FROM ({lease}) AS lease WHERE lease.owner = :owner::text
-            AND lease.token = :token::bigint AND lease.{_LIVE})"""
+    params = (*_WRITE, *(() if create else ("expected",)), *(("owner", "token") if leased else ()))
+    params += _OUTBOX if outbox else ()
+    lease = f"SELECT owner, token, expires_at FROM {n.leases} WHERE thread_key = :key"
+    if leased:  # a lease that does not match refuses the save: no lock needed then
+        mine = "owner = :owner::text AND token = :token::bigint"
+        fence = f"EXISTS ({lease} AND {mine} AND {_LIVE} FOR KEY SHARE)"
     else:
-        fence = f"NOT EXISTS (SELECT FROM ({lease}) AS lease WHERE lease.{_LIVE})"
+        fence = f"NOT EXISTS (SELECT FROM ({lease} FOR KEY SHARE) AS l WHERE l.{_LIVE})"
+    columns = "pointer, status, reason, handoff_status, handoff_pending_at, updated_at"
+    values = ":pointer::text, :status::text, :reason::text, :handoff::text, "
+    values += ":pending::float8, :updated::float8"
     if create:
-        write = f"""INSERT INTO {n.threads} (thread_key, thread_id, revision, pointer, status,
-        reason, handoff_status, handoff_pending_at, updated_at, saved_at)
-    SELECT :key, :thread_id::text, 1, :pointer::text, :status::text, :reason::text,
-           :handoff::text, :pending_at::float8, :updated_at::float8, clock_timestamp()
-    WHERE {fence}
-    ON CONFLICT (thread_key) DO NOTHING
-    RETURNING revision"""
+        write = f"""INSERT INTO {n.threads} (thread_key, thread_id, revision, {columns}, saved_at)
+    SELECT :key, :tid::text, 1, {values}, clock_timestamp() WHERE {fence}
+    ON CONFLICT (thread_key) DO NOTHING RETURNING revision"""
     else:
-        write = f"""UPDATE {n.threads}
-    SET revision = revision + 1, pointer = :pointer::text, status = :status::text,
-        reason = :reason::text, handoff_status = :handoff::text,
-        handoff_pending_at = :pending_at::float8, updated_at = :updated_at::float8,
-        saved_at = clock_timestamp()
-    WHERE thread_key = :key AND thread_id = :thread_id::text
-      AND revision = :expected::bigint AND {fence}
+        write = f"""UPDATE {n.threads} SET revision = revision + 1,
+        ({columns}, saved_at) = ({values}, clock_timestamp())
+    WHERE thread_key = :key AND thread_id = :tid::text AND revision = :expected::bigint
+      AND {fence}
     RETURNING revision"""
-    queued = ""
+    queued = notified = ""
     if outbox:
-        # The same rule as BaseOutbox._append: a live message stays as it is, a dead one
-        # comes back to life.
+        # The rule of BaseOutbox._append: a live message stays as it is, a dead one lives again.
         queued = f""", queued AS (
     INSERT INTO {n.outbox} AS o (thread_key, thread_id, committed_revision, payload)
-    SELECT r.k, r.t, r.v, r.p FROM appended,
-        unnest(:o_keys::bytea[], :o_ids::text[], :o_revisions::bigint[], :o_payloads::bytea[])
-        AS r(k, t, v, p)
-    ON CONFLICT (thread_key, committed_revision) DO UPDATE
-        SET payload = EXCLUDED.payload, attempts = 0, dead = false, last_error = '',
-            visible_at = clock_timestamp()
-        WHERE o.dead
+    SELECT r.* FROM appended, unnest(:o_keys::bytea[], :o_ids::text[], :o_revisions::bigint[],
+        :o_payloads::bytea[]) AS r
+    ON CONFLICT (thread_key, committed_revision) DO UPDATE SET payload = EXCLUDED.payload,
+        attempts = 0, dead = false, last_error = '', visible_at = clock_timestamp()
+    WHERE o.dead
     RETURNING 1
-), notified AS (
-    SELECT pg_notify(:channel::text, '') FROM (SELECT FROM queued LIMIT 1) AS q
-)"""
+), notified AS (SELECT pg_notify(:channel::text, '') FROM (SELECT FROM queued LIMIT 1) AS q)"""
+        notified = ", (SELECT count(*) FROM notified)"
     holder = f"FROM {n.leases} WHERE thread_key = :key AND {_LIVE}"
     sql = f"""
 WITH written AS (
     {write}
 ), appended AS (
     INSERT INTO {n.history} (thread_key, revision, record)
-    SELECT :key, revision, :record::bytea FROM written
-    RETURNING revision
-){queued}, outcome AS (
-    SELECT (SELECT revision FROM appended) AS saved{
-        ", (SELECT count(*) FROM notified) AS notified" if outbox else ""
-    }
-)
+    SELECT :key, revision, :record::bytea FROM written RETURNING revision
+){queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
 SELECT saved,
     CASE WHEN saved IS NULL THEN (SELECT revision FROM {n.threads}
-        WHERE thread_key = :key AND thread_id = :thread_id::text) END AS actual,
+        WHERE thread_key = :key AND thread_id = :tid::text) END AS actual,
     CASE WHEN saved IS NULL THEN (SELECT owner {holder}) END AS holder,
     CASE WHEN saved IS NULL THEN (SELECT token {holder}) END AS holder_token,
     CASE WHEN saved IS NULL THEN (SELECT {_EPOCH} {holder}) END AS holder_expires
-FROM outcome
-"""
+FROM outcome"""
     return _numbered(sql, params), params
 
 
@@ -208,13 +190,8 @@ def _outbox_args(rows: tuple[OutboxRow, ...], channel: str) -> list[object]:
         unique.setdefault((row.thread_id, row.committed_revision), row)
     kept = unique.values()
     ids = [r.thread_id for r in kept]
-    return [
-        [thread_key(i) for i in ids],
-        ids,
-        [r.committed_revision for r in kept],
-        [r.payload for r in kept],
-        channel,
-    ]
+    keys = [thread_key(i) for i in ids]
+    return [keys, ids, [r.committed_revision for r in kept], [r.payload for r in kept], channel]
 
 
 def _refused(row: Row, tid: str) -> Refused:
@@ -279,10 +256,8 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
 
     async def _diagnose(self, write: Write) -> Refused:
         tid = write.thread_id
-        args = (thread_key(tid), tid)
-        row = await self.connector.fetchrow(
-            f"check thread {show_id(tid)}", self._sql.diagnose, *args
-        )
+        args = (self._sql.diagnose, thread_key(tid), tid)
+        row = await self.connector.fetchrow(f"check thread {show_id(tid)}", *args)
         assert row is not None
         return _refused(row, tid)
 

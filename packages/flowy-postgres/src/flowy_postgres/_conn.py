@@ -1,13 +1,7 @@
-"""Where connections come from: the backend's pool, or an application's own connection.
-
-asyncpg ships no type information for its pool and connection methods; the protocols
-here describe the calls this package makes so the rest of it type-checks strictly.
-
-A :class:`Connector` hands out a connection for one operation: from the pool (with a
-bounded acquire timeout, so an exhausted pool is an error naming its size rather than a
-hang), or the connection an application bound with ``PostgresCheckpointer.bind`` (an
-asyncpg connection, or a SQLAlchemy ``AsyncConnection`` on the asyncpg driver). Driver
-errors raised inside are translated at this one boundary.
+"""Where connections come from: the backend's pool (a bounded wait, then an error naming
+its size), or an application's connection bound with ``PostgresCheckpointer.bind``
+(asyncpg, or SQLAlchemy's ``AsyncConnection`` on asyncpg). Driver errors are translated
+at this one boundary. The protocols type the asyncpg calls made (asyncpg has no types).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """``PostgresLeaseManager``: the lease primitives on the leases table, one statement each.
 
-A thread's row exists while it is leased: release deletes it, a delete of the thread
-removes it once it is not live, and an acquisition replaces an expired one. Expiry is
-judged by the database clock (``clock_timestamp()``), never by a client's. A fencing
-token is ``max(previous + 1, the database clock in microseconds)``: it never goes back
-for a thread, even after its row was deleted.
-
-A takeover locks the row ``FOR UPDATE`` and so waits for any save still in flight under
-the old lease (a save holds the row ``FOR KEY SHARE`` until its transaction ends): once
-a new owner has the thread, no write of the old owner can commit. Renew is a plain
-update, which a ``KEY SHARE`` lock does not block; release deletes the row, or, while a
-save of the lease sits in an uncommitted application transaction, marks it released
-(an update) instead of waiting for that transaction, so a holder can always renew or
-release.
+Expiry is judged by the database clock. A thread's row exists while it is leased (release
+deletes it, a delete of the thread removes it once not live, an acquisition replaces an
+expired one); the fencing token ``max(previous + 1, the clock in microseconds)`` never
+goes back for a thread, even after its row was deleted. A takeover locks the row ``FOR
+UPDATE``, so it waits for any save in flight under the old lease (a save holds the row
+``FOR KEY SHARE``): once a new owner has the thread, no write of the old one can commit.
+Renew is a plain update, which ``KEY SHARE`` does not block; release deletes the row or,
+while a save of the lease sits in an open application transaction, marks it released.
 """
 
 from __future__ import annotations

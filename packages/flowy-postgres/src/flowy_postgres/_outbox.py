@@ -1,16 +1,11 @@
 """``PostgresOutbox`` and ``PostgresConsumer``: the outbox primitives on the outbox table.
 
-An enqueue inserts one row, unique per thread and committed revision (a live message
-is left as it is; a dead-lettered one comes back to life), and calls ``pg_notify`` in
-the same statement, so a waiting consumer wakes when the row commits and not before. A
-transactional save writes its rows in its own statement (see ``_checkpointer``).
-
-Consumers claim with ``FOR UPDATE SKIP LOCKED`` (concurrent consumers never block on or
-double-deliver a row), hide what they claimed until ``visible_at`` (database clock) and
-count deliveries in ``attempts``. A waiting claim listens on the notification channel
-over one dedicated connection and also looks again at least every second and when the
-next hidden message becomes visible, so it works when notifications are lost; without
-LISTEN (behind a transaction-mode pooler) it polls.
+An enqueue (or a transactional save) inserts a row unique per thread and committed
+revision and calls ``pg_notify`` in the same statement, so waiting consumers wake when
+it commits. Claims take rows ``FOR UPDATE SKIP LOCKED`` (consumers never block on or
+double-deliver one) and hide them until ``visible_at`` (database clock). A waiting claim
+listens on one dedicated connection and also looks again every second and when a hidden
+message becomes visible, in case a notification is lost; without LISTEN it polls.
 """
 
 from __future__ import annotations
@@ -208,10 +203,8 @@ class PostgresConsumer(BaseConsumer):
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
         _seen.set(self._notified if self.listening else None)
-        sql, batch = self._sql.claim, min(limit, 10_000)
-        return _raw(
-            await self.connector.fetch("claim outbox messages", sql, batch, visibility_timeout)
-        )
+        args = (self._sql.claim, min(limit, 10_000), visibility_timeout)
+        return _raw(await self.connector.fetch("claim outbox messages", *args))
 
     async def _wait(self, seconds: float) -> None:
         seen = _seen.get()
@@ -235,10 +228,8 @@ class PostgresConsumer(BaseConsumer):
 
     async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
         if (row_id := _row_id(message_id)) is not None:
-            args = (row_id, delay, error, dead, self._channel)
-            await self.connector.execute(
-                f"release outbox message {row_id}", self._sql.release, *args
-            )
+            args = (self._sql.release, row_id, delay, error, dead, self._channel)
+            await self.connector.execute(f"release outbox message {row_id}", *args)
 
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
         sql = self._sql.dead_letters
@@ -247,16 +238,11 @@ class PostgresConsumer(BaseConsumer):
     async def _retry_dead_letter(self, message_id: str) -> bool:
         if (row_id := _row_id(message_id)) is None:
             return False
-        action = f"retry dead letter {row_id}"
-        return (
-            await self.connector.fetchrow(action, self._sql.retry, row_id, self._channel)
-            is not None
-        )
+        args = (self._sql.retry, row_id, self._channel)
+        return await self.connector.fetchrow(f"retry dead letter {row_id}", *args) is not None
 
 
 def _row_id(message_id: str) -> int | None:
     """The outbox row id of a message id, or ``None`` for ids this store never made."""
-    if not (message_id.isascii() and message_id.isdigit()):
-        return None
-    value = int(message_id)
-    return value if 0 < value < 2**63 else None
+    ok = message_id.isascii() and message_id.isdigit() and 0 < int(message_id) < 2**63
+    return int(message_id) if ok else None

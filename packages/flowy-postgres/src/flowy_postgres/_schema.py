@@ -1,19 +1,12 @@
 """The database schema: table names, the DDL, its versions and ``migrate()``.
 
-One PostgreSQL schema (``public`` by default) holds five tables whose names share a
-prefix (``flowy_`` by default): ``threads`` (a head row per thread: its revision and the
-columns listings read), ``history`` (every saved record by thread and revision; the
-head's record is its history entry, written once), ``leases`` (a thread's live run
-lease; the row goes away once released, expired or deleted), ``outbox`` and
-``schema_version``.
-
-Threads are keyed by ``thread_key``, the SHA-256 of the id's UTF-8 bytes (b-tree indexes
-cannot hold the 16 KiB ids flowy allows); every statement also compares the full
-``thread_id``, so ids are stored exactly and never alias. Listings go in code point
-order (``COLLATE "C"``) through an index on the first 200 characters of the id.
-
-A new schema is created at :data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one
-up to date, only through an explicit ``migrate()``.
+Five tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per thread,
+with the columns listings read), ``history`` (every record by thread and revision; the
+head's record is its entry there), ``leases``, ``outbox`` and ``schema_version``. Threads
+are keyed by the SHA-256 of the id (b-tree indexes cannot hold 16 KiB ids); statements
+also compare the full ``thread_id``, stored exactly. Listings go in code point order
+through an index on the first 200 characters of the id. A new schema is created at
+:data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one up to date, on ``migrate()``.
 """
 
 from __future__ import annotations
