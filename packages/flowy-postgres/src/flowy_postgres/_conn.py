@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.parse
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import asyncpg
@@ -146,31 +146,10 @@ class Connector:
             raise err from exc
         return pool, conn
 
-    @asynccontextmanager
-    async def connection(self, action: str) -> AsyncGenerator[PgConnection]:
-        """A connection for one operation; driver errors in the block are translated
-        and a pooled connection goes back to the pool afterwards."""
-        pool: PgPool | None = None
-        conn: PgConnection | None = None
-        try:
-            if self.bound is None:
-                pool, conn = await self.acquire(action)
-            else:
-                conn = await self._bound()
-            yield conn
-        except BaseException as exc:
-            err = translate(exc, action, conn) if isinstance(exc, Exception) else exc
-            if pool is not None and conn is not None:  # (after translate: it asks conn)
-                await pool.release(conn)
-            if err is not exc:
-                raise err from exc
-            raise
-        if pool is not None:
-            # asyncpg returns a connection through a shielded task, which costs the
-            # caller two turns of the event loop: let that overlap with what comes next.
-            task = asyncio.get_running_loop().create_task(pool.release(conn))
-            _releasing.add(task)
-            task.add_done_callback(_released)
+    def connection(self, action: str) -> _Use:
+        """``async with``: a connection for one operation; driver errors in the block are
+        translated and a pooled connection goes back to the pool afterwards."""
+        return _Use(self, action)
 
     async def run(
         self, action: str, call: Callable[[PgConnection], Awaitable[T]], *, read: bool = False
@@ -178,14 +157,17 @@ class Connector:
         """``await call(connection)`` for one operation. A ``read`` whose pooled
         connection broke is repeated once on a fresh one (only reads: repeating them is
         harmless, unlike a write whose first attempt may have landed)."""
-        for retry in (read and self.bound is None, False):
-            try:
-                async with self.connection(action) as conn:
-                    return await call(conn)
-            except StorageUnavailableError as exc:
-                if not retry or isinstance(exc.__cause__, TimeoutError):
-                    raise
-        raise AssertionError("unreachable")
+        if not read or self.bound is not None:
+            async with _Use(self, action) as conn:
+                return await call(conn)
+        try:
+            async with _Use(self, action) as conn:
+                return await call(conn)
+        except StorageUnavailableError as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                raise
+        async with _Use(self, action) as conn:
+            return await call(conn)
 
     async def fetch(self, action: str, sql: str, *args: object, read: bool = False) -> list[Row]:
         """The rows of one statement."""
@@ -195,11 +177,58 @@ class Connector:
         self, action: str, sql: str, *args: object, read: bool = False
     ) -> Row | None:
         """The first row of one statement, or ``None``."""
-        return await self.run(action, lambda conn: conn.fetchrow(sql, *args), read=read)
+        if read:
+            return await self.run(action, lambda conn: conn.fetchrow(sql, *args), read=True)
+        async with _Use(self, action) as conn:  # the path of every save: kept short
+            return await conn.fetchrow(sql, *args)
 
     async def execute(self, action: str, sql: str, *args: object) -> None:
         """Run one statement."""
-        await self.run(action, lambda conn: conn.execute(sql, *args))
+        async with _Use(self, action) as conn:
+            await conn.execute(sql, *args)
+
+
+class _Use:
+    """What ``Connector.connection`` returns (a class, not a generator: it runs on every
+    statement)."""
+
+    __slots__ = ("action", "conn", "connector", "pool")
+
+    def __init__(self, connector: Connector, action: str) -> None:
+        self.connector, self.action = connector, action
+        self.pool: PgPool | None = None
+        self.conn: PgConnection | None = None
+
+    async def __aenter__(self) -> PgConnection:
+        connector = self.connector
+        if connector.bound is None:
+            self.pool, self.conn = await connector.acquire(self.action)
+            return self.conn
+        try:
+            self.conn = await connector._bound()  # pyright: ignore[reportPrivateUsage]
+        except Exception as exc:
+            err = translate(exc, self.action)
+            if err is exc:
+                raise
+            raise err from exc
+        return self.conn
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        pool, conn = self.pool, self.conn
+        assert conn is not None
+        if exc is None:
+            if pool is not None:
+                # asyncpg returns a connection through a shielded task, which costs the
+                # caller two turns of the event loop: let that overlap with what follows.
+                task = asyncio.get_running_loop().create_task(pool.release(conn))
+                _releasing.add(task)
+                task.add_done_callback(_released)
+            return
+        err = translate(exc, self.action, conn) if isinstance(exc, Exception) else exc
+        if pool is not None:  # after translate, which asks the connection
+            await pool.release(conn)
+        if err is not exc:
+            raise err from exc
 
 
 _releasing: set[asyncio.Task[None]] = set()
