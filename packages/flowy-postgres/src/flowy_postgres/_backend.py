@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import urllib.parse
 import warnings
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar, cast
 
 import asyncpg
@@ -21,9 +20,7 @@ from ._outbox import ListenHooks, PostgresConsumer, PostgresOutbox
 from ._schema import (
     DEFAULT_PREFIX,
     DEFAULT_SCHEMA,
-    MAX_PREFIX,
     TableNames,
-    check_identifier,
     prepare,
 )
 
@@ -175,30 +172,23 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         await self.aclose()
 
 
-def _identifier(what: str, *, empty: bool = False, longest: int = 63) -> Callable[[str], str]:
-    return lambda text: check_identifier(text, what, empty=empty, longest=longest)
-
-
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> PostgresBackend[Any]:
     """The opener of ``postgresql://`` and ``postgres://`` URLs (``flowy.connect``)."""
     url.check_options({**OPTIONS, **DRIVER_OPTIONS})
     query = urllib.parse.urlencode({k: v for k, v in url.options.items() if k in DRIVER_OPTIONS})
     pooler_mode = url.flag("pooler_mode", False)
-    try:
-        return PostgresBackend(
-            urllib.parse.urlunsplit(urllib.parse.urlsplit(url.raw)._replace(query=query)),
-            schema=url.option("schema", _identifier("schema name"), DEFAULT_SCHEMA),
-            prefix=url.option(
-                "prefix", _identifier("table prefix", empty=True, longest=MAX_PREFIX), "flowy_"
-            ),
-            codec=codec,
-            max_attempts=url.count("max_attempts", 5),
-            pool_size=url.count("pool_size", 10),
-            acquire_timeout=url.seconds("acquire_timeout", 10.0),
-            pooler_mode=pooler_mode,
-            listen=url.flag("listen", not pooler_mode),
-            poll_interval=url.seconds("poll_interval", 0.1),
-            url=url.raw,
-        )
-    except ValueError as exc:  # listen with pooler_mode
+    options: dict[str, Any] = {
+        "schema": url.options.get("schema", DEFAULT_SCHEMA),
+        "prefix": url.options.get("prefix", DEFAULT_PREFIX),
+        "pooler_mode": pooler_mode,
+        "max_attempts": url.count("max_attempts", 5),
+        "pool_size": url.count("pool_size", 10),
+        "acquire_timeout": url.seconds("acquire_timeout", 10.0),
+        "listen": url.flag("listen", not pooler_mode),
+        "poll_interval": url.seconds("poll_interval", 0.1),
+    }
+    dsn = urllib.parse.urlunsplit(urllib.parse.urlsplit(url.raw)._replace(query=query))
+    try:  # a schema or prefix that is no identifier, or listen with pooler_mode: ValueError
+        return PostgresBackend(dsn, codec=codec, url=url.raw, **options)
+    except ValueError as exc:
         raise BackendURLError(f"{url.redacted!r}: {exc}") from None

@@ -236,7 +236,7 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
 
     async def _write(self, write: Write) -> Refused | None:
         head = write.summary
-        sql, params = self._sql.save[
+        sql, _ = self._sql.save[
             (write.expected_revision == 0, write.lease is not None, bool(write.outbox))
         ]
         args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
@@ -248,7 +248,6 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
             args += (write.lease.owner, write.lease.fencing_token)
         if write.outbox:
             args += _outbox_args(write.outbox, self.connector.names.channel)
-        assert len(args) == len(params)
         action = f"save thread {show_id(head.thread_id)} at revision {write.revision}"
         row = await self.connector.fetchrow(action, sql, *args)
         assert row is not None

@@ -157,17 +157,14 @@ class Connector:
         """``await call(connection)`` for one operation. A ``read`` whose pooled
         connection broke is repeated once on a fresh one (only reads: repeating them is
         harmless, unlike a write whose first attempt may have landed)."""
-        if not read or self.bound is not None:
-            async with _Use(self, action) as conn:
-                return await call(conn)
-        try:
-            async with _Use(self, action) as conn:
-                return await call(conn)
-        except StorageUnavailableError as exc:
-            if isinstance(exc.__cause__, TimeoutError):
-                raise
-        async with _Use(self, action) as conn:
-            return await call(conn)
+        for retry in (read and self.bound is None, False):
+            try:
+                async with _Use(self, action) as conn:
+                    return await call(conn)
+            except StorageUnavailableError as exc:
+                if not retry or isinstance(exc.__cause__, TimeoutError):
+                    raise
+        raise AssertionError("unreachable")
 
     async def fetch(self, action: str, sql: str, *args: object, read: bool = False) -> list[Row]:
         """The rows of one statement."""
