@@ -61,3 +61,14 @@ async def test_close_is_a_deprecated_alias_of_aclose(postgres_dsn: str, pg_schem
     with pytest.warns(DeprecationWarning, match="aclose"):
         await backend.close()
     assert backend.closed and backend.pool is None
+
+
+async def test_from_dsn_keeps_the_0_1_pool_options_with_a_warning(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    with pytest.warns(DeprecationWarning, match="max_size"):
+        backend = await PostgresBackend[Any].from_dsn(postgres_dsn, schema=pg_schema, max_size=3)
+    try:
+        assert backend.pool is not None and backend.pool.get_max_size() == 3
+    finally:
+        await backend.aclose()

@@ -1,11 +1,7 @@
-"""flowy-postgres: flowy's store on PostgreSQL (asyncpg).
-
-``flowy.connect("postgresql://user@host/db?schema=flowy")`` opens a
-:class:`PostgresBackend`: a strict-OCC checkpointer whose saves are fenced by run leases
-in the same statement, a lease manager on the database clock, a hand-off outbox that
-commits with the checkpoint (or with the application's own transaction, through
-``checkpointer.bind(connection)``), and an outbox consumer with visibility timeouts,
-LISTEN/NOTIFY wake-ups and dead letters::
+"""flowy-postgres: flowy's store on PostgreSQL (asyncpg). ``flowy.connect`` opens a
+:class:`PostgresBackend`: fenced strict-OCC checkpoints, leases on the database clock,
+and a hand-off outbox that commits with the checkpoint (or the application's own
+transaction, through ``checkpointer.bind``)::
 
     async with flowy.connect("postgresql://app@db/app?schema=flowy") as backend:
         runner = flowy.Runner(graph, backend)

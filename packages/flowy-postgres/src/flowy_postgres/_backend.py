@@ -113,7 +113,14 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 
     @classmethod
     async def from_dsn(cls, dsn: str, **options: Any) -> PostgresBackend[S]:
-        """An opened backend on a pool of its own (options as for the constructor)."""
+        """An opened backend on a pool of its own (options as for the constructor; until
+        0.3, 0.1's ``max_size`` means ``pool_size`` and ``min_size`` and ``consumer_id``
+        are ignored, with a ``DeprecationWarning``)."""
+        for old in ("max_size", "min_size", "consumer_id"):
+            if old in options:
+                warnings.warn(f"from_dsn({old}=...) is deprecated", DeprecationWarning, 2)
+                if (value := options.pop(old)) and old == "max_size":
+                    options["pool_size"] = value
         return await cls(dsn, **options).open()
 
     @property

@@ -201,14 +201,9 @@ def _refused(row: Row, tid: str) -> Refused:
 
 
 class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
-    """The checkpointer of a :class:`~flowy_postgres.PostgresBackend`: strict OCC,
-    fenced by the backend's leases in the same statement, transactional with its outbox.
-
-    Each operation takes a pooled connection for its duration (at most
-    ``acquire_timeout`` seconds of waiting, then ``StorageUnavailableError`` naming the
-    pool's size); :meth:`bind` gives a view running on the application's own
-    connection and transaction instead.
-    """
+    """The checkpointer of a :class:`~flowy_postgres.PostgresBackend`: strict OCC, fenced
+    by its leases and transactional with its outbox, on a pooled connection per operation
+    (or, through :meth:`bind`, on the application's own connection and transaction)."""
 
     max_record_bytes = (1 << 30) - 1  # PostgreSQL's largest field value
 

@@ -186,8 +186,7 @@ class Connector:
 
 
 class _Use:
-    """What ``Connector.connection`` returns (a class, not a generator: it runs on every
-    statement)."""
+    """``Connector.connection`` (a class, not a generator: it runs on every statement)."""
 
     __slots__ = ("action", "conn", "connector", "pool")
 

@@ -31,11 +31,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 _NOT_MIGRATED: tuple[type[BaseException], ...] = (pg.UndefinedTableError, pg.InvalidSchemaNameError)
-_DRIVER: tuple[type[BaseException], ...] = (
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    pg.InternalClientError,
-)
+_DRIVER = (asyncpg.PostgresError, asyncpg.InterfaceError, pg.InternalClientError)
 
 
 class _Closable(Protocol):

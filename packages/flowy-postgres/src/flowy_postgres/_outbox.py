@@ -114,14 +114,10 @@ def _raw(rows: list[Row]) -> list[RawMessage]:
 
 
 class PostgresConsumer(BaseConsumer):
-    """Claims hand-off intents from the outbox table for ``flowy.Worker``.
-
-    ``listen`` is how a waiting claim learns of new messages: ``None`` polls every
-    ``poll_interval`` seconds; otherwise ``(connect, disconnect)`` of one dedicated
-    LISTEN connection, opened at the first waiting claim and closed by :meth:`aclose`
-    (the backend does that). Each notification, and the loss of that connection, wakes
-    every claim waiting at the time.
-    """
+    """Claims hand-off intents from the outbox table for ``flowy.Worker``. Waiting claims
+    poll every ``poll_interval`` seconds, or, with ``listen`` (``(connect, disconnect)`` of
+    a LISTEN connection opened at the first wait, closed by :meth:`aclose`), wake on each
+    notification and on the loss of that connection."""
 
     def __init__(
         self,
