@@ -4,6 +4,9 @@ The server is found as ``flowy.testing.backends`` describes: ``FLOWY_POSTGRES_DS
 a server on 127.0.0.1:5432 (user ``postgres``, database ``test`` or ``postgres``); else a
 testcontainers PostgreSQL when a Docker engine answers; else the test is skipped (failed
 under ``FLOWY_REQUIRE_BACKENDS=1``). Every test gets its own schema, dropped afterwards.
+
+The conformance suite opens ``flowy_url`` with ``flowy.connect``; ``flowy_corrupt`` flips
+a byte of a thread's head record (its history entry at the head revision) in place.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from flowy.testing import BackendBundle
+import flowy
+from flowy.errors import ThreadNotFoundError
+from flowy.storage import Backend
+from flowy.testing import Corrupt
 from flowy.testing.backends import backend_missing, docker_available, port_open
 from flowy_postgres import PostgresBackend, migrate
 from flowy_postgres._schema import TableNames, thread_key
@@ -28,7 +34,7 @@ from flowy_postgres._schema import TableNames, thread_key
 # sys.path; the helpers here (pg_support, pg_proxy, pg_race_worker) are imported by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pg_support import Conn, Sql, acquired, connect, new_pool, sql
+from pg_support import Conn, Sql, connect, new_pool, sql, with_options
 
 LOCAL_DSNS = (
     "postgresql://postgres@127.0.0.1:5432/test",
@@ -84,6 +90,34 @@ async def pg_schema(postgres_dsn: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+def flowy_url(postgres_dsn: str, pg_schema: str) -> str:
+    """The conformance suite's store: PostgreSQL in a schema of its own."""
+    return with_options(postgres_dsn, schema=pg_schema, max_attempts=3)
+
+
+async def corrupt_head(backend: Backend[Any], thread_id: str) -> None:
+    """Flip one byte in the middle of the thread's head record, in place."""
+    assert isinstance(backend, PostgresBackend) and backend.pool is not None
+    names = backend.names
+    flip = "set_byte(record, length(record) / 2, get_byte(record, length(record) / 2) # 255)"
+    done = await sql(backend.pool).fetchval(
+        f"UPDATE {names.history} AS h SET record = {flip} FROM {names.threads} AS t "
+        "WHERE t.thread_key = $1 AND t.thread_id = $2 AND h.thread_key = t.thread_key "
+        "AND h.revision = t.revision RETURNING h.revision",
+        thread_key(thread_id),
+        thread_id,
+    )
+    if done is None:
+        raise ThreadNotFoundError(f"no checkpoint for thread {thread_id!r}")
+
+
+@pytest.fixture
+def flowy_corrupt() -> Corrupt:
+    """Flips a byte of a thread's head record in PostgreSQL."""
+    return corrupt_head
+
+
+@pytest.fixture
 async def pg_pool(postgres_dsn: str, pg_schema: str) -> AsyncIterator[asyncpg.Pool]:
     """A plain asyncpg pool (asyncpg's defaults, as an application would make it) whose
     schema ``pg_schema`` is migrated."""
@@ -102,6 +136,12 @@ def db(pg_pool: asyncpg.Pool) -> Sql:
 
 
 @pytest.fixture
+def names(pg_schema: str) -> TableNames:
+    """The quoted table names of ``pg_schema``."""
+    return TableNames(pg_schema)
+
+
+@pytest.fixture
 async def admin(postgres_dsn: str) -> AsyncIterator[Conn]:
     """A separate connection for inspecting and disturbing the server."""
     conn = await connect(postgres_dsn)
@@ -112,60 +152,15 @@ async def admin(postgres_dsn: str) -> AsyncIterator[Conn]:
 
 
 @pytest.fixture
-async def backend(pg_pool: asyncpg.Pool, pg_schema: str) -> AsyncIterator[PostgresBackend[Any]]:
-    """All four objects over ``pg_pool`` in ``pg_schema``."""
-    made = PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema, max_attempts=3)
-    try:
+async def backend(flowy_url: str) -> AsyncIterator[PostgresBackend[Any]]:
+    """A backend of its own pool in ``pg_schema`` (what ``flowy.connect`` opens)."""
+    async with flowy.connect(flowy_url) as made:
+        assert isinstance(made, PostgresBackend)
         yield made
-    finally:
-        await made.consumer.close()
-
-
-async def corrupt_head(pool: asyncpg.Pool, names: TableNames, thread_id: str) -> None:
-    """Flip one byte in the middle of the thread's head record (and its history copy)."""
-    key = thread_key(thread_id)
-    flip = "set_byte(record, length(record) / 2, get_byte(record, length(record) / 2) # 255)"
-    async with acquired(pool) as conn, conn.transaction():
-        revision = await conn.fetchval(
-            f"UPDATE {names.threads} SET record = {flip} WHERE thread_key = $1 RETURNING revision",
-            key,
-        )
-        await conn.execute(
-            f"UPDATE {names.history} SET record = {flip} WHERE thread_key = $1 AND revision = $2",
-            key,
-            revision,
-        )
-
-
-def bundle_of(backend: PostgresBackend[Any], dsn: str, name: str = "postgres") -> BackendBundle:
-    """A conformance-suite bundle over ``backend``; peers get a pool of their own."""
-    names = backend.checkpointer.names
-
-    async def corrupt(thread_id: str) -> None:
-        await corrupt_head(backend.pool, names, thread_id)
-
-    async def open_peer() -> BackendBundle:
-        peer = await PostgresBackend[Any].from_dsn(
-            dsn,
-            schema=names.schema,
-            prefix=names.prefix,
-            max_attempts=backend.consumer.max_attempts,
-        )
-        return bundle_of(peer, dsn, name="postgres-peer")
-
-    return BackendBundle(
-        checkpointer=backend.checkpointer,
-        leases=backend.leases,
-        outbox=backend.outbox,
-        consumer=backend.consumer,
-        corrupt=corrupt,
-        open_peer=open_peer,
-        close=backend.close,
-        name=name,
-    )
 
 
 @pytest.fixture
-async def flowy_backend(backend: PostgresBackend[Any], postgres_dsn: str) -> BackendBundle:
-    """The conformance suite's backend: PostgreSQL in a schema of its own."""
-    return bundle_of(backend, postgres_dsn)
+async def shared(pg_pool: asyncpg.Pool, pg_schema: str) -> AsyncIterator[PostgresBackend[Any]]:
+    """A backend over the application's ``pg_pool`` (``from_pool``)."""
+    async with PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema, max_attempts=3) as made:
+        yield made

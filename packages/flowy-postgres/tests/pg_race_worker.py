@@ -1,10 +1,10 @@
 """One worker process of the two-process race test (run by test_hazards.py).
 
-Usage: python pg_race_worker.py DSN SCHEMA THREAD_ID NAME SAVES
+Usage: python pg_race_worker.py URL THREAD_ID NAME SAVES
 
-Opens its own pool, prints ``ready``, waits for ``go`` on stdin, then saves SAVES
-snapshots on THREAD_ID: load the head, save at its revision, and on a conflict load
-again. Prints ``done <conflicts>``.
+Opens the store at URL (a pool of its own), prints ``ready``, waits for ``go`` on stdin,
+then saves SAVES snapshots on THREAD_ID: load the head, save at its revision, and on a
+conflict load again. Prints ``done <conflicts>``.
 """
 
 from __future__ import annotations
@@ -13,38 +13,37 @@ import asyncio
 import sys
 from typing import Any
 
-from flowy import ConcurrencyConflictError, ThreadNotFoundError
-from flowy.checkpoint import Snapshot
-from flowy_postgres import PostgresCheckpointer, create_pool
+import flowy
+from flowy.errors import ConcurrencyConflictError, ThreadNotFoundError
+from flowy.storage import Snapshot
 
 
-async def main(dsn: str, schema: str, thread_id: str, name: str, saves: int) -> None:
-    pool = await create_pool(dsn, min_size=1, max_size=2)
-    checkpointer = PostgresCheckpointer[dict[str, Any]](pool, schema=schema)
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    conflicts = 0
-    done = 0
-    while done < saves:
-        try:
-            _, revision = await checkpointer.load(thread_id)
-        except ThreadNotFoundError:
-            revision = 0
-        snapshot = Snapshot[dict[str, Any]](
-            thread_id=thread_id,
-            state={"writer": name, "n": done},
-            execution_pointer=f"{name}-{done}",
-        )
-        try:
-            await checkpointer.save(revision, snapshot)
-        except ConcurrencyConflictError:
-            conflicts += 1
-            continue
-        done += 1
-    await pool.close()
+async def main(url: str, thread_id: str, name: str, saves: int) -> None:
+    async with flowy.connect(url) as backend:
+        checkpointer = backend.checkpointer
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        conflicts = 0
+        done = 0
+        while done < saves:
+            try:
+                _, revision = await checkpointer.load(thread_id)
+            except ThreadNotFoundError:
+                revision = 0
+            snapshot = Snapshot[dict[str, Any]](
+                thread_id=thread_id,
+                state={"writer": name, "n": done},
+                execution_pointer=f"{name}-{done}",
+            )
+            try:
+                await checkpointer.save(revision, snapshot)
+            except ConcurrencyConflictError:
+                conflicts += 1
+                continue
+            done += 1
     print(f"done {conflicts}", flush=True)
 
 
 if __name__ == "__main__":
-    dsn, schema, thread_id, name, saves = sys.argv[1:6]
-    asyncio.run(main(dsn, schema, thread_id, name, int(saves)))
+    url, thread_id, name, saves = sys.argv[1:5]
+    asyncio.run(main(url, thread_id, name, int(saves)))

@@ -1,6 +1,6 @@
-"""``PostgresCheckpointer`` beyond the conformance suite: one round trip per save,
-reused plans, the application's own transaction (asyncpg and SQLAlchemy), fencing
-against the lease table, and records checked against their columns."""
+"""``PostgresCheckpointer`` beyond the conformance suite: one round trip per save, reused
+plans, the application's own transaction (asyncpg and SQLAlchemy), fencing against the
+lease table, listings by index, and records checked against their address."""
 
 from __future__ import annotations
 
@@ -10,33 +10,19 @@ from typing import Any
 import asyncpg
 import pytest
 from pg_proxy import PgProxy
-from pg_support import acquired, as_asyncpg, intent, snap, sql
+from pg_support import Conn, acquired, as_asyncpg, intent, new_pool, opened, snap, sql
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from flowy import (
-    LeaseLostError,
-    MemoryLeaseManager,
-    SnapshotEnvelopeInvalidError,
-    ThreadLeaseBusyError,
-)
-from flowy.checkpoint import (
-    FencingCheckpointer,
-    TransactionalCheckpointer,
-)
-from flowy_postgres import (
-    PostgresBackend,
-    PostgresCheckpointer,
-    PostgresLeaseManager,
-    PostgresTransaction,
-    create_pool,
-)
+from flowy.errors import LeaseLostError, SnapshotEnvelopeInvalidError, ThreadLeaseBusyError
+from flowy.memory import MemoryLeaseManager
+from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
 pytestmark = pytest.mark.anyio
 
 
-async def outbox_rows(pool: asyncpg.Pool, schema: str) -> int:
+async def outbox_rows(pool: asyncpg.Pool | None, schema: str) -> int:
     return int(await sql(pool).fetchval(f"SELECT count(*) FROM {TableNames(schema).outbox}"))
 
 
@@ -48,63 +34,64 @@ async def domain(pg_pool: asyncpg.Pool, pg_schema: str) -> str:
     return table
 
 
+def enqueuer(backend: PostgresBackend[Any], thread_id: str) -> Any:
+    async def enqueue(tx: object, revision: int) -> None:
+        await backend.outbox.enqueue_intent_tx(tx, intent(thread_id, revision))
+
+    return enqueue
+
+
 # -- one statement, one round trip ------------------------------------------------------
 
 
-async def test_save_and_load_are_one_round_trip_each(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
-) -> None:
-    async with PgProxy(postgres_dsn) as proxy:
-        pool = await create_pool(proxy.dsn, min_size=1, max_size=1)
-        try:
-            backend = PostgresBackend[Any].from_pool(pool, schema=pg_schema)
-            cp = backend.checkpointer
-            lease = await backend.leases.acquire("trips", "owner", 30)
-            # Warm up: asyncpg prepares each statement once per connection.
-            for revision in range(3):
-                await cp.save(revision, snap("trips", revision), lease=lease)
-                await cp.load("trips")
-            await cp.save(0, snap("trips-2"))
-            await cp.save(1, snap("trips-2", 1))
+async def test_saves_and_loads_are_one_round_trip_each(postgres_dsn: str, pg_schema: str) -> None:
+    async with (
+        PgProxy(postgres_dsn) as proxy,
+        opened(proxy.dsn, schema=pg_schema, pool_size=1, listen="false") as backend,
+    ):
+        cp = backend.checkpointer
+        lease = await backend.leases.acquire("trips", "owner", 30)
+        # Warm up: asyncpg prepares each statement once per connection.
+        for revision in range(3):
+            await cp.save(revision, snap("trips", revision), lease=lease)
+            await cp.load("trips")
+        for revision in range(3):
+            await cp.save_with_outbox(
+                revision, snap("trips-2", revision), enqueuer(backend, "trips-2")
+            )
 
-            async def trips(operation: Any) -> int:
-                await asyncio.sleep(0.05)  # the previous release has finished
-                before = proxy.round_trips
-                await operation
-                return proxy.round_trips - before
-
-            assert await trips(cp.save(3, snap("trips", 4), lease=lease)) == 1
-            assert await trips(cp.save(2, snap("trips-2", 2))) == 1
-            assert await trips(cp.load("trips")) == 1
-            # A refused save explains itself from the same statement.
-            with pytest.raises(ThreadLeaseBusyError):
-                await cp.save(4, snap("trips", 5))
+        async def trips(operation: Any) -> int:
+            await asyncio.sleep(0.05)  # the previous release has finished
             before = proxy.round_trips
-            with pytest.raises(ThreadLeaseBusyError):
-                await cp.save(4, snap("trips", 5))
-            assert proxy.round_trips - before == 1
-        finally:
-            await pool.close()
+            await operation
+            return proxy.round_trips - before
+
+        assert await trips(cp.save(3, snap("trips", 4), lease=lease)) == 1
+        assert await trips(cp.load("trips")) == 1
+        tx = cp.save_with_outbox(3, snap("trips-2", 4), enqueuer(backend, "trips-2"))
+        assert await trips(tx) == 1
+        # A refused save explains itself from the same statement.
+        with pytest.raises(ThreadLeaseBusyError):
+            await cp.save(4, snap("trips", 5))
+        await asyncio.sleep(0.05)
+        before = proxy.round_trips
+        with pytest.raises(ThreadLeaseBusyError):
+            await cp.save(4, snap("trips", 5))
+        assert proxy.round_trips - before == 1
 
 
-async def test_save_reuses_a_generic_plan(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
-) -> None:
-    """PostgreSQL plans the save statement once per connection, not on every save."""
-    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
-    try:
-        cp = PostgresCheckpointer[Any](pool, schema=pg_schema)
+async def test_saves_reuse_a_generic_plan(postgres_dsn: str, pg_schema: str) -> None:
+    """PostgreSQL plans each save statement once per connection, not on every save."""
+    async with opened(postgres_dsn, schema=pg_schema, pool_size=1) as backend:
         for revision in range(12):
-            await cp.save(revision, snap("planned", revision))
-        rows = await sql(pool).fetch(
+            await backend.checkpointer.save(revision, snap("planned", revision))
+        rows = await sql(backend.pool).fetch(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
             "WHERE strpos(statement, $1) > 0 AND strpos(statement, 'UPDATE') > 0",
             TableNames(pg_schema).threads,
         )
         [(generic, custom)] = [tuple(r) for r in rows]
         assert generic >= 5, (generic, custom)
-    finally:
-        await pool.close()
 
 
 # -- the application's own transaction ---------------------------------------------------
@@ -114,15 +101,10 @@ class Rollback(Exception):
     pass
 
 
-async def test_bound_asyncpg_transaction_commits_or_rolls_back_everything(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, domain: str
+async def test_a_bound_asyncpg_transaction_commits_or_rolls_back_everything(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, domain: str
 ) -> None:
-    cp, outbox = backend.checkpointer, backend.outbox
-
-    async def enqueue(tx: object, revision: int) -> None:
-        assert isinstance(tx, PostgresTransaction)
-        await outbox.enqueue_intent_tx(tx, intent("order-1", revision))
-
+    cp, enqueue = shared.checkpointer, enqueuer(shared, "order-1")
     async with acquired(pg_pool) as conn:
         bound = cp.bind(as_asyncpg(conn))
 
@@ -140,31 +122,25 @@ async def test_bound_asyncpg_transaction_commits_or_rolls_back_everything(
 
         async with conn.transaction():
             await conn.execute(f"INSERT INTO {domain} VALUES ('order-1', 'approved')")
-            assert (
-                await cp.bind(as_asyncpg(conn)).save_with_outbox(0, snap("order-1"), enqueue) == 1
-            )
+            assert await bound.save_with_outbox(0, snap("order-1"), enqueue) == 1
             # Not visible outside the transaction before it commits.
             assert await cp.list_threads() == []
-            assert await backend.consumer.claim(10, 30) == []
+            assert await shared.consumer.claim(10, 30) == []
     assert await sql(pg_pool).fetchval(f"SELECT state FROM {domain}") == "approved"
     assert (await cp.load("order-1"))[1] == 1
-    [message] = await backend.consumer.claim(10, 30)
+    [message] = await shared.consumer.claim(10, 30)
     assert message.intent == intent("order-1", 1)
 
 
-async def test_bound_sqlalchemy_transaction_commits_or_rolls_back_everything(
-    backend: PostgresBackend[Any],
+async def test_a_bound_sqlalchemy_transaction_commits_or_rolls_back_everything(
+    shared: PostgresBackend[Any],
     postgres_dsn: str,
     pg_pool: asyncpg.Pool,
     pg_schema: str,
     domain: str,
 ) -> None:
-    cp, outbox = backend.checkpointer, backend.outbox
+    cp, enqueue = shared.checkpointer, enqueuer(shared, "order-2")
     engine = create_async_engine(postgres_dsn.replace("postgresql://", "postgresql+asyncpg://", 1))
-
-    async def enqueue(tx: object, revision: int) -> None:
-        await outbox.enqueue_intent_tx(tx, intent("order-2", revision))
-
     try:
         async with engine.connect() as sa:
 
@@ -192,64 +168,62 @@ async def test_bound_sqlalchemy_transaction_commits_or_rolls_back_everything(
         await engine.dispose()
 
 
-async def test_failed_enqueue_rolls_back_to_a_savepoint_only(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, domain: str
+async def test_a_failing_enqueue_writes_nothing_and_keeps_the_transaction_usable(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, domain: str
 ) -> None:
-    """A failing hand-off undoes its own checkpoint and outbox row, not the application's
-    earlier writes: the application decides whether to commit them."""
-    cp, outbox = backend.checkpointer, backend.outbox
+    """The callback runs before the save statement: a failing hand-off writes nothing,
+    and the application decides what to do with its own earlier writes."""
 
     async def failing(tx: object, revision: int) -> None:
-        await outbox.enqueue_intent_tx(tx, intent("order-3", revision))
+        await shared.outbox.enqueue_intent_tx(tx, intent("order-3", revision))
         raise RuntimeError("queue rejected the intent")
 
     async with acquired(pg_pool) as conn, conn.transaction():
         await conn.execute(f"INSERT INTO {domain} VALUES ('order-3', 'new')")
+        bound = shared.checkpointer.bind(as_asyncpg(conn))
         with pytest.raises(RuntimeError, match="queue rejected"):
-            await cp.bind(as_asyncpg(conn)).save_with_outbox(0, snap("order-3"), failing)
+            await bound.save_with_outbox(0, snap("order-3"), failing)
         await conn.execute(f"UPDATE {domain} SET state = 'retry later'")
     assert await sql(pg_pool).fetchval(f"SELECT state FROM {domain}") == "retry later"
-    assert await cp.list_threads() == []
+    assert await shared.checkpointer.list_threads() == []
     assert await outbox_rows(pg_pool, pg_schema) == 0
 
 
-async def test_bound_view_works_in_a_manually_begun_transaction(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str
+async def test_a_bound_view_works_in_a_manually_begun_transaction(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str
 ) -> None:
-    cp, outbox = backend.checkpointer, backend.outbox
-
-    async def enqueue(tx: object, revision: int) -> None:
-        await outbox.enqueue_intent_tx(tx, intent("manual", revision))
-
+    cp = shared.checkpointer
     async with acquired(pg_pool) as conn:
         await conn.execute("BEGIN")
         bound = cp.bind(as_asyncpg(conn))
         assert await bound.save(0, snap("manual")) == 1
-        assert await bound.save_with_outbox(1, snap("manual", 2), enqueue) == 2
+        assert await bound.save_with_outbox(1, snap("manual", 2), enqueuer(shared, "manual")) == 2
         assert (await bound.load("manual"))[1] == 2  # the view sees its own transaction
+        await bound.delete("manual")  # two statements, inside the application's transaction
+        assert await bound.list_threads() == []
         await conn.execute("ROLLBACK")
     assert await cp.list_threads() == []
     assert await outbox_rows(pg_pool, pg_schema) == 0
 
 
-async def test_an_open_bound_save_does_not_block_renew_or_release(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool
+async def test_an_open_bound_save_does_not_block_renewing(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool
 ) -> None:
-    cp, leases = backend.checkpointer, backend.leases
+    cp, leases = shared.checkpointer, shared.leases
     lease = await leases.acquire("long-tx", "owner", 30)
     async with acquired(pg_pool) as conn, conn.transaction():
         assert await cp.bind(as_asyncpg(conn)).save(0, snap("long-tx"), lease=lease) == 1
         renewed = await asyncio.wait_for(leases.renew(lease, 30), 2.0)
-        await asyncio.wait_for(leases.release(renewed), 2.0)
+    await leases.release(renewed)
     assert (await cp.load("long-tx"))[1] == 1
 
 
 async def test_a_takeover_waits_for_a_save_in_flight(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool
 ) -> None:
     """Fencing is strict: once a new owner holds the thread, no write of the old owner can
     still commit; a takeover waits for the old owner's open transaction to end."""
-    cp, leases = backend.checkpointer, backend.leases
+    cp, leases = shared.checkpointer, shared.leases
     old = await leases.acquire("fenced", "old-owner", 1.0)
     async with acquired(pg_pool) as conn:
         async with conn.transaction():
@@ -259,95 +233,76 @@ async def test_a_takeover_waits_for_a_save_in_flight(
             await asyncio.sleep(0.3)
             assert not takeover.done()
         new = await asyncio.wait_for(takeover, 5.0)
-    assert new.token > old.token
+    assert new.fencing_token > old.fencing_token
     assert (await cp.load("fenced"))[1] == 1  # the old owner's save committed first
     with pytest.raises(LeaseLostError):
         await cp.save(1, snap("fenced", 2), lease=old)
     assert await cp.save(1, snap("fenced", 2), lease=new) == 2
 
 
-async def test_bind_rejects_what_is_not_a_connection(backend: PostgresBackend[Any]) -> None:
-    with pytest.raises(TypeError, match="asyncpg connection or a SQLAlchemy AsyncConnection"):
-        backend.checkpointer.bind("postgresql://nowhere")  # type: ignore[arg-type]
-
-
-async def test_enqueue_tx_needs_the_transaction_handle(backend: PostgresBackend[Any]) -> None:
-    with pytest.raises(TypeError, match="PostgresTransaction"):
-        await backend.outbox.enqueue_intent_tx(object(), intent("x", 1))
-
-
-# -- fencing and protocols -----------------------------------------------------------------
-
-
-async def test_protocols_and_fencing_domain(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, postgres_dsn: str
+async def test_bind_rejects_what_is_not_an_asyncpg_connection(
+    shared: PostgresBackend[Any],
 ) -> None:
-    cp = backend.checkpointer
-    assert isinstance(cp, FencingCheckpointer)
-    assert isinstance(cp, TransactionalCheckpointer)
-    assert cp.fences(backend.leases)
-    assert cp.fences(PostgresLeaseManager(pg_pool, schema=pg_schema))
-    assert not cp.fences(PostgresLeaseManager(pg_pool, schema=pg_schema, prefix="other_"))
+    with pytest.raises(TypeError, match="asyncpg connection or a SQLAlchemy AsyncConnection"):
+        shared.checkpointer.bind("postgresql://nowhere")  # type: ignore[arg-type]
+
+
+# -- fencing domain ------------------------------------------------------------------------
+
+
+async def test_fencing_domain(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, postgres_dsn: str
+) -> None:
+    cp = shared.checkpointer
+    same = PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema)
+    assert cp.fences(shared.leases) and cp.fences(same.leases)
+    assert not cp.fences(
+        PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema, prefix="o_").leases
+    )
     assert not cp.fences(MemoryLeaseManager())
-    other = await create_pool(postgres_dsn, min_size=1, max_size=1)
+    other = await new_pool(postgres_dsn, min_size=1, max_size=1)
     try:
-        assert not cp.fences(PostgresLeaseManager(other, schema=pg_schema))
+        assert not cp.fences(PostgresBackend[Any].from_pool(other, schema=pg_schema).leases)
     finally:
         await other.close()
 
+    # The outbox of another store cannot join this store's transactions.
+    async def foreign(tx: object, revision: int) -> None:
+        alien = PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema, prefix="o_")
+        await alien.outbox.enqueue_intent_tx(tx, intent("foreign", revision))
 
-async def test_a_lease_of_another_thread_does_not_fence(backend: PostgresBackend[Any]) -> None:
-    lease = await backend.leases.acquire("mine", "owner", 30)
-    with pytest.raises(LeaseLostError, match="for thread 'mine'"):
-        await backend.checkpointer.save(0, snap("yours"), lease=lease)
-
-
-async def test_delete_keeps_the_fencing_counter(backend: PostgresBackend[Any]) -> None:
-    cp, leases = backend.checkpointer, backend.leases
-    first = await leases.acquire("counted", "owner", 30)
-    await cp.save(0, snap("counted"), lease=first)
-    await leases.release(first)
-    await cp.delete("counted")
-    second = await leases.acquire("counted", "owner", 30)
-    assert second.token > first.token
+    with pytest.raises(ValueError, match="not in one store"):
+        await cp.save_with_outbox(0, snap("foreign"), foreign)
 
 
-# -- records against their columns --------------------------------------------------------
+# -- records and listings -------------------------------------------------------------------
 
 
-async def test_a_record_that_does_not_match_its_columns_is_refused(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str
+async def test_a_record_stored_under_another_thread_is_refused(
+    backend: PostgresBackend[Any], admin: Conn
 ) -> None:
-    cp = backend.checkpointer
-    names = TableNames(pg_schema)
+    cp, n = backend.checkpointer, backend.names
     await cp.save(0, snap("moved"))
     await cp.save(0, snap("other"))
-    # Another thread's record under this thread's key: refused, never returned.
-    await sql(pg_pool).execute(
-        f"UPDATE {names.threads} SET record = (SELECT record FROM {names.threads} "
-        f"WHERE thread_key = $2) WHERE thread_key = $1",
+    await admin.execute(
+        f"UPDATE {n.history} SET record = (SELECT record FROM {n.history} "
+        "WHERE thread_key = $2) WHERE thread_key = $1",
         thread_key("moved"),
         thread_key("other"),
     )
-    with pytest.raises(SnapshotEnvelopeInvalidError, match="stored under thread 'moved'"):
+    with pytest.raises(SnapshotEnvelopeInvalidError, match="moved"):
         await cp.load("moved")
-    # A pointer column that disagrees with the record: refused as well.
-    await cp.save(0, snap("pointer"))
-    await sql(pg_pool).execute(
-        f"UPDATE {names.threads} SET pointer = 'elsewhere' WHERE thread_key = $1",
-        thread_key("pointer"),
-    )
-    with pytest.raises(SnapshotEnvelopeInvalidError, match="pointer"):
-        await cp.load("pointer")
+    await admin.execute(f"DELETE FROM {n.history} WHERE thread_key = $1", thread_key("other"))
+    with pytest.raises(SnapshotEnvelopeInvalidError, match="no record"):
+        await cp.load("other")
 
 
 async def test_list_threads_reads_columns_not_records(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str
+    backend: PostgresBackend[Any], admin: Conn
 ) -> None:
-    cp = backend.checkpointer
-    await cp.save(0, snap("listed"))
-    await sql(pg_pool).execute(f"UPDATE {TableNames(pg_schema).threads} SET record = '\\x00'")
-    [summary] = await cp.list_threads()
+    await backend.checkpointer.save(0, snap("listed"))
+    await admin.execute(f"UPDATE {backend.names.history} SET record = '\\x00'")
+    [summary] = await backend.checkpointer.list_threads()
     assert (summary.thread_id, summary.revision, summary.execution_pointer) == (
         "listed",
         1,
@@ -355,14 +310,49 @@ async def test_list_threads_reads_columns_not_records(
     )
 
 
-async def test_from_dsn_owns_its_pool(
+async def test_long_ids_with_a_common_prefix_list_in_order(backend: PostgresBackend[Any]) -> None:
+    """The index holds the first 200 characters; ids beyond that still order exactly."""
+    common = "é" * 250
+    ids = [common + tail for tail in ("b", "a", "ab", "\U0001f99c", "Z")] + ["a", "é", "~"]
+    for thread_id in ids:
+        await backend.checkpointer.save(0, snap(thread_id))
+    listed = [s.thread_id for s in await backend.checkpointer.list_threads(limit=100)]
+    assert listed == sorted(ids)
+    page: list[str] = []
+    after: str | None = None
+    while batch := await backend.checkpointer.list_threads(limit=2, after=after):
+        page += [s.thread_id for s in batch]
+        after = batch[-1].thread_id
+    assert page == sorted(ids)
+
+
+async def test_listings_use_the_indexes(backend: PostgresBackend[Any]) -> None:
+    sql_list = backend.checkpointer._sql.list  # pyright: ignore[reportPrivateUsage]
+    async with acquired(backend.pool) as conn:
+        await conn.execute("SET enable_seqscan = off")
+        try:
+            for (kind, paged), statement in sql_list.items():
+                args: list[object] = [10, "a"] if paged else [10]
+                if kind is not None:
+                    args.append(["pending"] if kind == "handoff" else ["none", "pending"])
+                plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {statement}", *args))
+                assert "Seq Scan" not in plan, (kind, paged, plan)
+        finally:
+            await conn.execute("RESET enable_seqscan")
+
+
+# -- pools -----------------------------------------------------------------------------------
+
+
+async def test_a_dsn_backend_owns_its_pool_and_from_pool_leaves_it_open(
     postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
 ) -> None:
-    cp = await PostgresCheckpointer[Any].from_dsn(postgres_dsn, schema=pg_schema)
-    assert await cp.save(0, snap("owned")) == 1
-    await cp.close()
-    assert cp.pool.is_closing()
-    # A pool passed in stays open when the checkpointer is closed.
-    shared = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
-    await shared.close()
-    assert (await shared.load("owned"))[1] == 1
+    owned = await PostgresBackend[Any].from_dsn(postgres_dsn, schema=pg_schema)
+    pool = owned.pool
+    assert pool is not None and await owned.checkpointer.save(0, snap("owned")) == 1
+    await owned.aclose()
+    assert pool.is_closing() and owned.pool is None
+    async with PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema) as shared:
+        assert (await shared.checkpointer.load("owned"))[1] == 1
+    assert not pg_pool.is_closing()
+    assert await sql(pg_pool).fetchval("SELECT 1") == 1

@@ -10,20 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from pg_proxy import PgProxy
-from pg_support import Conn, acquired, connect, intent, new_pool, snap, sql, wait_until
+from pg_support import Conn, acquired, connect, intent, opened, snap, sql, wait_until
 
-from flowy import StorageUnavailableError
-from flowy.checkpoint import durable_save
-from flowy_postgres import PostgresBackend, PostgresCheckpointer, create_pool
+from flowy.errors import StorageUnavailableError
+from flowy.storage import Checkpointer, durable_save
+from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
 pytestmark = pytest.mark.anyio
 
 
-async def history(cp: PostgresCheckpointer[Any], thread_id: str) -> list[int]:
+async def history(cp: Checkpointer[Any], thread_id: str) -> list[int]:
     return [s.revision for s in await cp.get_history(thread_id, 1000)]
 
 
@@ -31,14 +30,11 @@ async def history(cp: PostgresCheckpointer[Any], thread_id: str) -> list[int]:
 
 
 async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: str) -> None:
-    """With ``pooler_mode=True`` every operation works while the session keeps no named
+    """With ``pooler_mode=true`` every operation works while the session keeps no named
     (server-side, session-scoped) prepared statement, and the consumer polls instead of
     LISTENing: a transaction pooler may give each transaction another server session."""
-    backend = await PostgresBackend[Any].from_dsn(
-        postgres_dsn, schema=pg_schema, pooler_mode=True, min_size=1, max_size=1
-    )
-    try:
-        assert await backend.migrate() == 1
+    async with opened(postgres_dsn, schema=pg_schema, pooler_mode="true", pool_size=1) as backend:
+        assert await backend.migrate() == 2
         cp, leases, consumer = backend.checkpointer, backend.leases, backend.consumer
         lease = await leases.acquire("pooled", "worker", 30)
         assert await cp.save(0, snap("pooled"), lease=lease) == 1
@@ -47,12 +43,12 @@ async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: 
             await backend.outbox.enqueue_intent_tx(tx, intent("pooled", revision))
 
         assert await cp.save_with_outbox(1, snap("pooled", 2), enqueue, lease=lease) == 2
-        await leases.renew(lease, 30)
+        lease = await leases.renew(lease, 30)
         assert await leases.holder("pooled") is not None
         await leases.release(lease)
         assert (await cp.load("pooled"))[1] == 2
         assert await history(cp, "pooled") == [2, 1]
-        assert len(await cp.list_threads()) == 1
+        assert len(await cp.list_threads(after="a")) == 1
         await cp.prune("pooled", 1)
         [message] = await consumer.claim(10, 30, wait=1.0)
         await consumer.release(message, error="again")
@@ -61,28 +57,22 @@ async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: 
         assert await consumer.dead_letters() == []
         assert not consumer.listening
         await cp.delete_if_idle("pooled")
-        # One connection (max_size=1) ran all of that.
+        # One connection (pool_size=1) ran all of that.
         assert await sql(backend.pool).fetchval("SELECT count(*) FROM pg_prepared_statements") == 0
-    finally:
-        await backend.close()
     # The check means something: a default pool does keep named prepared statements.
-    pool = await new_pool(postgres_dsn, min_size=1, max_size=1)
-    try:
-        await PostgresCheckpointer[Any](pool, schema=pg_schema).list_threads()
-        assert await sql(pool).fetchval("SELECT count(*) FROM pg_prepared_statements") > 0
-    finally:
-        await pool.close()
+    async with opened(postgres_dsn, schema=pg_schema, pool_size=1) as backend:
+        await backend.checkpointer.list_threads()
+        assert await sql(backend.pool).fetchval("SELECT count(*) FROM pg_prepared_statements") > 0
 
 
 # -- 2. an idle connection killed between saves ------------------------------------------
 
 
 async def test_idle_connection_killed_between_saves(
-    postgres_dsn: str, pg_schema: str, pg_pool: asyncpg.Pool, admin: Conn
+    postgres_dsn: str, pg_schema: str, admin: Conn
 ) -> None:
-    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
-    try:
-        cp = PostgresCheckpointer[Any](pool, schema=pg_schema)
+    async with opened(postgres_dsn, schema=pg_schema, pool_size=1, listen="false") as backend:
+        cp, pool = backend.checkpointer, backend.pool
         assert await cp.save(0, snap("idle")) == 1
         pid = await sql(pool).fetchval("SELECT pg_backend_pid()")
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
@@ -98,14 +88,17 @@ async def test_idle_connection_killed_between_saves(
         # The next save simply succeeds, on a fresh connection.
         assert await cp.save(1, snap("idle", 2)) == 2
         assert await sql(pool).fetchval("SELECT pg_backend_pid()") != pid
-        # Killed just before a save, with no time to notice: the save reports an unknown
-        # outcome, and durable_save resolves it (here: not landed, so it saves once).
+        # Killed just before a read, with no time to notice: the read is repeated once.
+        pid = await sql(pool).fetchval("SELECT pg_backend_pid()")
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        await wait_until(gone)
+        assert (await cp.load("idle"))[1] == 2
+        # Killed just before a save: the save reports an unknown outcome, and durable_save
+        # resolves it (here: not landed, so it saves once).
         pid = await sql(pool).fetchval("SELECT pg_backend_pid()")
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
         assert await durable_save(cp, 2, snap("idle", 3)) == 3
         assert await history(cp, "idle") == [3, 2, 1]
-    finally:
-        await pool.close()
 
 
 # -- 3. a connection killed mid-save, and a reply lost after the commit ---------------------
@@ -137,9 +130,9 @@ async def _blocked_saver(admin: Conn, schema: str) -> int:
 
 
 async def test_connection_killed_mid_save_writes_nothing(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str, admin: Conn
+    postgres_dsn: str, backend: PostgresBackend[Any], pg_schema: str, admin: Conn
 ) -> None:
-    cp = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    cp = backend.checkpointer
     assert await cp.save(0, snap("mid")) == 1
     before = await cp.load("mid")
     locker = await connect(postgres_dsn)
@@ -160,9 +153,9 @@ async def test_connection_killed_mid_save_writes_nothing(
 
 
 async def test_durable_save_recovers_a_save_killed_mid_statement(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str, admin: Conn
+    postgres_dsn: str, backend: PostgresBackend[Any], pg_schema: str, admin: Conn
 ) -> None:
-    cp = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    cp = backend.checkpointer
     assert await cp.save(0, snap("mid-durable")) == 1
     wanted = snap("mid-durable", 2)
     locker = await connect(postgres_dsn)
@@ -183,49 +176,48 @@ async def test_durable_save_recovers_a_save_killed_mid_statement(
 
 
 async def test_reply_lost_after_commit_is_resolved_by_durable_save(
-    postgres_dsn: str, pg_schema: str, pg_pool: asyncpg.Pool
+    postgres_dsn: str, pg_schema: str, backend: PostgresBackend[Any]
 ) -> None:
     """The statement commits, then the connection dies before the reply arrives: the
     client cannot know. ``save`` reports ``StorageUnavailableError`` (never a conflict)
     and ``durable_save`` finds its own write by its write id instead of writing again."""
-    reference = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
-    async with PgProxy(postgres_dsn) as proxy:
-        pool = await create_pool(proxy.dsn, min_size=1, max_size=1)
-        try:
-            cp = PostgresCheckpointer[Any](pool, schema=pg_schema)
-            # Two saves first: the update statement is then prepared on the connection, so
-            # the next reply is the one of the statement's execution.
-            assert await cp.save(0, snap("lost")) == 1
-            assert await cp.save(1, snap("lost", 2)) == 2
-            landed = snap("lost", 3)
-            proxy.cut_next_reply()
-            with pytest.raises(StorageUnavailableError):
-                await cp.save(2, landed)
-            assert proxy.cuts == 1
-            head, revision = await reference.load("lost")
-            assert (revision, head.write_id) == (3, landed.write_id)  # it did land
-            # Same again under durable_save: it returns the revision its write landed at.
-            again = snap("lost", 4)
-            proxy.cut_next_reply()
-            assert await durable_save(cp, 3, again) == 4
-            assert proxy.cuts == 2
-            head, revision = await cp.load("lost")
-            assert (revision, head.write_id) == (4, again.write_id)
-            assert await history(cp, "lost") == [4, 3, 2, 1]
-        finally:
-            await pool.close()
+    reference = backend.checkpointer
+    async with (
+        PgProxy(postgres_dsn) as proxy,
+        opened(proxy.dsn, schema=pg_schema, pool_size=1, listen="false") as through,
+    ):
+        cp = through.checkpointer
+        # Two saves first: the update statement is then prepared on the connection, so
+        # the next reply is the one of the statement's execution.
+        assert await cp.save(0, snap("lost")) == 1
+        assert await cp.save(1, snap("lost", 2)) == 2
+        await asyncio.sleep(0.05)  # the connection is back in the pool
+        landed = snap("lost", 3)
+        proxy.cut_next_reply()
+        with pytest.raises(StorageUnavailableError):
+            await cp.save(2, landed)
+        assert proxy.cuts == 1
+        head, revision = await reference.load("lost")
+        assert (revision, head.write_id) == (3, landed.write_id)  # it did land
+        # Same again under durable_save: it returns the revision its write landed at.
+        again = snap("lost", 4)
+        await asyncio.sleep(0.05)
+        proxy.cut_next_reply()
+        assert await durable_save(cp, 3, again) == 4
+        assert proxy.cuts == 2
+        head, revision = await cp.load("lost")
+        assert (revision, head.write_id) == (4, again.write_id)
+        assert await history(cp, "lost") == [4, 3, 2, 1]
 
 
 # -- 4. an exhausted pool ----------------------------------------------------------------
 
 
-async def test_exhausted_pool_is_a_clear_timeout(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
-) -> None:
-    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
-    try:
-        cp = PostgresCheckpointer[Any](pool, schema=pg_schema, acquire_timeout=0.3)
-        async with acquired(pool):  # the only connection is busy elsewhere
+async def test_exhausted_pool_is_a_clear_timeout(postgres_dsn: str, pg_schema: str) -> None:
+    options = {"pool_size": 1, "acquire_timeout": 0.3, "listen": "false"}
+    async with opened(postgres_dsn, schema=pg_schema, **options) as backend:
+        cp = backend.checkpointer
+        async with acquired(backend.pool):  # the only connection is busy elsewhere
             started = time.monotonic()
             with pytest.raises(StorageUnavailableError, match=r"at most 1 connections") as info:
                 await cp.save(0, snap("starved"))
@@ -235,24 +227,22 @@ async def test_exhausted_pool_is_a_clear_timeout(
         # Free again: everything works, nothing was written by the refused save.
         assert await cp.list_threads() == []
         assert await cp.save(0, snap("starved")) == 1
-    finally:
-        await pool.close()
 
 
 # -- 5. two worker processes racing on one thread -----------------------------------------
 
 
 async def test_two_processes_race_into_one_history_chain(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
+    flowy_url: str, backend: PostgresBackend[Any]
 ) -> None:
     saves = 60
     worker = Path(__file__).with_name("pg_race_worker.py")
+    url = flowy_url + "&pool_size=2&listen=false"
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             str(worker),
-            postgres_dsn,
-            pg_schema,
+            url,
             "raced",
             name,
             str(saves),
@@ -278,7 +268,7 @@ async def test_two_processes_race_into_one_history_chain(
                 await proc.wait()
     assert [p.returncode for p in procs] == [0, 0]
     conflicts = sum(int(out.split()[-1]) for out, _ in outputs)
-    cp = PostgresCheckpointer[Any](pg_pool, schema=pg_schema)
+    cp = backend.checkpointer
     chain = await cp.get_history("raced", 10 * saves)
     # One chain: revisions 2 * saves .. 1, each once, no gap and no fork.
     assert [s.revision for s in chain] == list(range(2 * saves, 0, -1))

@@ -1,6 +1,6 @@
-"""``PostgresOutbox`` and ``PostgresOutboxConsumer`` beyond the conformance suite:
-LISTEN/NOTIFY wake-ups (after commit only), the polling fallback, de-duplication,
-dead letters kept with their error, and poison payloads."""
+"""``PostgresOutbox`` and ``PostgresConsumer`` beyond the conformance suite: LISTEN/NOTIFY
+wake-ups (after commit only), the polling fallback, revived dead letters, and consumers
+with pools of their own sharing the work."""
 
 from __future__ import annotations
 
@@ -10,144 +10,90 @@ from typing import Any
 
 import asyncpg
 import pytest
-from pg_support import Conn, acquired, as_asyncpg, intent, sql, wait_until
+from pg_support import Conn, acquired, as_asyncpg, intent, snap, wait_until, with_options
 
-from flowy.checkpoint import (
-    OutboxConsumer,
-    Snapshot,
-    TransactionalHandoffOutbox,
-)
-from flowy_postgres import (
-    PostgresBackend,
-    PostgresOutbox,
-    PostgresOutboxConsumer,
-    create_pool,
-)
-from flowy_postgres._schema import TableNames, thread_key
+import flowy
+from flowy_postgres import PostgresBackend
 
 pytestmark = pytest.mark.anyio
 
 
-def slow_polling(pool: asyncpg.Pool, schema: str, **options: Any) -> PostgresOutboxConsumer:
-    """A consumer that would take 30 s to notice a message by polling."""
-    return PostgresOutboxConsumer(
-        pool, schema=schema, poll_interval=30.0, listen_poll_interval=30.0, **options
-    )
-
-
-async def test_protocols(backend: PostgresBackend[Any]) -> None:
-    assert isinstance(backend.outbox, TransactionalHandoffOutbox)
-    assert isinstance(backend.consumer, OutboxConsumer)
-
-
-async def test_notify_wakes_a_waiting_claim(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
-) -> None:
-    consumer = slow_polling(pg_pool, pg_schema)
-    producer_pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
-    try:
+async def test_notify_wakes_a_waiting_claim(backend: PostgresBackend[Any]) -> None:
+    consumer = backend.consumer
+    async with flowy.connect(backend.url) as producer:
         waiting = asyncio.create_task(consumer.claim(1, 30, wait=20))
-        await asyncio.sleep(0.3)
-        assert consumer.listening
+        await wait_until(lambda: asyncio.sleep(0.05, consumer.listening))
+        await asyncio.sleep(0.1)
         started = time.monotonic()
-        await PostgresOutbox(producer_pool, schema=pg_schema).enqueue_intent(intent("wake"))
+        await producer.outbox.enqueue_intent(intent("wake"))
         [message] = await asyncio.wait_for(waiting, 5)
-        assert time.monotonic() - started < 2.0
+        # The fallback look comes every second: this was the notification.
+        assert time.monotonic() - started < 0.5
         assert message.intent == intent("wake")
-    finally:
-        await consumer.close()
-        await producer_pool.close()
 
 
 async def test_notify_arrives_only_when_the_transaction_commits(
-    pg_pool: asyncpg.Pool, pg_schema: str, backend: PostgresBackend[Any]
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool
 ) -> None:
-    consumer = slow_polling(pg_pool, pg_schema)
-    cp, outbox = backend.checkpointer, backend.outbox
+    cp, consumer = shared.checkpointer, shared.consumer
 
     async def enqueue(tx: object, revision: int) -> None:
-        await outbox.enqueue_intent_tx(tx, intent("committed", revision))
+        await shared.outbox.enqueue_intent_tx(tx, intent("committed", revision))
 
-    try:
-        waiting = asyncio.create_task(consumer.claim(1, 30, wait=20))
-        await asyncio.sleep(0.3)
-        async with acquired(pg_pool) as conn:
-            async with conn.transaction():
-                snapshot = Snapshot[Any](thread_id="committed", state={}, execution_pointer="p")
-                await cp.bind(as_asyncpg(conn)).save_with_outbox(0, snapshot, enqueue)
-                await asyncio.sleep(0.5)
-                assert not waiting.done()
-            [message] = await asyncio.wait_for(waiting, 5)
-        assert message.intent == intent("committed")
-    finally:
-        await consumer.close()
+    waiting = asyncio.create_task(consumer.claim(1, 30, wait=20))
+    await asyncio.sleep(0.3)
+    assert consumer.listening  # on one of the application's pooled connections
+    async with acquired(pg_pool) as conn:
+        async with conn.transaction():
+            await cp.bind(as_asyncpg(conn)).save_with_outbox(0, snap("committed"), enqueue)
+            await asyncio.sleep(0.5)
+            assert not waiting.done()
+        started = time.monotonic()
+        [message] = await asyncio.wait_for(waiting, 5)
+        assert time.monotonic() - started < 0.5
+    assert message.intent == intent("committed")
 
 
 async def test_polling_takes_over_when_the_listener_dies(
-    pg_pool: asyncpg.Pool, pg_schema: str, admin: Conn
+    backend: PostgresBackend[Any], admin: Conn
 ) -> None:
-    consumer = PostgresOutboxConsumer(pg_pool, schema=pg_schema, poll_interval=0.1)
-    outbox = PostgresOutbox(pg_pool, schema=pg_schema)
-    try:
-        assert await consumer.claim(1, 30, wait=0.2) == []
-        assert consumer.listening
-        pid = await admin.fetchval(
-            "SELECT pid FROM pg_stat_activity WHERE query = $1",
-            f'LISTEN "{TableNames(pg_schema).channel}"',
-        )
-        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+    consumer = backend.consumer
+    assert await consumer.claim(1, 30, wait=0.3) == []
+    assert consumer.listening
+    pid = await admin.fetchval(
+        "SELECT pid FROM pg_stat_activity WHERE query = $1",
+        f'LISTEN "{backend.names.channel}"',
+    )
+    assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+    await wait_until(lambda: asyncio.sleep(0, not consumer.listening), within=5)
+    waiting = asyncio.create_task(consumer.claim(1, 30, wait=10))
+    await asyncio.sleep(0.2)
+    await backend.outbox.enqueue_intent(intent("polled"))
+    [message] = await asyncio.wait_for(waiting, 3)
+    assert message.intent == intent("polled")
 
-        async def stopped_listening() -> bool:
-            return not consumer.listening
 
-        await wait_until(stopped_listening, within=5)
-        waiting = asyncio.create_task(consumer.claim(1, 30, wait=10))
+async def test_a_consumer_without_listen_polls(postgres_dsn: str, pg_schema: str) -> None:
+    url = with_options(postgres_dsn, schema=pg_schema, listen="false", poll_interval=0.05)
+    async with flowy.connect(url) as backend:
+        assert isinstance(backend, PostgresBackend)
+        waiting = asyncio.create_task(backend.consumer.claim(1, 30, wait=5))
         await asyncio.sleep(0.2)
-        await outbox.enqueue_intent(intent("polled"))
-        [message] = await asyncio.wait_for(waiting, 3)
-        assert message.intent == intent("polled")
-    finally:
-        await consumer.close()
-
-
-async def test_a_consumer_without_listen_polls(pg_pool: asyncpg.Pool, pg_schema: str) -> None:
-    consumer = PostgresOutboxConsumer(pg_pool, schema=pg_schema, listen=False, poll_interval=0.05)
-    try:
-        waiting = asyncio.create_task(consumer.claim(1, 30, wait=5))
-        await asyncio.sleep(0.2)
-        await PostgresOutbox(pg_pool, schema=pg_schema).enqueue_intent(intent("no-listen"))
+        await backend.outbox.enqueue_intent(intent("no-listen"))
         [message] = await asyncio.wait_for(waiting, 2)
         assert message.intent.thread_id == "no-listen"
-        assert not consumer.listening
-    finally:
-        await consumer.close()
+        assert not backend.consumer.listening
 
 
-async def test_a_visibility_timeout_ending_wakes_a_waiting_claim(
-    pg_pool: asyncpg.Pool, pg_schema: str
+async def test_the_end_of_a_visibility_timeout_wakes_a_waiting_claim(
+    backend: PostgresBackend[Any],
 ) -> None:
-    consumer = slow_polling(pg_pool, pg_schema)
-    try:
-        await PostgresOutbox(pg_pool, schema=pg_schema).enqueue_intent(intent("hidden"))
-        [first] = await consumer.claim(1, 0.5)
-        started = time.monotonic()
-        [again] = await consumer.claim(1, 30, wait=10)
-        assert time.monotonic() - started < 2.0
-        assert (again.message_id, again.attempts) == (first.message_id, 2)
-    finally:
-        await consumer.close()
-
-
-async def test_the_same_intent_is_enqueued_once(backend: PostgresBackend[Any]) -> None:
-    outbox, consumer = backend.outbox, backend.consumer
-    await outbox.enqueue_intent(intent("dup", 3))
-    await outbox.enqueue_intent(intent("dup", 3))
-    await outbox.enqueue_intent(intent("dup", 4))  # another committed revision: a new one
-    claimed = await consumer.claim(10, 30)
-    assert sorted(m.intent.committed_snapshot_revision for m in claimed) == [3, 4]
-    # Re-enqueued while claimed: still one message.
-    await outbox.enqueue_intent(intent("dup", 3))
-    assert await consumer.claim(10, 30) == []
+    await backend.outbox.enqueue_intent(intent("hidden"))
+    [first] = await backend.consumer.claim(1, 0.5)
+    started = time.monotonic()
+    [again] = await backend.consumer.claim(1, 30, wait=10)
+    assert 0.3 < time.monotonic() - started < 0.9  # not at the next fallback look
+    assert (again.message_id, again.attempts) == (first.message_id, 2)
 
 
 async def test_re_enqueue_revives_a_dead_letter(backend: PostgresBackend[Any]) -> None:
@@ -157,83 +103,37 @@ async def test_re_enqueue_revives_a_dead_letter(backend: PostgresBackend[Any]) -
         [message] = await consumer.claim(1, 30)
         await consumer.release(message, error="handler failed")
     [dead] = await consumer.dead_letters()
+    assert dead.error == "handler failed"
     await outbox.enqueue_intent(intent("revived"))
     assert await consumer.dead_letters() == []
     [again] = await consumer.claim(1, 30)
-    assert (again.message_id, again.attempts) == (dead.message_id, 1)
+    assert (again.message_id, again.attempts, again.last_error) == (dead.message_id, 1, "")
 
 
-async def test_dead_letters_keep_their_last_error(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str
+async def test_consumers_with_pools_of_their_own_share_the_work(
+    backend: PostgresBackend[Any],
 ) -> None:
-    outbox, consumer = backend.outbox, backend.consumer
-    await outbox.enqueue_intent(intent("failing"))
-    for attempt in range(1, consumer.max_attempts + 1):
-        [message] = await consumer.claim(1, 30)
-        await consumer.release(message, error=f"failure {attempt}")
-    [dead] = await consumer.dead_letters()
-    row = await sql(pg_pool).fetchrow(
-        f"SELECT dead, attempts, last_error FROM {TableNames(pg_schema).outbox} WHERE id = $1",
-        int(dead.message_id),
-    )
-    assert tuple(row) == (True, consumer.max_attempts, f"failure {consumer.max_attempts}")
-
-
-async def test_a_malformed_payload_is_dead_lettered_not_redelivered(
-    backend: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str
-) -> None:
-    names = TableNames(pg_schema)
-    await sql(pg_pool).execute(
-        f"INSERT INTO {names.outbox} (thread_key, thread_id, committed_revision, payload) "
-        f"VALUES ($1, 'poison', 1, 'not json')",
-        thread_key("poison"),
-    )
-    await backend.outbox.enqueue_intent(intent("healthy"))
-    [message] = await backend.consumer.claim(10, 30)
-    assert message.intent.thread_id == "healthy"
-    row = await sql(pg_pool).fetchrow(
-        f"SELECT dead, last_error FROM {names.outbox} WHERE thread_id = 'poison'"
-    )
-    assert row["dead"] is True
-    assert "undecodable payload" in row["last_error"]
-    assert await backend.consumer.dead_letters() == []
-
-
-async def test_consumers_with_their_own_pools_share_the_work(
-    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
-) -> None:
-    outbox = PostgresOutbox(pg_pool, schema=pg_schema)
     for i in range(40):
-        await outbox.enqueue_intent(intent(f"shared-{i}"))
-    consumers = [
-        await PostgresOutboxConsumer.from_dsn(postgres_dsn, schema=pg_schema) for _ in range(3)
-    ]
+        await backend.outbox.enqueue_intent(intent(f"shared-{i}"))
     seen: list[str] = []
 
-    async def work(consumer: PostgresOutboxConsumer) -> None:
-        while messages := await consumer.claim(3, 30, wait=0.3):
-            for message in messages:
-                seen.append(message.intent.thread_id)
-                await consumer.ack(message)
+    async def work() -> None:
+        async with flowy.connect(backend.url) as own:
+            while messages := await own.consumer.claim(3, 30, wait=0.3):
+                for message in messages:
+                    seen.append(message.intent.thread_id)
+                    await own.consumer.ack(message)
 
-    try:
-        await asyncio.gather(*(work(c) for c in consumers))
-    finally:
-        for consumer in consumers:
-            await consumer.close()
+    await asyncio.gather(*(work() for _ in range(3)))
     assert sorted(seen) == sorted(f"shared-{i}" for i in range(40))
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), float("inf")])
-async def test_claim_validates_the_visibility_timeout(
-    backend: PostgresBackend[Any], bad: float
+async def test_closing_a_from_pool_backend_returns_the_listening_connection(
+    pg_pool: asyncpg.Pool, pg_schema: str
 ) -> None:
-    with pytest.raises(ValueError, match="visibility_timeout"):
-        await backend.consumer.claim(1, bad)
-
-
-async def test_consumer_options_are_validated(pg_pool: asyncpg.Pool) -> None:
-    with pytest.raises(ValueError, match="max_attempts"):
-        PostgresOutboxConsumer(pg_pool, max_attempts=0)
-    with pytest.raises(ValueError, match="poll_interval"):
-        PostgresOutboxConsumer(pg_pool, poll_interval=0)
+    async with PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema) as backend:
+        assert await backend.consumer.claim(1, 30, wait=0.2) == []
+        assert backend.consumer.listening
+    assert not backend.consumer.listening
+    # Every connection is back: the pool closes at once (it would wait for a held one).
+    await asyncio.wait_for(pg_pool.close(), 5)

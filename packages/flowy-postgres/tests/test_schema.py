@@ -1,4 +1,5 @@
-"""``migrate()``, ``schema_sql()``, ``schema_version()`` and the table names."""
+"""The schema: created on open, versioned, upgraded only by ``migrate()``; ``schema_sql()``;
+validated and quoted names."""
 
 from __future__ import annotations
 
@@ -8,18 +9,30 @@ from typing import Any
 
 import asyncpg
 import pytest
-from pg_support import Conn, as_asyncpg, connect, new_pool, sql
+from pg_support import (
+    Conn,
+    as_asyncpg,
+    connect,
+    intent,
+    new_pool,
+    opened,
+    schema_v1,
+    snap,
+    sql,
+    with_options,
+)
 
-from flowy import SchemaVersionError
-from flowy.checkpoint import Snapshot
+import flowy
+from flowy.errors import SchemaVersionError
+from flowy.storage import encode_snapshot
 from flowy_postgres import (
     SCHEMA_VERSION,
-    PostgresCheckpointer,
+    PostgresBackend,
     migrate,
     schema_sql,
     schema_version,
 )
-from flowy_postgres._schema import TableNames
+from flowy_postgres._schema import TableNames, thread_key
 
 pytestmark = pytest.mark.anyio
 
@@ -33,24 +46,35 @@ async def drop(conn: Conn, *schemas: str) -> None:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+async def test_open_creates_a_new_schema(postgres_dsn: str, pg_schema: str, admin: Conn) -> None:
+    assert await schema_version(as_asyncpg(admin), schema=pg_schema) == 0
+    async with flowy.connect(with_options(postgres_dsn, schema=pg_schema)) as backend:
+        assert await backend.migrate() == SCHEMA_VERSION  # idempotent
+    assert await schema_version(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
+    assert await admin.fetch(f"SELECT version FROM {TableNames(pg_schema).version}") == [
+        (SCHEMA_VERSION,)
+    ]
+
+
 async def test_migrate_is_idempotent(pg_pool: asyncpg.Pool, pg_schema: str) -> None:
     assert await schema_version(pg_pool, schema=pg_schema) == SCHEMA_VERSION
     assert await migrate(pg_pool, schema=pg_schema) == SCHEMA_VERSION
     assert await migrate(pg_pool, schema=pg_schema) == SCHEMA_VERSION
-    names = TableNames(pg_schema)
-    assert await sql(pg_pool).fetch(f"SELECT version FROM {names.version}") == [(SCHEMA_VERSION,)]
 
 
-async def test_schema_version_of_an_unmigrated_schema_is_zero(admin: Conn, pg_schema: str) -> None:
-    assert await schema_version(as_asyncpg(admin), schema=pg_schema) == 0
-
-
-async def test_concurrent_migrations_are_safe(postgres_dsn: str, admin: Conn) -> None:
+async def test_concurrent_opens_and_migrations_are_safe(postgres_dsn: str, admin: Conn) -> None:
     schema = fresh_schema()
-    conns = [await connect(postgres_dsn) for _ in range(6)]
+    conns = [await connect(postgres_dsn) for _ in range(4)]
+    url = with_options(postgres_dsn, schema=schema, pool_size=1)
     try:
-        versions = await asyncio.gather(*(migrate(as_asyncpg(c), schema=schema) for c in conns))
-        assert versions == [SCHEMA_VERSION] * 6
+        versions = await asyncio.gather(
+            *(migrate(as_asyncpg(c), schema=schema) for c in conns),
+            *(flowy.connect(url) for _ in range(3)),
+        )
+        assert versions[:4] == [SCHEMA_VERSION] * 4
+        for backend in versions[4:]:
+            assert isinstance(backend, PostgresBackend)
+            await backend.aclose()
         assert await admin.fetch(f"SELECT version FROM {TableNames(schema).version}") == [
             (SCHEMA_VERSION,)
         ]
@@ -60,12 +84,70 @@ async def test_concurrent_migrations_are_safe(postgres_dsn: str, admin: Conn) ->
         await drop(admin, schema)
 
 
-async def test_a_newer_schema_is_refused(pg_pool: asyncpg.Pool, pg_schema: str) -> None:
-    names = TableNames(pg_schema)
-    await sql(pg_pool).execute(f"INSERT INTO {names.version} (version) VALUES (99)")
+async def test_a_newer_schema_is_refused(
+    postgres_dsn: str, pg_pool: asyncpg.Pool, pg_schema: str
+) -> None:
+    await sql(pg_pool).execute(f"INSERT INTO {TableNames(pg_schema).version} VALUES (99)")
     with pytest.raises(SchemaVersionError, match="schema version 99"):
         await migrate(pg_pool, schema=pg_schema)
+    with pytest.raises(SchemaVersionError, match="upgrade flowy-postgres"):
+        await flowy.connect(with_options(postgres_dsn, schema=pg_schema))
     assert await schema_version(pg_pool, schema=pg_schema) == 99
+
+
+async def test_an_older_schema_needs_migrate_and_keeps_its_data(
+    postgres_dsn: str, pg_schema: str, admin: Conn
+) -> None:
+    """A 0.1 schema (version 1): open refuses it until migrate() upgrades it in place;
+    heads, history, live leases and outbox messages survive, released leases go."""
+    for statement in schema_v1(pg_schema):
+        await admin.execute(statement)
+    n = TableNames(pg_schema)
+    records = {r: encode_snapshot(snap("old", r), r) for r in (1, 2)}
+    for revision, record in records.items():
+        await admin.execute(
+            f"INSERT INTO {n.history} VALUES ($1, $2, $3)", thread_key("old"), revision, record
+        )
+    await admin.execute(
+        f"INSERT INTO {n.threads} VALUES ($1, 'old', 2, 'step-2', 'running', '', 'none', NULL, "
+        "1.5, now(), $2)",
+        thread_key("old"),
+        records[2],
+    )
+    await admin.execute(
+        f"INSERT INTO {n.leases} VALUES ($1, 'old', NULL, 3, NULL), "
+        "($2, 'live', 'worker', 4, now() + interval '1 hour')",
+        thread_key("old"),
+        thread_key("live"),
+    )
+    payload = flowy.storage.encode_intent(intent("old", 2))
+    await admin.execute(
+        f"INSERT INTO {n.outbox} (thread_key, thread_id, committed_revision, payload) "
+        "VALUES ($1, 'old', 2, $2)",
+        thread_key("old"),
+        payload,
+    )
+    url = with_options(postgres_dsn, schema=pg_schema)
+    with pytest.raises(SchemaVersionError, match=r"schema version 1;.*migrate\(\)"):
+        await flowy.connect(url)
+    unopened = PostgresBackend[Any](postgres_dsn, schema=pg_schema)
+    try:
+        assert await unopened.migrate() == SCHEMA_VERSION
+        assert await unopened.migrate() == SCHEMA_VERSION
+    finally:
+        await unopened.aclose()
+    async with flowy.connect(url) as backend:
+        head, revision = await backend.checkpointer.load("old")
+        assert (revision, head.state) == (2, {"n": 2})
+        assert [s.revision for s in await backend.checkpointer.get_history("old")] == [2, 1]
+        holder = await backend.leases.holder("live")
+        assert holder is not None and holder.fencing_token == 4
+        lease = await backend.leases.acquire("old", "new-owner", 30)
+        assert lease.fencing_token > 3
+        [message] = await backend.consumer.claim(10, 30)
+        assert message.intent == intent("old", 2) and message.last_error == ""
+        assert await backend.checkpointer.save(2, snap("old", 3), lease=lease) == 3
+    assert await admin.fetchval(f"SELECT count(*) FROM {n.leases} WHERE owner IS NULL") == 0
 
 
 async def test_schema_sql_creates_what_migrate_creates(admin: Conn) -> None:
@@ -73,8 +155,7 @@ async def test_schema_sql_creates_what_migrate_creates(admin: Conn) -> None:
     try:
         await admin.execute(schema_sql(by_sql))
         await migrate(as_asyncpg(admin), schema=by_migrate)
-        # Running the script again changes nothing (every statement is idempotent).
-        await admin.execute(schema_sql(by_sql))
+        await admin.execute(schema_sql(by_sql))  # every statement is idempotent
 
         async def shape(schema: str) -> str:
             columns = await admin.fetch(
@@ -90,8 +171,7 @@ async def test_schema_sql_creates_what_migrate_creates(admin: Conn) -> None:
             )
             versions = await admin.fetch(f"SELECT version FROM {TableNames(schema).version}")
             rows = [tuple(r) for r in [*columns, *indexes, *versions]]
-            # Sequence defaults and index definitions name their schema.
-            return str(rows).replace(schema, "<schema>")
+            return str(rows).replace(schema, "<schema>")  # defaults and indexes name it
 
         assert await shape(by_sql) == await shape(by_migrate)
         assert await schema_version(as_asyncpg(admin), schema=by_sql) == SCHEMA_VERSION
@@ -99,16 +179,17 @@ async def test_schema_sql_creates_what_migrate_creates(admin: Conn) -> None:
         await drop(admin, by_sql, by_migrate)
 
 
-async def test_operations_on_an_unmigrated_schema_say_what_to_do(
-    pg_schema: str, postgres_dsn: str
+async def test_operations_on_missing_tables_say_what_to_do(
+    postgres_dsn: str, pg_schema: str
 ) -> None:
     pool = await new_pool(postgres_dsn, min_size=1, max_size=1)
     try:
-        cp = PostgresCheckpointer[Any](pool, schema=pg_schema)
-        with pytest.raises(SchemaVersionError, match=r"migrate\(pool"):
-            await cp.load("x")
+        backend = PostgresBackend[Any].from_pool(pool, schema=pg_schema)  # never opened
+        backend.connector.pool = pool
+        with pytest.raises(SchemaVersionError, match=r"backend.migrate\(\)"):
+            await backend.checkpointer.load("x")
         with pytest.raises(SchemaVersionError, match="tables are missing"):
-            await cp.save(0, Snapshot(thread_id="x", state={}, execution_pointer="p"))
+            await backend.checkpointer.save(0, snap("x"))
     finally:
         await pool.close()
 
@@ -123,56 +204,46 @@ async def test_operations_on_an_unmigrated_schema_say_what_to_do(
         ("s" * 64, "flowy_"),
         ("public", "bad prefix"),
         ("public", "9_"),
-        ("public", "p" * 48),
+        ("public", "p" * 45),
         ("public", 'p"'),
     ],
 )
 def test_identifiers_are_validated(schema: str, prefix: str) -> None:
     with pytest.raises(ValueError, match=r"schema name|table prefix"):
         TableNames(schema, prefix)
-    with pytest.raises(ValueError):
-        schema_sql(schema, prefix)
+    with pytest.raises(ValueError, match=r"schema name|table prefix"):
+        PostgresBackend[Any]("postgresql://localhost/db", schema=schema, prefix=prefix)
 
 
 def test_names_are_quoted() -> None:
     names = TableNames("Mixed_Case", "App_")
     assert names.threads == '"Mixed_Case"."App_threads"'
     assert names.channel == "Mixed_Case.App_outbox"
-    long = TableNames("s" * 63, "p" * 47)
-    assert len(long.channel) <= 63
+    assert len(TableNames("s" * 63, "p" * 44).channel) <= 63
 
 
 async def test_mixed_case_names_and_two_prefixes_in_one_schema(
     admin: Conn, postgres_dsn: str
 ) -> None:
     schema = "Flowy_Test_" + uuid.uuid4().hex[:8]
-    pool = await new_pool(postgres_dsn, min_size=1, max_size=2)
     try:
-        for prefix in ("App_", "other_"):
-            await migrate(pool, schema=schema, prefix=prefix)
-        first = PostgresCheckpointer[Any](pool, schema=schema, prefix="App_")
-        second = PostgresCheckpointer[Any](pool, schema=schema, prefix="other_")
-        snap = Snapshot[Any](thread_id="same-id", state={"by": "first"}, execution_pointer="p")
-        assert await first.save(0, snap) == 1
-        assert await second.list_threads() == []
-        assert await second.save(0, snap) == 1
-        assert await first.save(1, snap) == 2
-        assert (await second.load("same-id"))[1] == 1
+        async with (
+            opened(postgres_dsn, schema=schema, prefix="App_") as first,
+            opened(postgres_dsn, schema=schema, prefix="other_") as second,
+        ):
+            assert not first.checkpointer.fences(second.leases)  # another store
+            assert await first.checkpointer.save(0, snap("same-id")) == 1
+            assert await second.checkpointer.list_threads() == []
+            assert await second.checkpointer.save(0, snap("same-id")) == 1
+            assert await first.checkpointer.save(1, snap("same-id", 2)) == 2
+            assert (await second.checkpointer.load("same-id"))[1] == 1
         tables = await admin.fetch(
             "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", schema
         )
         assert [t["tablename"] for t in tables] == [
-            "App_history",
-            "App_leases",
-            "App_outbox",
-            "App_schema_version",
-            "App_threads",
-            "other_history",
-            "other_leases",
-            "other_outbox",
-            "other_schema_version",
-            "other_threads",
+            f"{prefix}{table}"
+            for prefix in ("App_", "other_")
+            for table in ("history", "leases", "outbox", "schema_version", "threads")
         ]
     finally:
-        await pool.close()
         await drop(admin, schema)

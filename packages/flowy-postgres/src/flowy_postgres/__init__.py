@@ -1,24 +1,25 @@
-"""flowy-postgres: flowy's storage on PostgreSQL (asyncpg).
+"""flowy-postgres: flowy's store on PostgreSQL (asyncpg). ``flowy.connect`` opens a
+:class:`PostgresBackend`: fenced strict-OCC checkpoints, leases on the database clock,
+and a hand-off outbox that commits with the checkpoint (or the application's own
+transaction, through ``checkpointer.bind``)::
 
-A native strict-OCC checkpointer whose saves are fenced by run leases in the same
-statement, a lease manager on the database clock, a hand-off outbox that commits with the
-checkpoint (or with the application's own transaction), and an outbox consumer with
-visibility timeouts, LISTEN/NOTIFY wake-ups and dead letters::
-
-    backend = await PostgresBackend.from_dsn("postgresql://localhost/app")
-    await backend.migrate()
-    # backend.checkpointer, backend.leases, backend.outbox, backend.consumer
+    async with flowy.connect("postgresql://app@db/app?schema=flowy") as backend:
+        runner = flowy.Runner(graph, backend)
 """
 
 from __future__ import annotations
 
+import warnings
+
+from ._backend import DRIVER_OPTIONS as DRIVER_OPTIONS
+from ._backend import OPTIONS as OPTIONS
 from ._backend import PostgresBackend as PostgresBackend
+from ._backend import open_backend as open_backend
 from ._checkpointer import PostgresCheckpointer as PostgresCheckpointer
-from ._checkpointer import PostgresTransaction as PostgresTransaction
 from ._conn import create_pool as create_pool
 from ._lease import PostgresLeaseManager as PostgresLeaseManager
+from ._outbox import PostgresConsumer as PostgresConsumer
 from ._outbox import PostgresOutbox as PostgresOutbox
-from ._outbox import PostgresOutboxConsumer as PostgresOutboxConsumer
 from ._schema import DEFAULT_PREFIX as DEFAULT_PREFIX
 from ._schema import DEFAULT_SCHEMA as DEFAULT_SCHEMA
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -29,29 +30,33 @@ from ._schema import schema_version as schema_version
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_SCHEMA",
+    "DRIVER_OPTIONS",
+    "OPTIONS",
     "PostgresBackend",
     "PostgresCheckpointer",
+    "PostgresConsumer",
     "PostgresLeaseManager",
     "PostgresOutbox",
-    "PostgresOutboxConsumer",
-    "PostgresTransaction",
     "SCHEMA_VERSION",
     "create_pool",
     "migrate",
+    "open_backend",
     "schema_sql",
     "schema_version",
 ]
 
 
+def __getattr__(name: str) -> object:
+    if name == "PostgresOutboxConsumer":  # its 0.1 name, until 0.3
+        warnings.warn("use PostgresConsumer", DeprecationWarning, stacklevel=2)
+        return PostgresConsumer
+    raise AttributeError(f"module 'flowy_postgres' has no attribute {name!r}")
+
+
 def _present_as_public() -> None:
-    # Tracebacks and reprs say flowy_postgres.PostgresCheckpointer, not the private module.
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy_postgres._"):
-            try:
-                obj.__module__ = "flowy_postgres"
-            except (AttributeError, TypeError):
-                pass
+    for name in __all__:  # reprs and tracebacks say flowy_postgres.X, not a private module
+        if getattr(obj := globals()[name], "__module__", "").startswith("flowy_postgres._"):
+            obj.__module__ = __name__
 
 
 _present_as_public()

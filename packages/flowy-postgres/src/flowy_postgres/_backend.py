@@ -1,126 +1,201 @@
 """``PostgresBackend``: the checkpointer, lease manager, outbox and consumer of one
-schema, built over one pool."""
+schema and prefix over one pool, and ``open_backend``, the opener of ``postgresql://``
+URLs for ``flowy.connect``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Generic, Self, TypeVar
+import urllib.parse
+import warnings
+from typing import Any, Generic, TypeVar, cast
 
 import asyncpg
 
-from flowy.checkpoint import StateCodec
+from flowy.errors import BackendURLError
+from flowy.storage import BaseBackend, StateCodec, StoreURL, redact_url
 
 from ._checkpointer import PostgresCheckpointer
-from ._conn import create_pool
+from ._conn import Connector, PgConnection, PgPool, create_pool
 from ._lease import PostgresLeaseManager
-from ._outbox import PostgresOutbox, PostgresOutboxConsumer
-from ._schema import DEFAULT_PREFIX, DEFAULT_SCHEMA, migrate
+from ._outbox import ListenHooks, PostgresConsumer, PostgresOutbox
+from ._schema import (
+    DEFAULT_PREFIX,
+    DEFAULT_SCHEMA,
+    TableNames,
+    prepare,
+)
 
-__all__ = ["PostgresBackend"]
+__all__ = ["DRIVER_OPTIONS", "OPTIONS", "PostgresBackend", "open_backend"]
 
 S = TypeVar("S")
+_driver: Any = asyncpg  # asyncpg's own signatures are untyped
+
+OPTIONS = {
+    "schema": "PostgreSQL schema of the tables (default public)",
+    "prefix": "prefix of the table names (default flowy_)",
+    "pool_size": "most connections in the pool (default 10)",
+    "acquire_timeout": "seconds an operation waits for a pooled connection (default 10)",
+    "pooler_mode": "true behind a transaction-mode pooler such as PgBouncer: no prepared "
+    "statements, no LISTEN (default false)",
+    "listen": "LISTEN/NOTIFY wakes waiting consumers, over one more connection (default "
+    "true; false with pooler_mode)",
+    "poll_interval": "seconds between outbox looks of a waiting consumer that does not "
+    "listen (default 0.1)",
+    "max_attempts": "deliveries before a hand-off is dead-lettered (default 5)",
+}
+"""flowy's options of a ``postgresql://`` URL (query parameters)."""
+
+_PASSED = "host port user dbname database passfile application_name target_session_attrs"
+DRIVER_OPTIONS = {
+    n: "passed to asyncpg" for n in f"{_PASSED} sslmode sslrootcert sslcert sslkey sslcrl".split()
+}
+"""Connection parameters a URL passes to asyncpg unchanged. A password goes in the URL's
+user part or a passfile, not in the query (where messages would show it)."""
 
 
-@dataclass(eq=False)
-class PostgresBackend(Generic[S]):
-    """Everything flowy stores in one PostgreSQL schema, sharing one asyncpg pool.
+class PostgresBackend(BaseBackend[S], Generic[S]):
+    """Everything flowy stores in one PostgreSQL schema and prefix, over one pool.
 
-    The checkpointer fences its saves with ``leases`` and commits hand-offs into
-    ``outbox`` transactionally; ``consumer`` feeds ``flowy.Worker``. Build it with
-    :meth:`from_pool` or :meth:`from_dsn`, run :meth:`migrate` once, :meth:`close` at
-    the end (or use ``async with``).
+    ``flowy.connect("postgresql://user@host/db?schema=flowy")`` opens one (options:
+    :data:`OPTIONS`, also the keyword arguments here). ``PostgresBackend(dsn, ...)``
+    creates its pool on open and closes it on ``aclose``; :meth:`from_pool` uses the
+    application's pool and leaves it open. Opening creates a new schema; an older one
+    raises ``SchemaVersionError`` until :meth:`migrate` (which needs no open) upgrades
+    it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
-    pool: asyncpg.Pool
-    checkpointer: PostgresCheckpointer[S]
-    leases: PostgresLeaseManager
-    outbox: PostgresOutbox
-    consumer: PostgresOutboxConsumer
-    owns_pool: bool = False
-
-    @classmethod
-    def from_pool(
-        cls,
-        pool: asyncpg.Pool,
+    def __init__(
+        self,
+        dsn: str | None = None,
         *,
+        pool: asyncpg.Pool | None = None,
         schema: str = DEFAULT_SCHEMA,
         prefix: str = DEFAULT_PREFIX,
         codec: StateCodec[S] | None = None,
         max_attempts: int = 5,
-        consumer_id: str | None = None,
-        listen: bool = True,
-        acquire_timeout: float = 10.0,
-    ) -> PostgresBackend[S]:
-        """The four objects over ``pool`` (which stays yours to close)."""
-        return cls(
-            pool=pool,
-            checkpointer=PostgresCheckpointer(
-                pool, schema=schema, prefix=prefix, codec=codec, acquire_timeout=acquire_timeout
-            ),
-            leases=PostgresLeaseManager(
-                pool, schema=schema, prefix=prefix, acquire_timeout=acquire_timeout
-            ),
-            outbox=PostgresOutbox(
-                pool, schema=schema, prefix=prefix, acquire_timeout=acquire_timeout
-            ),
-            consumer=PostgresOutboxConsumer(
-                pool,
-                schema=schema,
-                prefix=prefix,
-                max_attempts=max_attempts,
-                consumer_id=consumer_id,
-                listen=listen,
-                acquire_timeout=acquire_timeout,
-            ),
-        )
-
-    @classmethod
-    async def from_dsn(
-        cls,
-        dsn: str,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        prefix: str = DEFAULT_PREFIX,
-        codec: StateCodec[S] | None = None,
-        max_attempts: int = 5,
-        consumer_id: str | None = None,
+        pool_size: int = 10,
         acquire_timeout: float = 10.0,
         pooler_mode: bool = False,
-        min_size: int = 1,
-        max_size: int = 10,
-    ) -> PostgresBackend[S]:
-        """The four objects over a new pool for ``dsn``, closed by :meth:`close`.
-
-        ``pooler_mode=True`` is for a transaction-mode pooler (PgBouncer and the like):
-        no server-side prepared statements, no LISTEN (consumers poll).
-        """
-        pool = await create_pool(dsn, pooler_mode=pooler_mode, min_size=min_size, max_size=max_size)
-        backend = cls.from_pool(
-            pool,
-            schema=schema,
-            prefix=prefix,
-            codec=codec,
-            max_attempts=max_attempts,
-            consumer_id=consumer_id,
-            listen=not pooler_mode,
-            acquire_timeout=acquire_timeout,
+        listen: bool | None = None,
+        poll_interval: float = 0.1,
+        url: str | None = None,
+    ) -> None:
+        if (dsn is None) == (pool is None):
+            raise TypeError("PostgresBackend needs a dsn or (from_pool) a pool, not both")
+        if listen is None:
+            listen = not pooler_mode
+        elif listen and pooler_mode:
+            raise ValueError(
+                "listen and pooler_mode exclude each other: LISTEN needs a session of its "
+                "own, which a transaction-mode pooler does not keep (consumers poll instead)"
+            )
+        query = urllib.parse.urlencode({"schema": schema, "prefix": prefix})
+        base = dsn if dsn is not None else "postgresql://"
+        self.url = url or base + ("&" if "?" in base else "?") + query
+        self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
+        identity = pool if dsn is None else redact_url(dsn)
+        names, domain = TableNames(schema, prefix), ("postgresql", identity, schema, prefix)
+        self.connector = Connector(names, acquire_timeout=acquire_timeout, domain=domain)
+        self.connector.pool = pool
+        self.checkpointer = PostgresCheckpointer[S](self.connector, codec=codec)
+        self.leases = PostgresLeaseManager(self.connector)
+        self.outbox = PostgresOutbox(self.connector)
+        hooks = self._listen_hooks(pool) if listen else None
+        self.consumer = PostgresConsumer(
+            self.connector, max_attempts=max_attempts, poll_interval=poll_interval, listen=hooks
         )
-        backend.owns_pool = True
-        return backend
 
-    async def migrate(self) -> int:
-        """Create or upgrade this backend's tables (see :func:`flowy_postgres.migrate`)."""
-        names = self.checkpointer.names
-        return await migrate(self.pool, schema=names.schema, prefix=names.prefix)
+    @classmethod
+    def from_pool(cls, pool: asyncpg.Pool, **options: Any) -> PostgresBackend[S]:
+        """A backend over the application's ``pool``, which :meth:`aclose` leaves open
+        (options as for the constructor; with ``listen``, a waiting consumer holds one of
+        the pool's connections)."""
+        return cls(pool=pool, **options)
+
+    @classmethod
+    async def from_dsn(cls, dsn: str, **options: Any) -> PostgresBackend[S]:
+        """An opened backend on a pool of its own (options as for the constructor; until
+        0.3, 0.1's ``max_size`` means ``pool_size`` and ``min_size`` and ``consumer_id``
+        are ignored, with a ``DeprecationWarning``)."""
+        for old in ("max_size", "min_size", "consumer_id"):
+            if old in options:
+                warnings.warn(f"from_dsn({old}=...) is deprecated", DeprecationWarning, 2)
+                if (value := options.pop(old)) and old == "max_size":
+                    options["pool_size"] = value
+        return await cls(dsn, **options).open()
+
+    @property
+    def names(self) -> TableNames:
+        """The schema, prefix and quoted table names."""
+        return self.connector.names
+
+    @property
+    def pool(self) -> asyncpg.Pool | None:
+        """The asyncpg pool (``None`` while a DSN backend is not open)."""
+        return self.connector.pool
+
+    def _listen_hooks(self, given: asyncpg.Pool | None) -> ListenHooks:
+        if given is not None:  # the application's pool: hold one of its connections
+            pool = cast(PgPool, given)
+
+            async def acquire() -> PgConnection:
+                return (await self.connector.acquire("listen for outbox messages"))[1]
+
+            return acquire, pool.release
+        dsn = self._dsn
+
+        async def connect() -> PgConnection:
+            return cast(PgConnection, await _driver.connect(dsn, statement_cache_size=0))
+
+        async def disconnect(conn: PgConnection) -> None:
+            await conn.close()
+
+        return connect, disconnect
+
+    async def _pool(self) -> asyncpg.Pool:
+        if self.connector.pool is None:
+            assert self._dsn is not None
+            self.connector.pool = await create_pool(
+                self._dsn, pooler_mode=self._pooler_mode, max_size=self._pool_size
+            )
+        return self.connector.pool
+
+    async def _open(self) -> None:
+        await prepare(await self._pool(), self.names, upgrade=False)
+
+    async def _migrate(self) -> int:
+        return await prepare(await self._pool(), self.names, upgrade=True)
+
+    async def _close(self) -> None:
+        await self.consumer.aclose()
+        pool, self.connector.pool = self.connector.pool, None
+        if pool is not None and self._dsn is not None:
+            await cast(PgPool, pool).close()
 
     async def close(self) -> None:
-        """Stop the consumer's listening; close the pool if :meth:`from_dsn` made it."""
-        await self.consumer.close()
-        if self.owns_pool:
-            await self.pool.close()
+        """Deprecated alias of :meth:`aclose` (flowy-postgres 0.1); removed in 0.3."""
+        warnings.warn(
+            "PostgresBackend.close() is deprecated; use aclose()", DeprecationWarning, stacklevel=2
+        )
+        await self.aclose()
 
-    async def __aenter__(self) -> Self:
-        return self
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
+async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> PostgresBackend[Any]:
+    """The opener of ``postgresql://`` and ``postgres://`` URLs (``flowy.connect``)."""
+    url.check_options({**OPTIONS, **DRIVER_OPTIONS})
+    query = urllib.parse.urlencode({k: v for k, v in url.options.items() if k in DRIVER_OPTIONS})
+    pooler_mode = url.flag("pooler_mode", False)
+    options: dict[str, Any] = {
+        "schema": url.options.get("schema", DEFAULT_SCHEMA),
+        "prefix": url.options.get("prefix", DEFAULT_PREFIX),
+        "pooler_mode": pooler_mode,
+        "max_attempts": url.count("max_attempts", 5),
+        "pool_size": url.count("pool_size", 10),
+        "acquire_timeout": url.seconds("acquire_timeout", 10.0),
+        "listen": url.flag("listen", not pooler_mode),
+        "poll_interval": url.seconds("poll_interval", 0.1),
+    }
+    dsn = urllib.parse.urlunsplit(urllib.parse.urlsplit(url.raw)._replace(query=query))
+    try:  # a schema or prefix that is no identifier, or listen with pooler_mode: ValueError
+        return PostgresBackend(dsn, codec=codec, url=url.raw, **options)
+    except ValueError as exc:
+        raise BackendURLError(f"{url.redacted!r}: {exc}") from None

@@ -1,49 +1,37 @@
-"""Where connections come from: the pool, or an application's own connection.
-
-asyncpg ships no type information for its pool and connection methods; the protocols
-here describe the calls this package makes so the rest of it type-checks strictly.
-
-``Connector`` hands out a connection for one operation: from the pool (with a bounded
-acquire timeout, so an exhausted pool is an error naming its size rather than a hang), or
-the connection an application bound with ``PostgresCheckpointer.bind`` (an asyncpg
-connection, or a SQLAlchemy ``AsyncConnection`` on the asyncpg driver). Driver errors
-raised inside are translated at this one boundary. ``atomic`` runs a block in its own
-transaction, or in a savepoint when the connection is already inside one.
+"""Where connections come from: the backend's pool (a bounded wait, then an error naming
+its size), or an application's connection bound with ``PostgresCheckpointer.bind``
+(asyncpg, or SQLAlchemy's ``AsyncConnection`` on asyncpg). Driver errors are translated
+at this one boundary. The protocols type the asyncpg calls made (asyncpg has no types).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar, cast
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
-from flowy import StorageUnavailableError
+from flowy.errors import BackendURLError, StorageUnavailableError
 
-from ._errors import translate, translated
+from ._errors import translate
 
 if TYPE_CHECKING:
-    from asyncpg.pool import PoolConnectionProxy
     from sqlalchemy.ext.asyncio import AsyncConnection
 
-__all__ = [
-    "Connector",
-    "PgConnection",
-    "PgComponent",
-    "PgPool",
-    "Row",
-    "atomic",
-    "create_pool",
-]
+    from ._schema import TableNames
+
+__all__ = ["Connector", "PgConnection", "PgPool", "Row", "create_pool"]
 
 T = TypeVar("T")
 
 _log = logging.getLogger("flowy_postgres")
 _driver: Any = asyncpg  # asyncpg's own signatures are untyped
+Listener = Callable[..., object]
 
 
 class Row(Protocol):
@@ -56,260 +44,187 @@ class PgConnection(Protocol):
     """The part of ``asyncpg.Connection`` (or a pool's proxy of one) this package uses."""
 
     async def fetchrow(self, query: str, *args: object) -> Row | None: ...
-
     async def fetch(self, query: str, *args: object) -> list[Row]: ...
-
     async def fetchval(self, query: str, *args: object) -> Any: ...
-
     async def execute(self, query: str, *args: object) -> str: ...
-
     def transaction(self) -> AbstractAsyncContextManager[object]: ...
-
     def is_closed(self) -> bool: ...
-
     def is_in_transaction(self) -> bool: ...
-
-    async def add_listener(
-        self, channel: str, callback: Callable[[Any, int, str, str], object]
-    ) -> None: ...
-
-    async def remove_listener(
-        self, channel: str, callback: Callable[[Any, int, str, str], object]
-    ) -> None: ...
-
-    def add_termination_listener(self, callback: Callable[[Any], object]) -> None: ...
-
-    def remove_termination_listener(self, callback: Callable[[Any], object]) -> None: ...
-
+    async def add_listener(self, channel: str, callback: Listener) -> None: ...
+    async def remove_listener(self, channel: str, callback: Listener) -> None: ...
+    def add_termination_listener(self, callback: Listener) -> None: ...
+    def remove_termination_listener(self, callback: Listener) -> None: ...
     async def close(self) -> None: ...
 
 
 class PgPool(Protocol):
     """The part of ``asyncpg.Pool`` this package uses."""
 
-    def acquire(self, *, timeout: float | None = None) -> Awaitable[PgConnection]: ...
-
+    def acquire(self) -> Awaitable[PgConnection]: ...
     async def release(self, connection: PgConnection) -> None: ...
-
     def get_max_size(self) -> int: ...
-
+    def is_closing(self) -> bool: ...
     async def close(self) -> None: ...
 
 
-class _Bound:
-    """An application's connection; a SQLAlchemy one is resolved to its asyncpg
-    connection at every use, joining whatever transaction it is in by then."""
-
-    def __init__(self, target: asyncpg.Connection | PoolConnectionProxy | AsyncConnection) -> None:
-        self._target: object = target
-        self._asyncpg: PgConnection | None = None
-        if _is_asyncpg(target):
-            self._asyncpg = cast(PgConnection, target)
-        elif not _is_sqlalchemy(target):
-            raise TypeError(
-                f"bind() needs an asyncpg connection or a SQLAlchemy AsyncConnection on the "
-                f"asyncpg driver, got {type(target).__name__} {target!r}"
-            )
-
-    async def resolve(self) -> PgConnection:
-        if self._asyncpg is not None:
-            return self._asyncpg
-        return await _resolve_sqlalchemy(cast("AsyncConnection", self._target))
-
-
-def _is_asyncpg(target: object) -> bool:
-    from asyncpg.pool import PoolConnectionProxy
-
-    return isinstance(target, asyncpg.Connection | PoolConnectionProxy)
-
-
-def _is_sqlalchemy(target: object) -> bool:
+def _sqlalchemy(target: object) -> AsyncConnection | None:
     try:
         from sqlalchemy.ext.asyncio import AsyncConnection
     except ImportError:  # the [sqlalchemy] extra is not installed
-        return False
-    return isinstance(target, AsyncConnection)
-
-
-async def _resolve_sqlalchemy(target: AsyncConnection) -> PgConnection:
-    driver = target.dialect.driver
-    if driver != "asyncpg":
-        raise TypeError(
-            f"bind() needs a SQLAlchemy AsyncConnection on the asyncpg driver, got one on "
-            f"{driver!r}; create the engine with a 'postgresql+asyncpg://' URL"
-        )
-    raw = await target.get_raw_connection()
-    conn = cast(PgConnection, raw.driver_connection)
-    if target.in_transaction() and not conn.is_in_transaction():
-        # SQLAlchemy begins the driver's transaction lazily, at its first statement: run
-        # one, so that ours join the application's transaction instead of autocommitting.
-        await target.exec_driver_sql("SELECT 1")
-    return conn
+        return None
+    return target if isinstance(target, AsyncConnection) else None
 
 
 class Connector:
-    """Connections for one adapter object: pooled, or one bound application connection."""
+    """Connections for the components of one backend: pooled, or one bound application
+    connection (:meth:`bind`). The backend sets ``pool`` when it opens."""
 
-    def __init__(
-        self,
-        pool: asyncpg.Pool,
-        *,
-        acquire_timeout: float,
-        bound: _Bound | None = None,
-    ) -> None:
+    def __init__(self, names: TableNames, *, acquire_timeout: float, domain: object) -> None:
         if not acquire_timeout > 0:  # also rejects NaN
             raise ValueError(f"acquire_timeout must be positive seconds, got {acquire_timeout!r}")
-        self.pool = pool
+        self.names = names
         self.acquire_timeout = acquire_timeout
-        self._pool = cast(PgPool, pool)
-        self._bound = bound
-
-    @property
-    def is_bound(self) -> bool:
-        """True when every operation runs on one application connection."""
-        return self._bound is not None
+        self.domain = domain
+        self.pool: asyncpg.Pool | None = None
+        self.bound: asyncpg.Connection | PoolConnectionProxy | AsyncConnection | None = None
 
     def bind(self, target: asyncpg.Connection | PoolConnectionProxy | AsyncConnection) -> Connector:
-        """A connector that runs everything on ``target``."""
-        return Connector(self.pool, acquire_timeout=self.acquire_timeout, bound=_Bound(target))
+        """A connector that runs everything on ``target`` (same names and domain)."""
+        sa = _sqlalchemy(target)
+        if sa is None and not isinstance(target, asyncpg.Connection | PoolConnectionProxy):
+            raise TypeError(
+                "bind() needs an asyncpg connection or a SQLAlchemy AsyncConnection on the "
+                f"asyncpg driver, got {type(target).__name__} {target!r:.80}"
+            )
+        if sa is not None and sa.dialect.driver != "asyncpg":
+            raise TypeError(
+                "bind() needs a SQLAlchemy AsyncConnection on the asyncpg driver, got one on "
+                f"{sa.dialect.driver!r}; create the engine with a 'postgresql+asyncpg://' URL"
+            )
+        view = Connector(self.names, acquire_timeout=self.acquire_timeout, domain=self.domain)
+        view.pool, view.bound = self.pool, target
+        return view
 
-    async def acquire(self, action: str) -> PgConnection:
-        """A pooled connection (release it with :meth:`release`)."""
+    async def _bound(self) -> PgConnection:
+        sa = _sqlalchemy(self.bound)
+        if sa is None:
+            return cast(PgConnection, self.bound)
+        conn = cast(PgConnection, (await sa.get_raw_connection()).driver_connection)
+        if sa.in_transaction() and not conn.is_in_transaction():
+            # SQLAlchemy begins the driver's transaction lazily, at its first statement:
+            # run one, so that ours join the application's transaction.
+            await sa.exec_driver_sql("SELECT 1")
+        return conn
+
+    async def acquire(self, action: str) -> tuple[PgPool, PgConnection]:
+        """A pooled connection and its pool (give it back with ``pool.release``)."""
+        pool = cast(PgPool | None, self.pool)
+        if pool is None or pool.is_closing():
+            raise StorageUnavailableError(
+                f"could not {action}: the PostgreSQL backend is not open (not yet, or "
+                "closed); open it with flowy.connect(url) or `async with backend`"
+            )
         try:
             # asyncio.timeout arms one timer; asyncpg's own acquire(timeout=) would run
             # the wait in an extra task and time the release too (a cost on every save).
             async with asyncio.timeout(self.acquire_timeout):
-                conn = await self._pool.acquire()
+                conn = await pool.acquire()
                 if conn.is_closed():  # the server closed it while idle: take a fresh one
-                    await self._pool.release(conn)
-                    conn = await self._pool.acquire()
+                    await pool.release(conn)
+                    conn = await pool.acquire()
         except TimeoutError as exc:
             raise StorageUnavailableError(
                 f"could not {action}: no PostgreSQL connection became free within "
-                f"{self.acquire_timeout}s (the pool holds at most "
-                f"{self._pool.get_max_size()} connections, all in use); raise the pool's "
-                f"max_size, run fewer operations at once, or raise acquire_timeout"
+                f"{self.acquire_timeout}s (the pool holds at most {pool.get_max_size()} "
+                "connections, all in use); raise pool_size, run fewer operations at once, "
+                "or raise acquire_timeout"
             ) from exc
         except Exception as exc:
             err = translate(exc, action, may_have_written=False)
             if err is exc:
                 raise
             raise err from exc
-        return conn
-
-    async def release(self, conn: PgConnection) -> None:
-        """Give a connection from :meth:`acquire` back to the pool."""
-        await self._pool.release(conn)
-
-    def release_soon(self, conn: PgConnection) -> None:
-        """Give a connection back to the pool without making the caller wait.
-
-        asyncpg returns a connection through a shielded task, which costs the caller
-        two turns of the event loop; after a successful operation that work can overlap
-        with whatever the caller does next.
-        """
-        task = asyncio.get_running_loop().create_task(self._pool.release(conn))
-        _releasing.add(task)
-        task.add_done_callback(_released)
+        return pool, conn
 
     def connection(self, action: str) -> _Use:
         """``async with``: a connection for one operation; driver errors in the block are
         translated and a pooled connection goes back to the pool afterwards."""
         return _Use(self, action)
 
-    async def read(self, action: str, query: Callable[[PgConnection], Awaitable[T]]) -> T:
-        """Run a read-only ``query``; a pooled connection found broken is replaced once.
-
-        Only for reads: repeating them is harmless, unlike a write whose first attempt
-        may have landed.
-        """
-        if self._bound is None:
-            conn = await self.acquire(action)
+    async def run(
+        self, action: str, call: Callable[[PgConnection], Awaitable[T]], *, read: bool = False
+    ) -> T:
+        """``await call(connection)`` for one operation. A ``read`` whose pooled
+        connection broke is repeated once on a fresh one (only reads: repeating them is
+        harmless, unlike a write whose first attempt may have landed)."""
+        for retry in (read and self.bound is None, False):
             try:
-                result = await query(conn)
-            except Exception as exc:
-                broken = conn.is_closed()
-                await self._pool.release(conn)
-                if not broken:
-                    err = translate(exc, action)
-                    if err is exc:
-                        raise
-                    raise err from exc
-                # The connection broke: repeat the read once on a fresh one.
-            except BaseException:
-                await self._pool.release(conn)
-                raise
-            else:
-                self.release_soon(conn)
-                return result
-        async with self.connection(action) as conn:
-            return await query(conn)
+                async with _Use(self, action) as conn:
+                    return await call(conn)
+            except StorageUnavailableError as exc:
+                if not retry or isinstance(exc.__cause__, TimeoutError):
+                    raise
+        raise AssertionError("unreachable")
 
+    async def fetch(self, action: str, sql: str, *args: object, read: bool = False) -> list[Row]:
+        """The rows of one statement."""
+        return await self.run(action, lambda conn: conn.fetch(sql, *args), read=read)
 
-class PgComponent:
-    """What the checkpointer, lease manager, outbox and consumer share: a
-    :class:`Connector` over the pool, and whether :meth:`close` closes that pool (only
-    when the object's ``from_dsn`` created it)."""
+    async def fetchrow(
+        self, action: str, sql: str, *args: object, read: bool = False
+    ) -> Row | None:
+        """The first row of one statement, or ``None``."""
+        if read:
+            return await self.run(action, lambda conn: conn.fetchrow(sql, *args), read=True)
+        async with _Use(self, action) as conn:  # the path of every save: kept short
+            return await conn.fetchrow(sql, *args)
 
-    def __init__(self, pool: asyncpg.Pool, *, acquire_timeout: float) -> None:
-        self._connector = Connector(pool, acquire_timeout=acquire_timeout)
-        self._owns_pool = False
-
-    def _owning_pool(self) -> Self:
-        """This object, now responsible for closing its pool (for ``from_dsn``)."""
-        self._owns_pool = True
-        return self
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        """The asyncpg pool this object uses."""
-        return self._connector.pool
-
-    async def close(self) -> None:
-        """Close the pool if :meth:`from_dsn` created it (a pool you passed in stays open)."""
-        if self._owns_pool and not self._connector.is_bound:
-            await self._connector.pool.close()
+    async def execute(self, action: str, sql: str, *args: object) -> None:
+        """Run one statement."""
+        async with _Use(self, action) as conn:
+            await conn.execute(sql, *args)
 
 
 class _Use:
-    """The context manager of ``Connector.connection`` (a class: it runs on every save)."""
+    """``Connector.connection`` (a class, not a generator: it runs on every statement)."""
 
-    __slots__ = ("_action", "_conn", "_connector", "_pooled")
+    __slots__ = ("action", "conn", "connector", "pool")
 
     def __init__(self, connector: Connector, action: str) -> None:
-        self._connector = connector
-        self._action = action
-        self._conn: PgConnection | None = None
-        self._pooled = False
+        self.connector, self.action = connector, action
+        self.pool: PgPool | None = None
+        self.conn: PgConnection | None = None
 
     async def __aenter__(self) -> PgConnection:
-        bound = self._connector._bound  # pyright: ignore[reportPrivateUsage]
-        if bound is None:
-            self._conn = await self._connector.acquire(self._action)
-            self._pooled = True
-        else:
-            with translated(self._action):
-                self._conn = await bound.resolve()
-        return self._conn
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        conn = self._conn
-        assert conn is not None
+        connector = self.connector
+        if connector.bound is None:
+            self.pool, self.conn = await connector.acquire(self.action)
+            return self.conn
         try:
-            if exc is not None:
-                if isinstance(exc, Exception):
-                    err = translate(exc, self._action, conn)
-                    if err is not exc:
-                        raise err from exc
-                return
-            if self._pooled:
-                self._connector.release_soon(conn)
-                self._pooled = False
-        finally:
-            if self._pooled:
-                await self._connector.release(conn)
+            self.conn = await connector._bound()  # pyright: ignore[reportPrivateUsage]
+        except Exception as exc:
+            err = translate(exc, self.action)
+            if err is exc:
+                raise
+            raise err from exc
+        return self.conn
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        pool, conn = self.pool, self.conn
+        assert conn is not None
+        if exc is None:
+            if pool is not None:
+                # asyncpg returns a connection through a shielded task, which costs the
+                # caller two turns of the event loop: let that overlap with what follows.
+                task = asyncio.get_running_loop().create_task(pool.release(conn))
+                _releasing.add(task)
+                task.add_done_callback(_released)
+            return
+        err = translate(exc, self.action, conn) if isinstance(exc, Exception) else exc
+        if pool is not None:  # after translate, which asks the connection
+            await pool.release(conn)
+        if err is not exc:
+            raise err from exc
 
 
 _releasing: set[asyncio.Task[None]] = set()
@@ -322,53 +237,22 @@ def _released(task: asyncio.Task[None]) -> None:
         _log.warning("flowy_postgres: returning a connection to the pool failed: %r", error)
 
 
-@asynccontextmanager
-async def atomic(conn: PgConnection) -> AsyncGenerator[None]:
-    """Run the block in a transaction: its own, or a savepoint inside the caller's.
-
-    Savepoints are issued as SQL so this works whoever began the outer transaction
-    (asyncpg's ``transaction()``, SQLAlchemy, or a plain ``BEGIN``).
-    """
-    if not conn.is_in_transaction():
-        async with conn.transaction():
-            yield
-        return
-    await conn.execute("SAVEPOINT flowy_atomic")
-    try:
-        yield
-    except BaseException:
-        # If even this fails, the outer transaction is aborted and cannot commit; the
-        # error worth reporting is the one that got us here.
-        with contextlib.suppress(Exception):
-            await conn.execute("ROLLBACK TO SAVEPOINT flowy_atomic")
-            await conn.execute("RELEASE SAVEPOINT flowy_atomic")
-        raise
-    await conn.execute("RELEASE SAVEPOINT flowy_atomic")
-
-
 async def _keep_session(connection: object) -> None:
     """A pool ``reset`` that sends nothing: flowy leaves no session state behind."""
 
 
 async def create_pool(
-    dsn: str,
-    *,
-    pooler_mode: bool = False,
-    min_size: int = 1,
-    max_size: int = 10,
-    **options: Any,
+    dsn: str, *, pooler_mode: bool = False, min_size: int = 1, max_size: int = 10, **options: Any
 ) -> asyncpg.Pool:
-    """``asyncpg.create_pool`` with flowy's settings.
+    """``asyncpg.create_pool`` with flowy's settings (other options go to asyncpg).
 
     Connections go back to the pool without asyncpg's reset query (``RESET ALL``,
-    ``UNLISTEN *``, ...): flowy leaves no session state on them, and that query costs one
-    more round trip per operation. If your own code leaves session state on this pool
-    (``SET``, session advisory locks, ``LISTEN``), pass ``reset=None`` for asyncpg's
-    default. ``pooler_mode=True`` is for a transaction-mode pooler such as PgBouncer: it
-    sets ``statement_cache_size=0``, so asyncpg uses only unnamed statements, which do not
-    outlive a transaction. Other keyword arguments go to ``asyncpg.create_pool``.
+    ``UNLISTEN *``, ...): flowy leaves no session state on them, and that query costs a
+    round trip per operation (pass ``reset=None`` for asyncpg's default if your own code
+    leaves session state on this pool). ``pooler_mode=True`` is for a transaction-mode
+    pooler such as PgBouncer: ``statement_cache_size=0``, so asyncpg uses only unnamed
+    statements, which do not outlive a transaction. Errors never show the password.
     """
-    create = cast(Callable[..., Awaitable[asyncpg.Pool]], _driver.create_pool)
     if options.get("reset", _keep_session) is None:
         del options["reset"]
     else:
@@ -376,9 +260,16 @@ async def create_pool(
     if pooler_mode:
         options["statement_cache_size"] = 0
     try:
-        return await create(dsn, min_size=min_size, max_size=max_size, **options)
+        return await _driver.create_pool(dsn, min_size=min_size, max_size=max_size, **options)
     except Exception as exc:
-        err = translate(exc, "connect to PostgreSQL", may_have_written=False)
-        if err is exc:
+        try:
+            secret = urllib.parse.urlsplit(dsn).password
+        except ValueError:
+            secret = None
+        err = translate(exc, "connect to PostgreSQL", may_have_written=False, secret=secret)
+        if err is not exc:
+            raise err from exc
+        if not isinstance(exc, ValueError):
             raise
-        raise err from exc
+        detail = str(exc).replace(secret, "***") if secret else str(exc)
+        raise BackendURLError(f"cannot use this PostgreSQL URL: {detail}") from None

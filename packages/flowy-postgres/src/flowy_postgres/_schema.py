@@ -1,57 +1,66 @@
-"""The database schema: table names, the DDL, and ``migrate()``.
+"""The database schema: table names, the DDL, its versions and ``migrate()``.
 
-One schema (``public`` by default) holds five tables whose names share a prefix
-(``flowy_`` by default): ``threads`` (one head row per thread), ``history`` (every saved
-record, keyed by thread and revision), ``leases`` (the run lease and fencing counter of
-each thread), ``outbox`` (hand-off intents for consumers) and ``schema_version``.
-
-Threads are keyed by ``thread_key``, the SHA-256 digest of the thread id's UTF-8 bytes:
-PostgreSQL's b-tree indexes cannot hold keys of several kilobytes and thread ids may be
-16 KiB long. Every statement also compares the full ``thread_id``, so ids are stored
-exactly and never alias. ``migrate()`` is explicit and idempotent; ``schema_sql()`` gives
-the same DDL for an application's own migration tool.
+Five tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per thread,
+with the columns listings read), ``history`` (every record by thread and revision; the
+head's record is its entry there), ``leases``, ``outbox`` and ``schema_version``. Threads
+are keyed by the SHA-256 of the id (b-tree indexes cannot hold 16 KiB ids); statements
+also compare the full ``thread_id``, stored exactly. Listings go in code point order
+through an index on the first 200 characters of the id. A new schema is created at
+:data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one up to date, on ``migrate()``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 import asyncpg
 
-from flowy import SchemaVersionError
+from flowy.errors import SchemaVersionError
 
 from ._conn import PgConnection, PgPool
-from ._errors import translated
+from ._errors import translate
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
+    Target = asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
+
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_SCHEMA",
+    "ID_PREFIX",
+    "MAX_PREFIX",
     "SCHEMA_VERSION",
+    "UPGRADES",
     "TableNames",
+    "check_identifier",
     "migrate",
+    "prepare",
     "schema_sql",
     "schema_version",
     "thread_key",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The schema version this code reads and writes."""
 
 DEFAULT_SCHEMA = "public"
-"""The PostgreSQL schema the tables live in unless configured otherwise."""
+"""The PostgreSQL schema of the tables unless configured otherwise."""
 
 DEFAULT_PREFIX = "flowy_"
 """The prefix of every table name unless configured otherwise."""
 
+MAX_PREFIX = 63 - len("threads_handoff_idx")
+"""The longest table prefix: every table and index name must fit 63 characters."""
+
+ID_PREFIX = 'substr(thread_id, 1, 200) COLLATE "C"'
+"""The indexed expression listings are ordered by (then by the whole id)."""
+
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MAX_IDENTIFIER = 63  # NAMEDATALEN - 1
-_LONGEST_SUFFIX = "outbox_ready_idx"
 
 
 def thread_key(thread_id: str) -> bytes:
@@ -59,8 +68,16 @@ def thread_key(thread_id: str) -> bytes:
     return hashlib.sha256(thread_id.encode("utf-8")).digest()
 
 
-def _quote(identifier: str) -> str:
-    return '"' + identifier + '"'
+def check_identifier(value: object, what: str, *, empty: bool = False, longest: int = 63) -> str:
+    """``value`` if it is a plain identifier (letters, digits, underscores) that fits."""
+    if not isinstance(value, str) or not (_IDENTIFIER.fullmatch(value) or (empty and value == "")):
+        raise ValueError(
+            f"{what} {value!r} is not a plain identifier; use letters, digits and "
+            f"underscores, starting with a letter or underscore{' (or empty)' if empty else ''}"
+        )
+    if len(value) > longest:
+        raise ValueError(f"{what} {value!r} is {len(value)} characters long; at most {longest} fit")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,197 +95,174 @@ class TableNames:
     lock_key: int = field(init=False)
 
     def __post_init__(self) -> None:
-        schema_value = cast(object, self.schema)
-        prefix_value = cast(object, self.prefix)
-        if not isinstance(schema_value, str) or not _IDENTIFIER.fullmatch(schema_value):
-            raise ValueError(
-                f"schema name {self.schema!r} is not a plain identifier; use letters, digits "
-                f"and underscores, starting with a letter or underscore"
-            )
-        if len(self.schema) > _MAX_IDENTIFIER:
-            raise ValueError(
-                f"schema name {self.schema!r} is {len(self.schema)} characters long; "
-                f"PostgreSQL allows {_MAX_IDENTIFIER}"
-            )
-        if not isinstance(prefix_value, str) or (
-            prefix_value and not _IDENTIFIER.fullmatch(prefix_value)
-        ):
-            raise ValueError(
-                f"table prefix {self.prefix!r} is not a plain identifier; use letters, "
-                f"digits and underscores, starting with a letter or underscore (or '')"
-            )
-        longest = _MAX_IDENTIFIER - len(_LONGEST_SUFFIX)
-        if len(self.prefix) > longest:
-            raise ValueError(
-                f"table prefix {self.prefix!r} is {len(self.prefix)} characters long; at "
-                f"most {longest} fit PostgreSQL's {_MAX_IDENTIFIER}-character names"
-            )
-        schema = _quote(self.schema)
-
-        def table(suffix: str) -> str:
-            return f"{schema}.{_quote(self.prefix + suffix)}"
-
-        set_ = object.__setattr__
-        set_(self, "threads", table("threads"))
-        set_(self, "history", table("history"))
-        set_(self, "leases", table("leases"))
-        set_(self, "outbox", table("outbox"))
-        set_(self, "version", table("schema_version"))
+        check_identifier(self.schema, "schema name")
+        check_identifier(self.prefix, "table prefix", empty=True, longest=MAX_PREFIX)
+        for table in ("threads", "history", "leases", "outbox"):
+            object.__setattr__(self, table, self.table(table))
+        object.__setattr__(self, "version", self.table("schema_version"))
         channel = f"{self.schema}.{self.prefix}outbox"
-        if len(channel) > _MAX_IDENTIFIER:
+        if len(channel) > 63:
             channel = "flowy_outbox_" + hashlib.sha256(channel.encode()).hexdigest()[:40]
-        set_(self, "channel", channel)
-        # Migrations of one schema serialise on this advisory lock (transaction-scoped).
+        object.__setattr__(self, "channel", channel)
+        # Setups of one schema serialise on this advisory lock (transaction-scoped).
         digest = hashlib.sha256(f"flowy-migrate:{self.schema}".encode()).digest()
-        set_(self, "lock_key", int.from_bytes(digest[:8], "big", signed=True))
+        object.__setattr__(self, "lock_key", int.from_bytes(digest[:8], "big", signed=True))
+
+    def table(self, suffix: str) -> str:
+        """The quoted, schema-qualified name of a table."""
+        return f'"{self.schema}"."{self.prefix}{suffix}"'
 
     def index(self, suffix: str) -> str:
         """The quoted, unqualified name of one of the schema's indexes."""
-        return _quote(self.prefix + suffix)
+        return f'"{self.prefix}{suffix}"'
 
 
-def _ddl_v1(n: TableNames) -> list[str]:
+def _create(n: TableNames) -> list[str]:
+    """The DDL of a new schema at :data:`SCHEMA_VERSION` (every statement idempotent)."""
     return [
-        f"CREATE SCHEMA IF NOT EXISTS {_quote(n.schema)}",
+        f'CREATE SCHEMA IF NOT EXISTS "{n.schema}"',
         f"""CREATE TABLE IF NOT EXISTS {n.version} (
-    version integer PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)""",
+    version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())""",
         f"""CREATE TABLE IF NOT EXISTS {n.threads} (
-    thread_key bytea PRIMARY KEY,          -- sha256(convert_to(thread_id, 'UTF8'))
+    thread_key bytea PRIMARY KEY,  -- sha256(convert_to(thread_id, 'UTF8'))
     thread_id text NOT NULL,
     revision bigint NOT NULL CHECK (revision > 0),
-    pointer text NOT NULL,
-    status text NOT NULL,
-    reason text NOT NULL,
+    pointer text NOT NULL, status text NOT NULL, reason text NOT NULL,
     handoff_status text NOT NULL,
-    handoff_pending_at double precision,   -- seconds since the epoch, as in the snapshot
-    updated_at double precision NOT NULL,  -- seconds since the epoch, as in the snapshot
-    saved_at timestamptz NOT NULL,         -- the database clock at the save
-    record bytea NOT NULL                  -- the flowy record envelope of the head
+    handoff_pending_at double precision,  -- epoch seconds, as in the snapshot
+    updated_at double precision NOT NULL,  -- epoch seconds, as in the snapshot
+    saved_at timestamptz NOT NULL  -- the database clock at the save
 ) WITH (fillfactor = 80)""",
+        f"CREATE INDEX IF NOT EXISTS {n.index('threads_id_idx')} ON {n.threads} (({ID_PREFIX}))",
         f"""CREATE INDEX IF NOT EXISTS {n.index("threads_handoff_idx")}
     ON {n.threads} (handoff_status) WHERE handoff_status <> 'none'""",
         f"""CREATE TABLE IF NOT EXISTS {n.history} (
-    thread_key bytea NOT NULL,
-    revision bigint NOT NULL,
-    record bytea NOT NULL,
-    PRIMARY KEY (thread_key, revision)
-)""",
+    thread_key bytea NOT NULL, revision bigint NOT NULL,
+    record bytea NOT NULL,  -- the flowy record envelope
+    PRIMARY KEY (thread_key, revision))""",
         f"""CREATE TABLE IF NOT EXISTS {n.leases} (
-    thread_key bytea PRIMARY KEY,
-    thread_id text NOT NULL,
-    owner text,                            -- NULL once released
-    token bigint NOT NULL,                 -- fencing token: only ever grows
-    expires_at timestamptz                 -- by the database clock; NULL once released
+    thread_key bytea PRIMARY KEY, thread_id text NOT NULL,
+    owner text,  -- NULL: released while a save held the row
+    token bigint NOT NULL,  -- the fencing token
+    expires_at timestamptz  -- by the database clock
 )""",
         f"""CREATE TABLE IF NOT EXISTS {n.outbox} (
     id bigserial PRIMARY KEY,
-    thread_key bytea NOT NULL,
-    thread_id text NOT NULL,
-    committed_revision bigint NOT NULL,
-    payload bytea NOT NULL,                -- flowy.checkpoint.encode_intent bytes
+    thread_key bytea NOT NULL, thread_id text NOT NULL, committed_revision bigint NOT NULL,
+    payload bytea NOT NULL,  -- flowy.storage.encode_intent bytes
     attempts integer NOT NULL DEFAULT 0,
     visible_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    claimed_by text,
     dead boolean NOT NULL DEFAULT false,
-    last_error text,
+    last_error text NOT NULL DEFAULT '',
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    UNIQUE (thread_key, committed_revision)
-)""",
+    UNIQUE (thread_key, committed_revision))""",
         f"""CREATE INDEX IF NOT EXISTS {n.index("outbox_ready_idx")}
     ON {n.outbox} (visible_at, id) WHERE NOT dead""",
-        f"""CREATE INDEX IF NOT EXISTS {n.index("outbox_dead_idx")}
-    ON {n.outbox} (id) WHERE dead""",
+        f"CREATE INDEX IF NOT EXISTS {n.index('outbox_dead_idx')} ON {n.outbox} (id) WHERE dead",
     ]
 
 
-_MIGRATIONS = {1: _ddl_v1}
+def _upgrade_1_to_2(n: TableNames) -> list[str]:
+    return [
+        # The head's record lives in the history only (a v1 head always had its copy
+        # there; this is a safety net).
+        f"INSERT INTO {n.history} (thread_key, revision, record) "
+        f"SELECT thread_key, revision, record FROM {n.threads} ON CONFLICT DO NOTHING",
+        f"ALTER TABLE {n.threads} DROP COLUMN record",
+        f"CREATE INDEX IF NOT EXISTS {n.index('threads_id_idx')} ON {n.threads} (({ID_PREFIX}))",
+        # Tokens now start at the clock in microseconds: released rows are not needed.
+        f"DELETE FROM {n.leases} WHERE owner IS NULL",
+        f"UPDATE {n.outbox} SET last_error = '' WHERE last_error IS NULL",
+        f"ALTER TABLE {n.outbox} ALTER COLUMN last_error SET DEFAULT '', "
+        "ALTER COLUMN last_error SET NOT NULL, DROP COLUMN claimed_by",
+    ]
 
 
-def _statements(names: TableNames, *, after: int) -> list[str]:
-    out: list[str] = []
-    for version in range(after + 1, SCHEMA_VERSION + 1):
-        out.extend(_MIGRATIONS[version](names))
-        out.append(
-            f"INSERT INTO {names.version} (version) VALUES ({version}) ON CONFLICT DO NOTHING"
-        )
-    return out
+UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {1: _upgrade_1_to_2}
+"""``UPGRADES[n](names)``: the statements that take a schema from version n to n + 1."""
+
+
+def _statements(names: TableNames, current: int) -> list[str]:
+    steps = _create(names) if current == 0 else []
+    for version in range(current or SCHEMA_VERSION, SCHEMA_VERSION):
+        steps += UPGRADES[version](names)
+    version = SCHEMA_VERSION
+    return [*steps, f"INSERT INTO {names.version} VALUES ({version}) ON CONFLICT DO NOTHING"]
 
 
 def schema_sql(schema: str = DEFAULT_SCHEMA, prefix: str = DEFAULT_PREFIX) -> str:
-    """The DDL ``migrate()`` runs on an empty database, as one SQL script.
-
-    For applications that manage their schema with their own migration tool. Every
-    statement is idempotent (``IF NOT EXISTS``); the last one records the schema version.
-    """
-    names = TableNames(schema, prefix)
-    return ";\n\n".join(_statements(names, after=0)) + ";\n"
+    """The DDL ``migrate()`` runs on an empty database, as one SQL script (for your own
+    migration tool; every statement is idempotent, the last records the version)."""
+    return ";\n\n".join(_statements(TableNames(schema, prefix), 0)) + ";\n"
 
 
-async def _read_version(conn: PgConnection, names: TableNames) -> int:
-    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", names.version)
-    if not exists:
+async def _version(conn: PgConnection, names: TableNames) -> int:
+    if not await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", names.version):
         return 0
-    value = await conn.fetchval(f"SELECT max(version) FROM {names.version}")
-    return int(value or 0)
+    return int(await conn.fetchval(f"SELECT max(version) FROM {names.version}") or 0)
 
 
-async def _with_connection(
-    target: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy,
-) -> tuple[PgConnection, PgPool | None]:
-    if isinstance(target, asyncpg.Pool):
-        pool = cast(PgPool, target)
-        return await pool.acquire(), pool
-    return cast(PgConnection, target), None
+async def _on(
+    target: object, names: TableNames, body: Callable[[PgConnection], Awaitable[int]]
+) -> int:
+    pool = cast(PgPool, target) if isinstance(target, asyncpg.Pool) else None
+    conn = await pool.acquire() if pool is not None else cast(PgConnection, target)
+    try:
+        return await body(conn)
+    except Exception as exc:
+        err = translate(exc, f"set up schema {names.schema!r} (prefix {names.prefix!r})", conn)
+        if err is exc:
+            raise
+        raise err from exc
+    finally:
+        if pool is not None:
+            await pool.release(conn)
+
+
+async def prepare(target: object, names: TableNames, *, upgrade: bool) -> int:
+    """Create the tables of a new schema; upgrade an older one only with ``upgrade``
+    (else ``SchemaVersionError``); refuse a newer one. Returns the version in place."""
+
+    async def body(conn: PgConnection) -> int:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", names.lock_key)
+            current = await _version(conn, names)
+            where = f"the flowy tables in schema {names.schema!r} (prefix {names.prefix!r})"
+            if current > SCHEMA_VERSION:
+                raise SchemaVersionError(
+                    f"{where} are at schema version {current}, but this flowy-postgres knows "
+                    f"versions up to {SCHEMA_VERSION}; upgrade flowy-postgres"
+                )
+            if 0 < current < SCHEMA_VERSION and not upgrade:
+                raise SchemaVersionError(
+                    f"{where} are at schema version {current}; this flowy-postgres needs "
+                    f"{SCHEMA_VERSION}. Back the database up, then upgrade it with `await "
+                    "backend.migrate()` (it works on a backend that failed to open) or "
+                    "flowy_postgres.migrate(pool, schema=..., prefix=...)"
+                )
+            for statement in _statements(names, current) if current < SCHEMA_VERSION else ():
+                await conn.execute(statement)
+            return SCHEMA_VERSION
+
+    return await _on(target, names, body)
 
 
 async def migrate(
-    target: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy,
-    *,
-    schema: str = DEFAULT_SCHEMA,
-    prefix: str = DEFAULT_PREFIX,
+    target: Target, *, schema: str = DEFAULT_SCHEMA, prefix: str = DEFAULT_PREFIX
 ) -> int:
-    """Create or upgrade the flowy tables; return the schema version now in place.
+    """Create or upgrade the flowy tables of ``schema`` and ``prefix`` through a pool or
+    a connection; return the schema version now in place.
 
-    Idempotent and safe to run from several processes at once (a transaction-scoped
-    advisory lock serialises migrations of one schema). ``target`` is a pool or a
-    connection. A database whose recorded version is newer than this code knows raises
-    ``flowy.SchemaVersionError``: upgrade flowy-postgres instead.
+    Idempotent and safe to run from several processes at once. Back the database up
+    before an upgrade: older code cannot read the result. A schema of a newer
+    flowy-postgres raises ``SchemaVersionError``.
     """
-    names = TableNames(schema, prefix)
-    conn, pool = await _with_connection(target)
-    try:
-        with translated(f"migrate schema {schema!r} (prefix {prefix!r})", conn):
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", names.lock_key)
-                current = await _read_version(conn, names)
-                if current > SCHEMA_VERSION:
-                    raise SchemaVersionError(
-                        f"the flowy tables in schema {schema!r} (prefix {prefix!r}) are at "
-                        f"schema version {current}, but this flowy-postgres knows versions up "
-                        f"to {SCHEMA_VERSION}; upgrade flowy-postgres to use this database"
-                    )
-                for statement in _statements(names, after=current):
-                    await conn.execute(statement)
-                return SCHEMA_VERSION
-    finally:
-        if pool is not None:
-            await pool.release(conn)
+    return await prepare(target, TableNames(schema, prefix), upgrade=True)
 
 
 async def schema_version(
-    target: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy,
-    *,
-    schema: str = DEFAULT_SCHEMA,
-    prefix: str = DEFAULT_PREFIX,
+    target: Target, *, schema: str = DEFAULT_SCHEMA, prefix: str = DEFAULT_PREFIX
 ) -> int:
     """The schema version recorded in the database (0 when never migrated). Read-only."""
     names = TableNames(schema, prefix)
-    conn, pool = await _with_connection(target)
-    try:
-        with translated(f"read the schema version of {schema!r} (prefix {prefix!r})", conn):
-            return await _read_version(conn, names)
-    finally:
-        if pool is not None:
-            await pool.release(conn)
+    return await _on(target, names, lambda conn: _version(conn, names))

@@ -1,0 +1,135 @@
+"""``flowy.connect("postgresql://...")``: the entry point, the options, bad options, and
+passwords that never show."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import urllib.parse
+from typing import Any
+
+import pytest
+from pg_support import sql, with_options
+
+import flowy
+from flowy.errors import BackendURLError, StorageUnavailableError
+from flowy_postgres import DRIVER_OPTIONS, OPTIONS, PostgresBackend
+
+pytestmark = pytest.mark.anyio
+
+
+def with_password(dsn: str, password: str) -> str:
+    parts = urllib.parse.urlsplit(dsn)
+    user = parts.username or "postgres"
+    netloc = f"{user}:{password}@{parts.hostname}:{parts.port or 5432}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def test_the_schemes_are_registered_as_entry_points() -> None:
+    entries = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="flowy.backends")}
+    assert entries["postgresql"] == entries["postgres"] == "flowy_postgres:open_backend"
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+async def test_connect_opens_a_postgres_backend(
+    postgres_dsn: str, pg_schema: str, scheme: str
+) -> None:
+    url = with_options(postgres_dsn.replace("postgresql://", f"{scheme}://", 1), schema=pg_schema)
+    async with flowy.connect(url) as backend:
+        assert isinstance(backend, PostgresBackend)
+        assert backend.url == url
+        assert backend.names.schema == pg_schema and backend.names.prefix == "flowy_"
+        assert await backend.checkpointer.list_threads() == []
+
+
+async def test_options_are_applied(postgres_dsn: str, pg_schema: str) -> None:
+    url = with_options(
+        postgres_dsn,
+        schema=pg_schema,
+        prefix="app_",
+        pool_size=3,
+        acquire_timeout=2.5,
+        max_attempts=7,
+        listen="false",
+        poll_interval=0.25,
+        application_name="flowy-url-test",
+    )
+    async with flowy.connect(url) as backend:
+        assert isinstance(backend, PostgresBackend)
+        assert backend.names.prefix == "app_"
+        assert backend.pool is not None and backend.pool.get_max_size() == 3
+        assert backend.connector.acquire_timeout == 2.5
+        assert backend.consumer.max_attempts == 7
+        assert backend.consumer.poll_interval == 0.25
+        assert await backend.consumer.claim(1, 30, wait=0.3) == []
+        assert not backend.consumer.listening
+        # A driver option reaches asyncpg (here as a server setting).
+        assert await sql(backend.pool).fetchval("SHOW application_name") == "flowy-url-test"
+        tables = await sql(backend.pool).fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", pg_schema
+        )
+        assert [t[0] for t in tables][:2] == ["app_history", "app_leases"]
+
+
+async def test_an_unknown_option_lists_the_known_ones(postgres_dsn: str) -> None:
+    with pytest.raises(BackendURLError) as info:
+        await flowy.connect(with_options(postgres_dsn, shema="typo"))
+    message = str(info.value)
+    assert "shema" in message
+    for name in (*OPTIONS, *DRIVER_OPTIONS):
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("max_attempts", "0"),
+        ("pool_size", "many"),
+        ("acquire_timeout", "-1"),
+        ("poll_interval", "nan"),
+        ("pooler_mode", "maybe"),
+        ("listen", "2"),
+        ("schema", "bad-name"),
+        ("schema", 'x"; DROP TABLE t; --'),
+        ("prefix", "p" * 45),
+        ("prefix", "9_"),
+    ],
+)
+async def test_a_bad_value_names_its_option(postgres_dsn: str, option: str, value: str) -> None:
+    with pytest.raises(BackendURLError, match=option):
+        await flowy.connect(with_options(postgres_dsn, **{option: value}))
+
+
+async def test_listen_and_pooler_mode_exclude_each_other(postgres_dsn: str) -> None:
+    with pytest.raises(BackendURLError, match="pooler"):
+        await flowy.connect(with_options(postgres_dsn, pooler_mode="true", listen="true"))
+
+
+async def test_passwords_never_show(postgres_dsn: str, pg_schema: str) -> None:
+    secret = "s3cr3t-Pa55"
+    # The server trusts local connections, so a wrong password still opens.
+    url = with_options(with_password(postgres_dsn, secret), schema=pg_schema)
+    async with flowy.connect(url) as backend:
+        assert secret not in repr(backend)
+        assert "***" in repr(backend)
+    with pytest.raises(BackendURLError) as info:
+        await flowy.connect(url + "&bogus=1")
+    assert secret not in str(info.value)
+    unreachable = with_password("postgresql://postgres@127.0.0.1:1/test", secret)
+    with pytest.raises(StorageUnavailableError) as failed:
+        await flowy.connect(with_options(unreachable, schema=pg_schema))
+    assert secret not in str(failed.value)
+    assert secret not in repr(failed.value.__cause__)
+
+
+async def test_a_password_in_the_query_is_refused(postgres_dsn: str) -> None:
+    with pytest.raises(BackendURLError) as info:
+        await flowy.connect(with_options(postgres_dsn, password="s3cr3t"))
+    assert "password" in str(info.value)
+
+
+async def test_peers_reach_the_same_store(backend: PostgresBackend[Any]) -> None:
+    async with flowy.connect(backend.url) as peer:
+        assert isinstance(peer, PostgresBackend)
+        assert peer.checkpointer.fences(backend.leases)  # one database, schema and prefix
+        lease = await backend.leases.acquire("shared", "owner", 30)
+        assert await peer.leases.holder("shared") == lease
