@@ -11,7 +11,7 @@ stale page (an already used resume token) is rejected by optimistic concurrency.
 
 PostgreSQL comes from ``FLOWY_POSTGRES_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``). Everything lives in a schema of its own,
-created with ``flowy_postgres.migrate`` and dropped at the end. The script starts its
+created by ``flowy.connect`` (``?schema=...``) and dropped at the end. The script starts its
 workers as ``python examples/postgres_hitl_workers.py worker NAME SCHEMA``.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import flowy
-from flowy_postgres import PostgresBackend, migrate
+from flowy.storage import Backend
 
 DSN = os.environ.get("FLOWY_POSTGRES_DSN") or "postgresql://postgres@127.0.0.1:5432/test"
 WORKERS = ("worker-a", "worker-b")
@@ -101,22 +101,23 @@ def approve(stored: Expense, overlay: Expense) -> Expense:
     return replace(stored, approved_by=overlay.approved_by)
 
 
-def make_runner(backend: PostgresBackend[Expense]) -> flowy.Runner[Expense, flowy.NoEffect]:
-    b = flowy.GraphBuilder[Expense, flowy.NoEffect]()
+def make_runner(backend: Backend[Any]) -> flowy.Runner[Expense, flowy.NoEffect]:
+    # state=Expense: the runner decodes stored states into Expense.
+    b = flowy.GraphBuilder[Expense, flowy.NoEffect](state=Expense)
     b.add_node("draft", draft).add_node("approval", approval).add_node("book", book)
     b.add_edge("draft", "approval").add_edge("approval", "book")
     b.allow_no_outgoing_route("book")
-    return flowy.Runner(
-        b.compile(),
-        backend.checkpointer,
-        lease_manager=backend.leases,
-        handoff_outbox=backend.outbox,
-    )
+    return flowy.Runner(b.compile(), backend)
 
 
-async def connect(schema: str) -> PostgresBackend[Expense]:
-    codec = flowy.JSONCodec(Expense)
-    return await PostgresBackend[Expense].from_dsn(DSN, schema=schema, codec=codec, max_size=4)
+async def connect(schema: str) -> Backend[Any]:
+    """The store: checkpoints, leases and the outbox in ``schema`` (created if new)."""
+    return await flowy.connect(f"{DSN}{'&' if '?' in DSN else '?'}schema={schema}&pool_size=4")
+
+
+def pool_of(backend: Backend[Any]) -> Any:
+    """The backend's asyncpg pool, which this demo's own tables share."""
+    return getattr(backend, "pool")  # noqa: B009 - PostgresBackend.pool, not on the protocol
 
 
 # -- the foreground: requests and approvals ------------------------------------------
@@ -156,12 +157,11 @@ async def foreground(runner: flowy.Runner[Expense, flowy.NoEffect]) -> None:
 async def serve(name: str, schema: str) -> None:
     """One worker process: its own pool, flowy.Worker until no work arrives for 1 s."""
     backend = await connect(schema)
-    pool: Any = backend.pool
+    pool = pool_of(backend)
     try:
         bindings = flowy.bind(flowy.RunBindings(), BANK, Bank(pool, schema, name))
         worker = flowy.Worker(
             make_runner(backend),
-            backend.consumer,
             owner=name,
             lease_ttl=10.0,
             concurrency=1,
@@ -182,7 +182,7 @@ async def serve(name: str, schema: str) -> None:
         outcomes = {k: v for k, v in worker.stats.outcomes.items() if v}
         print(f"{name} (pid {os.getpid()}) handled {handled} message(s): {outcomes}")
     finally:
-        await backend.close()
+        await backend.aclose()
 
 
 async def run_workers(schema: str) -> None:
@@ -207,18 +207,19 @@ async def run_workers(schema: str) -> None:
             raise SystemExit(f"a worker process exited with status {proc.returncode}")
 
 
-async def report(backend: PostgresBackend[Expense], schema: str) -> None:
-    pool: Any = backend.pool
+async def report(backend: Backend[Any], schema: str) -> None:
+    pool = pool_of(backend)
+    runner = make_runner(backend)
     rows: list[Any] = await pool.fetch(f'SELECT * FROM "{schema}".payments')
     bookings: dict[str, int] = {row["idempotency_key"]: row["bookings"] for row in rows}
     ran: dict[str, list[str]] = {name: [] for name in WORKERS}
     problems: list[str] = []
     for n in range(1, len(EMPLOYEES) + 1):
-        snap, revision = await backend.checkpointer.load(f"expense-{n}")
+        snap, token = await runner.head(f"expense-{n}")
         e = snap.state
         count = bookings.get(f"pay-{e.expense_id}", 0)
         print(
-            f"  {e.expense_id}: {snap.status} at revision {revision}, approved by "
+            f"  {e.expense_id}: {snap.status} at revision {token.snapshot_revision}, approved by "
             f"{e.approved_by}, {e.payment_ref} booked {count}x by {e.booked_by}"
         )
         ran.setdefault(e.booked_by, []).append(e.expense_id)
@@ -242,17 +243,16 @@ async def demo() -> None:
             f"postgres_hitl_workers: PostgreSQL is not reachable at {DSN!r} ({detail}); "
             "start it or set FLOWY_POSTGRES_DSN"
         ) from None
-    pool: Any = backend.pool
+    pool = pool_of(backend)
     try:
-        await migrate(pool, schema=schema)
         await pool.execute(APP_TABLES.format(schema=schema))
-        print(f"schema {schema} migrated")
+        print(f"schema {schema} created")
         await foreground(make_runner(backend))
         await run_workers(schema)
         await report(backend, schema)
     finally:
         await pool.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await backend.close()
+        await backend.aclose()
         print(f"schema {schema} dropped")
 
 

@@ -109,10 +109,8 @@ async def create_request(request: Request) -> JSONResponse:
 
 async def show_request(request: Request) -> JSONResponse:
     thread_id: str = request.path_params["thread_id"]
-    checkpointer = runner_of(request).checkpointer
-    assert checkpointer is not None  # a runner on a backend always has one
     try:
-        head, revision = await checkpointer.load(thread_id)  # the thread's latest snapshot
+        head, token = await runner_of(request).head(thread_id)  # the latest snapshot
     except (flowy.ThreadNotFoundError, flowy.InvalidResumeTokenError):
         raise Refused(404, f"no request {thread_id!r}") from None
     return JSONResponse(
@@ -121,7 +119,7 @@ async def show_request(request: Request) -> JSONResponse:
             "status": head.status.value,
             "reason": head.reason,
             "waiting_for": waiting_for(head.status),
-            "resume_token": str(flowy.ResumeToken(thread_id, revision)),
+            "resume_token": str(token),
             "threshold": THRESHOLD,
             "expense": asdict(head.state),
         }

@@ -519,6 +519,21 @@ async def test_a_typed_graph_never_receives_plain_json() -> None:
     assert untyped.state == {"order_id": "o-1", "amount": 0, "approved": True}
 
 
+async def test_head_is_the_typed_latest_snapshot_and_its_token() -> None:
+    runner = flowy.Runner(typed_approval_graph(Approval), MemoryCheckpointer[Any]())
+    first = await runner.start("t", Approval("o-1"))
+    snap, token = await runner.head("t")
+    assert isinstance(snap.state, Approval)
+    assert token == first.resume_token
+    assert (await runner.evaluate_resume(token)).kind is flowy.ResumeDecisionKind.RESUMABLE
+    with pytest.raises(flowy.ThreadNotFoundError):
+        await runner.head("missing")
+    with pytest.raises(errors.InvalidThreadIdError):
+        await runner.head("")
+    with pytest.raises(TypeError, match="no checkpointer"):
+        await flowy.Runner(typed_approval_graph(Approval)).head("t")
+
+
 async def test_a_record_that_does_not_fit_the_state_type_names_the_field() -> None:
     cp: MemoryCheckpointer[Any] = MemoryCheckpointer()
     await cp.save(0, storage.Snapshot("t", {"order_id": "o", "amount": "many"}, "ask"))

@@ -397,6 +397,18 @@ class Runner(RunPreparation[S, E]):
 
         return StreamStart(opening())
 
+    async def head(self, thread_id: str) -> tuple[Snapshot[S], ResumeToken]:
+        """The latest snapshot of ``thread_id`` (its state decoded into the graph's state
+        type) and the resume token that names it: what a page showing the thread needs.
+
+        Raises ``ThreadNotFoundError``, ``InvalidThreadIdError``, and ``TypeError`` on a
+        runner without a checkpointer.
+        """
+        if self.checkpointer is None:
+            raise TypeError("this runner has no checkpointer: there is no stored thread to read")
+        snapshot, revision = await self.checkpointer.load(validate_thread_id(thread_id))
+        return snapshot, ResumeToken(thread_id, revision)
+
     async def evaluate_resume(self, token: ResumeToken) -> ResumeDecision:
         """The preflight decision for ``token``, with the current core-issued token.
 

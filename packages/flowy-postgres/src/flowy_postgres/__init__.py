@@ -1,7 +1,8 @@
-"""flowy-postgres: flowy's store on PostgreSQL (asyncpg). ``flowy.connect`` opens a
-:class:`PostgresBackend`: fenced strict-OCC checkpoints, leases on the database clock,
-and a hand-off outbox that commits with the checkpoint (or the application's own
-transaction, through ``checkpointer.bind``)::
+"""flowy-postgres: flowy's store on PostgreSQL (asyncpg).
+
+``flowy.connect`` opens a :class:`PostgresBackend`: fenced strict-OCC checkpoints,
+leases on the database clock, and a hand-off outbox that commits with the checkpoint (or
+the application's own transaction, through ``checkpointer.bind``)::
 
     async with flowy.connect("postgresql://app@db/app?schema=flowy") as backend:
         runner = flowy.Runner(graph, backend)

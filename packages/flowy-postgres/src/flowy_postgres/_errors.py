@@ -1,5 +1,7 @@
-"""Translation of asyncpg and socket errors into flowy's exception tree, at the one
-boundary where statements run (the connector), so callers only ever see flowy errors::
+"""Translation of asyncpg and socket errors into flowy's exception tree.
+
+It happens at the one boundary where statements run (the connector), so callers only
+ever see flowy errors::
 
     connection lost, server shutting down, timeouts,  -> StorageUnavailableError (a write's
     too many connections, deadlock, lock timeout         outcome may be unknown: reload)
@@ -83,5 +85,5 @@ def translate(
 def _closed(connection: _Closable) -> bool:
     try:
         return connection.is_closed()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a connection that cannot say counts as closed
         return True
