@@ -17,6 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 
+_RAN = {b"D", b"C", b"s"}  # DataRow, CommandComplete, PortalSuspended
+
+
 class PgProxy:
     """``async with PgProxy(dsn) as proxy: asyncpg.connect(proxy.dsn)``."""
 
@@ -29,6 +32,7 @@ class PgProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0
         self._cut_next_reply = False
+        self._cut_after_command = False
         self.cuts = 0
 
     @property
@@ -44,9 +48,15 @@ class PgProxy:
             (self._parts.scheme, f"{userinfo}127.0.0.1:{port}", self._parts.path, query, "")
         )
 
-    def cut_next_reply(self) -> None:
-        """Swallow the server's next reply on any connection and close that connection."""
+    def cut_next_reply(self, *, after_command: bool = False) -> None:
+        """Swallow the server's next reply on any connection and close that connection.
+
+        With ``after_command``, the next reply that says a statement ran (it carries a
+        ``DataRow``, ``CommandComplete`` or ``PortalSuspended``): with unnamed statements
+        (a pooler) a statement's first reply only describes it; that one comes after.
+        """
         self._cut_next_reply = True
+        self._cut_after_command = after_command
 
     async def __aenter__(self) -> PgProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -125,9 +135,22 @@ class PgProxy:
         writer: asyncio.StreamWriter,
         writers: tuple[asyncio.StreamWriter, ...],
     ) -> None:
+        pending = b""  # the bytes of a server message not complete yet
+        first = True
         try:
             while data := await reader.read(65536):
-                if self._cut_next_reply:
+                kinds: set[bytes] = set()
+                pending += data
+                if first and pending[:1] in (b"N", b"S"):
+                    pending = pending[1:]  # the one-byte answer to an SSLRequest
+                first = False
+                while len(pending) >= 5:
+                    (size,) = struct.unpack_from(">I", pending, 1)
+                    if len(pending) < 1 + size:
+                        break
+                    kinds.add(pending[:1])
+                    pending = pending[1 + size :]
+                if self._cut_next_reply and (not self._cut_after_command or kinds & _RAN):
                     self._cut_next_reply = False
                     self.cuts += 1
                     break

@@ -240,5 +240,7 @@ class PostgresConsumer(BaseConsumer):
 
 def _row_id(message_id: str) -> int | None:
     """The outbox row id of a message id, or ``None`` for ids this store never made."""
-    ok = message_id.isascii() and message_id.isdigit() and 0 < int(message_id) < 2**63
-    return int(message_id) if ok else None
+    if not (message_id.isascii() and message_id.isdigit() and len(message_id) <= 19):
+        return None
+    row_id = int(message_id)
+    return row_id if 0 < row_id < 2**63 and str(row_id) == message_id else None
