@@ -4,12 +4,14 @@ commands, and the README quick start prints what the README says it prints."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,3 +82,26 @@ def test_doc_page_code_runs(page: Path, tmp_path: Path) -> None:
             env={**os.environ, "NO_COLOR": "1"},
         )
         assert proc.returncode == 0, f"{page.name}: `{command}` failed:\n{proc.stderr}"
+
+
+def test_every_store_option_is_documented() -> None:
+    """Each store's URL options (its ``OPTIONS``) have a row in its section of storage.md."""
+    import flowy.memory
+    import flowy.sqlite
+
+    stores: dict[str, Any] = {"Memory": flowy.memory, "SQLite": flowy.sqlite}
+    for heading, module in (
+        ("PostgreSQL", "flowy_postgres"),
+        ("Redis", "flowy_redis"),
+        ("DynamoDB", "flowy_dynamodb"),
+    ):
+        stores[heading] = importlib.import_module(module)
+    text = (ROOT / "docs" / "storage.md").read_text()
+    sections = dict(re.findall(r"^## (\S+)\n(.*?)(?=^## |\Z)", text, re.S | re.M))
+    missing = [
+        f"{heading}: {name}"
+        for heading, module in stores.items()
+        for name in module.OPTIONS
+        if f"| `{name}` |" not in sections.get(heading, "")
+    ]
+    assert not missing, f"options without a row in docs/storage.md: {missing}"
