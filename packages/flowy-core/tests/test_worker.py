@@ -14,7 +14,7 @@ import flowy
 from flowy import storage
 from flowy import types as ftypes
 from flowy.memory import MemoryBackend, MemoryConsumer
-from flowy.testing.faults import FaultyOutbox
+from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 
 pytestmark = pytest.mark.anyio
 
@@ -288,3 +288,106 @@ async def test_worker_dying_mid_segment_after_a_saved_step_is_continued() -> Non
     head, _ = await cp.load("t")
     assert head.status is flowy.RunStatus.COMPLETED
     assert ran == ["b", "c"]  # b ran once: the saved step was not repeated
+
+
+async def test_a_run_that_loses_its_lease_after_a_saved_step_is_retried_not_acked() -> None:
+    """The resumed run saves a step, then its end is refused (the lease was lost): the
+    thread is still mid-run, so the message comes back and the next delivery finishes
+    it from the saved step."""
+    mem: MemoryBackend[State] = MemoryBackend()
+    ran: list[str] = []
+
+    async def a(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="b")
+
+    async def b(s: State) -> tuple[State, flowy.Directive[Any]]:
+        ran.append("b")
+        return {"b": True}, flowy.completed()
+
+    async def c(s: State) -> tuple[State, flowy.Directive[Any]]:
+        ran.append("c")
+        return {"c": True}, flowy.completed()
+
+    builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    builder.add_node("a", a).add_node("b", b).add_node("c", c)
+    builder.add_edge("a", "b").add_edge("b", "c").allow_no_outgoing_route("c")
+    faulty = FaultyCheckpointer(mem.checkpointer)
+    faulty.arm(Phase.SAVE_TERMINAL, error=lambda: flowy.LeaseLostError("lease taken over"))
+    runner = flowy.Runner(
+        builder.compile(), faulty, lease_manager=mem.leases, handoff_outbox=mem.outbox
+    )
+    await flowy.Runner(builder.compile(), mem).start("t", {})
+    # The refused run keeps its lease record until the TTL runs out (it believes the
+    # lease gone): the next delivery waits that long (busy), then resumes.
+    worker = flowy.Worker(runner, mem.consumer, owner="w", lease_ttl=0.3, retry_delay=0.0)
+    assert await worker.run_until_idle(idle_wait=1.0) >= 2
+    assert worker.stats.outcomes["retry"] >= 1
+    assert worker.stats.outcomes["resumed"] == 1
+    head, _ = await mem.checkpointer.load("t")
+    assert head.status is flowy.RunStatus.COMPLETED
+    assert ran == ["b", "c", "c"]  # b's saved step was not repeated
+    assert mem.consumer.pending_count() == 0
+
+
+async def test_a_node_failure_that_was_saved_is_acknowledged() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
+
+    async def a(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="b")
+
+    async def b(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {"b": True}, flowy.completed()
+
+    async def c(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return s, flowy.fail("refused_by_policy")
+
+    builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    builder.add_node("a", a).add_node("b", b).add_node("c", c)
+    builder.add_edge("a", "b").add_edge("b", "c").allow_no_outgoing_route("c")
+    runner = flowy.Runner(builder.compile(), mem)
+    await runner.start("t", {})
+    worker = flowy.Worker(runner, owner="w", retry_delay=0.0)
+    assert await worker.run_until_idle() == 1
+    assert worker.stats.outcomes["resumed"] == 1
+    assert (await mem.checkpointer.load("t"))[0].status is flowy.RunStatus.FAILED
+
+
+async def test_a_second_delivery_of_a_running_thread_waits_for_the_first() -> None:
+    """The visibility timeout runs out while this worker still runs the thread: the
+    second delivery waits for the first run, then finds it done (no busy retries)."""
+    mem: MemoryBackend[State] = MemoryBackend()
+    gate = asyncio.Event()
+    ran: list[str] = []
+
+    async def a(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="slow")
+
+    async def slow(s: State) -> tuple[State, flowy.Directive[Any]]:
+        ran.append("slow")
+        await gate.wait()
+        return {"done": True}, flowy.completed()
+
+    builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    builder.add_node("a", a).add_node("slow", slow).add_edge("a", "slow")
+    builder.allow_no_outgoing_route("slow")
+    runner = flowy.Runner(builder.compile(), mem)
+    await runner.start("t", {})
+    worker = flowy.Worker(
+        runner, owner="w", concurrency=2, visibility_timeout=0.1, poll_interval=0.02
+    )
+    running = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.sleep(0.4)  # the message was claimed again meanwhile
+        gate.set()
+        for _ in range(100):
+            if mem.consumer.pending_count() == 0:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        worker.stop()
+        await running
+    assert ran == ["slow"]
+    assert worker.stats.outcomes["retry"] == 0
+    assert worker.stats.outcomes["resumed"] == 1
+    assert worker.stats.outcomes["duplicate"] >= 1
+    assert mem.consumer.pending_count() == 0

@@ -96,7 +96,11 @@ class Worker(Generic[S, E]):
     A message that fails (a node raised, the thread is busy, the store failed) is logged
     with its traceback on the ``flowy.worker`` logger, released with ``"Type: message"``
     as its error, and redelivered after an exponential backoff with jitter; after the
-    consumer's ``max_attempts`` deliveries it is dead-lettered.
+    consumer's ``max_attempts`` deliveries it is dead-lettered. A thread held by another
+    live lease comes back after at least ``lease_ttl`` (the time a dead worker's lease
+    takes to run out). A run that failed without saving its end (its lease was lost, the
+    store failed) is retried and resumes where it stopped; a failure it saved (a node
+    raised) is acknowledged.
 
     Args:
         runner: the runner that resumes the runs.
@@ -187,6 +191,7 @@ class Worker(Generic[S, E]):
         self.reenqueue_enqueued_after = reenqueue_enqueued_after
         self._stopping = asyncio.Event()
         self._inflight: set[asyncio.Task[Outcome]] = set()
+        self._threads: dict[str, asyncio.Lock] = {}  # one message per thread at a time
         self._outcomes: dict[str, int] = {o.value: 0 for o in Outcome}
         self._recovered = 0
         self._leader: Lease | None = None
@@ -265,13 +270,19 @@ class Worker(Generic[S, E]):
         return min(self.max_retry_delay, base * (1 + self.retry_jitter * random.random()))
 
     async def _retry(
-        self, message: OutboxMessage, what: str, exc: BaseException | None = None
+        self,
+        message: OutboxMessage,
+        what: str,
+        exc: BaseException | None = None,
+        *,
+        at_least: float = 0.0,
     ) -> Outcome:
-        """Give ``message`` back after a backoff (or dead-letter it on its last delivery),
-        with the error stored on it, logged with its traceback, and reported."""
+        """Give ``message`` back after a backoff of at least ``at_least`` seconds (or
+        dead-letter it on its last delivery), with the error stored on it, logged with its
+        traceback, and reported."""
         error = f"{what}: {type(exc).__name__}: {exc}" if exc is not None else what
         dead = message.attempts >= self.consumer.max_attempts
-        delay = 0.0 if dead else self.backoff(message.attempts)
+        delay = 0.0 if dead else max(self.backoff(message.attempts), at_least)
         thread = message.intent.thread_id
         level = logging.ERROR if dead else logging.WARNING
         logger.log(
@@ -303,7 +314,22 @@ class Worker(Generic[S, E]):
     async def process(self, message: OutboxMessage) -> Outcome:
         """Handle one claimed ``message``: evaluate, resume (or recover / drop a
         duplicate), ack; a failure gives it back (or dead-letters it). Returns what
-        happened."""
+        happened.
+
+        Messages of one thread are handled one at a time: a second delivery of a thread
+        this worker is running (its visibility timeout ran out, or a recovery
+        re-enqueued it) waits for the first to end, then finds it already resumed.
+        """
+        thread_id = message.intent.thread_id
+        lock = self._threads.setdefault(thread_id, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._process(message)
+        finally:
+            if not lock.locked() and self._threads.get(thread_id) is lock:
+                del self._threads[thread_id]
+
+    async def _process(self, message: OutboxMessage) -> Outcome:
         intent = message.intent
         runner = self.runner
         try:
@@ -342,7 +368,10 @@ class Worker(Generic[S, E]):
             lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
             result = await runner.resume(token, run_lease=lease, **extra)
         except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
-            return await self._retry(message, "thread busy", exc)
+            # Another run holds the thread: a live one, or the lease of a worker that
+            # died, which lasts a lease TTL. Come back after that, not sooner: quick
+            # retries would use up the deliveries while the dead worker's lease runs out.
+            return await self._retry(message, "thread busy", exc, at_least=self.lease_ttl)
         except ConcurrencyConflictError as exc:
             return await self._retry(message, "thread moved on", exc)
         except ThreadNotFoundError:
@@ -350,10 +379,20 @@ class Worker(Generic[S, E]):
         except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "resume failed", exc)
         self._report(intent, result)
-        if result.status is RunStatus.FAILED and result.revision == token.snapshot_revision:
-            # Nothing was persisted (a node raised, the lease was lost…): try again later.
+        if result.status is RunStatus.FAILED and not await self._failure_saved(result):
+            # The run stopped without saving its end (the lease was lost, the store
+            # failed…): the thread is still mid-run, so the message must come back.
             return await self._retry(message, f"run failed ({result.reason})", result.error)
         return await self._ack(message, Outcome.RESUMED)
+
+    async def _failure_saved(self, result: RunResult[S, E]) -> bool:
+        """Whether a failed run's end is the thread's stored head (a node's failure,
+        saved): then the message is done with. Unsure (the store failing) is no."""
+        try:
+            head, _ = await self.runner.head(result.thread_id)
+        except Exception:  # noqa: BLE001 - unsure: the message comes back and decides again
+            return False
+        return head.status is RunStatus.FAILED
 
     def _report(self, intent: HandoffIntent, result: RunResult[S, E]) -> None:
         if self.on_result is None:
