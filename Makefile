@@ -73,9 +73,15 @@ STRESS_TESTS = packages/flowy-core/tests/test_handoff.py packages/flowy-core/tes
 	packages/flowy-core/tests/test_leases_runner.py packages/flowy-core/tests/test_worker.py \
 	packages/flowy-core/tests/test_runner.py packages/flowy-core/tests/test_conformance_memory.py
 STRESS_COUNT ?= 20
+STRESS_STORES ?= sqlite,postgres,redis,dynamodb
+STRESS_HANDOFFS ?= 10000
+STRESS_DYNAMODB_HANDOFFS ?= 300
 
-# The hand-off/resume/orphan/lease/stream contract tests, STRESS_COUNT times in a row, then
-# a randomised run of thousands of hand-offs with faults at every phase.
+# The hand-off/resume/orphan/lease/stream contract tests, STRESS_COUNT times in a row; a
+# randomised in-process run of thousands of hand-offs with faults at every phase; then,
+# on every store of STRESS_STORES, STRESS_HANDOFFS hand-offs through worker processes with
+# faults at every phase and workers SIGKILLed mid-segment (one summary line per store).
+# DynamoDB runs on moto here, which serves about ten saves a second: fewer hand-offs.
 verify-stress: setup
 	@for i in $$(seq 1 $(STRESS_COUNT)); do \
 		echo "verify-stress: round $$i/$(STRESS_COUNT)"; \
@@ -83,6 +89,8 @@ verify-stress: setup
 	done
 	$(RUN) python -m flowy.testing.stress --handoffs 5000 $(STRESS_ARGS)
 	$(RUN) python -m flowy.testing.stress --handoffs 2000 --seed 7 --fault-rate 0.3 $(STRESS_ARGS)
+	$(RUN) python scripts/stress_stores.py --stores $(STRESS_STORES) \
+		--handoffs $(STRESS_HANDOFFS) --dynamodb-handoffs $(STRESS_DYNAMODB_HANDOFFS)
 
 clean:
 	rm -rf .venv .tools .pytest_cache .ruff_cache

@@ -111,7 +111,7 @@ class _PlainOutbox:
         await self.inner.enqueue_intent(intent)
 
 
-async def _worker(url: str, seed: int, fault_rate: float, stats: Path) -> None:
+async def _worker(url: str, seed: int, fault_rate: float, stats: Path, pace: float) -> None:
     """One worker process: resume hand-offs with faults until SIGTERM (or SIGKILL)."""
     rng = random.Random(seed)
     backend = await connect(url)
@@ -147,13 +147,13 @@ async def _worker(url: str, seed: int, fault_rate: float, stats: Path) -> None:
         runner,
         backend.consumer,
         owner=f"stress-{os.getpid()}",
-        lease_ttl=2.0,
+        lease_ttl=2.0 * pace,
         concurrency=4,
-        visibility_timeout=3.0,
-        poll_interval=0.2,
-        recovery_interval=1.0,
-        stale_after=2.0,
-        reenqueue_enqueued_after=8.0,
+        visibility_timeout=3.0 * pace,
+        poll_interval=0.2 * pace,
+        recovery_interval=1.0 * pace,
+        stale_after=2.0 * pace,
+        reenqueue_enqueued_after=8.0 * pace,
         retry_delay=0.05,
         max_retry_delay=0.5,
         on_result=report,
@@ -169,7 +169,9 @@ async def _worker(url: str, seed: int, fault_rate: float, stats: Path) -> None:
         await backend.aclose()
 
 
-async def _spawn(url: str, seed: int, fault_rate: float, stats: Path) -> asyncio.subprocess.Process:
+async def _spawn(
+    url: str, seed: int, fault_rate: float, stats: Path, pace: float
+) -> asyncio.subprocess.Process:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -181,6 +183,8 @@ async def _spawn(url: str, seed: int, fault_rate: float, stats: Path) -> asyncio
         str(seed),
         "--fault-rate",
         str(fault_rate),
+        "--pace",
+        str(pace),
         "--stats",
         str(stats),
         stdout=asyncio.subprocess.PIPE,
@@ -221,6 +225,7 @@ async def run(
     workers: int = 4,
     kills: int = 5,
     fault_rate: float = 0.1,
+    pace: float = 1.0,
     seed: int = 1,
     deadline_seconds: float = 900.0,
 ) -> dict[str, int | str]:
@@ -240,7 +245,7 @@ async def run(
     async def spawn() -> None:
         nonlocal spawned
         stats = tmp / f"worker-{spawned}.json"
-        procs.append((await _spawn(url, seed * 1000 + spawned, fault_rate, stats), stats))
+        procs.append((await _spawn(url, seed * 1000 + spawned, fault_rate, stats, pace), stats))
         spawned += 1
 
     for _ in range(workers):
@@ -250,7 +255,7 @@ async def run(
     started = time.monotonic()
     try:
         while time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(pace)
             done = await _completed(backend, threads)
             if done >= handoffs:
                 break
@@ -304,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4, help="worker processes at a time")
     parser.add_argument("--kills", type=int, default=5, help="workers SIGKILLed mid-flight")
     parser.add_argument("--fault-rate", type=float, default=0.1, help="chance of a fault")
+    parser.add_argument(
+        "--pace", type=float, default=1.0, help="scales the workers' timings (slow stores)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="random seed")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -311,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.getLogger("flowy").setLevel(logging.CRITICAL)  # injected faults are expected
     if args.worker:
-        asyncio.run(_worker(args.store, args.seed, args.fault_rate, args.stats))
+        asyncio.run(_worker(args.store, args.seed, args.fault_rate, args.stats, args.pace))
         return 0
     summary = asyncio.run(
         run(
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers,
             kills=args.kills,
             fault_rate=args.fault_rate,
+            pace=args.pace,
             seed=args.seed,
             deadline_seconds=args.timeout,
         )
