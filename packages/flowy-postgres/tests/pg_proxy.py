@@ -16,7 +16,6 @@ from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-
 _RAN = {b"D", b"C", b"s"}  # DataRow, CommandComplete, PortalSuspended
 
 

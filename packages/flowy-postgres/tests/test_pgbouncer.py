@@ -11,24 +11,16 @@ disturbing connections (``admin``, the row locker) go to PostgreSQL directly.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import subprocess
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pg_proxy import PgProxy
 from pg_support import Conn, intent, opened, snap, with_options
-
-# The hazards whose stores come from ``flowy_url``/``backend`` run here through PgBouncer
-# (this module's ``flowy_url``): a server connection killed while a save waits on a row
-# lock, then the same under durable_save, and two processes racing on one thread.
-from test_hazards import (
-    history,
-    test_connection_killed_mid_save_writes_nothing,  # noqa: F401
-    test_durable_save_recovers_a_save_killed_mid_statement,  # noqa: F401
-    test_two_processes_race_into_one_history_chain,  # noqa: F401
-)
 
 from flowy.errors import StorageUnavailableError
 from flowy.storage import durable_save
@@ -36,6 +28,33 @@ from flowy.testing.backends import backend_missing, port_open
 from flowy.testing.suite import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromLibrary]
 
 pytestmark = pytest.mark.anyio
+
+
+def _hazards() -> Any:
+    """This folder's ``test_hazards`` module (loaded by path: other packages' test
+    folders have modules of that name too)."""
+    path = Path(__file__).with_name("test_hazards.py")
+    spec = importlib.util.spec_from_file_location("flowy_postgres_test_hazards", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_HAZARDS = _hazards()
+history = _HAZARDS.history
+# The hazards whose stores come from ``flowy_url``/``backend`` run here through PgBouncer
+# (this module's ``flowy_url``): a server connection killed while a save waits on a row
+# lock, then the same under durable_save, and two processes racing on one thread.
+test_connection_killed_mid_save_writes_nothing = (
+    _HAZARDS.test_connection_killed_mid_save_writes_nothing
+)
+test_durable_save_recovers_a_save_killed_mid_statement = (
+    _HAZARDS.test_durable_save_recovers_a_save_killed_mid_statement
+)
+test_two_processes_race_into_one_history_chain = (
+    _HAZARDS.test_two_processes_race_into_one_history_chain
+)
 
 
 @pytest.fixture(scope="session")
