@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import gc
 import json
 import os
@@ -41,8 +42,18 @@ TEXT = "lorem ipsum dolor sit amet, " * 32  # with the envelope: a record of abo
 State = dict[str, Any]
 
 
+STAMPS: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+    "bench_stamps", default=None
+)
+"""When set (to a list), each node call appends ``time.perf_counter()`` to it: the step
+latencies of the concurrency benchmark."""
+
+
 def _node(index: int, last: bool) -> Callable[[State], Awaitable[tuple[State, Any]]]:
     async def node(state: State) -> tuple[State, flowy.Directive[Any]]:
+        stamps = STAMPS.get()
+        if stamps is not None:
+            stamps.append(time.perf_counter())
         new = {"n": state["n"] + 1, "node": index, "text": TEXT}
         return new, (flowy.end() if last else flowy.completed())
 
