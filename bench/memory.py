@@ -107,7 +107,9 @@ async def worker_child(messages: int, seconds: float | None, trace: bool) -> dic
     running = asyncio.ensure_future(worker.run())
     marks: list[dict[str, float]] = []
     snapshots: dict[str, Any] = {}
-    step = max(messages // 20, 1)
+    # A reading every 5% of the messages (at most every 2,500, so that a run cut short
+    # by its time limit still has many).
+    step = max(min(messages // 20, 2_500), 1)
     began = time.monotonic()
     started = 0
     while started < messages:
@@ -124,8 +126,8 @@ async def worker_child(messages: int, seconds: float | None, trace: bool) -> dic
                 caught_up.clear()
                 await caught_up.wait()
             marks.append({"messages": float(processed), **reading(trace)})
-            if trace and len(marks) in (5, 20):  # 25% and 100%
-                snapshots[str(len(marks))] = tracemalloc.take_snapshot()
+            if trace and started == step * 5:  # 25% of a run that is not cut short
+                snapshots["quarter"] = tracemalloc.take_snapshot()
     while processed < started:
         caught_up.clear()
         await caught_up.wait()
@@ -136,9 +138,9 @@ async def worker_child(messages: int, seconds: float | None, trace: bool) -> dic
     if not marks or marks[-1]["messages"] != final["messages"]:
         marks.append(final)
     top: list[str] = []
-    if trace and "5" in snapshots:
+    if trace and "quarter" in snapshots:
         last = tracemalloc.take_snapshot()
-        stats = last.compare_to(snapshots["5"], "lineno")
+        stats = last.compare_to(snapshots["quarter"], "lineno")
         top = [str(s) for s in stats[:8]]
     await backend.aclose()
     return {"marks": marks, "seconds": elapsed, "top": top, "stats": dict(worker.stats.outcomes)}
@@ -174,6 +176,12 @@ async def suspended_child(threads: int, warm: int, seconds: float | None) -> dic
     return {"before": before, "after": after, "threads": done, "warm": warm, "seconds": elapsed}
 
 
+def at_fraction(marks: list[dict[str, float]], fraction: float) -> dict[str, float]:
+    """The reading taken nearest ``fraction`` of the messages processed in the end."""
+    goal = fraction * marks[-1]["messages"]
+    return min(marks, key=lambda m: abs(m["messages"] - goal))
+
+
 def child(name: str, *extra: str) -> dict[str, Any]:
     """Run ``--child name`` in a fresh process and return what it printed (JSON)."""
     proc = subprocess.run(
@@ -193,24 +201,24 @@ def worker_rows(args: argparse.Namespace) -> list[c.Row]:
     elif args.full:
         messages, seconds, trace_messages, trace_seconds = 1_000_000, None, 100_000, None
     else:
-        messages, seconds, trace_messages, trace_seconds = 200_000, 60.0, 40_000, 20.0
+        messages, seconds, trace_messages, trace_seconds = 200_000, 60.0, 6_000, None
     extra = ["--messages", str(messages)] + ([] if seconds is None else ["--seconds", str(seconds)])
     out = child("worker", *extra)
     marks = out["marks"]
-    quarter = marks[min(4, len(marks) - 1)] if len(marks) >= 5 else marks[0]
     last = marks[-1]
     n = int(last["messages"])
+    quarter = at_fraction(marks, 0.25)
     print(
         f"(a) Worker on the memory store: {n:,} hand-offs in {out['seconds']:.1f} s "
         f"({n / out['seconds']:,.0f}/s); outcomes {out['stats']}"
     )
     print("    messages      RSS        live objects")
-    for m in marks:
+    for m in [at_fraction(marks, k / 10) for k in range(1, 11)]:
         print(f"    {int(m['messages']):>9,}   {c.mib(m['rss']):>10}   {int(m['objects']):>10,}")
     growth = last["rss"] - quarter["rss"]
     per_message = growth / max(last["messages"] - quarter["messages"], 1)
     print(
-        f"    growth from {int(quarter['messages']):,} to {n:,}: {c.mib(growth)} "
+        f"    growth from {int(quarter['messages']):,} (25%) to {n:,}: {c.mib(growth)} "
         f"({growth / quarter['rss']:+.1%}), {per_message:.2f} bytes/message; objects "
         f"{int(last['objects'] - quarter['objects']):+,}; at that rate 1,000,000 messages "
         f"add {c.mib(per_message * 1_000_000)}"
@@ -239,7 +247,7 @@ def worker_rows(args: argparse.Namespace) -> list[c.Row]:
         "worker", *extra + ([] if trace_seconds is None else ["--seconds", str(trace_seconds)])
     )
     tm = traced["marks"]
-    t_quarter, t_last = (tm[min(4, len(tm) - 1)], tm[-1])
+    t_quarter, t_last = at_fraction(tm, 0.25), tm[-1]
     t_growth = t_last["traced"] - t_quarter["traced"]
     tn = int(t_last["messages"])
     print(
