@@ -226,8 +226,8 @@ def worker_rows(args: argparse.Namespace) -> list[c.Row]:
     rows = [
         c.Row(
             "memory.worker_rss",
-            f"Worker RSS over {n:,} hand-offs (memory store): end vs 25%",
-            f"{c.mib(last['rss'])} ({growth / quarter['rss']:+.1%})",
+            "Worker RSS over a run of hand-offs (memory store): end vs 25%",
+            f"{c.mib(last['rss'])} ({growth / quarter['rss']:+.1%}) after {n:,}",
             f"{c.mib(quarter['rss'])} at 25%",
             last["rss"] / quarter["rss"],
             f"< +{BUDGET:.0%}",
@@ -260,8 +260,8 @@ def worker_rows(args: argparse.Namespace) -> list[c.Row]:
     rows.append(
         c.Row(
             "memory.worker_traced",
-            f"Worker traced memory over {tn:,} hand-offs (tracemalloc): end vs 25%",
-            f"{c.mib(t_last['traced'])} ({t_growth / t_quarter['traced']:+.1%})",
+            "Worker traced memory over hand-offs (tracemalloc): end vs 25%",
+            f"{c.mib(t_last['traced'])} ({t_growth / t_quarter['traced']:+.1%}) after {tn:,}",
             f"{c.mib(t_quarter['traced'])} at 25%",
             t_last["traced"] / t_quarter["traced"],
             f"< +{BUDGET:.0%} or 64 KiB",
@@ -292,8 +292,8 @@ def suspended_rows(args: argparse.Namespace) -> list[c.Row]:
     return [
         c.Row(
             "memory.suspended",
-            f"RSS after suspending {n:,} threads through one Runner (SQLite file)",
-            f"{c.mib(after['rss'])} ({delta / before['rss']:+.1%})",
+            "RSS after suspending threads through one Runner (SQLite file)",
+            f"{c.mib(after['rss'])} ({delta / before['rss']:+.1%}) after {n:,}",
             f"{c.mib(before['rss'])} before",
             after["rss"] / before["rss"],
             f"< +{BUDGET:.0%}",
