@@ -40,6 +40,8 @@ from flowy.storage import Snapshot
 
 LIMIT = 100
 BUDGET = 1.2
+MAX_SECONDS = 60.0
+"""A comparison stops after this long once it has 5 rounds (moto takes seconds a page)."""
 
 
 def snap(tid: str, n: int) -> Snapshot[c.State]:
@@ -146,6 +148,7 @@ async def measure_load(
             },
             rounds,
             warmup=5,
+            max_seconds=MAX_SECONDS,
         )
     lo, sh = c.median(loads["long"]), c.median(loads["short"])
     print(
@@ -185,6 +188,7 @@ async def measure_list(
             },
             rounds,
             warmup=5,
+            max_seconds=MAX_SECONDS,
         )
     bg, sm = c.median(pages["big"]), c.median(pages["small"])
     print(
