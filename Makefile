@@ -66,6 +66,8 @@ demo:
 	@echo "  .venv/bin/flowy threads --db $(DEMO_DB)"
 	@echo "or first activate the environment (. .venv/bin/activate) and type the flowy commands above as printed."
 
+# One table of flowy's figures against their baselines and budgets (bench/README.md).
+# BENCH_ARGS: --quick, --full, --only NAME, --json FILE, --strict. Not part of `make test`.
 bench: setup
 	$(RUN) python bench/run.py $(BENCH_ARGS)
 

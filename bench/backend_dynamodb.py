@@ -1,263 +1,223 @@
-"""Benchmark: a durable save on DynamoDB vs the raw conditional write it is built on.
+"""DynamoDB: flowy's own share of a durable save, against a raw ``TransactWriteItems`` of
+the very same items (information; no budget).
 
-Measures, on the same endpoint in the same run, the median latency of
-``DynamoCheckpointer.save`` (a ~1 KiB state; one ``TransactWriteItems`` of the head
-update and the history entry, run off the event loop) against a raw boto3 conditional
-``UpdateItem`` of a 1 KiB item, and prints the ratio. For scale it also times the same
-two-item transaction sent raw (what the save costs the service, without flowy).
+A run saves a ~1 KiB state 10 times on a fresh thread through ``DynamoCheckpointer``,
+whose boto3 client records the time of each ``TransactWriteItems`` call and the request
+itself. After each save (alternating which goes first), the same request is sent raw by
+boto3, with the table name changed, to a mirror table that receives every write flowy
+makes in the same order: the same items against the same table contents, so the same
+work for the emulator. Then:
 
-The endpoint is ``FLOWY_DYNAMODB_ENDPOINT`` if set, else moto's server mode started here
-(an in-process emulator: its figures say nothing about DynamoDB's own latency).
+- the save's time vs the raw request's time (medians);
+- flowy's own share of a save: the save's time outside its boto3 call (encoding,
+  building the request, the hop to the pool thread and back), and the CPU time of a save
+  against a client that answers at once (flowy alone, no boto3 and no I/O).
 
-    uv run --frozen --all-packages python bench/backend_dynamodb.py [--rounds 8] [--per-round 50]
+The endpoint is ``FLOWY_DYNAMODB_ENDPOINT`` if set, else moto in server mode, run here
+one request at a time (the tests' stand-in, ``packages/flowy-dynamodb/tests``): an
+emulator whose figures say nothing about DynamoDB's own latency, only about flowy's share.
+
+    uv run --frozen --all-packages python bench/backend_dynamodb.py [--runs 20]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
-import statistics
+import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
+
+import _common as c
 
 from flowy.storage import Snapshot, new_write_id
-from flowy_dynamodb import DynamoBackend, create_table, make_client
 
-STATE = {"blob": "x" * 1000, "step": 0}  # ~1 KiB encoded
+WRITES = ("transact_write_items", "put_item", "update_item", "delete_item", "batch_write_item")
 
 
-def start_endpoint() -> tuple[str, str, Any]:
+def start_endpoint() -> tuple[str, Any]:
+    """The endpoint, and the moto server started here (``None`` for an explicit one)."""
     explicit = os.environ.get("FLOWY_DYNAMODB_ENDPOINT")
     if explicit:
-        return explicit, "FLOWY_DYNAMODB_ENDPOINT", None
-    from moto.server import ThreadedMotoServer
+        return explicit, None
+    sys.path.insert(0, str(c.ROOT / "packages" / "flowy-dynamodb" / "tests"))
+    from moto_server import SerializedMotoServer  # the tests' serialized stand-in
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    return f"http://{host}:{port}", "moto server mode (in-process emulator)", server
+    server = SerializedMotoServer()
+    return server.start(), server
 
 
-def client_for(endpoint: str) -> Any:
-    if not os.environ.get("AWS_ACCESS_KEY_ID"):  # an emulator takes any credentials
-        os.environ["AWS_ACCESS_KEY_ID"] = os.environ["AWS_SECRET_ACCESS_KEY"] = "bench"
-    return make_client(
-        endpoint_url=endpoint, region=os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-    )
+def renamed(value: Any, old: str, new: str) -> Any:
+    """``value`` (a boto3 request) with the table name ``old`` replaced by ``new``."""
+    if isinstance(value, dict):
+        return {(new if k == old else k): renamed(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renamed(v, old, new) for v in value]
+    return new if value == old else value
 
 
-def forget_moto_instances() -> None:
-    """moto keeps every model object it ever made (and a transaction copies its table):
-    drop that record between rounds so the emulator's garbage does not stall the run."""
-    from moto.core.model_instances import reset_model_data
+class Recorder:
+    """Wraps the write calls of a boto3 client: each call is timed and kept (in order)
+    for the mirror table."""
 
-    reset_model_data()
+    def __init__(self, client: Any) -> None:
+        self.calls: list[tuple[str, dict[str, Any], float]] = []
+        for name in WRITES:
+            setattr(client, name, self._wrap(name, getattr(client, name)))
 
+    def _wrap(self, name: str, inner: Any) -> Any:
+        def call(**params: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return inner(**params)
+            finally:
+                self.calls.append((name, params, time.perf_counter() - began))
 
-def trim(client: Any, table: str, pk: str, keep: int) -> None:
-    """Delete the raw transaction's history entries except the newest."""
-    items = client.query(
-        TableName=table,
-        KeyConditionExpression="#p = :p AND begins_with(#s, :r)",
-        ExpressionAttributeNames={"#p": "pk", "#s": "sk"},
-        ExpressionAttributeValues={":p": {"S": pk}, ":r": {"S": "rev#"}},
-        ProjectionExpression="#p, #s",
-    )["Items"]
-    doomed = [i for i in items if i["sk"]["S"] != f"rev#{keep:020d}"]
-    for first in range(0, len(doomed), 25):
-        client.batch_write_item(
-            RequestItems={
-                table: [{"DeleteRequest": {"Key": key}} for key in doomed[first : first + 25]]
-            }
-        )
+        return call
 
 
-async def timed(fn: Callable[[], Awaitable[None]], count: int, out: list[float]) -> None:
-    for _ in range(count):
-        started = time.perf_counter()
-        await fn()
-        out.append(time.perf_counter() - started)
+async def measure(args: argparse.Namespace) -> list[c.Row]:
+    from flowy_dynamodb import DynamoBackend, create_table, make_client
 
-
-async def run(rounds: int, per_round: int) -> None:
-    endpoint, kind, server = start_endpoint()
-    client = client_for(endpoint)
-    table = f"flowy-bench-{uuid.uuid4().hex[:10]}"
-    create_table(client, table)
-    # The checkpointer gets its own client whose TransactWriteItems is timed from inside,
-    # so flowy's own share of a save (encoding, expressions, the hop to the pool
-    # thread) can be told apart from the request itself.
-    cp_client = client_for(endpoint)
-    inner: list[float] = []
-    send = cp_client.transact_write_items
-
-    def timed_send(**params: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return send(**params)
-        finally:
-            inner.append(time.perf_counter() - started)
-
-    cp_client.transact_write_items = timed_send
-    backend = await DynamoBackend[Any].from_client(cp_client, table, max_workers=4).open()
+    endpoint, server = start_endpoint()
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")  # an emulator takes any credentials
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
+    table, mirror = f"flowy-bench-{uuid.uuid4().hex[:10]}", f"flowy-mirror-{uuid.uuid4().hex[:8]}"
+    raw: Any = make_client(endpoint_url=endpoint, region=region)
+    flowy_client: Any = make_client(endpoint_url=endpoint, region=region)
+    create_table(raw, table)
+    create_table(raw, mirror)
+    recorder = Recorder(flowy_client)
+    backend = await DynamoBackend[Any].from_client(flowy_client, table, max_workers=4).open()
     cp = backend.checkpointer
-    thread_id = f"bench-{uuid.uuid4().hex}"
-    revision = 0
-    raw_revision = 0
-    tx_revision = 0
-    payload = b"x" * 1024
+    synced = len(recorder.calls)  # writes of the mirror so far (the schema record too)
 
-    async def durable_save() -> None:
-        nonlocal revision
-        snapshot: Snapshot[Any] = Snapshot(
-            thread_id=thread_id,
-            state={**STATE, "step": revision},
-            execution_pointer="step",
-            write_id=new_write_id(),
-        )
-        revision = await cp.save(revision, snapshot)
+    def mirror_pending(timed: list[float] | None) -> None:
+        """Send the mirror table every write flowy made since the last call."""
+        nonlocal synced
+        while synced < len(recorder.calls):
+            name, params, _ = recorder.calls[synced]
+            synced += 1
+            began = time.perf_counter()
+            getattr(raw, name)(**renamed(params, table, mirror))
+            if timed is not None and name == "transact_write_items":
+                timed.append(time.perf_counter() - began)
 
-    async def raw_update() -> None:
-        nonlocal raw_revision
-        condition = "attribute_not_exists(#r)" if raw_revision == 0 else "#r = :e"
-        values: dict[str, Any] = {":n": {"N": str(raw_revision + 1)}, ":d": {"B": payload}}
-        if raw_revision:
-            values[":e"] = {"N": str(raw_revision)}
-        client.update_item(
-            TableName=table,
-            Key={"pk": {"S": "bench#raw"}, "sk": {"S": "head"}},
-            UpdateExpression="SET #r = :n, #d = :d",
-            ConditionExpression=condition,
-            ExpressionAttributeNames={"#r": "revision", "#d": "data"},
-            ExpressionAttributeValues=values,
-        )
-        raw_revision += 1
-
-    async def raw_transaction() -> None:
-        nonlocal tx_revision
-        condition = "attribute_not_exists(#r)" if tx_revision == 0 else "#r = :e"
-        values: dict[str, Any] = {":n": {"N": str(tx_revision + 1)}, ":d": {"B": payload}}
-        if tx_revision:
-            values[":e"] = {"N": str(tx_revision)}
-        client.transact_write_items(
-            TransactItems=[
-                {
-                    "Update": {
-                        "TableName": table,
-                        "Key": {"pk": {"S": "bench#tx"}, "sk": {"S": "head"}},
-                        "UpdateExpression": "SET #r = :n, #d = :d",
-                        "ConditionExpression": condition,
-                        "ExpressionAttributeNames": {"#r": "revision", "#d": "data"},
-                        "ExpressionAttributeValues": values,
-                    }
-                },
-                {
-                    "Put": {
-                        "TableName": table,
-                        "Item": {
-                            "pk": {"S": "bench#tx"},
-                            "sk": {"S": f"rev#{tx_revision + 1:020d}"},
-                            "data": {"B": payload},
-                        },
-                        "ConditionExpression": "attribute_not_exists(#p)",
-                        "ExpressionAttributeNames": {"#p": "pk"},
-                    }
-                },
-            ]
-        )
-        tx_revision += 1
-
-    samples: dict[str, list[float]] = {"save": [], "raw": [], "tx": []}
+    mirror_pending(None)
+    saves: list[float] = []
+    inside: list[float] = []
+    replays: list[float] = []
+    runs = 4 if args.quick else args.runs
     try:
-        for warm in (durable_save, raw_update, raw_transaction):
-            await timed(warm, 20, [])
-        inner.clear()
-        for _ in range(rounds):  # interleaved, so drift hits all three alike
-            await timed(durable_save, per_round, samples["save"])
-            await timed(raw_update, per_round, samples["raw"])
-            await timed(raw_transaction, per_round, samples["tx"])
-            # Untimed: keep the history short, as retention does in production (and
-            # because moto copies the whole table on every transaction).
-            await cp.prune(thread_id, 1)
-            trim(client, table, "bench#tx", tx_revision)
+        for r in range(runs + 1):  # the first run warms up
+            tid = f"bench-{uuid.uuid4().hex}"
+            for revision in range(c.STEPS):
+                snap: Snapshot[Any] = Snapshot(
+                    tid,
+                    {"n": revision + 1, "node": revision, "text": c.TEXT},
+                    f"n{revision}",
+                    updated_at=time.time(),
+                    write_id=new_write_id(),
+                )
+                mark = len(recorder.calls)
+                replay_first = revision % 2 == 1 and mark > synced
+                if replay_first:  # keep the mirror one write behind, then catch up first
+                    mirror_pending(replays if r else None)
+                began = time.perf_counter()
+                await cp.save(revision, snap)
+                elapsed = time.perf_counter() - began
+                ours = [t for n, _, t in recorder.calls[mark:] if n == "transact_write_items"]
+                if not replay_first:
+                    mirror_pending(replays if r else None)
+                if r:
+                    saves.append(elapsed)
+                    inside.append(sum(ours))
+            await cp.delete(tid)  # keep the tables small: moto copies a table per transaction
+            mirror_pending(None)
             if server is not None:
-                forget_moto_instances()
+                server.forget_tracked_instances()
     finally:
-        client.delete_table(TableName=table)
         await backend.aclose()
+        for name in (table, mirror):
+            raw.delete_table(TableName=name)
         if server is not None:
             server.stop()
 
-    # The same saves against a client that answers at once: flowy's cost per save
-    # (encoding, expressions, the hop to a pool thread and back) with no I/O at all.
+    # flowy alone: the same saves against a client that answers at once.
     class NoopClient:
-        meta = cp_client.meta
+        meta = flowy_client.meta
 
         def transact_write_items(self, **_: Any) -> dict[str, Any]:
             return {}
 
-    noop_backend = DynamoBackend[Any].from_client(cast(Any, NoopClient()), table, max_workers=1)
-    noop = noop_backend.checkpointer
-    noop_samples: list[float] = []
+    noop = DynamoBackend[Any].from_client(NoopClient(), table, max_workers=1)  # type: ignore[arg-type]
+    noop_cp = noop.checkpointer
+    count = 200 if args.quick else 2000
+    snap = Snapshot("bench-noop", {"n": 1, "node": 0, "text": c.TEXT}, "n0", write_id="x")
+    for i in range(50):
+        await noop_cp.save(i, snap)
+    cpu, began = time.process_time(), time.perf_counter()
+    for i in range(count):
+        await noop_cp.save(i, snap)
+    noop_cpu = (time.process_time() - cpu) / count
+    noop_wall = (time.perf_counter() - began) / count
+    await noop.aclose()
 
-    async def noop_save() -> None:
-        snapshot: Snapshot[Any] = Snapshot(
-            thread_id=thread_id, state=STATE, execution_pointer="step", write_id=new_write_id()
-        )
-        await noop.save(len(noop_samples), snapshot)
-
-    await timed(noop_save, 200, [])
-    await timed(noop_save, 2000, noop_samples)
-    await noop_backend.aclose()
-    samples["noop"] = noop_samples
-
-    def median_us(name: str) -> float:
-        return statistics.median(samples[name]) * 1e6
-
-    def p90_us(name: str) -> float:
-        return statistics.quantiles(samples[name], n=10)[-1] * 1e6
-
-    save, raw, tx = median_us("save"), median_us("raw"), median_us("tx")
-    own = statistics.median(
-        outer - call for outer, call in zip(samples["save"], inner, strict=True)
-    )
-    print(f"endpoint: {endpoint} ({kind})")
-    print(f"samples per measurement: {len(samples['save'])} ({rounds} rounds x {per_round})")
-    print(
-        f"DynamoCheckpointer.save (1 KiB state, TransactWriteItems of 2 items): "
-        f"median {save:,.0f} us, p90 {p90_us('save'):,.0f} us"
-    )
-    print(
-        f"raw conditional UpdateItem (1 KiB, boto3 direct):                    "
-        f"median {raw:,.0f} us, p90 {p90_us('raw'):,.0f} us"
-    )
-    print(
-        f"raw TransactWriteItems (same 2 items, boto3 direct):                 "
-        f"median {tx:,.0f} us, p90 {p90_us('tx'):,.0f} us"
-    )
-    print(
-        f"flowy's own share of a save (outside the boto3 call):                 "
-        f"median {own * 1e6:,.0f} us"
-    )
-    print(
-        f"DynamoCheckpointer.save against a no-op client (flowy alone, no I/O): "
-        f"median {median_us('noop'):,.0f} us"
-    )
-    print(f"ratio save / raw UpdateItem: {save / raw:.2f}x")
-    print(f"ratio save / raw TransactWriteItems: {save / tx:.2f}x")
+    save, replay = c.median(saves), c.median(replays)
+    share = c.median([s - i for s, i in zip(saves, inside, strict=True)])
+    where = "moto server mode" if server is not None else endpoint
+    print(f"DynamoDB ({where}), {len(saves)} saves of a ~1 KiB state, fresh thread per 10:")
+    print(f"   save (TransactWriteItems of head + history)       {c.us(save)}")
+    print(f"     its boto3 call                                  {c.us(c.median(inside))}")
+    print(f"     flowy's share (outside the boto3 call)          {c.us(share)}")
+    print(f"   raw TransactWriteItems of the same items (mirror) {c.us(replay)}")
+    print(f"   flowy alone (no-op client): wall {c.us(noop_wall)}, CPU {c.us(noop_cpu)} per save")
+    values = {"share": share, "noop_cpu": noop_cpu, "noop_wall": noop_wall}
+    return [
+        c.info(
+            "dynamodb.save",
+            "DynamoDB (moto) save vs raw TransactWriteItems of the same items",
+            save,
+            replay,
+            **values,
+        ),
+        c.Row(
+            "dynamodb.share",
+            "DynamoDB flowy's own share per save: wall outside boto3 / CPU (no-op client)",
+            f"{c.us(share)} / {c.us(noop_cpu)}",
+            f"save {c.us(save)}",
+            share / save,
+            "—",
+            "info",
+            {"flowy": share, "baseline": save, **values},
+        ),
+    ]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--per-round", type=int, default=50)
-    args = parser.parse_args()
-    asyncio.run(run(args.rounds, args.per_round))
+    args = c.arguments(
+        __doc__ or "",
+        lambda p: p.add_argument("--runs", type=int, default=20, help="runs of 10 saves"),
+    )
+    try:
+        import flowy_dynamodb  # noqa: F401
+
+        if args.quick:
+            rows = [
+                c.skipped("dynamodb.save", "DynamoDB save", "--quick"),
+                c.skipped("dynamodb.share", "DynamoDB flowy's own share", "--quick"),
+            ]
+        else:
+            rows = asyncio.run(measure(args))
+    except ImportError as exc:
+        rows = [
+            c.skipped("dynamodb.save", "DynamoDB save", f"not installed ({exc.name})"),
+            c.skipped("dynamodb.share", "DynamoDB flowy's own share", "not installed"),
+        ]
+    c.report(rows, args)
 
 
 if __name__ == "__main__":

@@ -1,66 +1,81 @@
-"""Engine overhead: a Runner step (no checkpoint) vs a bare ``await node(state)`` loop
-over the same node functions, measured in the same process. Prints medians and the
-ratio (budget: within 10x)."""
+"""Engine overhead: a Runner step (no store, no I/O) vs a bare ``await node(state)`` loop
+over the same node functions, in interleaved rounds of one process.
+
+Budget (DESIGN §6): a Runner step within 4× the bare loop.
+
+    uv run --frozen --all-packages python bench/engine.py [--quick]
+"""
 
 from __future__ import annotations
 
 import asyncio
-import statistics
+import itertools
 import time
 from typing import Any
 
+import _common as c
+
 import flowy
 
-STEPS = 2_000
-ROUNDS = 15
+BUDGET = 4.0
+BARE_PASSES = 5
 
 
-async def count(state: int) -> tuple[int, flowy.Directive[Any]]:
-    if state + 1 >= STEPS:
-        return state + 1, flowy.end()
-    return state + 1, flowy.completed()
+def build(steps: int) -> tuple[flowy.Graph[int, Any], Any]:
+    async def count(state: int) -> tuple[int, flowy.Directive[Any]]:
+        if state + 1 >= steps:
+            return state + 1, flowy.end()
+        return state + 1, flowy.completed()
 
-
-def build() -> flowy.Graph[int, Any]:
     b = flowy.GraphBuilder[int, Any]()
     b.add_node("a", count).add_node("b", count).add_edge("a", "b").add_edge("b", "a")
-    return b.compile(max_steps=STEPS + 1)
+    return b.compile(max_steps=steps + 1), count
 
 
-async def bare_loop() -> float:
-    state = 0
-    started = time.perf_counter()
-    for _ in range(STEPS):
-        state, _directive = await count(state)
-    return (time.perf_counter() - started) / STEPS
+async def measure(steps: int, rounds: int) -> dict[str, list[float]]:
+    graph, count = build(steps)
+    runner = flowy.Runner(graph)
+    ids = itertools.count()
 
+    async def bare(_: int) -> float:
+        # Several passes per sample, so a sample lasts about as long as a Runner's: a
+        # short sample would dodge the noise a longer one catches.
+        started = time.perf_counter()
+        for _ in range(BARE_PASSES):
+            state = 0
+            for _ in range(steps):
+                state, _directive = await count(state)
+        return (time.perf_counter() - started) / (steps * BARE_PASSES)
 
-async def runner_loop(runner: flowy.Runner[int, Any], i: int) -> float:
-    started = time.perf_counter()
-    result = await runner.start(f"bench-{i}", 0)
-    elapsed = time.perf_counter() - started
-    assert result.state == STEPS, result
-    return elapsed / STEPS
+    async def engine(_: int) -> float:
+        started = time.perf_counter()
+        result = await runner.start(f"bench-{next(ids)}", 0)
+        elapsed = time.perf_counter() - started
+        assert result.state == steps, result
+        return elapsed / steps
 
-
-async def measure() -> dict[str, float]:
-    runner = flowy.Runner(build())
-    bare: list[float] = []
-    engine: list[float] = []
-    for i in range(ROUNDS):  # interleaved so machine noise hits both alike
-        bare.append(await bare_loop())
-        engine.append(await runner_loop(runner, i))
-    b, e = statistics.median(bare), statistics.median(engine)
-    return {"bare_us": b * 1e6, "engine_us": e * 1e6, "ratio": e / b}
+    return await c.interleave({"bare": bare, "engine": engine}, rounds, warmup=2)
 
 
 def main() -> None:
-    r = asyncio.run(measure())
+    args = c.arguments(__doc__ or "")
+    steps, rounds = (500, 5) if args.quick else (2_000, 31)
+    samples = asyncio.run(measure(steps, rounds))
+    bare, engine = c.median(samples["bare"]), c.median(samples["engine"])
     print(
-        f"engine overhead (in memory, no checkpoint, {STEPS} steps x {ROUNDS} rounds): "
-        f"bare loop {r['bare_us']:.2f} us/step, Runner {r['engine_us']:.2f} us/step, "
-        f"ratio {r['ratio']:.1f}x (budget 10x)"
+        f"engine overhead (no store, {steps} steps x {rounds} rounds): bare loop "
+        f"{bare * 1e6:.2f} µs/step, Runner {engine * 1e6:.2f} µs/step, "
+        f"ratio {engine / bare:.1f}x (budget {BUDGET:g}x)"
     )
+    row = c.at_most(
+        "engine",
+        "engine step, no store (vs bare `await node(state)` loop)",
+        engine,
+        bare,
+        BUDGET,
+        fmt=lambda s: f"{s * 1e6:.2f} µs",
+    )
+    c.report([row], args)
 
 
 if __name__ == "__main__":
