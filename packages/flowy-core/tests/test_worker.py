@@ -391,3 +391,45 @@ async def test_a_second_delivery_of_a_running_thread_waits_for_the_first() -> No
     assert worker.stats.outcomes["resumed"] == 1
     assert worker.stats.outcomes["duplicate"] >= 1
     assert mem.consumer.pending_count() == 0
+
+
+async def test_a_thread_let_go_of_within_the_grace_period_resumes_at_once() -> None:
+    """The run that handed off still holds the thread for a moment: the worker waits
+    for it instead of giving the message back."""
+    runs: list[str] = []
+    runner, queue = setup(runs)
+    await runner.start("t", {}, run_lease=("fg", 5))
+    assert runner.lease_manager is not None
+    held = await runner.lease_manager.acquire("t", "web", 5)
+
+    async def let_go() -> None:
+        await asyncio.sleep(0.2)
+        assert runner.lease_manager is not None
+        await runner.lease_manager.release(held)
+
+    releasing = asyncio.ensure_future(let_go())
+    worker = flowy.Worker(runner, queue, owner="w", lease_ttl=5, busy_grace=2.0)
+    (msg,) = await queue.claim(1, 30)
+    assert await worker.process(msg) is ftypes.Outcome.RESUMED
+    await releasing
+    assert runs == ["t"]
+    assert worker.stats.outcomes["retry"] == 0
+
+
+async def test_a_thread_still_held_comes_back_when_the_lease_would_run_out() -> None:
+    """A dead worker's lease: the message is not retried within seconds (that would
+    use up its deliveries) but once the lease would have expired."""
+    runs: list[str] = []
+    runner, queue = setup(runs)
+    await runner.start("t", {}, run_lease=("fg", 5))
+    assert runner.lease_manager is not None
+    await runner.lease_manager.acquire("t", "dead-worker", 3.0)
+    failures: list[ftypes.Failure] = []
+    worker = flowy.Worker(
+        runner, queue, owner="w", lease_ttl=5, busy_grace=0.1, on_failure=failures.append
+    )
+    (msg,) = await queue.claim(1, 30)
+    assert await worker.process(msg) is ftypes.Outcome.RETRY
+    assert runs == []
+    assert 2.0 < failures[0].retry_in <= 3.0 + 0.1
+    assert "thread busy" in failures[0].error

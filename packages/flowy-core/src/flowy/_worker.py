@@ -13,6 +13,7 @@ import contextlib
 import enum
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, cast
@@ -96,11 +97,13 @@ class Worker(Generic[S, E]):
     A message that fails (a node raised, the thread is busy, the store failed) is logged
     with its traceback on the ``flowy.worker`` logger, released with ``"Type: message"``
     as its error, and redelivered after an exponential backoff with jitter; after the
-    consumer's ``max_attempts`` deliveries it is dead-lettered. A thread held by another
-    live lease comes back after at least ``lease_ttl`` (the time a dead worker's lease
-    takes to run out). A run that failed without saving its end (its lease was lost, the
-    store failed) is retried and resumes where it stopped; a failure it saved (a node
-    raised) is acknowledged.
+    consumer's ``max_attempts`` deliveries it is dead-lettered. A thread another run
+    holds is tried again for ``busy_grace`` seconds (the run that handed off lets go of
+    it a moment after its hand-off committed); if it is still held, the message comes
+    back once the holder's lease would have run out (a dead worker's lease lasts its
+    TTL). A run that failed without saving its end (its lease was lost, the store failed)
+    is retried and resumes where it stopped; a failure it saved (a node raised) is
+    acknowledged.
 
     Args:
         runner: the runner that resumes the runs.
@@ -134,11 +137,13 @@ class Worker(Generic[S, E]):
         max_retry_delay: the longest delay before a redelivery, in seconds.
         retry_jitter: the fraction of the delay (0 to 1) added at random, so failed
             messages do not come back all at once.
+        busy_grace: seconds a resume is tried again while another run holds the
+            thread, before the message is given back.
 
     Raises:
         TypeError: no ``consumer`` was given and the runner is not built on a backend.
-        ValueError: an empty ``owner``, ``concurrency`` below 1, or retry delays or
-            jitter out of range.
+        ValueError: an empty ``owner``, ``concurrency`` below 1, a negative
+            ``busy_grace``, or retry delays or jitter out of range.
     """
 
     def __init__(
@@ -160,6 +165,7 @@ class Worker(Generic[S, E]):
         retry_delay: float = 1.0,
         max_retry_delay: float = 300.0,
         retry_jitter: float = 0.25,
+        busy_grace: float = 1.0,
     ) -> None:
         if consumer is None:
             if runner.backend is None:
@@ -173,6 +179,8 @@ class Worker(Generic[S, E]):
             raise ValueError("Worker needs a non-empty owner name")
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
+        if not busy_grace >= 0:
+            raise ValueError(f"busy_grace must be >= 0 seconds, got {busy_grace!r}")
         if not 0 <= retry_delay <= max_retry_delay or not 0 <= retry_jitter <= 1:
             raise ValueError(
                 "need 0 <= retry_delay <= max_retry_delay and 0 <= retry_jitter <= 1, got "
@@ -200,6 +208,7 @@ class Worker(Generic[S, E]):
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self.retry_jitter = retry_jitter
+        self.busy_grace = busy_grace
 
     @property
     def stats(self) -> WorkerStats:
@@ -365,13 +374,13 @@ class Worker(Generic[S, E]):
         assert token is not None
         extra = dict(self.resume_options(intent)) if self.resume_options else {}
         try:
-            lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
-            result = await runner.resume(token, run_lease=lease, **extra)
+            result = await self._resume_when_free(token, extra)
         except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
-            # Another run holds the thread: a live one, or the lease of a worker that
-            # died, which lasts a lease TTL. Come back after that, not sooner: quick
-            # retries would use up the deliveries while the dead worker's lease runs out.
-            return await self._retry(message, "thread busy", exc, at_least=self.lease_ttl)
+            # Still held after the grace period: a long run, or the lease of a worker that
+            # died. Come back when that lease would have run out, not sooner: quick
+            # retries would use up the deliveries while a dead worker's lease lasts.
+            remaining = await self._lease_remaining(intent.thread_id)
+            return await self._retry(message, "thread busy", exc, at_least=remaining)
         except ConcurrencyConflictError as exc:
             return await self._retry(message, "thread moved on", exc)
         except ThreadNotFoundError:
@@ -384,6 +393,37 @@ class Worker(Generic[S, E]):
             # failed…): the thread is still mid-run, so the message must come back.
             return await self._retry(message, f"run failed ({result.reason})", result.error)
         return await self._ack(message, Outcome.RESUMED)
+
+    async def _resume_when_free(self, token: ResumeToken, extra: dict[str, Any]) -> RunResult[S, E]:
+        """``runner.resume(token)``, tried again for up to ``busy_grace`` seconds while
+        another run holds the thread: the run that handed off usually lets go of it a
+        moment after its hand-off committed."""
+        runner = self.runner
+        lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
+        deadline = asyncio.get_running_loop().time() + self.busy_grace
+        pause = 0.01
+        while True:
+            try:
+                return await runner.resume(token, run_lease=lease, **extra)
+            except (ThreadLeaseBusyError, ThreadAlreadyRunningError):
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
+    async def _lease_remaining(self, thread_id: str) -> float:
+        """Seconds until the lease now holding ``thread_id`` runs out unless renewed
+        (0 if it is gone or unknown), at most twice this worker's lease TTL."""
+        leases = self.runner.lease_manager
+        if leases is None:
+            return 0.0
+        try:
+            holder = await leases.holder(thread_id)
+        except Exception:  # noqa: BLE001 - only a delay estimate: fall back to the backoff
+            return 0.0
+        if holder is None:
+            return 0.0
+        return max(0.0, min(holder.expires_at - time.time(), 2 * self.lease_ttl))
 
     async def _failure_saved(self, result: RunResult[S, E]) -> bool:
         """Whether a failed run's end is the thread's stored head (a node's failure,
