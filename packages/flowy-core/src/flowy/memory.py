@@ -10,6 +10,7 @@ is gone when it exits: for development and tests.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import time
 from collections.abc import Callable, Hashable
@@ -77,6 +78,7 @@ class MemoryStore:
     def __init__(self, *, clock: Clock = time.time) -> None:
         self.clock = clock
         self.threads: dict[str, _Thread] = {}
+        self.thread_ids: list[str] = []  # the keys of ``threads``, sorted: pages by id
         self.leases: dict[str, Lease] = {}
         self.messages: dict[str, _Message] = {}
         self.dead: dict[str, _Message] = {}
@@ -173,6 +175,7 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
             return Refused(actual, holder)
         if thread is None:
             thread = store.threads[write.thread_id] = _Thread()
+            bisect.insort(store.thread_ids, write.thread_id)
         thread.history[write.revision] = write.record
         thread.head = write.revision
         thread.summary = write.summary
@@ -204,7 +207,9 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         holder = self.store.live_lease(thread_id)
         if if_idle and holder is not None:
             return holder
-        self.store.threads.pop(thread_id, None)
+        if self.store.threads.pop(thread_id, None) is not None:
+            ids = self.store.thread_ids
+            del ids[bisect.bisect_left(ids, thread_id)]
         if holder is None:
             self.store.leases.pop(thread_id, None)  # tokens go on from the clock
         return None
@@ -213,9 +218,10 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
     ) -> list[ThreadSummary]:
         out: list[ThreadSummary] = []
-        for thread_id in sorted(self.store.threads):
-            if after is not None and thread_id <= after:
-                continue
+        ids = self.store.thread_ids
+        start = 0 if after is None else bisect.bisect_right(ids, after)
+        for index in range(start, len(ids)):
+            thread_id = ids[index]
             summary = self.store.threads[thread_id].summary
             if summary is None or (statuses is not None and summary.handoff_status not in statuses):
                 continue

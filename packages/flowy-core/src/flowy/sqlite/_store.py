@@ -54,14 +54,19 @@ __all__ = [
 LEASE_RECORD_GRACE = 3600.0
 """Seconds a lease record is kept after it expired, before an acquisition sweeps it."""
 
-_UPSERT_HEAD = (
-    "INSERT INTO flowy_threads (thread_id, revision, pointer, status, reason, "
-    "handoff_status, handoff_pending_at, updated_at, record) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
-    "revision = excluded.revision, pointer = excluded.pointer, status = excluded.status, "
-    "reason = excluded.reason, handoff_status = excluded.handoff_status, "
-    "handoff_pending_at = excluded.handoff_pending_at, updated_at = excluded.updated_at, "
-    "record = excluded.record"
+_INSERT_HEAD = (
+    "INSERT INTO flowy_threads (revision, pointer, status, reason, handoff_pending_at, "
+    "updated_at, record, handoff_status, thread_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# The hand-off status is indexed: SQLite rewrites an index entry whenever its column is
+# assigned, even to the same value, so a save that keeps it leaves it out.
+_UPDATE_HEAD = (
+    "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
+    "handoff_pending_at = ?, updated_at = ?, record = ? WHERE thread_id = ?"
+)
+_UPDATE_HEAD_HANDOFF = (
+    "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
+    "handoff_pending_at = ?, updated_at = ?, record = ?, handoff_status = ? WHERE thread_id = ?"
 )
 
 # A live message is left as it is; a dead one comes back with its attempts reset.
@@ -124,7 +129,7 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
                 and holder.fencing_token == lease.fencing_token
             )
         row = conn.execute(
-            "SELECT revision FROM flowy_threads WHERE thread_id = ?", (thread_id,)
+            "SELECT revision, handoff_status FROM flowy_threads WHERE thread_id = ?", (thread_id,)
         ).fetchone()
         actual = int(row[0]) if row is not None else 0
         if not fenced or actual != write.expected_revision:
@@ -143,20 +148,22 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             "INSERT OR REPLACE INTO flowy_history (thread_id, revision, record) VALUES (?, ?, ?)",
             (thread_id, write.revision, write.record),
         )
-        conn.execute(
-            _UPSERT_HEAD,
-            (
-                thread_id,
-                write.revision,
-                head.execution_pointer,
-                head.status.value,
-                head.reason,
-                head.handoff_status.value,
-                head.handoff_pending_at,
-                head.updated_at,
-                write.record,
-            ),
-        )
+        values = [
+            write.revision,
+            head.execution_pointer,
+            head.status.value,
+            head.reason,
+            head.handoff_pending_at,
+            head.updated_at,
+            write.record,
+        ]
+        handoff = head.handoff_status.value
+        if row is None:
+            conn.execute(_INSERT_HEAD, (*values, handoff, thread_id))
+        elif row[1] == handoff:
+            conn.execute(_UPDATE_HEAD, (*values, thread_id))
+        else:
+            conn.execute(_UPDATE_HEAD_HANDOFF, (*values, handoff, thread_id))
         for outbox_row in write.outbox:
             _append(conn, outbox_row, now)
         return None

@@ -54,6 +54,11 @@ def json_default(value: Any) -> Any:
     )
 
 
+JSON_ENCODER = json.JSONEncoder(default=json_default, separators=(",", ":"), ensure_ascii=False)
+"""Compact JSON with :func:`json_default` (one instance: ``json.dumps`` with arguments
+builds a new encoder on every call)."""
+
+
 class _Mismatch(ValueError):
     """A stored value that does not fit the declared type, with where it sits."""
 
@@ -190,9 +195,7 @@ class JSONCodec(Generic[S]):
 
     def encode(self, state: S) -> bytes:
         """Encode ``state`` as compact UTF-8 JSON; ``TypeError`` if a value is not encodable."""
-        return json.dumps(
-            state, default=json_default, separators=(",", ":"), ensure_ascii=False
-        ).encode()
+        return JSON_ENCODER.encode(state).encode()
 
     def decode(self, data: bytes) -> S:
         """Decode the JSON ``data`` (into ``state_type`` if given); ``ValueError`` if it is

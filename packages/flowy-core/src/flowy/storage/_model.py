@@ -3,7 +3,7 @@ intents and outbox messages, with the validation of thread ids every store share
 
 from __future__ import annotations
 
-import uuid
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -88,7 +88,7 @@ def next_fencing_token(previous: int | None, now: float) -> int:
 
 def new_write_id() -> str:
     """A fresh random id stamped on every saved snapshot (resolves ambiguous saves)."""
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 128 random bits
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ corrupted byte. Decoding never executes code: it is JSON plus the state codec.
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any, cast
 
 from .._errors import SnapshotEnvelopeInvalidError
 from .._types import JSON, S
-from ._codecs import JSONCodec, StateCodec, json_default
+from ._codecs import JSON_ENCODER, JSONCodec, StateCodec
 from ._intents import json_depth, loads_bounded
 from ._model import HandoffStatus, RunStatus, Snapshot
 
@@ -105,25 +104,13 @@ class Record:
         cls, snapshot: Snapshot[S], revision: int, codec: StateCodec[S] | None = None
     ) -> Record:
         """Encode ``snapshot`` as stored at ``revision`` with ``codec`` (JSON by default)."""
-        c: StateCodec[Any] = codec if codec is not None else JSONCodec()
-        try:
-            state = c.encode(snapshot.state)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise TypeError(
-                f"cannot encode the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
-            ) from exc
-        if c.name in _JSON_CODECS and json_depth(state, MAX_STATE_DEPTH) > MAX_STATE_DEPTH:
-            raise ValueError(
-                f"the state of thread {snapshot.thread_id!r:.200} is nested more than "
-                f"{MAX_STATE_DEPTH} levels deep; it could not be loaded back reliably. "
-                "Flatten it, or keep the deep part outside the state"
-            )
+        name, state = _encode_state(snapshot, codec)
         return cls(
             thread_id=snapshot.thread_id,
             revision=revision,
             execution_pointer=snapshot.execution_pointer,
             status=snapshot.status,
-            codec=c.name,
+            codec=name,
             state=state,
             reason=snapshot.reason,
             step_count=snapshot.step_count,
@@ -198,45 +185,64 @@ def encode_record(record: Record) -> bytes:
 
     Raises ``TypeError`` if its metadata or effects are not JSON-encodable.
     """
-    fields: dict[str, object] = {
-        "thread_id": record.thread_id,
-        "revision": record.revision,
-        "execution_pointer": record.execution_pointer,
-        "status": record.status.value,
-        "codec": record.codec,
-        "reason": record.reason,
-        "step_count": record.step_count,
-        "segment": record.segment,
-        "total_steps": record.total_steps,
-        "budget_counts": dict(record.budget_counts),
-        "metadata": dict(record.metadata),
-        "handoff_status": record.handoff_status.value,
-        "handoff_pending_at": record.handoff_pending_at,
-        "updated_at": record.updated_at,
-        "write_id": record.write_id,
-    }
-    if record.effects:
-        fields["effects"] = list(record.effects)
-    if record.retry_counts:
-        fields["retry_counts"] = dict(record.retry_counts)
+    return _envelope(record, record.revision, record.codec, record.state, record.format_version)
+
+
+def _encode_state(snapshot: Snapshot[S], codec: StateCodec[S] | None) -> tuple[str, bytes]:
+    """``(codec name, encoded state)`` of ``snapshot``; ``TypeError`` if the codec cannot
+    encode it, ``ValueError`` if a JSON state is nested too deeply to load back."""
+    c: StateCodec[Any] = codec if codec is not None else JSONCodec()
     try:
-        header = json.dumps(
-            fields, default=json_default, separators=(",", ":"), ensure_ascii=False
-        ).encode("utf-8")
+        state = c.encode(snapshot.state)
     except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(
-            f"cannot encode the run metadata or effects of thread {record.thread_id!r:.200} "
+            f"cannot encode the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
+        ) from exc
+    if c.name in _JSON_CODECS and json_depth(state, MAX_STATE_DEPTH) > MAX_STATE_DEPTH:
+        raise ValueError(
+            f"the state of thread {snapshot.thread_id!r:.200} is nested more than "
+            f"{MAX_STATE_DEPTH} levels deep; it could not be loaded back reliably. "
+            "Flatten it, or keep the deep part outside the state"
+        )
+    return c.name, state
+
+
+def _envelope(
+    source: Record | Snapshot[Any], revision: int, codec: str, state: bytes, version: int
+) -> bytes:
+    """The record bytes of ``source``'s header fields (those a :class:`Record` and a
+    :class:`Snapshot` share) at ``revision``, with ``state`` encoded by ``codec``."""
+    fields: dict[str, object] = {
+        "thread_id": source.thread_id,
+        "revision": revision,
+        "execution_pointer": source.execution_pointer,
+        "status": source.status.value,
+        "codec": codec,
+        "reason": source.reason,
+        "step_count": source.step_count,
+        "segment": source.segment,
+        "total_steps": source.total_steps,
+        "budget_counts": dict(source.budget_counts),
+        "metadata": dict(source.metadata),
+        "handoff_status": source.handoff_status.value,
+        "handoff_pending_at": source.handoff_pending_at,
+        "updated_at": source.updated_at,
+        "write_id": source.write_id,
+    }
+    effects, retry_counts = source.effects, source.retry_counts
+    if effects:
+        fields["effects"] = list(effects)
+    if retry_counts:
+        fields["retry_counts"] = dict(retry_counts)
+    try:
+        header = JSON_ENCODER.encode(fields).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise TypeError(
+            f"cannot encode the run metadata or effects of thread {fields['thread_id']!r:.200} "
             f"as JSON: {exc}"
         ) from exc
     body = b"".join(
-        (
-            _MAGIC,
-            bytes((record.format_version,)),
-            _U32.pack(len(header)),
-            header,
-            _U32.pack(len(record.state)),
-            record.state,
-        )
+        (_MAGIC, bytes((version,)), _U32.pack(len(header)), header, _U32.pack(len(state)), state)
     )
     return body + _digest(body)
 
@@ -363,7 +369,8 @@ def encode_snapshot(
         TypeError: the state, metadata or effects cannot be encoded.
         ValueError: a JSON state is nested more than ``MAX_STATE_DEPTH`` levels deep.
     """
-    return encode_record(Record.from_snapshot(snapshot, revision, codec))
+    name, state = _encode_state(snapshot, codec)
+    return _envelope(snapshot, revision, name, state, FORMAT_VERSION)
 
 
 def decode_snapshot(
