@@ -19,6 +19,8 @@ the build itself (hatchling refuses one not in trove-classifiers).
 from __future__ import annotations
 
 import email.parser
+import importlib
+import importlib.metadata
 import json
 import os
 import re
@@ -260,6 +262,13 @@ def test_versions_fit_the_declared_ranges(dists: Dists) -> None:
         adapter_meta = Metadata.from_email(wheel_metadata(dists.built[adapter]), validate=True)
         on_core = [r for r in adapter_meta.requires_dist or [] if r.name == "flowy-core"]
         assert len(on_core) == 1 and on_core[0].specifier.contains(core_version), on_core
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGES))
+def test_version_attribute_is_the_installed_version(name: str) -> None:
+    """``__version__`` of each package is read from its installed metadata."""
+    module = importlib.import_module(PACKAGES[name])
+    assert module.__version__ == importlib.metadata.version(name)
 
 
 def stub_wheel(directory: Path, req: Requirement) -> None:

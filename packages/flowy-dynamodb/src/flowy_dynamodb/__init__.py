@@ -8,6 +8,8 @@ Install with ``pip install "flowy-core[dynamodb]"`` and open a store with
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
 from ._backend import open_backend as open_backend
@@ -22,6 +24,9 @@ from ._table import MAX_ITEM_BYTES as MAX_ITEM_BYTES
 from ._table import ClockSkewError as ClockSkewError
 from ._table import DynamoTable as DynamoTable
 from ._table import thread_key as thread_key
+
+__version__: str = _metadata.version("flowy-dynamodb")
+"""The installed version of flowy-dynamodb."""
 
 __all__ = [
     "MAX_ITEM_BYTES",

@@ -11,6 +11,7 @@ the application's own transaction, through ``checkpointer.bind``)::
 from __future__ import annotations
 
 import warnings
+from importlib import metadata as _metadata
 
 from ._backend import DRIVER_OPTIONS as DRIVER_OPTIONS
 from ._backend import OPTIONS as OPTIONS
@@ -27,6 +28,9 @@ from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import migrate as migrate
 from ._schema import schema_sql as schema_sql
 from ._schema import schema_version as schema_version
+
+__version__: str = _metadata.version("flowy-postgres")
+"""The installed version of flowy-postgres."""
 
 __all__ = [
     "DEFAULT_PREFIX",

@@ -10,6 +10,8 @@ shares one hash tag with its outbox shard, so the same code runs on Redis Cluste
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from ._backend import CLIENT_OPTIONS as CLIENT_OPTIONS
 from ._backend import OPTIONS as OPTIONS
 from ._backend import RedisBackend as RedisBackend
@@ -26,7 +28,8 @@ from ._store import LAYOUT_VERSION as LAYOUT_VERSION
 from ._store import RedisClient as RedisClient
 from ._store import purge_namespace as purge_namespace
 
-__version__ = "0.2.0"
+__version__: str = _metadata.version("flowy-redis")
+"""The installed version of flowy-redis."""
 
 __all__ = [
     "CLIENT_OPTIONS",
