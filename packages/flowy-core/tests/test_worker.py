@@ -169,6 +169,31 @@ async def test_graceful_shutdown_drains_in_flight() -> None:
     assert sorted(runs) == [f"t{i}" for i in range(4)] and queue.pending_count() == 0
 
 
+async def test_cancelling_run_while_recovery_winds_down_is_not_swallowed() -> None:
+    runner, queue = setup([])
+    worker = flowy.Worker(runner, queue, owner="w", poll_interval=0.01, recovery_interval=60)
+    recovery_cancelled, let_go = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_stop(interval: float) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            recovery_cancelled.set()
+            await let_go.wait()  # a recovery pass finishing its save
+            raise
+
+    worker._recovery_loop = slow_to_stop  # pyright: ignore[reportAttributeAccessIssue]
+    task = asyncio.ensure_future(worker.run())
+    await asyncio.sleep(0.05)
+    worker.stop()
+    await asyncio.wait_for(recovery_cancelled.wait(), 5)
+    task.cancel()  # run() is waiting for the recovery task: this cancel is ours, not its
+    await asyncio.sleep(0.01)
+    let_go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+
+
 async def test_node_error_is_logged_stored_retried_with_backoff_then_dead_lettered(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

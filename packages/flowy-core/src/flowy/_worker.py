@@ -238,8 +238,7 @@ class Worker(Generic[S, E]):
         finally:
             if recovery is not None:
                 recovery.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await recovery
+                await asyncio.wait([recovery])  # unlike awaiting it, never hides our own cancel
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
             await self._release_leader()
