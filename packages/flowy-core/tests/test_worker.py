@@ -239,6 +239,30 @@ async def test_node_error_is_logged_stored_retried_with_backoff_then_dead_letter
     assert "thread 't'" in records[0].getMessage() and records[-1].levelno == logging.ERROR
 
 
+async def test_a_thread_id_cannot_forge_log_lines(caplog: pytest.LogCaptureFixture) -> None:
+    mem: MemoryBackend[State] = MemoryBackend(max_attempts=1)
+
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="broken")
+
+    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
+        raise RuntimeError("always fails")
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
+    b.allow_no_outgoing_route("broken")
+    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+    forged = "t\nINFO flowy.worker: all good\x1b[2K\u202e"
+    await runner.start(forged, {})
+    worker = flowy.Worker(runner, mem.consumer, owner="w")
+    with caplog.at_level(logging.DEBUG, logger="flowy"):
+        assert await worker.run_until_idle(idle_wait=0.2) == 1
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("flowy")]
+    assert any(repr(forged) in m for m in messages), messages
+    for message in messages:
+        assert "\n" not in message and "\x1b" not in message and "\u202e" not in message
+
+
 async def test_default_backoff_waits_at_least_a_second_and_grows() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     runner = flowy.Runner(linear_graph(), mem)
