@@ -169,6 +169,9 @@ class Execution(HandoffSegment[S, E]):
         meta = self.meta
         emit = self.sink is not None
         save_steps = graph.save_every_step and self.cp is not None
+        edges = graph.edges
+        effect_kind, completed_kind = DirectiveKind.EFFECT, DirectiveKind.COMPLETED
+        attempts = self.attempts
         while True:
             if self.interrupt_kind is not None:
                 return await self._on_interrupt(self.interrupt_kind)
@@ -207,7 +210,7 @@ class Execution(HandoffSegment[S, E]):
                     await maybe_await(self.invariant(self.state))
                 except Exception as exc:  # noqa: BLE001 - a violated invariant fails the run
                     return await self._fail(Reason.INVARIANT_VIOLATION, exc)
-            while directive.kind is DirectiveKind.EFFECT:
+            while directive.kind is effect_kind:
                 payload = cast(E, directive.payload)
                 self.effects.append(payload)
                 if emit:
@@ -224,6 +227,14 @@ class Execution(HandoffSegment[S, E]):
                 self._emit(
                     EventType.NODE_COMPLETED, node=pointer, step=meta.step_count, state=self.state
                 )
+            if directive.kind is completed_kind and (nxt := edges.get(pointer)) is not None:
+                # The common step, inline: a completed node with a static edge.
+                if attempts:
+                    attempts.pop(pointer, None)
+                self.pointer = nxt
+                if save_steps:
+                    await self._save_or_stop(self._snapshot(RunStatus.RUNNING, ""), "step")
+                continue
             result = await self._after_step(pointer, directive, save_steps)
             if result is not None:
                 return result
