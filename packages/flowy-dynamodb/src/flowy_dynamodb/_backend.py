@@ -86,7 +86,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
                 f"DynamoBackend needs clock_skew >= 0 (got {clock_skew!r}), max_workers >= 1 "
                 f"(got {max_workers!r}) and expire_after > 0 or None (got {expire_after!r})"
             )
-        self.table = DynamoTable(
+        self.table: DynamoTable = DynamoTable(
             client,
             table_name,
             max_workers=max_workers,
@@ -96,7 +96,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         )
         self.create_table = create_table
         self.owns_client = owns_client
-        self.url = url or _url_of(client, table_name, max_attempts, clock_skew, expire_after)
+        self.url: str = url or _url_of(client, table_name, max_attempts, clock_skew, expire_after)
         self.checkpointer: DynamoCheckpointer[S] = DynamoCheckpointer(
             self.table, codec=codec, expire_statuses=expire_statuses
         )

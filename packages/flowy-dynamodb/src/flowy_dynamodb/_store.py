@@ -34,7 +34,7 @@ import asyncio
 import contextvars
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import (
@@ -144,7 +144,7 @@ class DynamoLeaseManager(BaseLeaseManager):
 
     def __init__(self, table: DynamoTable) -> None:
         self.table = table
-        self.domain = table.domain
+        self.domain: Hashable = table.domain
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
         table = self.table
@@ -299,7 +299,7 @@ class DynamoOutbox(BaseOutbox):
 
     def __init__(self, table: DynamoTable) -> None:
         self.table = table
-        self.domain = table.domain
+        self.domain: Hashable = table.domain
 
     async def _append(self, row: OutboxRow) -> None:
         for revive in (False, True, False):  # new or live; else dead; else raced: again
@@ -322,7 +322,7 @@ class DynamoConsumer(BaseConsumer):
     ) -> None:
         super().__init__(max_attempts=max_attempts, poll_interval=poll_interval)
         self.table = table
-        self.domain = table.domain
+        self.domain: Hashable = table.domain
         self._pause = 0.02
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
@@ -443,7 +443,7 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
     ) -> None:
         super().__init__(codec=codec)
         self.table = table
-        self.domain = table.domain
+        self.domain: Hashable = table.domain
         self.expire_statuses = expire_statuses
 
     def add_action(self, tx: object, action: Mapping[str, Any]) -> None:

@@ -298,6 +298,10 @@ class ClockWatch:
     round trip; an empty intersection (a clock was stepped) starts over.
     """
 
+    low: float
+    high: float
+    at: float
+
     def __init__(self) -> None:
         self.low, self.high, self.at = -math.inf, math.inf, 0.0
         self._date = ("", 0.0)
@@ -336,6 +340,13 @@ class DynamoTable:
         expire_after: seconds a completed thread lives (``None``: forever).
         clock: epoch seconds, for leases, visibility and time to live.
     """
+
+    name: str
+    clock: Clock
+    clock_skew: float
+    watch: ClockWatch
+    pool: ThreadPoolExecutor
+    domain: tuple[str, str, str, str]
 
     def __init__(
         self,

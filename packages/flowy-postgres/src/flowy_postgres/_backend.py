@@ -90,17 +90,19 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
             )
         query = urllib.parse.urlencode({"schema": schema, "prefix": prefix})
         base = dsn if dsn is not None else "postgresql://"
-        self.url = url or base + ("&" if "?" in base else "?") + query
+        self.url: str = url or base + ("&" if "?" in base else "?") + query
         self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
         identity = pool if dsn is None else redact_url(dsn)
         names, domain = TableNames(schema, prefix), ("postgresql", identity, schema, prefix)
-        self.connector = Connector(names, acquire_timeout=acquire_timeout, domain=domain)
+        self.connector: Connector = Connector(names, acquire_timeout=acquire_timeout, domain=domain)
         self.connector.pool = pool
-        self.checkpointer = PostgresCheckpointer[S](self.connector, codec=codec)
-        self.leases = PostgresLeaseManager(self.connector)
-        self.outbox = PostgresOutbox(self.connector)
+        self.checkpointer: PostgresCheckpointer[S] = PostgresCheckpointer[S](
+            self.connector, codec=codec
+        )
+        self.leases: PostgresLeaseManager = PostgresLeaseManager(self.connector)
+        self.outbox: PostgresOutbox = PostgresOutbox(self.connector)
         hooks = self._listen_hooks(pool) if listen else None
-        self.consumer = PostgresConsumer(
+        self.consumer: PostgresConsumer = PostgresConsumer(
             self.connector, max_attempts=max_attempts, poll_interval=poll_interval, listen=hooks
         )
 

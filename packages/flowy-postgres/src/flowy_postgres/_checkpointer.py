@@ -13,6 +13,7 @@ has its own statement, so PostgreSQL settles on one generic plan for each.
 from __future__ import annotations
 
 import copy
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
@@ -205,12 +206,12 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
     by its leases and transactional with its outbox, on a pooled connection per operation
     (or, through :meth:`bind`, on the application's own connection and transaction)."""
 
-    max_record_bytes = (1 << 30) - 1  # PostgreSQL's largest field value
+    max_record_bytes: int | None = (1 << 30) - 1  # PostgreSQL's largest field value
 
     def __init__(self, connector: Connector, *, codec: StateCodec[S] | None = None) -> None:
         super().__init__(codec=codec)
         self.connector = connector
-        self.domain = connector.domain
+        self.domain: Hashable = connector.domain
         self._sql = _Sql(connector.names)
 
     def bind(

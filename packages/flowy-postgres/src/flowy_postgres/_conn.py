@@ -190,6 +190,9 @@ class _Use:
 
     __slots__ = ("action", "conn", "connector", "pool")
 
+    connector: Connector
+    action: str
+
     def __init__(self, connector: Connector, action: str) -> None:
         self.connector, self.action = connector, action
         self.pool: PgPool | None = None

@@ -12,6 +12,8 @@ while a save of the lease sits in an open application transaction, marks it rele
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from flowy.storage import BaseLeaseManager, Busy, Lease, show_id
 
 from ._conn import Connector
@@ -82,7 +84,7 @@ class PostgresLeaseManager(BaseLeaseManager):
 
     def __init__(self, connector: Connector) -> None:
         self.connector = connector
-        self.domain = connector.domain
+        self.domain: Hashable = connector.domain
         self._sql = _Sql(connector.names)
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 
 from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
 
@@ -88,7 +88,7 @@ class PostgresOutbox(BaseOutbox):
 
     def __init__(self, connector: Connector) -> None:
         self.connector = connector
-        self.domain = connector.domain
+        self.domain: Hashable = connector.domain
         self._sql = _Sql(connector.names)
 
     async def _append(self, row: OutboxRow) -> None:
@@ -129,7 +129,7 @@ class PostgresConsumer(BaseConsumer):
     ) -> None:
         super().__init__(max_attempts=max_attempts, poll_interval=poll_interval)
         self.connector = connector
-        self.domain = connector.domain
+        self.domain: Hashable = connector.domain
         self._sql = _Sql(connector.names)
         self._channel = connector.names.channel
         self._listen = listen

@@ -27,8 +27,6 @@ from ._errors import translate
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
 
-    Target = asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
-
 __all__ = [
     "DEFAULT_PREFIX",
     "DEFAULT_SCHEMA",
@@ -248,7 +246,10 @@ async def prepare(target: object, names: TableNames, *, upgrade: bool) -> int:
 
 
 async def migrate(
-    target: Target, *, schema: str = DEFAULT_SCHEMA, prefix: str = DEFAULT_PREFIX
+    target: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    prefix: str = DEFAULT_PREFIX,
 ) -> int:
     """Create or upgrade the flowy tables of ``schema`` and ``prefix`` through a pool or
     a connection; return the schema version now in place.
@@ -261,7 +262,10 @@ async def migrate(
 
 
 async def schema_version(
-    target: Target, *, schema: str = DEFAULT_SCHEMA, prefix: str = DEFAULT_PREFIX
+    target: asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    prefix: str = DEFAULT_PREFIX,
 ) -> int:
     """The schema version recorded in the database (0 when never migrated). Read-only."""
     names = TableNames(schema, prefix)

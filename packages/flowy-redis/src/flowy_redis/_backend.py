@@ -98,20 +98,20 @@ class RedisBackend(BaseBackend[S], Generic[S]):
                 "completed_ttl must be a number of seconds >= 0.001, or None to keep "
                 f"finished threads; got {completed_ttl!r}"
             )
-        self.store = Store(client, KeyLayout(namespace, shards), owns_client=owns_client)
+        self.store: Store = Store(client, KeyLayout(namespace, shards), owns_client=owns_client)
         settings = {"namespace": namespace, "shards": shards, "completed_ttl": completed_ttl,
             "max_record_bytes": max_record_bytes, "group": group, "max_attempts": max_attempts,
             "poll_interval": poll_interval}  # fmt: skip
-        self.url = url or _url_of(client, {k: v for k, v in settings.items() if v is not None})
+        self.url: str = url or _url_of(client, {k: v for k, v in settings.items() if v is not None})
         self.checkpointer: RedisCheckpointer[S] = RedisCheckpointer(
             self.store,
             codec=codec,
             completed_ttl=completed_ttl,
             max_record_bytes=max_record_bytes,
         )
-        self.leases = RedisLeaseManager(self.store)
-        self.outbox = RedisOutbox(self.store)
-        self.consumer = RedisConsumer(
+        self.leases: RedisLeaseManager = RedisLeaseManager(self.store)
+        self.outbox: RedisOutbox = RedisOutbox(self.store)
+        self.consumer: RedisConsumer = RedisConsumer(
             self.store,
             group=group,
             consumer=consumer,

@@ -5,6 +5,7 @@ transactional outbox; every save is one Lua script (one round trip).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
@@ -57,9 +58,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     ) -> None:
         super().__init__(codec=codec)
         self.store = store
-        self.domain = store.domain
+        self.domain: Hashable = store.domain
         self.completed_ttl = completed_ttl
-        self.max_record_bytes = max_record_bytes
+        self.max_record_bytes: int | None = max_record_bytes
         self._save = save_script(0 if completed_ttl is None else max(1, round(completed_ttl * 1e3)))
 
     async def _write(self, write: Write) -> Refused | None:

@@ -111,8 +111,8 @@ class KeyLayout:
                 f"shards must be an int from 1 to {MAX_SHARDS}, got {shards!r}; every client "
                 "of a namespace must use the same value"
             )
-        self.namespace = namespace
-        self.shards = shards
+        self.namespace: str = namespace
+        self.shards: int = shards
         ns = namespace.encode("utf-8")
         self._tag_prefix = ns + b":{" + ns + b":"
         self._shards = tuple(self._build_shard(i) for i in range(shards))

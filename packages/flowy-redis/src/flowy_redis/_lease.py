@@ -5,6 +5,7 @@ slot, timed by the Redis server's clock.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Hashable
 from typing import Any
 
 from flowy.storage import BaseLeaseManager, Busy, Lease, show_id
@@ -28,7 +29,7 @@ class RedisLeaseManager(BaseLeaseManager):
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.domain = store.domain
+        self.domain: Hashable = store.domain
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
         reply: list[Any] = await self.store.run(

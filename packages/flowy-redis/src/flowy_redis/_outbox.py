@@ -12,6 +12,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Hashable
 from typing import Any
 
 from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, RawMessage, show_id
@@ -33,7 +34,7 @@ class RedisOutbox(BaseOutbox):
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.domain = store.domain
+        self.domain: Hashable = store.domain
 
     async def _append(self, row: OutboxRow) -> None:
         thread_id = row.thread_id
@@ -77,9 +78,9 @@ class RedisConsumer(BaseConsumer):
         if not group:
             raise ValueError("the consumer group name must not be empty")
         self.store = store
-        self.domain = store.domain
+        self.domain: Hashable = store.domain
         self.group = group
-        self.consumer = consumer or default_consumer_name()
+        self.consumer: str = consumer or default_consumer_name()
         self._next_shard = 0
         self._lasts: list[tuple[bytes, bytes]] = []
 

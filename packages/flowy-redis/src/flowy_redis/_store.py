@@ -81,10 +81,10 @@ class Store:
                 "binary records and needs raw bytes. Create the client with "
                 "decode_responses=False (the default)."
             )
-        self.client = client
-        self.cluster = isinstance(client, RedisCluster)
-        self.layout = layout
-        self.owns_client = owns_client
+        self.client: RedisClient = client
+        self.cluster: bool = isinstance(client, RedisCluster)
+        self.layout: KeyLayout = layout
+        self.owns_client: bool = owns_client
         self._commands = cast(_Commands, client)
         self._checked = False
         self._lock = asyncio.Lock()
