@@ -41,6 +41,21 @@ def setup(runs: list[str]) -> tuple[flowy.Runner[State, Any], MemoryConsumer]:
     return runner, mem.consumer
 
 
+def failing_runner(mem: MemoryBackend[State], error: Exception) -> flowy.Runner[State, Any]:
+    """A runner whose graph hands off to a node that raises ``error``."""
+
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="broken")
+
+    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
+        raise error
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
+    b.allow_no_outgoing_route("broken")
+    return flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+
+
 async def test_worker_resumes_handoffs_and_acks() -> None:
     runs: list[str] = []
     runner, queue = setup(runs)
@@ -199,16 +214,7 @@ async def test_node_error_is_logged_stored_retried_with_backoff_then_dead_letter
 ) -> None:
     mem: MemoryBackend[State] = MemoryBackend(max_attempts=3)
 
-    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
-        return {}, flowy.handoff("bg", resume_at="broken")
-
-    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
-        raise RuntimeError("always fails")
-
-    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
-    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
-    b.allow_no_outgoing_route("broken")
-    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+    runner = failing_runner(mem, RuntimeError("always fails"))
     await runner.start("t", {})
     failures: list[ftypes.Failure] = []
     results: list[flowy.RunResult[Any, Any]] = []
@@ -242,16 +248,7 @@ async def test_node_error_is_logged_stored_retried_with_backoff_then_dead_letter
 async def test_a_thread_id_cannot_forge_log_lines(caplog: pytest.LogCaptureFixture) -> None:
     mem: MemoryBackend[State] = MemoryBackend(max_attempts=1)
 
-    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
-        return {}, flowy.handoff("bg", resume_at="broken")
-
-    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
-        raise RuntimeError("always fails")
-
-    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
-    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
-    b.allow_no_outgoing_route("broken")
-    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+    runner = failing_runner(mem, RuntimeError("always fails"))
     forged = "t\nINFO flowy.worker: all good\x1b[2K\u202e"
     await runner.start(forged, {})
     worker = flowy.Worker(runner, mem.consumer, owner="w")
@@ -275,16 +272,7 @@ async def test_default_backoff_waits_at_least_a_second_and_grows() -> None:
 async def test_a_released_message_is_not_redelivered_before_its_backoff() -> None:
     mem: MemoryBackend[State] = MemoryBackend(max_attempts=5)
 
-    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
-        return {}, flowy.handoff("bg", resume_at="broken")
-
-    async def broken(s: State) -> tuple[State, flowy.Directive[Any]]:
-        raise ValueError("bad input")
-
-    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
-    b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
-    b.allow_no_outgoing_route("broken")
-    runner = flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+    runner = failing_runner(mem, ValueError("bad input"))
     await runner.start("t", {})
     worker = flowy.Worker(runner, mem.consumer, owner="w")  # default backoff: >= 1 s
     (msg,) = await mem.consumer.claim(1, 30)
