@@ -229,6 +229,55 @@ async def test_exhausted_pool_is_a_clear_timeout(postgres_dsn: str, pg_schema: s
         assert await cp.save(0, snap("starved")) == 1
 
 
+async def test_kept_connections_go_to_waiting_operations(postgres_dsn: str, pg_schema: str) -> None:
+    """A backend that owns its pool keeps half of it in hand between operations (here
+    one of two): a burst of saves larger than the pool all finish, none waits for the
+    acquire timeout, the other half stays free for the application, and closing gives
+    every connection back (the pool's close waits for them)."""
+    options = {"pool_size": 2, "acquire_timeout": 5, "listen": "false"}
+    async with opened(postgres_dsn, schema=pg_schema, **options) as backend:
+        cp = backend.checkpointer
+        assert await cp.save(0, snap("kept-0")) == 1
+        kept = backend.connector._idle  # pyright: ignore[reportPrivateUsage]
+        assert len(kept) == 1
+        started = time.monotonic()
+        saved = await asyncio.gather(*(cp.save(0, snap(f"burst-{i}")) for i in range(40)))
+        assert saved == [1] * 40 and time.monotonic() - started < 4.0
+        assert len(kept) == 1
+        async with asyncio.timeout(5), acquired(backend.pool) as conn:  # the half not kept
+            assert await sql(conn).fetchval("SELECT 1") == 1
+    assert backend.pool is None
+    assert await asyncio.wait_for(_pool_closed_cleanly(postgres_dsn, pg_schema), 10)
+
+
+async def _pool_closed_cleanly(postgres_dsn: str, pg_schema: str) -> bool:
+    async with opened(postgres_dsn, schema=pg_schema, pool_size=4, listen="false") as backend:
+        await asyncio.gather(*(backend.checkpointer.save(0, snap(f"c-{i}")) for i in range(8)))
+        assert len(backend.connector._idle) == 2  # pyright: ignore[reportPrivateUsage]
+    return True
+
+
+async def test_a_kept_connection_killed_while_idle_is_replaced(
+    postgres_dsn: str, pg_schema: str, admin: Conn
+) -> None:
+    async with opened(postgres_dsn, schema=pg_schema, pool_size=2, listen="false") as backend:
+        cp = backend.checkpointer
+        assert await cp.save(0, snap("kept")) == 1
+        [conn] = backend.connector._idle  # pyright: ignore[reportPrivateUsage]
+        pid = conn.get_server_pid()  # pyright: ignore[reportAttributeAccessIssue]
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+        async def gone() -> bool:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE pid = $1"
+            return await admin.fetchval(query, pid) == 0
+
+        await wait_until(gone)
+        await asyncio.sleep(0.05)  # time for the client to see the socket close
+        assert await cp.save(1, snap("kept", 2)) == 2  # on a fresh connection
+        [fresh] = backend.connector._idle  # pyright: ignore[reportPrivateUsage]
+        assert fresh.get_server_pid() != pid  # pyright: ignore[reportAttributeAccessIssue]
+
+
 # -- 5. two worker processes racing on one thread -----------------------------------------
 
 

@@ -32,7 +32,7 @@ _driver: Any = asyncpg  # asyncpg's own signatures are untyped
 OPTIONS = {
     "schema": "PostgreSQL schema of the tables (default public)",
     "prefix": "prefix of the table names (default flowy_)",
-    "pool_size": "most connections in the pool (default 10)",
+    "pool_size": "most connections in the pool; half stay in hand between operations (default 10)",
     "acquire_timeout": "seconds an operation waits for a pooled connection (default 10)",
     "pooler_mode": "true behind a transaction-mode pooler such as PgBouncer: no prepared "
     "statements, no LISTEN (default false)",
@@ -96,6 +96,9 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         names, domain = TableNames(schema, prefix), ("postgresql", identity, schema, prefix)
         self.connector: Connector = Connector(names, acquire_timeout=acquire_timeout, domain=domain)
         self.connector.pool = pool
+        # A pool of its own: up to half of its connections stay in hand between
+        # operations, the rest with the pool (the application's pool gets each back).
+        self.connector.keep = pool_size // 2 if dsn is not None else 0
         self.checkpointer: PostgresCheckpointer[S] = PostgresCheckpointer[S](
             self.connector, codec=codec
         )
@@ -132,7 +135,10 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 
     @property
     def pool(self) -> asyncpg.Pool | None:
-        """The asyncpg pool (``None`` while a DSN backend is not open)."""
+        """The asyncpg pool (``None`` while a DSN backend is not open). A pool the
+        backend created keeps up to half its connections (``pool_size // 2``) in hand
+        between operations; the others serve your own statements, if any. To share every
+        connection with your code, give the backend your pool (:meth:`from_pool`)."""
         return self.connector.pool
 
     def _listen_hooks(self, given: asyncpg.Pool | None) -> ListenHooks:
@@ -169,6 +175,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 
     async def _close(self) -> None:
         await self.consumer.aclose()
+        await self.connector.release_kept()
         pool, self.connector.pool = self.connector.pool, None
         if pool is not None and self._dsn is not None:
             await cast(PgPool, pool).close()

@@ -87,6 +87,11 @@ class Connector:
         self.domain = domain
         self.pool: asyncpg.Pool | None = None
         self.bound: asyncpg.Connection | PoolConnectionProxy | AsyncConnection | None = None
+        self.keep: int = 0
+        """How many connections to keep in hand between operations (a backend that owns
+        its pool keeps up to half of it; the rest stays with the pool)."""
+        self._idle: list[PgConnection] = []  # kept, free: taken without asking the pool
+        self._waiting = 0  # operations waiting for the pool (a kept connection goes back)
 
     def bind(self, target: asyncpg.Connection | PoolConnectionProxy | AsyncConnection) -> Connector:
         """A connector that runs everything on ``target`` (same names and domain)."""
@@ -124,6 +129,46 @@ class Connector:
                 f"could not {action}: the PostgreSQL backend is not open (not yet, or "
                 "closed); open it with flowy.connect(url) or `async with backend`"
             )
+        while self._idle:
+            conn = self._idle.pop()
+            try:
+                if not conn.is_closed():
+                    return pool, conn
+            except asyncpg.InterfaceError:  # asyncpg took it back when its session ended
+                continue
+            await pool.release(conn)  # the server closed it while idle: the pool renews it
+        self._waiting += 1
+        try:
+            return await self._from_pool(pool, action)
+        finally:
+            self._waiting -= 1
+
+    def give_back(self, pool: PgPool, conn: PgConnection) -> None:
+        """Return a connection whose operation succeeded: kept for the next operation
+        while fewer than :attr:`keep` are and nobody waits for the pool, else released."""
+        if (
+            len(self._idle) < self.keep
+            and not self._waiting
+            and pool is cast(PgPool | None, self.pool)
+            and not pool.is_closing()
+        ):
+            self._idle.append(conn)
+            return
+        # asyncpg returns a connection through a shielded task, which costs the caller
+        # two turns of the event loop: let that overlap with what follows.
+        task = asyncio.get_running_loop().create_task(pool.release(conn))
+        _releasing.add(task)
+        task.add_done_callback(_released)
+
+    async def release_kept(self) -> None:
+        """Give every kept connection back to the pool (before the pool closes)."""
+        pool = cast(PgPool | None, self.pool)
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            if pool is not None:
+                await pool.release(conn)
+
+    async def _from_pool(self, pool: PgPool, action: str) -> tuple[PgPool, PgConnection]:
         try:
             # asyncio.timeout arms one timer; asyncpg's own acquire(timeout=) would run
             # the wait in an extra task and time the release too (a cost on every save).
@@ -217,11 +262,7 @@ class _Use:
         assert conn is not None
         if exc is None:
             if pool is not None:
-                # asyncpg returns a connection through a shielded task, which costs the
-                # caller two turns of the event loop: let that overlap with what follows.
-                task = asyncio.get_running_loop().create_task(pool.release(conn))
-                _releasing.add(task)
-                task.add_done_callback(_released)
+                self.connector.give_back(pool, conn)
             return
         err = translate(exc, self.action, conn) if isinstance(exc, Exception) else exc
         if pool is not None:  # after translate, which asks the connection
