@@ -164,6 +164,36 @@ async def test_retry_counts_survive_suspend_and_resume() -> None:
     assert result.state["tries"] == 3  # allowed 3 attempts: it ran 3, not 5 or forever
 
 
+async def test_a_node_that_completes_gets_its_retry_budget_back() -> None:
+    """Retry attempts count per node until it completes; then they are forgotten, in
+    memory and in the saved snapshot, so the node has its full budget next time."""
+    calls: list[int] = []
+
+    async def flaky(s: State) -> tuple[State, flowy.Directive[Any]]:
+        calls.append(s.get("round", 0))
+        if len(calls) % 3:  # fails twice, then succeeds
+            return {}, flowy.retry(3)
+        return {"round": s.get("round", 0) + 1}, flowy.completed()
+
+    async def wait(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.suspend("again", resume_at="flaky")
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("flaky", flaky).add_node("wait", wait).add_edge("flaky", "wait")
+    b.allow_no_outgoing_route("wait")
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
+    runner = flowy.Runner(b.compile(save_every_step=True), cp)
+    result = await runner.start("t", {})
+    for _ in range(2):
+        assert result.status is flowy.RunStatus.SUSPENDED, result.reason
+        snap, _ = await cp.load("t")
+        assert snap.retry_counts == {}
+        assert result.resume_token is not None
+        result = await runner.resume(result.resume_token)
+    assert result.status is flowy.RunStatus.SUSPENDED and result.state["round"] == 3
+    assert len(calls) == 9  # three rounds of two retries and a success, none exhausted
+
+
 async def test_a_snapshot_carries_the_effects_of_its_segment() -> None:
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
     first = await flowy.Runner(approval_graph(), cp).start("t", {})
