@@ -16,7 +16,7 @@ from pg_support import Conn, acquired, connect, intent, opened, snap, sql, wait_
 
 from flowy.errors import StorageUnavailableError
 from flowy.storage import Checkpointer, durable_save
-from flowy_postgres import PostgresBackend
+from flowy_postgres import PostgresBackend, create_pool, migrate
 from flowy_postgres._schema import TableNames, thread_key
 
 pytestmark = pytest.mark.anyio
@@ -255,6 +255,22 @@ async def _pool_closed_cleanly(postgres_dsn: str, pg_schema: str) -> bool:
         await asyncio.gather(*(backend.checkpointer.save(0, snap(f"c-{i}")) for i in range(8)))
         assert len(backend.connector._idle) == 2  # pyright: ignore[reportPrivateUsage]
     return True
+
+
+async def test_the_applications_pool_gets_every_connection_back(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    """Over the application's pool (``from_pool``) nothing is kept: right after a save,
+    the only connection of a one-connection pool is the application's again."""
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
+    try:
+        await migrate(pool, schema=pg_schema)
+        async with PostgresBackend[Any].from_pool(pool, schema=pg_schema, listen=False) as backend:
+            assert await backend.checkpointer.save(0, snap("app-pool")) == 1
+            async with asyncio.timeout(5), acquired(pool) as conn:
+                assert await sql(conn).fetchval("SELECT 1") == 1
+    finally:
+        await pool.close()
 
 
 async def test_a_kept_connection_killed_while_idle_is_replaced(
