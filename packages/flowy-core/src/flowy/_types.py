@@ -78,6 +78,10 @@ class RunStatus(enum.StrEnum):
     """Saved between steps (``save_every_step``): a crash resumes from the last step."""
     SUSPENDED = "suspended"
     """A node returned ``suspend()``: waiting for outside input; resume with the token."""
+    WAITING = "waiting"
+    """A node returned ``sleep()``, ``sleep_until()`` or ``wait_for()`` (or an activity
+    waits for its next attempt): a worker resumes it when its wake-up time comes or its
+    signal arrives."""
     HANDOFF = "handoff"
     """A node returned ``handoff()`` (or ``request_local_handoff()``): a worker resumes
     it; ``HandoffStatus`` tracks its outbox message."""

@@ -33,6 +33,7 @@ from .storage import (
     StateCodec,
     StoreURL,
     ThreadSummary,
+    Timer,
     Write,
     next_fencing_token,
 )
@@ -54,6 +55,12 @@ class _Thread:
     head: int = 0
     summary: ThreadSummary | None = None
     history: dict[int, bytes] = field(default_factory=lambda: {})
+
+
+@dataclass
+class _Inbox:
+    signals: list[bytes] = field(default_factory=lambda: [])  # signal n is signals[n - 1]
+    ids: dict[str, int] = field(default_factory=lambda: {})
 
 
 @dataclass
@@ -80,10 +87,22 @@ class MemoryStore:
         self.threads: dict[str, _Thread] = {}
         self.thread_ids: list[str] = []  # the keys of ``threads``, sorted: pages by id
         self.leases: dict[str, Lease] = {}
+        self.timers: list[tuple[float, str]] = []  # (wake_at, thread id), sorted
+        self.inboxes: dict[str, _Inbox] = {}
+        self.journals: dict[str, dict[str, bytes]] = {}
         self.messages: dict[str, _Message] = {}
         self.dead: dict[str, _Message] = {}
         self.ids: itertools.count[int] = itertools.count(1)
         self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+
+    def set_timer(self, thread_id: str, old: float | None, new: float | None) -> None:
+        """Move ``thread_id`` in the timer index from ``old`` to ``new`` (``None``: out)."""
+        if old == new:
+            return
+        if old is not None:
+            del self.timers[bisect.bisect_left(self.timers, (old, thread_id))]
+        if new is not None:
+            bisect.insort(self.timers, (new, thread_id))
 
     def live_lease(self, thread_id: str) -> Lease | None:
         """The lease on ``thread_id`` if it has not expired."""
@@ -176,6 +195,8 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         if thread is None:
             thread = store.threads[write.thread_id] = _Thread()
             bisect.insort(store.thread_ids, write.thread_id)
+        old = thread.summary.wake_at if thread.summary is not None else None
+        store.set_timer(write.thread_id, old, write.summary.wake_at)
         thread.history[write.revision] = write.record
         thread.head = write.revision
         thread.summary = write.summary
@@ -207,9 +228,14 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         holder = self.store.live_lease(thread_id)
         if if_idle and holder is not None:
             return holder
-        if self.store.threads.pop(thread_id, None) is not None:
+        thread = self.store.threads.pop(thread_id, None)
+        if thread is not None:
             ids = self.store.thread_ids
             del ids[bisect.bisect_left(ids, thread_id)]
+            if thread.summary is not None:
+                self.store.set_timer(thread_id, thread.summary.wake_at, None)
+        self.store.inboxes.pop(thread_id, None)
+        self.store.journals.pop(thread_id, None)
         if holder is None:
             self.store.leases.pop(thread_id, None)  # tokens go on from the clock
         return None
@@ -229,6 +255,37 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
             if len(out) >= limit:
                 break
         return out
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        timers = self.store.timers
+        end = bisect.bisect_right(timers, (before, "\U0010ffff" * 2))
+        return [Timer(thread_id, at) for at, thread_id in timers[: min(end, limit)]]
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        inbox = self.store.inboxes.setdefault(thread_id, _Inbox())
+        seq = inbox.ids.get(signal_id)
+        if seq is not None:
+            return seq, False
+        inbox.signals.append(data)
+        seq = inbox.ids[signal_id] = len(inbox.signals)
+        return seq, True
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        inbox = self.store.inboxes.get(thread_id)
+        if inbox is None:
+            return []
+        return [(after + 1 + i, d) for i, d in enumerate(inbox.signals[after : after + limit])]
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        self.store.journals.setdefault(thread_id, {})[key] = data
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        return self.store.journals.get(thread_id, {}).get(key)
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        return list(self.store.journals.get(thread_id, {}).values())
 
 
 class MemoryLeaseManager(BaseLeaseManager):

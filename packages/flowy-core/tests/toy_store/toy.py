@@ -40,6 +40,7 @@ from flowy.storage import (
     StateCodec,
     StoreURL,
     ThreadSummary,
+    Timer,
     Write,
 )
 
@@ -69,6 +70,8 @@ class ToyStore:
     messages: dict[str, ToyMessage] = field(default_factory=lambda: {})  # oldest first
     message_ids: dict[tuple[str, int], str] = field(default_factory=lambda: {})
     last_id: int = 0
+    inboxes: dict[str, list[tuple[str, bytes]]] = field(default_factory=lambda: {})
+    journals: dict[str, dict[str, bytes]] = field(default_factory=lambda: {})
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -171,6 +174,8 @@ class ToyCheckpointer(BaseCheckpointer[S]):
             await self.store.round_trip()
             self.store.heads.pop(thread_id, None)
             self.store.history.pop(thread_id, None)
+            self.store.inboxes.pop(thread_id, None)
+            self.store.journals.pop(thread_id, None)
             return None  # self.store.tokens keeps counting
 
     async def _list_heads(
@@ -189,6 +194,45 @@ class ToyCheckpointer(BaseCheckpointer[S]):
                 if len(out) == limit:
                     break
             return out
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        async with self.store.atomic():
+            # A real store reads an index of wake-up times; a toy sorts the heads.
+            due = sorted(
+                (head.wake_at, thread_id)
+                for thread_id, head in self.store.heads.items()
+                if head.wake_at is not None and head.wake_at <= before
+            )
+            return [Timer(thread_id, at) for at, thread_id in due[:limit]]
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        async with self.store.atomic():
+            inbox = self.store.inboxes.setdefault(thread_id, [])
+            for seq, (stored_id, _) in enumerate(inbox, start=1):
+                if stored_id == signal_id:
+                    return seq, False
+            await self.store.round_trip()
+            inbox.append((signal_id, data))
+            return len(inbox), True
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        async with self.store.atomic():
+            inbox = self.store.inboxes.get(thread_id, [])
+            return [(after + 1 + i, data) for i, (_, data) in enumerate(inbox[after:][:limit])]
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        async with self.store.atomic():
+            self.store.journals.setdefault(thread_id, {})[key] = data
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        async with self.store.atomic():
+            return self.store.journals.get(thread_id, {}).get(key)
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        async with self.store.atomic():
+            return list(self.store.journals.get(thread_id, {}).values())
 
 
 class ToyLeaseManager(BaseLeaseManager):

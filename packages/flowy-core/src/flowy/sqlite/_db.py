@@ -91,6 +91,26 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS flowy_outbox_ready ON flowy_outbox (dead, visible_at)",
     ),
+    # 1 -> 2: durable time: the wake-up index, the signal inbox, the activity journal.
+    (
+        "ALTER TABLE flowy_threads ADD COLUMN wake_at REAL",
+        "CREATE INDEX IF NOT EXISTS flowy_threads_wake ON flowy_threads (wake_at, thread_id) "
+        "WHERE wake_at IS NOT NULL",
+        """CREATE TABLE IF NOT EXISTS flowy_signals (
+            thread_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            signal_id TEXT NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (thread_id, seq),
+            UNIQUE (thread_id, signal_id)
+        )""",
+        """CREATE TABLE IF NOT EXISTS flowy_journal (
+            thread_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            data BLOB NOT NULL,
+            PRIMARY KEY (thread_id, key)
+        )""",
+    ),
 ]
 """Schema steps: ``MIGRATIONS[n]`` upgrades a file from version ``n`` to ``n + 1``."""
 

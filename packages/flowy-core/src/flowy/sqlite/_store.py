@@ -14,7 +14,10 @@ are each one transaction. The file holds:
   hour ago are swept by later acquisitions (tokens are floored by the clock, so they
   never go back);
 - ``flowy_outbox``: one row per (thread, committed revision), with attempts,
-  visibility, the last error and a dead-letter flag.
+  visibility, the last error and a dead-letter flag;
+- ``flowy_signals``: each thread's inbox, by (thread, seq), unique by (thread, signal
+  id); the head's ``wake_at`` column has a partial index, which ``timers`` reads;
+- ``flowy_journal``: each thread's activity records, by (thread, key).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ..storage import (
     Refused,
     StateCodec,
     ThreadSummary,
+    Timer,
     Write,
     next_fencing_token,
 )
@@ -56,17 +60,20 @@ LEASE_RECORD_GRACE = 3600.0
 
 _INSERT_HEAD = (
     "INSERT INTO flowy_threads (revision, pointer, status, reason, handoff_pending_at, "
-    "updated_at, record, handoff_status, thread_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "updated_at, record, handoff_status, wake_at, thread_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# The hand-off status is indexed: SQLite rewrites an index entry whenever its column is
-# assigned, even to the same value, so a save that keeps it leaves it out.
+# The hand-off status and wake-up time are indexed: SQLite rewrites an index entry
+# whenever its column is assigned, even to the same value, so a save that keeps both
+# leaves them out.
 _UPDATE_HEAD = (
     "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
     "handoff_pending_at = ?, updated_at = ?, record = ? WHERE thread_id = ?"
 )
-_UPDATE_HEAD_HANDOFF = (
+_UPDATE_HEAD_INDEXED = (
     "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
-    "handoff_pending_at = ?, updated_at = ?, record = ?, handoff_status = ? WHERE thread_id = ?"
+    "handoff_pending_at = ?, updated_at = ?, record = ?, handoff_status = ?, wake_at = ? "
+    "WHERE thread_id = ?"
 )
 
 # A live message is left as it is; a dead one comes back with its attempts reset.
@@ -78,7 +85,8 @@ _APPEND = (
 )
 
 _SUMMARY_COLUMNS = (
-    "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at, updated_at"
+    "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at, "
+    "updated_at, wake_at"
 )
 
 
@@ -129,7 +137,8 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
                 and holder.fencing_token == lease.fencing_token
             )
         row = conn.execute(
-            "SELECT revision, handoff_status FROM flowy_threads WHERE thread_id = ?", (thread_id,)
+            "SELECT revision, handoff_status, wake_at FROM flowy_threads WHERE thread_id = ?",
+            (thread_id,),
         ).fetchone()
         actual = int(row[0]) if row is not None else 0
         if not fenced or actual != write.expected_revision:
@@ -159,11 +168,11 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
         ]
         handoff = head.handoff_status.value
         if row is None:
-            conn.execute(_INSERT_HEAD, (*values, handoff, thread_id))
-        elif row[1] == handoff:
+            conn.execute(_INSERT_HEAD, (*values, handoff, head.wake_at, thread_id))
+        elif row[1] == handoff and row[2] == head.wake_at:
             conn.execute(_UPDATE_HEAD, (*values, thread_id))
         else:
-            conn.execute(_UPDATE_HEAD_HANDOFF, (*values, handoff, thread_id))
+            conn.execute(_UPDATE_HEAD_INDEXED, (*values, handoff, head.wake_at, thread_id))
         for outbox_row in write.outbox:
             _append(conn, outbox_row, now)
         return None
@@ -218,8 +227,8 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             live = _live_lease(conn, thread_id, self.database.clock())
             if if_idle and live is not None:
                 return live
-            conn.execute("DELETE FROM flowy_history WHERE thread_id = ?", (thread_id,))
-            conn.execute("DELETE FROM flowy_threads WHERE thread_id = ?", (thread_id,))
+            for table in ("flowy_history", "flowy_threads", "flowy_signals", "flowy_journal"):
+                conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
             if live is None:
                 conn.execute("DELETE FROM flowy_leases WHERE thread_id = ?", (thread_id,))
             return None
@@ -243,6 +252,85 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             lambda conn: conn.execute(sql, params).fetchall(), "list threads"
         )
         return [self.summary(str(row[0]), *row[1:]) for row in rows]
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT thread_id, wake_at FROM flowy_threads WHERE wake_at IS NOT NULL "
+                "AND wake_at <= ? ORDER BY wake_at, thread_id LIMIT ?",
+                (before, limit),
+            ).fetchall(),
+            "list timers",
+        )
+        return [Timer(str(thread_id), float(at)) for thread_id, at in rows]
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        def body(conn: sqlite3.Connection) -> tuple[int, bool]:
+            row = conn.execute(
+                "SELECT seq FROM flowy_signals WHERE thread_id = ? AND signal_id = ?",
+                (thread_id, signal_id),
+            ).fetchone()
+            if row is not None:
+                return int(row[0]), False
+            (last,) = conn.execute(
+                "SELECT coalesce(max(seq), 0) FROM flowy_signals WHERE thread_id = ?",
+                (thread_id,),
+            ).fetchone()
+            seq = int(last) + 1
+            conn.execute(
+                "INSERT INTO flowy_signals (thread_id, seq, signal_id, data) VALUES (?, ?, ?, ?)",
+                (thread_id, seq, signal_id, data),
+            )
+            return seq, True
+
+        return await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)),
+            f"signal thread {thread_id!r:.80}",
+        )
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT seq, data FROM flowy_signals WHERE thread_id = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (thread_id, after, limit),
+            ).fetchall(),
+            f"read the signals of thread {thread_id!r:.80}",
+        )
+        return [(int(seq), bytes(data)) for seq, data in rows]
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute(
+                    "INSERT OR REPLACE INTO flowy_journal (thread_id, key, data) VALUES (?, ?, ?)",
+                    (thread_id, key, data),
+                ),
+            ),
+            f"record activity {key!r:.80} of thread {thread_id!r:.80}",
+        )
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        row = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT data FROM flowy_journal WHERE thread_id = ? AND key = ?",
+                (thread_id, key),
+            ).fetchone(),
+            f"read activity {key!r:.80} of thread {thread_id!r:.80}",
+        )
+        return None if row is None else bytes(row[0])
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT data FROM flowy_journal WHERE thread_id = ?", (thread_id,)
+            ).fetchall(),
+            f"read the journal of thread {thread_id!r:.80}",
+        )
+        return [bytes(row[0]) for row in rows]
 
 
 class SQLiteLeaseManager(BaseLeaseManager):

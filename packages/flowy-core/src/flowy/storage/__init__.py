@@ -34,6 +34,10 @@ from ._connect import Connecting as Connecting
 from ._connect import connect as connect
 from ._connect import register_backend as register_backend
 from ._connect import schemes as schemes
+from ._durable import ActivityRecord as ActivityRecord
+from ._durable import ActivityStatus as ActivityStatus
+from ._durable import Signal as Signal
+from ._durable import Timer as Timer
 from ._guard import LeaseGuardCheckpointer as LeaseGuardCheckpointer
 from ._intents import decode_intent as decode_intent
 from ._intents import encode_intent as encode_intent
@@ -55,6 +59,7 @@ from ._outbox import BaseOutbox as BaseOutbox
 from ._outbox import RawMessage as RawMessage
 from ._protocols import Backend as Backend
 from ._protocols import Checkpointer as Checkpointer
+from ._protocols import DurableCheckpointer as DurableCheckpointer
 from ._protocols import EnqueueCallback as EnqueueCallback
 from ._protocols import FencingCheckpointer as FencingCheckpointer
 from ._protocols import HandoffOutbox as HandoffOutbox
@@ -77,6 +82,8 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_THREAD_ID_BYTES",
     "SYSTEM_LEASE_PREFIX",
+    "ActivityRecord",
+    "ActivityStatus",
     "Backend",
     "BaseBackend",
     "BaseCheckpointer",
@@ -88,6 +95,7 @@ __all__ = [
     "Connecting",
     "DeadLetter",
     "DecodeRecordOptions",
+    "DurableCheckpointer",
     "EnqueueCallback",
     "FencingCheckpointer",
     "HandoffIntent",
@@ -107,10 +115,12 @@ __all__ = [
     "Refused",
     "ResumeToken",
     "RunStatus",
+    "Signal",
     "Snapshot",
     "StateCodec",
     "StoreURL",
     "ThreadSummary",
+    "Timer",
     "TransactionalCheckpointer",
     "TransactionalHandoffOutbox",
     "Write",

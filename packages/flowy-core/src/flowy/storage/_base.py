@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic
@@ -34,6 +35,17 @@ from ._checks import (
     check_system_name,
 )
 from ._codecs import StateCodec
+from ._durable import (
+    ActivityRecord,
+    Signal,
+    Timer,
+    check_key,
+    check_wake_at,
+    decode_activity,
+    decode_signal,
+    encode_activity,
+    encode_signal,
+)
 from ._intents import encode_intent
 from ._model import (
     HandoffIntent,
@@ -247,7 +259,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
 
     @abc.abstractmethod
     async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
-        """Delete the thread's head and history (never its fencing token counter).
+        """Delete the thread's head and history, its inbox of signals (their numbering
+        starts again) and its activity journal, never its fencing token counter.
 
         With ``if_idle``, atomically refuse while a live lease holds the thread: write
         nothing and return that lease. Return ``None`` once deleted (or absent).
@@ -260,6 +273,54 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Up to ``limit`` (> 0) heads ordered by thread id, past ``after`` if given,
         only those whose hand-off status is in ``statuses`` if given (non-empty). Build
         each with :meth:`summary`; read columns, not records."""
+
+    # -- timers, signals and the activity journal (durable time) -------------------------
+    # Every store of flowy-core and its adapters implements these; a store written for
+    # flowy 0.2.0 that does not still runs graphs that never sleep, wait or call
+    # activities, and says what is missing when one does.
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        """Up to ``limit`` (> 0) heads whose ``summary.wake_at`` is set and <= ``before``,
+        ordered by wake-up time, then thread id: read from an index of wake-up times
+        (the head's ``wake_at`` column, written by ``_write`` in the same atomic write),
+        never a scan of every thread."""
+        raise self._missing("_timers", "timers")
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        """Atomically add ``data`` to the thread's inbox as its next signal, unless one
+        with ``signal_id`` is there already.
+
+        Signals of a thread are numbered 1, 2, 3, … in the order they are stored; a
+        number is never reused while the thread exists, and signal ``n + 1`` is never
+        readable before signal ``n``. Returns ``(seq, True)`` once added, or the
+        existing signal's ``(seq, False)``, writing nothing.
+        """
+        raise self._missing("_append_signal", "signals")
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` (> 0) signals ``(seq, data)`` of the thread numbered above
+        ``after``, in order."""
+        raise self._missing("_read_signals", "signals")
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        """Store ``data`` as the thread's journal entry ``key`` (replacing it)."""
+        raise self._missing("_put_activity", "activity journal")
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        """The thread's journal entry ``key``, or ``None``."""
+        raise self._missing("_get_activity", "activity journal")
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        """Every journal entry of the thread, in any order."""
+        raise self._missing("_list_activities", "activity journal")
+
+    def _missing(self, primitive: str, what: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self).__name__} keeps no {what}: its store does not implement "
+            f"{primitive} (docs/adapters.md), so graphs on it cannot sleep, wait for "
+            "signals or call activities"
+        )
 
     async def _diagnose(self, write: Write) -> Refused:
         """A fresh look at the thread when a refusal explained nothing (its report was
@@ -279,6 +340,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         handoff_status: object,
         handoff_pending_at: object,
         updated_at: object,
+        wake_at: object = None,
     ) -> ThreadSummary:
         """A :class:`ThreadSummary` from raw stored columns; an unknown status raises
         ``SnapshotEnvelopeInvalidError``.
@@ -293,6 +355,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             handoff_pending_at: seconds since the epoch (a number or its text), or
                 ``None``.
             updated_at: seconds since the epoch (a number or its text).
+            wake_at: the head's wake-up time (a number or its text), or ``None``.
         """
         try:
             return ThreadSummary(
@@ -306,6 +369,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                     None if handoff_pending_at is None else float(str(handoff_pending_at))
                 ),
                 updated_at=float(str(updated_at)),
+                wake_at=None if wake_at is None else float(str(wake_at)),
             )
         except ValueError as exc:
             raise SnapshotEnvelopeInvalidError(
@@ -338,6 +402,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 f"the snapshot of thread {show_id(thread_id)} has an empty execution "
                 "pointer; a stored head must name the node to resume at"
             )
+        if snapshot.wake_at is not None:
+            check_wake_at(snapshot.wake_at, "the snapshot's wake_at")
         if lease is not None:
             check_lease(lease)
             if lease.thread_id != thread_id:
@@ -365,6 +431,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             handoff_status=HandoffStatus(snapshot.handoff_status),
             handoff_pending_at=snapshot.handoff_pending_at,
             updated_at=snapshot.updated_at,
+            wake_at=snapshot.wake_at,
         )
         return Write(expected_revision, record, summary, lease)
 
@@ -471,6 +538,65 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         if after is not None:
             validate_thread_id(after)
         return await self._list_heads(statuses, limit, after)
+
+    async def timers(self, *, before: float = math.inf, limit: int = 100) -> list[Timer]:
+        """Up to ``limit`` waiting heads due at or before ``before`` (default: every
+        timer), soonest first."""
+        if check_count(limit, "limit") == 0:
+            return []
+        if isinstance(before, bool) or not isinstance(before, int | float) or math.isnan(before):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"before must be seconds since the epoch, got {before!r:.80}")
+        return await self._timers(float(before), limit)
+
+    async def append_signal(self, signal: Signal) -> Signal:
+        """Store ``signal`` in its thread's inbox, once per ``signal_id``: the signal as
+        stored (with its ``seq``), the first one's when the id was sent before."""
+        thread_id = validate_thread_id(signal.thread_id)
+        check_key(signal.name, "signal name")
+        check_key(signal.signal_id, "signal id")
+        check_wake_at(signal.sent_at, "sent_at")
+        data = encode_signal(signal)
+        seq, added = await self._append_signal(thread_id, signal.signal_id, data)
+        if added:
+            return Signal(
+                thread_id, signal.name, signal.payload, signal.signal_id, seq, signal.sent_at
+            )
+        stored = await self._read_signals(thread_id, seq - 1, 1)
+        if not stored or stored[0][0] != seq:
+            raise SnapshotEnvelopeInvalidError(
+                f"signal {seq} of thread {show_id(thread_id)} is missing from its inbox"
+            )
+        return decode_signal(thread_id, seq, stored[0][1])
+
+    async def signals(self, thread_id: str, *, after: int = 0, limit: int = 100) -> list[Signal]:
+        """Up to ``limit`` signals of ``thread_id`` numbered above ``after``, in order."""
+        validate_thread_id(thread_id)
+        check_revision(after, "after")
+        if check_count(limit, "limit") == 0:
+            return []
+        return [
+            decode_signal(thread_id, seq, data)
+            for seq, data in await self._read_signals(thread_id, after, limit)
+        ]
+
+    async def put_activity(self, thread_id: str, record: ActivityRecord) -> None:
+        """Store ``record`` as the journal entry of ``thread_id`` under ``record.key``."""
+        validate_thread_id(thread_id)
+        check_key(record.key, "activity key")
+        await self._put_activity(thread_id, record.key, encode_activity(record))
+
+    async def get_activity(self, thread_id: str, key: str) -> ActivityRecord | None:
+        """The journal entry ``key`` of ``thread_id``, or ``None``."""
+        validate_thread_id(thread_id)
+        check_key(key, "activity key")
+        data = await self._get_activity(thread_id, key)
+        return None if data is None else decode_activity(data, key=key)
+
+    async def journal(self, thread_id: str) -> list[ActivityRecord]:
+        """Every journal entry of ``thread_id``, oldest first."""
+        validate_thread_id(thread_id)
+        records = [decode_activity(data) for data in await self._list_activities(thread_id)]
+        return sorted(records, key=lambda r: (r.started_at, r.key))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(codec={self.codec!r})"

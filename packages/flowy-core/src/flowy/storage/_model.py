@@ -132,6 +132,17 @@ class Snapshot(Generic[S]):
     (``durable_save``)."""
     effects: Sequence[JSON] = ()
     retry_counts: Mapping[str, int] = field(default_factory=lambda: {})
+    wake_at: float | None = None
+    """When a waiting run is due to wake up, in seconds since the epoch (``None``: no
+    timer). Stores index it: ``Checkpointer.timers`` lists the due heads."""
+    waiting_for: str = ""
+    """The signal a waiting run waits for (``""``: none, a plain sleep)."""
+    on_timeout: str = ""
+    """The node a wait resumes at when ``wake_at`` passes first (``""``: the execution
+    pointer)."""
+    signal_cursors: Mapping[str, int] = field(default_factory=lambda: {})
+    """For each signal name, the ``seq`` of the last signal of that name delivered to the
+    run: the next wait takes the first one after it."""
 
     def at_revision(self, revision: int) -> Snapshot[S]:
         """A copy of this snapshot stored at ``revision``."""
@@ -163,6 +174,8 @@ class ThreadSummary:
     """When the head's hand-off began, in seconds since the epoch (``None`` without one)."""
     updated_at: float
     """When the head was saved, in seconds since the epoch."""
+    wake_at: float | None = None
+    """When the head, a waiting run, is due to wake up (``None``: no timer)."""
 
 
 @dataclass(frozen=True, slots=True)

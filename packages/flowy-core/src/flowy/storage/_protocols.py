@@ -13,6 +13,7 @@ from typing import Protocol, Self, runtime_checkable
 
 from .._types import S
 from ._codecs import StateCodec
+from ._durable import ActivityRecord, Signal, Timer
 from ._model import (
     DeadLetter,
     HandoffIntent,
@@ -26,6 +27,7 @@ from ._model import (
 __all__ = [
     "Backend",
     "Checkpointer",
+    "DurableCheckpointer",
     "EnqueueCallback",
     "FencingCheckpointer",
     "HandoffOutbox",
@@ -127,6 +129,43 @@ class TransactionalCheckpointer(Checkpointer[S], Protocol[S]):
         transaction; if either fails nothing is committed. ``tx`` is the store's explicit
         transaction handle, passed to ``TransactionalHandoffOutbox.enqueue_intent_tx``.
         """
+        ...
+
+
+@runtime_checkable
+class DurableCheckpointer(Checkpointer[S], Protocol[S]):
+    """A checkpointer that also keeps what durable time needs, in the same store: the
+    index of wake-up times, each thread's inbox of signals, and each thread's activity
+    journal. A thread's delete removes its inbox and journal too."""
+
+    async def timers(self, *, before: float = ..., limit: int = 100) -> list[Timer]:
+        """Up to ``limit`` heads with a wake-up time at or before ``before`` (default:
+        all), soonest first (then by thread id), from an index: the wake-up time is
+        saved with the head, in the same write."""
+        ...
+
+    async def append_signal(self, signal: Signal) -> Signal:
+        """Store ``signal`` in its thread's inbox, numbered after the thread's earlier
+        signals; a second signal with the same ``signal_id`` stores nothing and returns
+        the first as stored. Numbers run 1, 2, 3, … per thread, never repeat while the
+        thread exists, and number ``n + 1`` is never readable before ``n``."""
+        ...
+
+    async def signals(self, thread_id: str, *, after: int = 0, limit: int = 100) -> list[Signal]:
+        """Up to ``limit`` signals of ``thread_id`` numbered above ``after``, in order."""
+        ...
+
+    async def put_activity(self, thread_id: str, record: ActivityRecord) -> None:
+        """Store ``record`` as the journal entry ``record.key`` of ``thread_id``,
+        replacing an earlier one."""
+        ...
+
+    async def get_activity(self, thread_id: str, key: str) -> ActivityRecord | None:
+        """The journal entry ``key`` of ``thread_id``, or ``None``."""
+        ...
+
+    async def journal(self, thread_id: str) -> list[ActivityRecord]:
+        """Every journal entry of ``thread_id``, oldest first."""
         ...
 
 

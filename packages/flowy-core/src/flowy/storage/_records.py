@@ -96,6 +96,14 @@ class Record:
     """The effects the segment emitted up to this point."""
     retry_counts: Mapping[str, int] = field(default_factory=lambda: {})
     """The ``retry()`` attempts each node has used."""
+    wake_at: float | None = None
+    """When a waiting run wakes up (``None``: no timer)."""
+    waiting_for: str = ""
+    """The signal a waiting run waits for."""
+    on_timeout: str = ""
+    """The node a wait resumes at when ``wake_at`` passes first."""
+    signal_cursors: Mapping[str, int] = field(default_factory=lambda: {})
+    """The ``seq`` of the last signal of each name delivered to the run."""
     format_version: int = FORMAT_VERSION
     """The envelope format (``FORMAT_VERSION``)."""
 
@@ -124,6 +132,10 @@ class Record:
             write_id=snapshot.write_id,
             effects=tuple(snapshot.effects),
             retry_counts=dict(snapshot.retry_counts),
+            wake_at=snapshot.wake_at,
+            waiting_for=snapshot.waiting_for,
+            on_timeout=snapshot.on_timeout,
+            signal_cursors=dict(snapshot.signal_cursors),
         )
 
     def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
@@ -165,6 +177,10 @@ class Record:
             write_id=self.write_id,
             effects=self.effects,
             retry_counts=dict(self.retry_counts),
+            wake_at=self.wake_at,
+            waiting_for=self.waiting_for,
+            on_timeout=self.on_timeout,
+            signal_cursors=dict(self.signal_cursors),
         )
 
 
@@ -234,6 +250,14 @@ def _envelope(
         fields["effects"] = list(effects)
     if retry_counts:
         fields["retry_counts"] = dict(retry_counts)
+    if source.wake_at is not None:
+        fields["wake_at"] = source.wake_at
+    if source.waiting_for:
+        fields["waiting_for"] = source.waiting_for
+    if source.on_timeout:
+        fields["on_timeout"] = source.on_timeout
+    if source.signal_cursors:
+        fields["signal_cursors"] = dict(source.signal_cursors)
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
@@ -321,6 +345,19 @@ def decode_record(
     pending_at = h.get("handoff_pending_at")
     if pending_at is not None and not isinstance(pending_at, int | float):
         raise _invalid("handoff_pending_at must be a number or null")
+    wake_at = h.get("wake_at")
+    if wake_at is not None and (isinstance(wake_at, bool) or not isinstance(wake_at, int | float)):
+        raise _invalid("wake_at must be a number or null")
+    waiting_for = h.get("waiting_for", "")
+    on_timeout = h.get("on_timeout", "")
+    if not isinstance(waiting_for, str) or not isinstance(on_timeout, str):
+        raise _invalid("waiting_for and on_timeout must be strings")
+    cursors = h.get("signal_cursors", {})
+    if not isinstance(cursors, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool)
+        for v in cast(dict[str, Any], cursors).values()
+    ):
+        raise _invalid("signal_cursors must map signal names to integers")
     if opts.thread_id is not None and opts.thread_id != thread_id:
         raise _invalid(f"stored under thread {opts.thread_id!r} but names thread {thread_id!r}")
     if opts.revision is not None and opts.revision != revision:
@@ -351,6 +388,10 @@ def decode_record(
         write_id=_field(h, "write_id", str),
         effects=tuple(cast(list[JSON], effects)),
         retry_counts=cast(dict[str, int], retry_counts),
+        wake_at=None if wake_at is None else float(wake_at),
+        waiting_for=waiting_for,
+        on_timeout=on_timeout,
+        signal_cursors=cast(dict[str, int], cursors),
         format_version=version,
     )
 

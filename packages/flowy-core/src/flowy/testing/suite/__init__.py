@@ -24,6 +24,7 @@ from __future__ import annotations
 from ._arguments import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
+from ._durable import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
@@ -36,9 +37,12 @@ __all__ = [
     "FaultSuite",
     "FencingSuite",
     "HistorySuite",
+    "JournalSuite",
     "LeaseSuite",
     "OutboxSuite",
+    "SignalSuite",
     "ThreadIdSuite",
+    "TimerSuite",
     "TransactionalOutboxSuite",
     "WriteOwnershipSuite",
 ]
