@@ -38,6 +38,8 @@ RANK = {
     "_events": 6,
     "_segment": 7,
     "_handoff": 8,
+    "_waits": 8,
+    "_activities": 8,
     "_execution": 9,
     "_preflight": 10,
     "_runner": 10,

@@ -11,8 +11,10 @@ lease, a lease released after it expired, owners compared case-insensitively, a
 updates, a cancelled transactional save that leaves its transaction open, an outbox
 without visibility timeout, an ack that removes the thread's other messages, a
 re-enqueue that resets a live message, a dead-letter retry that keeps the attempts, a
-non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, and
-argument checks that drifted. The suite's test methods are called directly with the
+non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, argument
+checks that drifted, timers listed before they are due or left behind by a head that
+moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
+thread, and a journal that drops outcomes. The suite's test methods are called directly with the
 broken backend; two more tests run the suite through pytest in a subprocess the way a
 store's own tests do.
 """
@@ -63,6 +65,7 @@ from flowy.storage import (
     RawMessage,
     Refused,
     Snapshot,
+    Timer,
     Write,
     decode_intent,
 )
@@ -454,6 +457,85 @@ class ResettingSQLiteOutbox(SQLiteOutbox):
         )
 
 
+class AllTimersCheckpointer(MemoryCheckpointer[Any]):
+    """Lists every timer as due, whatever its wake-up time."""
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        return await super()._timers(float("inf"), limit)
+
+
+class StaleTimerCheckpointer(MemoryCheckpointer[Any]):
+    """Indexes a new wake-up time but never takes the old one out."""
+
+    async def _write(self, write: Write) -> Refused | None:
+        thread = self.store.threads.get(write.thread_id)
+        old = thread.summary.wake_at if thread is not None and thread.summary else None
+        refused = await super()._write(write)
+        if refused is None and old is not None and old != write.summary.wake_at:
+            self.store.set_timer(write.thread_id, None, old)  # put the old one back
+        return refused
+
+
+class RepeatedSignalCheckpointer(MemoryCheckpointer[Any]):
+    """Stores a signal again when its id comes again."""
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        return await super()._append_signal(thread_id, f"{signal_id}-{uuid.uuid4().hex}", data)
+
+
+class KeptInboxCheckpointer(MemoryCheckpointer[Any]):
+    """Deletes a thread but keeps its inbox."""
+
+    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        inbox = self.store.inboxes.get(thread_id)
+        holder = await super()._delete(thread_id, if_idle=if_idle)
+        if inbox is not None:
+            self.store.inboxes[thread_id] = inbox
+        return holder
+
+
+class FirstWriteJournalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Keeps the first journal entry of a key: later outcomes are dropped."""
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute(
+                    "INSERT OR IGNORE INTO flowy_journal (thread_id, key, data) VALUES (?, ?, ?)",
+                    (thread_id, key, data),
+                ),
+            ),
+            "record",
+        )
+
+
+class RacySignalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Numbers a signal from a read made before its write, in another transaction."""
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        last = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT coalesce(max(seq), 0) FROM flowy_signals WHERE thread_id = ?",
+                (thread_id,),
+            ).fetchone()[0],
+            "read",
+        )
+        await asyncio.sleep(0.01)
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute(
+                    "INSERT OR REPLACE INTO flowy_signals (thread_id, seq, signal_id, data) "
+                    "VALUES (?, ?, ?, ?)",
+                    (thread_id, int(last) + 1, signal_id, data),
+                ),
+            ),
+            "append",
+        )
+        return int(last) + 1, True
+
+
 # --- stores -------------------------------------------------------------------------------
 
 
@@ -681,6 +763,48 @@ CASES = [
         ((S.OutboxSuite, "test_enqueue_again_leaves_a_live_message_as_it_is"),),
     ),
     Case(
+        "timers listed before they are due",
+        "memory",
+        {"checkpointer": AllTimersCheckpointer},
+        ((S.TimerSuite, "test_only_due_timers_are_listed"),),
+    ),
+    Case(
+        "a head that moves on stays in the timer index",
+        "memory",
+        {"checkpointer": StaleTimerCheckpointer},
+        ((S.TimerSuite, "test_a_head_that_moves_on_leaves_the_index"),),
+    ),
+    Case(
+        "signal ids not deduplicated",
+        "memory",
+        {"checkpointer": RepeatedSignalCheckpointer},
+        (
+            (S.SignalSuite, "test_a_repeated_signal_id_is_stored_once"),
+            (S.WaitSuite, "test_a_repeated_signal_is_delivered_once"),
+        ),
+    ),
+    Case(
+        "a deleted thread keeps its inbox",
+        "memory",
+        {"checkpointer": KeptInboxCheckpointer},
+        ((S.SignalSuite, "test_delete_empties_the_inbox"),),
+    ),
+    Case(
+        "the journal keeps an activity's first entry (outcomes are lost)",
+        "sqlite",
+        {"checkpointer": FirstWriteJournalSQLiteCheckpointer},
+        (
+            (S.JournalSuite, "test_put_get_and_replace"),
+            (S.ActivitySuite, "test_a_rerun_node_gets_the_recorded_result"),
+        ),
+    ),
+    Case(
+        "signal numbers read before the write (racing senders share one)",
+        "sqlite",
+        {"checkpointer": RacySignalSQLiteCheckpointer},
+        ((S.SignalSuite, "test_racing_senders_get_distinct_numbers"),),
+    ),
+    Case(
         "a prune touches other threads",
         "sqlite",
         {"checkpointer": PruneEverywhereSQLiteCheckpointer},
@@ -755,7 +879,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 26
+    assert len(CASES) == 32
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

@@ -3,7 +3,8 @@
 Declare a graph of async nodes over your own state ``S`` and effect ``E`` with
 ``GraphBuilder``, open a store with ``connect(url)``, run the graph with ``Runner``, and
 resume it exactly where it stopped; ``Worker`` finishes handed-off runs in the
-background.
+background and wakes runs that ``sleep`` or ``wait_for`` a signal. ``activity`` calls
+the outside world once per thread, recorded in the store.
 
 The rest of the public API lives in a few modules: ``flowy.errors`` (the whole exception
 tree), ``flowy.types`` (secondary types), ``flowy.lifecycle`` (observers and counters),
@@ -23,6 +24,7 @@ from . import errors as errors  # the public modules, one attribute away
 from . import lifecycle as lifecycle
 from . import stream_helpers as stream_helpers
 from . import types as types
+from ._activities import activity as activity
 from ._context import BindingKey as BindingKey
 from ._context import RunBindings as RunBindings
 from ._context import RunMetadataInput as RunMetadataInput
@@ -40,7 +42,10 @@ from ._directives import end as end
 from ._directives import fail as fail
 from ._directives import handoff as handoff
 from ._directives import retry as retry
+from ._directives import sleep as sleep
+from ._directives import sleep_until as sleep_until
 from ._directives import suspend as suspend
+from ._directives import wait_for as wait_for
 from ._errors import BackendURLError as BackendURLError
 from ._errors import ConcurrencyConflictError as ConcurrencyConflictError
 from ._errors import FlowyError as FlowyError
@@ -121,6 +126,7 @@ __all__ = [
     "ThreadNotFoundError",
     "UnknownNodeError",
     "Worker",
+    "activity",
     "bind",
     "binding",
     "budget_used",
@@ -135,8 +141,11 @@ __all__ = [
     "resume_to",
     "retry",
     "run_metadata",
+    "sleep",
+    "sleep_until",
     "suspend",
     "use_budget",
+    "wait_for",
 ]
 
 # Names flowy 0.1 exported here, and where they live now. Importing one still works

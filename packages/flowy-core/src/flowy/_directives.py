@@ -6,6 +6,7 @@ Nodes never name their successor: ``completed()`` routes through the graph's edg
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Generic, final
 
@@ -21,7 +22,10 @@ __all__ = [
     "fail",
     "handoff",
     "retry",
+    "sleep",
+    "sleep_until",
     "suspend",
+    "wait_for",
 ]
 
 
@@ -50,6 +54,9 @@ class DirectiveKind(enum.StrEnum):
     """``retry(max_attempts)``: run the node again."""
     EFFECT = "effect"
     """``effect(base, payload)``: emit an effect, then apply ``base``."""
+    WAIT = "wait"
+    """``sleep``, ``sleep_until`` or ``wait_for``: save a waiting snapshot with its
+    wake-up time; a worker resumes it when the time comes or the signal arrives."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,16 @@ class Directive(Generic[E]):
     """The effect an ``EFFECT`` emits."""
     base: Directive[E] | None = None
     """The directive an ``EFFECT`` applies after emitting ``payload``."""
+    signal: str = ""
+    """The signal a ``WAIT`` waits for (``""``: none, a sleep)."""
+    delay: float | None = None
+    """Seconds a ``WAIT`` lasts at most, from when it is saved (``None``: see ``until``)."""
+    until: float | None = None
+    """When a ``WAIT`` ends at the latest, in seconds since the epoch (``None``: no
+    deadline, unless ``delay``)."""
+    on_timeout: str | None = None
+    """The node a ``WAIT`` resumes at when its deadline passes first (``None``: the
+    node's timeout route, else ``resume_at``)."""
 
 
 _COMPLETED: Directive[Any] = Directive(DirectiveKind.COMPLETED)
@@ -136,3 +153,83 @@ def retry(max_attempts: int) -> Directive[Any]:
 def effect(base: Directive[E], payload: E) -> Directive[E]:
     """Emit the typed effect ``payload`` (to events and the result), then apply ``base``."""
     return Directive(DirectiveKind.EFFECT, payload=payload, base=base)
+
+
+def _seconds(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r:.80}")
+    return float(value)
+
+
+def sleep(seconds: float, *, resume_at: str | None = None, reason: str = "sleep") -> Directive[Any]:
+    """Wait ``seconds`` (durably: the wake-up time is saved with the snapshot), then go
+    on at ``resume_at``; a ``flowy.Worker`` resumes the thread when the time comes.
+
+    Args:
+        seconds: how long to wait, >= 0, counted from the save (the runner's clock).
+        resume_at: the node the run continues at, or ``None`` for this node again.
+        reason: the waiting snapshot's reason.
+
+    Raises:
+        ValueError: ``seconds`` is negative or not finite, or ``reason`` is empty.
+    """
+    delay = _seconds(seconds, "sleep()")
+    if delay < 0:
+        raise ValueError(f"sleep() needs seconds >= 0, got {seconds!r}")
+    if not reason:
+        raise ValueError("sleep() needs a non-empty reason")
+    return Directive(DirectiveKind.WAIT, reason=reason, resume_at=resume_at, delay=delay)
+
+
+def sleep_until(
+    timestamp: float, *, resume_at: str | None = None, reason: str = "sleep"
+) -> Directive[Any]:
+    """Wait until ``timestamp`` (seconds since the epoch), durably, then go on at
+    ``resume_at`` (``None``: this node again). A past time wakes at once."""
+    until = _seconds(timestamp, "sleep_until()")
+    if not reason:
+        raise ValueError("sleep_until() needs a non-empty reason")
+    return Directive(DirectiveKind.WAIT, reason=reason, resume_at=resume_at, until=until)
+
+
+def wait_for(
+    signal: str,
+    *,
+    timeout: float | None = None,
+    resume_at: str | None = None,
+    on_timeout: str | None = None,
+    reason: str = "",
+) -> Directive[Any]:
+    """Wait, durably, until the signal ``signal`` arrives (``Runner.signal``) or
+    ``timeout`` seconds pass.
+
+    On the signal the run resumes at ``resume_at`` with the signal's payload merged
+    into the state (by the graph's ``on_signal`` handler for that name, else like a
+    ``state_overlay``); a signal sent before the wait is delivered by it at once. On the
+    deadline it resumes at ``on_timeout``, else at the node's timeout route
+    (``GraphBuilder.add_timeout_route``), else at ``resume_at``, with the state as it
+    was.
+
+    Args:
+        signal: the signal's name.
+        timeout: seconds to wait at most (``None``: no deadline).
+        resume_at: the node the run continues at (``None``: this node again).
+        on_timeout: the node the run continues at when the deadline passes first.
+        reason: the waiting snapshot's reason (default ``waiting:<signal>``).
+
+    Raises:
+        ValueError: an empty signal name, or a negative or non-finite timeout.
+    """
+    if not isinstance(signal, str) or not signal:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError("wait_for() needs a non-empty signal name")
+    delay = None if timeout is None else _seconds(timeout, "wait_for(timeout=...)")
+    if delay is not None and delay < 0:
+        raise ValueError(f"wait_for() needs timeout >= 0, got {timeout!r}")
+    return Directive(
+        DirectiveKind.WAIT,
+        reason=reason or f"waiting:{signal}",
+        resume_at=resume_at,
+        signal=signal,
+        delay=delay,
+        on_timeout=on_timeout,
+    )

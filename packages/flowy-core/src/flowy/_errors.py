@@ -25,6 +25,9 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     │   ├── LeaseRequiredError          a lease manager is configured but run_lease was not given
     │   ├── ThreadLeaseBusyError        another live lease holds the thread
     │   └── LeaseLostError              the lease expired or was taken over (fencing)
+    ├── ActivityError                   flowy.activity() could not give a result:
+    │   ├── ActivityOutcomeUnknown      it started before a crash and nothing says how it ended
+    │   └── ActivityFailedError         it raised on its last allowed attempt
     ├── HandoffError
     │   ├── HandoffPendingError         a fresh pending hand-off (not stale yet)
     │   ├── HandoffOrphanedError        direct resume of an orphaned hand-off
@@ -49,6 +52,9 @@ if TYPE_CHECKING:
     from ._types import ResumeToken
 
 __all__ = [
+    "ActivityError",
+    "ActivityFailedError",
+    "ActivityOutcomeUnknown",
     "BackendURLError",
     "CheckpointSkippedError",
     "ConcurrencyConflictError",
@@ -197,6 +203,37 @@ class ThreadLeaseBusyError(LeaseError, ThreadContentionError):
 
 class LeaseLostError(LeaseError):
     """The lease expired or was taken over; a fenced write was refused."""
+
+
+class ActivityError(FlowyError):
+    """``flowy.activity()`` could not give the call's result; ``key`` names the call in
+    the thread's journal."""
+
+    def __init__(self, message: str, *, key: str, attempts: int) -> None:
+        super().__init__(message)
+        self.key = key
+        self.attempts = attempts
+
+
+class ActivityOutcomeUnknown(ActivityError):
+    """The activity was called before a crash and its outcome was never recorded: it
+    may or may not have happened. flowy never calls it again on its own (unless it is
+    declared ``idempotent``); give ``reconcile=`` to look the outcome up, or handle
+    this in the node (``started_at`` says when the call began)."""
+
+    def __init__(self, message: str, *, key: str, attempts: int, started_at: float) -> None:
+        super().__init__(message, key=key, attempts=attempts)
+        self.started_at = started_at
+
+
+class ActivityFailedError(ActivityError):
+    """The activity raised on its last allowed attempt (or its retry deadline passed);
+    ``error`` is ``"Type: message"`` of that failure, as the journal keeps it. A
+    re-execution of the node raises it again without calling the activity."""
+
+    def __init__(self, message: str, *, key: str, attempts: int, error: str) -> None:
+        super().__init__(message, key=key, attempts=attempts)
+        self.error = error
 
 
 class HandoffError(FlowyError):

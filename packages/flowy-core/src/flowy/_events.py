@@ -47,6 +47,8 @@ class EventType(enum.StrEnum):
     (reason ``*_checkpoint_skipped``)."""
     SUSPENDED = "suspended"
     """Terminal: the run suspended."""
+    WAITING = "waiting"
+    """Terminal: the run waits for its wake-up time or its signal."""
     HANDOFF = "handoff"
     """Terminal: the run was handed off."""
     COMPLETED = "completed"
@@ -60,6 +62,7 @@ class EventType(enum.StrEnum):
 TERMINAL_EVENTS = frozenset(
     {
         EventType.SUSPENDED,
+        EventType.WAITING,
         EventType.HANDOFF,
         EventType.COMPLETED,
         EventType.FAILED,

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from ._activities import ActivityScope, RetryLater, current_scope
 from ._context import current_run
 from ._directives import Directive, DirectiveKind
 from ._errors import LeaseLostError, UnknownNodeError
@@ -23,6 +24,7 @@ from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
+from ._waits import durable_of, next_signal, take_signal
 from .storage import RunStatus
 
 __all__ = ["Execution"]
@@ -82,6 +84,14 @@ class Execution(HandoffSegment[S, E]):
         if self.lease is not None:
             self.renewer = asyncio.ensure_future(self._renew_loop())
         ctx_token = current_run.set(self.meta)
+        scope_token = current_scope.set(
+            ActivityScope(
+                lambda: durable_of(self.cp, "flowy.activity()"),
+                self.thread_id,
+                self.clock,
+                lambda: (self.meta.total_steps + 1, self.pointer),
+            )
+        )
         result: RunResult[S, E] | None = None
         try:
             try:
@@ -99,6 +109,7 @@ class Execution(HandoffSegment[S, E]):
                     raise
             return result
         finally:
+            current_scope.reset(scope_token)
             current_run.reset(ctx_token)
             await self._finish(result)
 
@@ -189,6 +200,9 @@ class Execution(HandoffSegment[S, E]):
                 update, directive = await nodes[pointer](self.state)
             except asyncio.CancelledError:
                 raise
+            except RetryLater as later:  # an activity waits for its next attempt
+                self.in_node = False
+                return await self._save_wait(Reason.ACTIVITY_RETRY, later.at)
             except Exception as exc:  # noqa: BLE001 - a node's error fails the run, reported on the result
                 return self._fail_unsaved(Reason.NODE_ERROR, exc)
             finally:
@@ -268,6 +282,10 @@ class Execution(HandoffSegment[S, E]):
             return await self._fail(directive.reason)
         elif kind is DirectiveKind.SUSPEND:
             return await self._suspend(directive)
+        elif kind is DirectiveKind.WAIT:
+            result = await self._wait(directive)
+            if result is not None:
+                return result
         elif kind is DirectiveKind.HANDOFF:
             target = directive.resume_at or pointer
             if not graph.has_node(target):
@@ -331,6 +349,65 @@ class Execution(HandoffSegment[S, E]):
             EventType.SUSPENDED,
             reason=reason,
             execution_pointer=target,
+            resume_token=result.resume_token,
+        )
+        return result
+
+    async def _wait(self, directive: Directive[E]) -> RunResult[S, E] | None:
+        """A ``sleep`` / ``wait_for``: take a signal already in the inbox and go on, or
+        save the waiting snapshot (and take a signal that arrived meanwhile)."""
+        graph = self.graph
+        target = directive.resume_at or self.pointer
+        on_timeout = directive.on_timeout or graph.timeout_routes.get(self.pointer, "")
+        for node in (target, on_timeout):
+            if node and not graph.has_node(node):
+                return await self._fail(
+                    Reason.WAIT_TARGET_INVALID,
+                    UnknownNodeError(f"the wait names unknown node {node!r}"),
+                )
+        name = directive.signal
+        self.pointer = target
+        if name and self.cp is not None and await self._take_pending(name):
+            return None
+        now = self.clock()
+        wake_at = now + directive.delay if directive.delay is not None else directive.until
+        result = await self._save_wait(directive.reason, wake_at, name, on_timeout)
+        if name and result.resume_token is not None and await self._take_pending(name):
+            return None  # the signal came while the wait was saved: go on now
+        return result
+
+    async def _take_pending(self, name: str) -> bool:
+        """Take the next signal ``name`` from the inbox into the state, if there is one."""
+        durable = durable_of(self.cp, "wait_for()")
+        signal = await next_signal(durable, self.thread_id, name, self.signal_cursors)
+        if signal is None:
+            return False
+        self.state = await take_signal(self.graph, self.state, signal, self.signal_cursors)
+        return True
+
+    async def _save_wait(
+        self, reason: str, wake_at: float | None, signal: str = "", on_timeout: str = ""
+    ) -> RunResult[S, E]:
+        """Save the waiting snapshot (its wake-up time indexed by the store) and build
+        the result."""
+        if self.cp is None:
+            result = self._result(RunStatus.WAITING, reason)
+            self._emit(EventType.WAITING, reason=reason, execution_pointer=self.pointer)
+            return result
+        snap = self._snapshot(
+            RunStatus.WAITING, reason, wake_at=wake_at, waiting_for=signal, on_timeout=on_timeout
+        )
+        error = await self._save_or_stop(snap, "wait")
+        saved = error is None
+        if saved:
+            reason, error = await self._retention(reason, "wait")
+        else:
+            reason = Reason.WAIT_CHECKPOINT_SKIPPED
+        result = self._result(RunStatus.WAITING, reason, token=saved, error=error)
+        self._emit(
+            EventType.WAITING,
+            reason=reason,
+            execution_pointer=self.pointer,
             resume_token=result.resume_token,
         )
         return result

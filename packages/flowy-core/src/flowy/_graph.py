@@ -21,6 +21,7 @@ __all__ = [
     "Node",
     "Reducer",
     "Router",
+    "SignalHandler",
 ]
 
 Node: TypeAlias = Callable[[S], Awaitable[tuple[S, Directive[E]]]]
@@ -31,6 +32,10 @@ Reducer: TypeAlias = Callable[[S, S], S]
 
 Router: TypeAlias = Callable[[S], "str | Awaitable[str]"]
 """``router(state) -> target node name`` (sync or async)."""
+
+SignalHandler: TypeAlias = Callable[[S, Any], "S | Awaitable[S]"]
+"""``handler(state, payload) -> new state`` (sync or async): how a signal's payload
+enters the state when a ``wait_for`` receives it."""
 
 
 class CheckpointPolicy(enum.Enum):
@@ -91,6 +96,12 @@ class Graph(Generic[S, E]):
     max_total_steps: int | None = 10_000
     """Steps a thread may run across all its segments (``None``: no bound); more fails
     it with ``max_total_steps_exceeded``."""
+    timeout_routes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Node → where a ``wait_for`` of that node continues when its deadline passes."""
+    signal_handlers: Mapping[str, SignalHandler[S]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Signal name → how its payload enters the state (``on_signal``)."""
 
     def node(self, name: str) -> Node[S, E]:
         """The node called ``name``; ``UnknownNodeError`` if there is none."""
@@ -123,6 +134,8 @@ class Graph(Generic[S, E]):
                 lines.append(f"    {ident(src)} -.-> {ident(dst)}")
         for src, dst in self.retry_routes.items():
             lines.append(f"    {ident(src)} -- retry exhausted --> {ident(dst)}")
+        for src, dst in self.timeout_routes.items():
+            lines.append(f"    {ident(src)} -- timeout --> {ident(dst)}")
         if self.terminal_nodes:
             lines.append("    __end__([end])")
             for name in sorted(self.terminal_nodes):
@@ -157,6 +170,8 @@ class GraphBuilder(Generic[S, E]):
         self._edges: dict[str, list[str]] = {}
         self._conditional: dict[str, list[ConditionalEdge[S]]] = {}
         self._retry_routes: dict[str, list[str]] = {}
+        self._timeout_routes: dict[str, list[str]] = {}
+        self._signal_handlers: dict[str, SignalHandler[S]] = {}
         self._terminal: set[str] = set()
         self._budgets: dict[str, int] = {}
         self._problems: list[str] = []
@@ -215,6 +230,21 @@ class GraphBuilder(Generic[S, E]):
         self._retry_routes.setdefault(src, []).append(fallback)
         return self
 
+    def add_timeout_route(self, src: str, dst: str) -> GraphBuilder[S, E]:
+        """When a ``wait_for`` of ``src`` reaches its deadline before its signal,
+        continue at ``dst`` (a directive's own ``on_timeout`` takes precedence)."""
+        self._timeout_routes.setdefault(src, []).append(dst)
+        return self
+
+    def on_signal(self, name: str, handler: SignalHandler[S]) -> GraphBuilder[S, E]:
+        """Merge the payload of signal ``name`` into the state with
+        ``handler(state, payload) -> state`` when a ``wait_for`` receives it (without
+        one, a mapping payload is merged like a ``state_overlay``)."""
+        if name in self._signal_handlers:
+            self._problems.append(f"signal {name!r} has two on_signal handlers; declare one")
+        self._signal_handlers[name] = handler
+        return self
+
     def allow_no_outgoing_route(self, *names: str) -> GraphBuilder[S, E]:
         """Mark ``names`` as terminal nodes: ``completed()`` there finishes the run."""
         self._terminal.update(names)
@@ -255,6 +285,10 @@ class GraphBuilder(Generic[S, E]):
             check("retry route", src, dsts)
             if len(dsts) > 1:
                 problems.append(f"node {src!r} has {len(dsts)} retry routes; declare one")
+        for src, dsts in self._timeout_routes.items():
+            check("timeout route", src, dsts)
+            if len(dsts) > 1:
+                problems.append(f"node {src!r} has {len(dsts)} timeout routes; declare one")
         for name in sorted(self._terminal - set(known)):
             problems.append(f"allow_no_outgoing_route names unknown node {name!r}")
         for name in known:
@@ -281,6 +315,7 @@ class GraphBuilder(Generic[S, E]):
                 for cond in self._conditional.get(cur, ()):
                     todo.extend(cond.targets)
                 todo.extend(self._retry_routes.get(cur, ()))
+                todo.extend(self._timeout_routes.get(cur, ()))
             for name in known:
                 if name not in seen:
                     problems.append(f"node {name!r} is unreachable from entry {self._entry!r}")
@@ -346,4 +381,6 @@ class GraphBuilder(Generic[S, E]):
             save_every_step=save_every_step,
             state_type=state_type,
             max_total_steps=max_total_steps,
+            timeout_routes=MappingProxyType({k: v[0] for k, v in self._timeout_routes.items()}),
+            signal_handlers=MappingProxyType(dict(self._signal_handlers)),
         )

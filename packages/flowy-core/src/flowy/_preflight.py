@@ -9,9 +9,7 @@ registration of the thread in this process and its run lease.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, cast
@@ -39,6 +37,7 @@ from ._plan import ResumePlan, ResumeTargetPolicy
 from ._results import ResumeDecision, ResumeDecisionKind
 from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
 from ._types import E, ResumeToken, S
+from ._waits import merge_update, take_signal, wake
 from .storage import (
     Checkpointer,
     HandoffStatus,
@@ -65,15 +64,6 @@ class _Preflight(Generic[S]):
     decision: ResumeDecision
     snapshot: Snapshot[S] | None
     revision: int
-
-
-def _field_names(state: object, state_type: Any) -> set[str] | None:
-    """The field names of a dataclass state, or of a TypedDict state type; else None."""
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return {f.name for f in dataclasses.fields(state)}
-    if state_type is not None and typing.is_typeddict(state_type):
-        return set(typing.get_type_hints(state_type))
-    return None
 
 
 class RunPreparation(Generic[S, E]):
@@ -345,12 +335,21 @@ class RunPreparation(Generic[S, E]):
                 bindings=bindings if bindings is not None else RunBindings(),
                 retry_counts=dict(snap.retry_counts),
             )
+            cursors = dict(snap.signal_cursors)
             ctx = current_run.set(meta)
             try:
                 state = snap.state
                 # 3. after_load interceptor
                 if self.after_load is not None:
                     state = cast(S, await maybe_await(self.after_load(state)))
+                # 3b. a waiting run wakes: its signal (merged like an overlay), or its
+                # timeout route once the deadline passed
+                pointer = snap.execution_pointer
+                if snap.status is RunStatus.WAITING:
+                    woke = await wake(self.checkpointer, self.graph, snap, self.clock())
+                    pointer = woke.pointer
+                    if woke.signal is not None:
+                        state = await take_signal(self.graph, state, woke.signal, cursors)
                 # 4. state overlay
                 if overlay is not None:
                     state = self._overlay(state, overlay, merge)
@@ -360,7 +359,6 @@ class RunPreparation(Generic[S, E]):
                     meta.budget_counts.update(run_metadata.budget_counts)
                     meta.metadata.update(run_metadata.metadata)
                 # 7. resume-target policy
-                pointer = snap.execution_pointer
                 if policy is not None:
                     planned = cast(tuple[S, object], await maybe_await(policy(state, pointer)))
                     state, plan = planned
@@ -379,7 +377,17 @@ class RunPreparation(Generic[S, E]):
             raise
         ttl = (run_lease or self.run_lease or ("", 0.0))[1]
         return Execution(
-            self._services, key, state, pointer, revision, meta, lease, ttl, invariant, sink
+            self._services,
+            key,
+            state,
+            pointer,
+            revision,
+            meta,
+            lease,
+            ttl,
+            invariant,
+            sink,
+            cursors,
         )
 
     def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
@@ -387,19 +395,7 @@ class RunPreparation(Generic[S, E]):
         dataclass or TypedDict state; else the graph's reducer."""
         if merge is not None:
             return merge(state, cast(S, overlay))
-        fields = _field_names(state, self.graph.state_type)
-        if isinstance(overlay, Mapping) and fields is not None:
-            updates = dict(cast(Mapping[str, Any], overlay))
-            unknown = sorted(set(updates) - fields)
-            if unknown:
-                raise ValueError(
-                    f"state_overlay names {', '.join(map(repr, unknown))}, not fields of "
-                    f"{type(state).__name__} (fields: {', '.join(sorted(fields))})"
-                )
-            if dataclasses.is_dataclass(state) and not isinstance(state, type):
-                return cast(S, dataclasses.replace(state, **updates))
-            return cast(S, {**cast(Mapping[str, Any], state), **updates})
-        return self.graph.reducer(state, cast(S, overlay))
+        return merge_update(self.graph, state, overlay)
 
     def _apply_plan(self, plan: object, pointer: str) -> str:
         if not isinstance(plan, ResumePlan) or plan.empty:

@@ -34,7 +34,8 @@ from ._plan import ResumeTargetPolicy
 from ._preflight import AfterLoad, RunPreparation, StateMerge
 from ._results import HandoffRecoveryResult, ResumeDecision, RunResult
 from ._segment import InvariantValidator, Services
-from ._types import E, ResumeToken, S
+from ._types import JSON, E, ResumeToken, S
+from ._waits import send_signal
 from .storage import (
     Backend,
     Checkpointer,
@@ -44,6 +45,7 @@ from .storage import (
     JSONCodec,
     LeaseGuardCheckpointer,
     LeaseManager,
+    Signal,
     Snapshot,
     validate_thread_id,
 )
@@ -408,6 +410,41 @@ class Runner(RunPreparation[S, E]):
             raise TypeError("this runner has no checkpointer: there is no stored thread to read")
         snapshot, revision = await self.checkpointer.load(validate_thread_id(thread_id))
         return snapshot, ResumeToken(thread_id, revision)
+
+    async def signal(
+        self,
+        thread_id: str,
+        name: str,
+        payload: JSON = None,
+        *,
+        signal_id: str | None = None,
+    ) -> Signal:
+        """Send the signal ``name`` with ``payload`` to ``thread_id``.
+
+        The signal is stored in the thread's inbox in the same store, once per
+        ``signal_id`` (a repeat returns the first as stored: give the webhook's event id
+        and retries are harmless; default: a random id). A thread waiting for ``name``
+        (``flowy.wait_for``) is woken through the outbox: a ``flowy.Worker`` resumes it
+        with the payload. Signals to a thread that is not waiting for them are kept in
+        order, and its next ``wait_for(name)`` takes the first one.
+
+        Raises ``ThreadNotFoundError`` (no such thread), ``ThreadCompletedError`` (it
+        completed or failed), ``ValueError`` / ``TypeError`` for a bad name, id or
+        payload (a JSON value of at most 256 KiB encoded), ``TypeError`` when the store
+        keeps no signals.
+
+        Returns:
+            The signal as stored, with its ``seq`` in the thread's inbox.
+        """
+        return await send_signal(
+            self.checkpointer,
+            self.handoff_outbox,
+            thread_id,
+            name,
+            payload,
+            signal_id,
+            self.clock(),
+        )
 
     async def evaluate_resume(self, token: ResumeToken) -> ResumeDecision:
         """The preflight decision for ``token``, with the current core-issued token.

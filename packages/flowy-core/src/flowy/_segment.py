@@ -106,6 +106,7 @@ class Segment(Generic[S, E]):
         lease_ttl: float,
         invariant: InvariantValidator[S] | None,
         sink: EventSink[S, E] | None,
+        signal_cursors: dict[str, int] | None = None,
     ) -> None:
         self.services = services
         self.graph = services.graph
@@ -125,6 +126,7 @@ class Segment(Generic[S, E]):
         self.effects: list[E] = []
         self.interrupt_kind = None
         self.attempts: dict[str, int] = meta.retry_counts
+        self.signal_cursors: dict[str, int] = signal_cursors if signal_cursors is not None else {}
         self.skip_saves = self.graph.checkpoint_policy is CheckpointPolicy.SKIP_ON_SAVE_ERROR
         # Where the segment started, to notice one that hands off without progress.
         self.start_pointer = pointer
@@ -196,6 +198,10 @@ class Segment(Generic[S, E]):
         reason: str,
         handoff_status: HandoffStatus = HandoffStatus.NONE,
         pending_at: float | None = None,
+        *,
+        wake_at: float | None = None,
+        waiting_for: str = "",
+        on_timeout: str = "",
     ) -> Snapshot[S]:
         meta = self.meta
         return Snapshot(
@@ -215,6 +221,10 @@ class Segment(Generic[S, E]):
             write_id=new_write_id(),
             effects=cast("tuple[Any, ...]", tuple(self.effects)),
             retry_counts=dict(self.attempts),
+            wake_at=wake_at,
+            waiting_for=waiting_for,
+            on_timeout=on_timeout,
+            signal_cursors=dict(self.signal_cursors),
         )
 
     # -- saves -----------------------------------------------------------------------

@@ -1,9 +1,15 @@
-"""The background worker: consumes hand-off intents and resumes their runs.
+"""The background worker: consumes hand-off intents and resumes their runs, and fires
+the timers of waiting runs.
 
 Delivery is at-least-once, so every message starts with ``Runner.evaluate_resume``: a
 token that is no longer the head of an enqueued hand-off means the segment already ran,
 and the message is acknowledged without running anything. A message is acknowledged
 only after the resumed run's terminal save; a crash before that means redelivery.
+
+Timers: every ``timer_interval`` seconds the worker lists the due wake-up times from the
+store's index and resumes those threads. Any number of workers may fire the same timer:
+the run lease and strict OCC let one resume run, the others find the thread taken or
+moved on. A signal to a waiting thread arrives as an outbox message like a hand-off.
 """
 
 from __future__ import annotations
@@ -29,7 +35,16 @@ from ._errors import (
 from ._results import ResumeDecisionKind, RunResult
 from ._runner import Runner, default_owner
 from ._types import E, ResumeToken, S
-from .storage import HandoffIntent, HandoffStatus, Lease, OutboxConsumer, OutboxMessage, RunStatus
+from ._waits import durable_of, wake
+from .storage import (
+    HandoffIntent,
+    HandoffStatus,
+    Lease,
+    OutboxConsumer,
+    OutboxMessage,
+    RunStatus,
+    Timer,
+)
 
 __all__ = ["RECOVERY_LEADER", "Failure", "Outcome", "Worker", "WorkerStats"]
 
@@ -66,6 +81,8 @@ class WorkerStats:
     """How many messages ended with each :class:`Outcome` (by its value)."""
     recovered: int
     """Hand-offs re-enqueued by recovery (scans and pending/orphaned messages)."""
+    timers_fired: int = 0
+    """Waiting runs this worker resumed because their wake-up time came."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +156,9 @@ class Worker(Generic[S, E]):
             messages do not come back all at once.
         busy_grace: seconds a resume is tried again while another run holds the
             thread, before the message is given back.
+        timer_interval: seconds between looks at the store's due timers (``None``: this
+            worker fires no timers). A timer whose resume fails is tried again after the
+            same backoff as a message.
 
     Raises:
         TypeError: no ``consumer`` was given and the runner is not built on a backend.
@@ -166,6 +186,7 @@ class Worker(Generic[S, E]):
         max_retry_delay: float = 300.0,
         retry_jitter: float = 0.25,
         busy_grace: float = 1.0,
+        timer_interval: float | None = 1.0,
     ) -> None:
         if consumer is None:
             if runner.backend is None:
@@ -209,11 +230,14 @@ class Worker(Generic[S, E]):
         self.max_retry_delay = max_retry_delay
         self.retry_jitter = retry_jitter
         self.busy_grace = busy_grace
+        self.timer_interval = timer_interval
+        self._fired = 0
+        self._timer_failures: dict[str, tuple[int, float]] = {}  # thread -> (failures, next try)
 
     @property
     def stats(self) -> WorkerStats:
         """Outcome counters and recovered hand-offs."""
-        return WorkerStats(dict(self._outcomes), self._recovered)
+        return WorkerStats(dict(self._outcomes), self._recovered, self._fired)
 
     def stop(self) -> None:
         """Ask ``run()`` to stop claiming; in-flight runs are drained before it returns."""
@@ -221,9 +245,11 @@ class Worker(Generic[S, E]):
 
     async def run(self) -> None:
         """Claim and process messages until ``stop()``; then drain in-flight runs."""
-        recovery: asyncio.Task[None] | None = None
+        loops: list[asyncio.Task[None]] = []
         if self.recovery_interval is not None:
-            recovery = asyncio.ensure_future(self._recovery_loop(self.recovery_interval))
+            loops.append(asyncio.ensure_future(self._recovery_loop(self.recovery_interval)))
+        if self.timer_interval is not None:
+            loops.append(asyncio.ensure_future(self._timer_loop(self.timer_interval)))
         try:
             while not self._stopping.is_set():
                 free = self.concurrency - len(self._inflight)
@@ -236,25 +262,28 @@ class Worker(Generic[S, E]):
                     self._inflight.add(task)
                     task.add_done_callback(self._inflight.discard)
         finally:
-            if recovery is not None:
-                recovery.cancel()
-                await asyncio.wait([recovery])  # unlike awaiting it, never hides our own cancel
+            for loop in loops:
+                loop.cancel()
+            if loops:
+                await asyncio.wait(loops)  # unlike awaiting them, never hides our own cancel
             if self._inflight:
                 await asyncio.gather(*self._inflight, return_exceptions=True)
             await self._release_leader()
 
     async def run_until_idle(self, idle_wait: float = 0.2) -> int:
-        """Process messages until a claim waiting ``idle_wait`` seconds finds none.
+        """Process messages (and fire due timers, unless ``timer_interval`` is ``None``)
+        until a claim waiting ``idle_wait`` seconds finds no message and no timer is due.
 
-        Returns the number of messages processed (for scripts and tests).
+        Returns the number of messages processed and timers fired (for scripts and tests).
         """
         done = 0
         while True:
+            fired = await self.fire_timers() if self.timer_interval is not None else 0
             messages = await self._claim(self.concurrency, idle_wait)
-            if not messages:
+            if not messages and not fired:
                 return done
             await asyncio.gather(*(self.process(m) for m in messages))
-            done += len(messages)
+            done += len(messages) + fired
 
     async def _claim(self, limit: int, wait: float) -> list[OutboxMessage]:
         try:
@@ -352,7 +381,15 @@ class Worker(Generic[S, E]):
             return await self._recover(message)
         token: ResumeToken | None = intent.resume_token
         interrupted = decision.status in (RunStatus.RUNNING, RunStatus.CANCELED)
-        if not interrupted and (
+        if decision.status is RunStatus.WAITING and kind is ResumeDecisionKind.RESUMABLE:
+            # A signal's wake-up message: resume only if the wait is over.
+            try:
+                over = await self._wait_is_over(intent.thread_id)
+            except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
+                return await self._retry(message, "reading the waiting thread failed", exc)
+            if not over:
+                return await self._ack(message, Outcome.DUPLICATE)
+        elif not interrupted and (
             decision.status is not RunStatus.HANDOFF
             or decision.handoff_status not in (HandoffStatus.ENQUEUED, HandoffStatus.NONE)
         ):
@@ -440,6 +477,113 @@ class Worker(Generic[S, E]):
             self.on_result(intent, result)
         except Exception:
             logger.exception("flowy worker %r: on_result raised", self.owner)
+
+    async def _wait_is_over(self, thread_id: str) -> bool:
+        """Whether the waiting head of ``thread_id`` has its signal or is past its
+        deadline (a resume now would not be an early one)."""
+        runner = self.runner
+        head, _ = await runner.head(thread_id)
+        if head.status is not RunStatus.WAITING:
+            return False
+        woke = await wake(runner.checkpointer, runner.graph, head, runner.clock())
+        return woke.signal is not None or woke.timed_out
+
+    async def fire_timers(self, limit: int = 100) -> int:
+        """Resume the waiting threads whose wake-up time has come (up to ``limit``,
+        ``concurrency`` at a time); returns how many this worker resumed.
+
+        A thread another worker is resuming, or that moved on, is left alone; a resume
+        that fails is logged with its traceback and tried again after a backoff.
+        """
+        runner = self.runner
+        if runner.checkpointer is None:
+            return 0
+        try:
+            durable = durable_of(runner.checkpointer, "firing timers")
+            due = await durable.timers(before=runner.clock(), limit=limit)
+        except Exception:
+            logger.exception("flowy worker %r: listing due timers failed", self.owner)
+            return 0
+        now = time.monotonic()
+        due = [t for t in due if self._timer_failures.get(t.thread_id, (0, 0.0))[1] <= now]
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def fire(timer: Timer) -> bool:
+            async with gate:
+                lock = self._threads.setdefault(timer.thread_id, asyncio.Lock())
+                try:
+                    async with lock:
+                        return await self._fire(timer)
+                finally:
+                    if not lock.locked() and self._threads.get(timer.thread_id) is lock:
+                        del self._threads[timer.thread_id]
+
+        fired = sum(await asyncio.gather(*(fire(t) for t in due)))
+        self._fired += fired
+        return fired
+
+    async def _fire(self, timer: Timer) -> bool:
+        runner = self.runner
+        thread_id = timer.thread_id
+        try:
+            head, token = await runner.head(thread_id)
+            if (
+                head.status is not RunStatus.WAITING
+                or head.wake_at is None
+                or head.wake_at > runner.clock()
+            ):
+                return False  # it moved on, or its time changed
+            intent = HandoffIntent(
+                thread_id=thread_id,
+                pending_snapshot_revision=token.snapshot_revision,
+                committed_snapshot_revision=token.snapshot_revision,
+                snapshot_revision=token.snapshot_revision,
+                resume_token=token,
+                handoff_status=HandoffStatus.NONE,
+                reason="timer",
+                execution_pointer=head.execution_pointer,
+                created_at=timer.wake_at,
+            )
+            extra = dict(self.resume_options(intent)) if self.resume_options else {}
+            lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
+            result = await runner.resume(token, run_lease=lease, **extra)
+        except (
+            ThreadLeaseBusyError,
+            ThreadAlreadyRunningError,
+            ConcurrencyConflictError,
+            ThreadNotFoundError,
+        ):
+            return False  # another worker fired it, or the thread moved on
+        except Exception as exc:  # noqa: BLE001 - logged; the timer is tried again later
+            self._timer_failed(thread_id, "resuming it failed", exc)
+            return False
+        self._report(intent, result)
+        if result.status is RunStatus.FAILED and not await self._failure_saved(result):
+            # Nothing was saved (a node raised, the lease was lost): still due.
+            self._timer_failed(thread_id, f"its run failed ({result.reason})", result.error)
+            return False
+        self._timer_failures.pop(thread_id, None)
+        return True
+
+    def _timer_failed(self, thread_id: str, what: str, exc: BaseException | None) -> None:
+        failures = self._timer_failures.get(thread_id, (0, 0.0))[0] + 1
+        delay = self.backoff(failures)
+        self._timer_failures[thread_id] = (failures, time.monotonic() + delay)
+        logger.error(
+            "flowy worker %r: thread %r woken by its timer: %s (failure %d); tried again in %.1fs",
+            self.owner,
+            thread_id,
+            what,
+            failures,
+            delay,
+            exc_info=exc,
+        )
+
+    async def _timer_loop(self, interval: float) -> None:
+        while not self._stopping.is_set():
+            await self.fire_timers()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
 
     async def _recover(self, message: OutboxMessage) -> Outcome:
         try:

@@ -4,6 +4,9 @@ importable from ``flowy`` itself: the same classes)."""
 from __future__ import annotations
 
 from . import _errors  # pyright: ignore[reportPrivateUsage] - the public face of it
+from ._errors import ActivityError as ActivityError
+from ._errors import ActivityFailedError as ActivityFailedError
+from ._errors import ActivityOutcomeUnknown as ActivityOutcomeUnknown
 from ._errors import BackendURLError as BackendURLError
 from ._errors import CheckpointSkippedError as CheckpointSkippedError
 from ._errors import ConcurrencyConflictError as ConcurrencyConflictError
@@ -39,6 +42,9 @@ from ._errors import ThreadNotFoundError as ThreadNotFoundError
 from ._errors import UnknownNodeError as UnknownNodeError
 
 __all__ = [
+    "ActivityError",
+    "ActivityFailedError",
+    "ActivityOutcomeUnknown",
     "BackendURLError",
     "CheckpointSkippedError",
     "ConcurrencyConflictError",

@@ -5,6 +5,7 @@ The everyday names are in ``flowy`` itself; these are the rest, one import away.
 
 from __future__ import annotations
 
+from ._activities import ActivityRetry as ActivityRetry
 from ._context import RunMetadata as RunMetadata
 from ._directives import DirectiveKind as DirectiveKind
 from ._events import InterruptKind as InterruptKind
@@ -12,6 +13,7 @@ from ._events import StreamCollectResult as StreamCollectResult
 from ._graph import Node as Node
 from ._graph import Reducer as Reducer
 from ._graph import Router as Router
+from ._graph import SignalHandler as SignalHandler
 from ._plan import ResumePlan as ResumePlan
 from ._plan import ResumeTargetPolicy as ResumeTargetPolicy
 from ._preflight import StateMerge as StateMerge
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
     "DEFAULT_LEASE_TTL",
     "JSON",
+    "ActivityRetry",
     "DirectiveKind",
     "Failure",
     "InterruptKind",
@@ -39,6 +42,7 @@ __all__ = [
     "ResumeTargetPolicy",
     "Router",
     "RunMetadata",
+    "SignalHandler",
     "StateMerge",
     "StreamCollectResult",
     "StreamStart",

@@ -9,6 +9,7 @@ on every store, and they never write. Tables for people, ``--json`` for scripts.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -16,11 +17,14 @@ from typing import Any, cast
 from .._errors import InvalidThreadIdError, ThreadNotFoundError
 from .._graph import Graph
 from ..storage import (
+    ActivityRecord,
     Checkpointer,
     DeadLetter,
+    DurableCheckpointer,
     HandoffStatus,
     Lease,
     RunStatus,
+    Signal,
     Snapshot,
     ThreadSummary,
 )
@@ -34,6 +38,7 @@ __all__ = [
     "cmd_history",
     "cmd_show",
     "cmd_threads",
+    "cmd_timers",
     "dead_letter_json",
     "list_threads",
     "not_found",
@@ -143,8 +148,55 @@ def _snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
         "budget_counts": dict(snap.budget_counts),
         "metadata": dict(snap.metadata),
         "updated_at": snap.updated_at,
+        "wake_at": snap.wake_at,
+        "waiting_for": snap.waiting_for,
+        "on_timeout": snap.on_timeout,
+        "signal_cursors": dict(snap.signal_cursors),
         "state": snap.state,
     }
+
+
+def _activity_json(record: ActivityRecord) -> dict[str, Any]:
+    return {
+        "key": record.key,
+        "status": record.status.value,
+        "name": record.name,
+        "attempts": record.attempts,
+        "result": record.result,
+        "error": record.error,
+        "started_at": record.started_at,
+        "updated_at": record.updated_at,
+        "retry_at": record.retry_at,
+    }
+
+
+def _signal_json(signal: Signal) -> dict[str, Any]:
+    return {
+        "seq": signal.seq,
+        "name": signal.name,
+        "signal_id": signal.signal_id,
+        "payload": signal.payload,
+        "sent_at": signal.sent_at,
+    }
+
+
+async def _journal_and_inbox(
+    backend: Any, snap: Snapshot[Any]
+) -> tuple[list[ActivityRecord], list[Signal]]:
+    """The thread's activity journal and its signals not yet taken (empty for a store
+    that keeps neither)."""
+    cp = backend.checkpointer
+    if not isinstance(cp, DurableCheckpointer):
+        return [], []
+    durable = cast(DurableCheckpointer[Any], cp)
+    journal = await durable.journal(snap.thread_id)
+    cursors = snap.signal_cursors
+    signals = [
+        s
+        for s in await durable.signals(snap.thread_id, limit=1000)
+        if s.seq > cursors.get(s.name, 0)
+    ]
+    return journal, signals
 
 
 def _lease_json(lease: Lease | None) -> dict[str, Any] | None:
@@ -212,7 +264,9 @@ def _threads_styler(out: Console) -> Any:
 
 # ------------------------------------------------------------------------------- show
 
-_RESUMABLE = frozenset({RunStatus.SUSPENDED, RunStatus.CANCELED, RunStatus.HANDOFF})
+_RESUMABLE = frozenset(
+    {RunStatus.SUSPENDED, RunStatus.CANCELED, RunStatus.HANDOFF, RunStatus.WAITING}
+)
 
 
 def _next_step(
@@ -226,6 +280,15 @@ def _next_step(
         return store.command("recover", "--graph", graph)
     if snap.status is RunStatus.HANDOFF:
         return "a worker resumes it: " + store.command("worker", "--graph", graph)
+    if snap.status is RunStatus.WAITING:
+        how = "when its time comes" if not snap.waiting_for else "when its signal arrives"
+        text = f"a worker resumes it {how}: " + store.command("worker", "--graph", graph)
+        if snap.waiting_for:
+            send = store.command(
+                "signal", quote(snap.thread_id), quote(snap.waiting_for), "--json", "'{...}'"
+            )
+            text += f"; send the signal: {send}"
+        return text
     if snap.status in (RunStatus.SUSPENDED, RunStatus.CANCELED):
         token = f"{snap.thread_id}@{revision}"
         return store.command("resume", quote(token), "--graph", graph)
@@ -253,10 +316,13 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
             raise not_found(thread, store) from None
         lease = await backend.leases.holder(thread)
         dead = (await dead_letters_by_thread(backend.consumer)).get(thread, [])
+        journal, pending = await _journal_and_inbox(backend, snap)
     if args.json:
         data = _snapshot_json(snap, revision)
         data["lease"] = _lease_json(lease)
         data["dead_letters"] = [dead_letter_json(d) for d in dead]
+        data["journal"] = [_activity_json(r) for r in journal]
+        data["pending_signals"] = [_signal_json(s) for s in pending]
         print_json(out, data)
         return 0
     dot = out.sym("dot")
@@ -290,6 +356,14 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
         ),
         ("hand-off", handoff),
         *(("dead", _dead_text(out, d)) for d in dead),
+        *((("waiting", _wait_text(out, snap)),) if snap.status is RunStatus.WAITING else ()),
+        (
+            "signals",
+            f"{len(pending)} not yet taken: "
+            + ", ".join(f"#{s.seq} {clean(s.name, 40)}" for s in pending[:10])
+            if pending
+            else "none waiting",
+        ),
         ("updated", fmt_time(snap.updated_at)),
         ("lease", lease_text),
         ("budgets", budgets or "none"),
@@ -303,6 +377,72 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
     out.line(out.paint("state", "bold"))
     for line in pretty_json(snap.state).splitlines():
         out.line("  " + line)
+    if journal:
+        out.line(out.paint("journal", "bold"))
+        out.table(
+            ["KEY", "STATUS", "ATTEMPTS", "STARTED", "RESULT / ERROR"],
+            [
+                [
+                    clean(r.key, 48),
+                    r.status.value,
+                    str(r.attempts),
+                    fmt_time(r.started_at),
+                    clean(r.error or compact_json(r.result), 80)
+                    + (f" (next attempt {fmt_time(r.retry_at)})" if r.retry_at else ""),
+                ]
+                for r in journal
+            ],
+        )
+    return 0
+
+
+def _wait_text(out: Console, snap: Snapshot[Any]) -> str:
+    dot = out.sym("dot")
+    parts = [f"for signal {clean(snap.waiting_for, 60)!r}" if snap.waiting_for else "asleep"]
+    if snap.wake_at is not None:
+        left = snap.wake_at - time.time()
+        when = "due now" if left <= 0 else f"in {left:.1f}s"
+        parts.append(f"until {fmt_time(snap.wake_at)} ({when})")
+        parts.append(f"then at {clean(snap.on_timeout or snap.execution_pointer, 60)}")
+    return f" {dot} ".join(parts)
+
+
+# ----------------------------------------------------------------------------- timers
+
+
+async def cmd_timers(args: argparse.Namespace, out: Console) -> int:
+    """``flowy timers``."""
+    store = locate(args.backend, args.db)
+    now = time.time()
+    async with open_store(store, None) as backend:
+        cp = backend.checkpointer
+        if not isinstance(cp, DurableCheckpointer):
+            raise CliError(f"{type(cp).__name__} keeps no timers")
+        durable: DurableCheckpointer[Any] = cp
+        timers = await durable.timers(before=now if args.due else math.inf, limit=args.limit)
+    if args.json:
+        print_json(
+            out,
+            [
+                {"thread_id": t.thread_id, "wake_at": t.wake_at, "due": t.wake_at <= now}
+                for t in timers
+            ],
+        )
+        return 0
+    if not timers:
+        out.line("no due timers" if args.due else "no timers")
+        return 0
+    out.table(
+        ["THREAD", "WAKE AT", "WHEN"],
+        [
+            [
+                clean(t.thread_id, 64),
+                fmt_time(t.wake_at),
+                "due" if t.wake_at <= now else f"in {t.wake_at - now:.1f}s",
+            ]
+            for t in timers
+        ],
+    )
     return 0
 
 

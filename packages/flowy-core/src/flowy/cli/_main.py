@@ -1,11 +1,12 @@
 """The ``flowy`` command: its parser, and running one subcommand.
 
-Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``graph``, ``recover``,
-``resume``, ``worker`` and ``dead-letters``; every one but ``demo`` and ``graph`` works on
-any store, named by ``--backend URL`` (or ``FLOWY_BACKEND``), or ``--db FILE`` for a
-SQLite file. A mistake prints one line on standard error, never a traceback, and exits
-2 when the command line is wrong (a usage error, a bad URL, a missing adapter or file, a
-``--graph`` that cannot be loaded) or 1 when the operation fails. Standard library only.
+Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
+``recover``, ``resume``, ``signal``, ``worker`` and ``dead-letters``; every one but
+``demo`` and ``graph`` works on any store, named by ``--backend URL`` (or
+``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite file. A mistake prints one line on
+standard error, never a traceback, and exits 2 when the command line is wrong (a usage
+error, a bad URL, a missing adapter or file, a ``--graph`` that cannot be loaded) or 1
+when the operation fails. Standard library only.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, NoReturn, Protocol, cast
 
 from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
-from ._inspect import cmd_graph, cmd_history, cmd_show, cmd_threads
-from ._operate import cmd_dead_letters, cmd_recover, cmd_resume
+from ._inspect import cmd_graph, cmd_history, cmd_show, cmd_threads, cmd_timers
+from ._operate import cmd_dead_letters, cmd_recover, cmd_resume, cmd_signal
 from ._options import (
     CliError,
     concurrency,
@@ -152,6 +153,17 @@ def _add_inspect(sub: _Subcommands) -> None:
     p.set_defaults(handler=cmd_history)
 
     p = sub.add_parser(
+        "timers",
+        parents=store,
+        help="list the wake-up times of waiting threads, soonest first",
+        description="List the timers of threads that sleep or wait for a signal with a "
+        "deadline, soonest first: due ones and upcoming ones (--due: only the due).",
+    )
+    p.add_argument("--due", action="store_true", help="only the timers that are due now")
+    p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N timers")
+    p.set_defaults(handler=cmd_timers)
+
+    p = sub.add_parser(
         "graph",
         parents=[parents["common"], parents["json"]],
         help="print a graph's nodes and routes (or Mermaid)",
@@ -260,6 +272,26 @@ def _add_operate(sub: _Subcommands) -> None:
     )
     _stale_after(p, default_text="for --recovery-interval")
     p.set_defaults(handler=cmd_worker)
+
+    p = sub.add_parser(
+        "signal",
+        parents=[parents["common"], parents["store"]],
+        help="send a signal to a thread (what its wait_for waits for)",
+        description="Store a signal in a thread's inbox; a thread waiting for it is woken "
+        "by a worker, otherwise its next wait for that name takes it.",
+    )
+    p.add_argument("thread", metavar="THREAD", help="the thread id")
+    p.add_argument("name", metavar="NAME", help="the signal's name")
+    p.add_argument(
+        "--json", dest="payload", metavar="PAYLOAD", help="the signal's payload, as JSON"
+    )
+    p.add_argument(
+        "--id",
+        dest="signal_id",
+        metavar="ID",
+        help="the signal's id: sending the same id again stores nothing (default: random)",
+    )
+    p.set_defaults(handler=cmd_signal)
 
     p = sub.add_parser(
         "dead-letters",

@@ -1,5 +1,5 @@
-"""The commands that move threads on: ``recover``, ``resume`` and ``dead-letters``
-(``worker`` is in :mod:`._serve`).
+"""The commands that move threads on: ``recover``, ``resume``, ``signal`` and
+``dead-letters`` (``worker`` is in :mod:`._serve`).
 
 Each works through a ``flowy.Runner`` on the opened ``Backend`` or through the
 backend's consumer, so it behaves the same on every store.
@@ -22,13 +22,22 @@ from .._errors import (
 from .._plan import ResumePlan, resume_to
 from .._results import RunResult
 from .._runner import Runner, default_owner
+from .._waits import send_signal
 from ..storage import HandoffStatus, RunStatus, ThreadSummary
 from ._inspect import dead_letter_json, list_threads, not_found, print_json, summary_json
-from ._options import CliError, load_graph, one_line, parse_overlay, quote, resume_token
+from ._options import (
+    CliError,
+    load_graph,
+    one_line,
+    parse_json,
+    parse_overlay,
+    quote,
+    resume_token,
+)
 from ._render import Console, EventPrinter, clean, fmt_time, main_path, result_line
 from ._store import codec_for, locate, open_store
 
-__all__ = ["cmd_dead_letters", "cmd_recover", "cmd_resume", "result_json"]
+__all__ = ["cmd_dead_letters", "cmd_recover", "cmd_resume", "cmd_signal", "result_json"]
 
 
 # ---------------------------------------------------------------------------- recover
@@ -235,6 +244,43 @@ async def cmd_resume(args: argparse.Namespace, out: Console) -> int:
             worker = store.command("worker", "--graph", quote(args.graph))
             out.line(f"  a worker resumes it: {clean(worker)}")
     return 1 if result.status is RunStatus.FAILED else 0
+
+
+# ----------------------------------------------------------------------------- signal
+
+
+async def cmd_signal(args: argparse.Namespace, out: Console) -> int:
+    """``flowy signal``."""
+    store = locate(args.backend, args.db)
+    payload = None if args.payload is None else parse_json(args.payload, "--json")
+    thread = cast(str, args.thread)
+    async with open_store(store, None) as backend:
+        try:
+            stored = await send_signal(
+                backend.checkpointer,
+                backend.outbox,
+                thread,
+                args.name,
+                payload,
+                args.signal_id,
+                time.time(),
+            )
+        except ThreadNotFoundError:
+            raise not_found(thread, store) from None
+        except (ValueError, TypeError) as exc:
+            raise CliError(one_line(str(exc)), 2) from None
+        head, _ = await backend.checkpointer.load(thread)
+    waiting = head.status is RunStatus.WAITING and head.waiting_for == stored.name
+    after = (
+        "the thread waits for it: a worker resumes it"
+        if waiting
+        else "kept until the thread waits for it"
+    )
+    out.line(
+        f"signal {clean(stored.name, 60)!r} #{stored.seq} (id {clean(stored.signal_id, 60)}) "
+        f"stored for thread {clean(thread, 80)}; {after}"
+    )
+    return 0
 
 
 # ----------------------------------------------------------------------- dead-letters

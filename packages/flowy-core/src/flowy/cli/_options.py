@@ -173,21 +173,27 @@ def _depth(value: object, limit: int) -> int:
     return deepest
 
 
+def parse_json(text: str, option: str) -> Any:
+    """The JSON value of a command-line ``option`` (a usage error if it is not one)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{option} is not valid JSON ({exc}): {clean(text, 60)!r}", 2) from None
+    except RecursionError:
+        raise CliError(
+            f"{option} nests too deeply (at most {MAX_OVERLAY_DEPTH} levels)", 2
+        ) from None
+    if _depth(value, MAX_OVERLAY_DEPTH) > MAX_OVERLAY_DEPTH:
+        raise CliError(f"{option} nests too deeply (at most {MAX_OVERLAY_DEPTH} levels)", 2)
+    return value
+
+
 def parse_overlay(text: str | None, codec: StateCodec[Any] | None = None) -> Any:
     """The ``--overlay`` JSON value (``None`` when not given), decoded by ``codec`` when
     states are typed (so the graph's reducer gets a value of its state type)."""
     if text is None:
         return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"--overlay is not valid JSON ({exc}): {clean(text, 60)!r}", 2) from None
-    except RecursionError:
-        raise CliError(
-            f"--overlay nests too deeply (at most {MAX_OVERLAY_DEPTH} levels)", 2
-        ) from None
-    if _depth(value, MAX_OVERLAY_DEPTH) > MAX_OVERLAY_DEPTH:
-        raise CliError(f"--overlay nests too deeply (at most {MAX_OVERLAY_DEPTH} levels)", 2)
+    value = parse_json(text, "--overlay")
     if codec is None:
         return value
     try:

@@ -28,8 +28,10 @@ from ._durable import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
+from ._waits import *  # noqa: F403
 
 __all__ = [
+    "ActivitySuite",
     "ArgumentSuite",
     "CheckpointerSuite",
     "ConcurrencySuite",
@@ -44,5 +46,6 @@ __all__ = [
     "ThreadIdSuite",
     "TimerSuite",
     "TransactionalOutboxSuite",
+    "WaitSuite",
     "WriteOwnershipSuite",
 ]

@@ -1,0 +1,194 @@
+"""Durable waits: sending a signal to a thread, and what a waiting thread does when it is
+resumed (take its signal, or follow its timeout route).
+
+A wait is a snapshot with status ``WAITING``, saved with its wake-up time (``wake_at``,
+indexed by the store: ``Checkpointer.timers``) and the signal it waits for. Signals go
+to the thread's inbox in the same store; a snapshot's ``signal_cursors`` record the last
+signal of each name the run took, so a signal is taken once: the cursor moves in the
+same write as the state it changed (strict OCC).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from ._errors import ThreadCompletedError
+from ._graph import Graph
+from ._segment import maybe_await
+from ._types import JSON, ResumeToken, S
+from .storage import (
+    Checkpointer,
+    DurableCheckpointer,
+    HandoffIntent,
+    HandoffOutbox,
+    HandoffStatus,
+    LeaseGuardCheckpointer,
+    RunStatus,
+    Signal,
+    Snapshot,
+    validate_thread_id,
+)
+from .storage._durable import check_key
+
+__all__ = [
+    "Wake",
+    "durable_of",
+    "merge_update",
+    "next_signal",
+    "send_signal",
+    "take_signal",
+    "wake",
+]
+
+_FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
+
+
+def durable_of(cp: Checkpointer[Any] | None, what: str) -> DurableCheckpointer[Any]:
+    """The checkpointer's timers, inbox and journal; ``TypeError`` naming ``what`` if
+    the store keeps none."""
+    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
+    if inner is None or not isinstance(inner, DurableCheckpointer):
+        raise TypeError(
+            f"{what} needs a store that keeps timers, signals and an activity journal "
+            f"(flowy.storage.DurableCheckpointer); {type(inner).__name__} does not"
+        )
+    return inner
+
+
+def _field_names(state: object, state_type: Any) -> set[str] | None:
+    """The field names of a dataclass state, or of a TypedDict state type; else None."""
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return {f.name for f in dataclasses.fields(state)}
+    if state_type is not None and typing.is_typeddict(state_type):
+        return set(typing.get_type_hints(state_type))
+    return None
+
+
+def merge_update(graph: Graph[S, Any], state: S, update: object) -> S:
+    """``update`` merged into ``state`` as a ``state_overlay`` is: a mapping of fields
+    into a dataclass or TypedDict state (an unknown field is a ``ValueError``), anything
+    else through the graph's reducer."""
+    fields = _field_names(state, graph.state_type)
+    if isinstance(update, Mapping) and fields is not None:
+        updates = dict(cast(Mapping[str, Any], update))
+        unknown = sorted(set(updates) - fields)
+        if unknown:
+            raise ValueError(
+                f"the update names {', '.join(map(repr, unknown))}, not fields of "
+                f"{type(state).__name__} (fields: {', '.join(sorted(fields))})"
+            )
+        if dataclasses.is_dataclass(state) and not isinstance(state, type):
+            return cast(S, dataclasses.replace(state, **updates))
+        return cast(S, {**cast(Mapping[str, Any], state), **updates})
+    return graph.reducer(state, cast(S, update))
+
+
+async def next_signal(
+    cp: DurableCheckpointer[Any], thread_id: str, name: str, cursors: Mapping[str, int]
+) -> Signal | None:
+    """The first signal ``name`` of the thread after the one its cursor names."""
+    after = cursors.get(name, 0)
+    while True:
+        batch = await cp.signals(thread_id, after=after, limit=100)
+        for signal in batch:
+            if signal.name == name:
+                return signal
+        if len(batch) < 100:
+            return None
+        after = batch[-1].seq
+
+
+async def take_signal(graph: Graph[S, Any], state: S, signal: Signal, cursors: dict[str, int]) -> S:
+    """``state`` with ``signal``'s payload merged in (the graph's ``on_signal`` handler,
+    else :func:`merge_update`), and the signal's cursor moved to it."""
+    handler = graph.signal_handlers.get(signal.name)
+    if handler is not None:
+        state = cast(S, await maybe_await(handler(state, signal.payload)))
+    elif signal.payload is not None:
+        state = merge_update(graph, state, signal.payload)
+    cursors[signal.name] = signal.seq
+    return state
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """How a resumed waiting thread goes on: at ``pointer``, with ``signal`` to take
+    (``None`` on a timeout or an early resume)."""
+
+    pointer: str
+    signal: Signal | None = None
+    timed_out: bool = False
+
+
+async def wake(
+    cp: Checkpointer[Any] | None, graph: Graph[Any, Any], snap: Snapshot[Any], now: float
+) -> Wake:
+    """Where a resume of the waiting head ``snap`` continues: with its signal if one is
+    in the inbox; at its timeout route once its deadline passed; else (an early resume
+    by token) at its resume node without a signal."""
+    pointer = snap.execution_pointer
+    if snap.waiting_for:
+        durable = durable_of(cp, "a resume of a thread waiting for a signal")
+        signal = await next_signal(durable, snap.thread_id, snap.waiting_for, snap.signal_cursors)
+        if signal is not None:
+            return Wake(pointer, signal)
+    if snap.wake_at is not None and snap.wake_at <= now:
+        return Wake(snap.on_timeout or pointer, timed_out=True)
+    return Wake(pointer)
+
+
+async def send_signal(
+    cp: Checkpointer[Any] | None,
+    outbox: HandoffOutbox | None,
+    thread_id: str,
+    name: str,
+    payload: JSON,
+    signal_id: str | None,
+    now: float,
+) -> Signal:
+    """Store the signal in the thread's inbox (once per ``signal_id``) and, if the
+    thread waits for it, put a wake-up message in the outbox for a worker.
+
+    The inbox is written before the head is read again, and a waiting run reads the
+    inbox after its waiting snapshot is saved: so either the run sees the signal, or
+    this sees the run waiting and wakes it.
+    """
+    validate_thread_id(thread_id)
+    check_key(name, "signal name")
+    if signal_id is not None:
+        check_key(signal_id, "signal id")
+    durable = durable_of(cp, "Runner.signal")
+    snap, _ = await durable.load(thread_id)
+    if snap.status in _FINISHED:
+        raise ThreadCompletedError(
+            f"thread {thread_id!r:.200} has finished ({snap.status.value}, "
+            f"{snap.reason!r:.80}); a signal to it would never be delivered"
+        )
+    signal = Signal(thread_id, name, payload, signal_id or uuid.uuid4().hex, sent_at=now)
+    stored = await durable.append_signal(signal)
+    snap, revision = await durable.load(thread_id)
+    if (
+        outbox is not None
+        and snap.status is RunStatus.WAITING
+        and snap.waiting_for == stored.name
+        and snap.signal_cursors.get(stored.name, 0) < stored.seq
+    ):
+        await outbox.enqueue_intent(
+            HandoffIntent(
+                thread_id=thread_id,
+                pending_snapshot_revision=revision,
+                committed_snapshot_revision=revision,
+                snapshot_revision=revision,
+                resume_token=ResumeToken(thread_id, revision),
+                handoff_status=HandoffStatus.ENQUEUED,
+                reason=f"signal:{stored.name}",
+                execution_pointer=snap.execution_pointer,
+                created_at=now,
+            )
+        )
+    return stored

@@ -1,0 +1,388 @@
+"""Crash checks of durable time on a real store, with real processes killed (SIGKILL).
+
+Three checks, each against a store URL every process can open (so not ``memory://``,
+which lives and dies with its process):
+
+- :func:`check_activity_crash`: a worker process calls a payment gateway as an activity
+  and is killed after the gateway charged, before the outcome is recorded. Another
+  worker finds the outcome unknown, asks the ``reconcile`` hook, and never charges again.
+- :func:`check_timer_race`: two worker processes fire the same due timers at once;
+  each waiting thread is resumed once.
+- :func:`check_signal_crash`: a worker process takes a signal and is killed before its
+  step is saved; the signal is delivered again to the next worker, and the state and
+  the outside world see it exactly once.
+
+Each returns a :class:`CrashReport`; ``python -m flowy.testing.crash --store URL`` runs
+all three and prints one line each. The "outside world" is a file in a work folder: a
+line per gateway call, written and flushed before the kill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._activities import activity
+from .._directives import Directive, completed, handoff, sleep, wait_for
+from .._graph import Graph, GraphBuilder
+from .._runner import Runner
+from .._types import RunStatus
+from .._worker import Worker
+from ..storage import Backend, DurableCheckpointer, connect
+
+__all__ = [
+    "CHECKS",
+    "Check",
+    "CrashReport",
+    "check_activity_crash",
+    "check_signal_crash",
+    "check_timer_race",
+    "main",
+]
+
+State = dict[str, Any]
+_KILL = "FLOWY_CRASH_KILL"
+_CALLS = "FLOWY_CRASH_CALLS"
+_LEASE_TTL = 1.0
+_VISIBILITY = 2.0
+
+
+@dataclass(frozen=True)
+class CrashReport:
+    """What one check saw: ``ok`` when every expectation held, ``detail`` says what."""
+
+    check: str
+    ok: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.check}: {'ok' if self.ok else 'FAILED'} ({self.detail})"
+
+
+def _merge(state: State, update: State) -> State:
+    return {**state, **update}
+
+
+def _calls(workdir: Path) -> list[str]:
+    path = workdir / "calls.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _record_call(line: str) -> None:
+    """The outside world's record of a call, durable before anything else happens."""
+    with open(os.environ[_CALLS], "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _die_if(point: str) -> None:
+    if os.environ.get(_KILL) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- the graphs (imported by the parent and by the worker processes) --------------------
+
+
+async def _charge(order: str, amount: int) -> dict[str, Any]:
+    _record_call(f"charge {order} {amount}")
+    _die_if("after_call")  # killed after the gateway charged, before the journal knows
+    return {"charge": f"ch_{order}", "via": "call"}
+
+
+def _find_charge(order: str, amount: int) -> dict[str, Any] | None:
+    """The reconcile hook: look the charge up in the gateway's own records."""
+    for line in Path(os.environ[_CALLS]).read_text().splitlines():
+        if line == f"charge {order} {amount}":
+            return {"charge": f"ch_{order}", "via": "reconcile"}
+    return None
+
+
+async def _hand_off(state: State) -> tuple[State, Directive[Any]]:
+    return {}, handoff("to_worker", resume_at="pay")
+
+
+async def _pay(state: State) -> tuple[State, Directive[Any]]:
+    receipt = await activity(_charge, state["order"], 42, key="charge", reconcile=_find_charge)
+    return {"receipt": receipt}, completed()
+
+
+def payment_graph() -> Graph[State, Any]:
+    """``start`` hands off; a worker runs ``pay``, which charges as an activity."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    return (
+        builder.add_node("start", _hand_off)
+        .add_node("pay", _pay)
+        .add_edge("start", "pay")
+        .allow_no_outgoing_route("pay")
+        .compile()
+    )
+
+
+async def _nap(state: State) -> tuple[State, Directive[Any]]:
+    return {}, sleep(0.0, resume_at="wake")
+
+
+async def _wake(state: State) -> tuple[State, Directive[Any]]:
+    _record_call(f"woke {state['id']} {os.getpid()}")
+    await asyncio.sleep(0.02)
+    return {"woke": True}, completed()
+
+
+def timer_graph() -> Graph[State, Any]:
+    """``nap`` sleeps 0 seconds; whoever fires the timer runs ``wake`` (logged)."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    return (
+        builder.add_node("nap", _nap)
+        .add_node("wake", _wake)
+        .add_edge("nap", "wake")
+        .allow_no_outgoing_route("wake")
+        .compile()
+    )
+
+
+async def _await_approval(state: State) -> tuple[State, Directive[Any]]:
+    return {}, wait_for("approval", resume_at="approved")
+
+
+async def _notify(order: str) -> str:
+    _record_call(f"notify {order}")
+    return f"sent {order}"
+
+
+async def _approved(state: State) -> tuple[State, Directive[Any]]:
+    sent = await activity(_notify, state["order"], key="notify")
+    _die_if("after_record")  # killed after the signal was taken, before the step's save
+    return {"notified": sent}, completed()
+
+
+def _count_approval(state: State, payload: Any) -> State:
+    return {**state, "approvals": state.get("approvals", 0) + 1, "by": payload["by"]}
+
+
+def approval_graph() -> Graph[State, Any]:
+    """``wait`` waits for "approval"; ``approved`` notifies as an activity."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    return (
+        builder.add_node("wait", _await_approval)
+        .add_node("approved", _approved)
+        .add_edge("wait", "approved")
+        .allow_no_outgoing_route("approved")
+        .on_signal("approval", _count_approval)
+        .compile()
+    )
+
+
+_GRAPHS = {"payment": payment_graph, "timer": timer_graph, "approval": approval_graph}
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+async def _worker_main(url: str, graph: str, workdir: str, mode: str) -> None:
+    os.environ[_CALLS] = str(Path(workdir) / "calls.log")
+    async with await connect(url) as backend:
+        runner = Runner(_GRAPHS[graph](), backend, run_lease=(f"p{os.getpid()}", _LEASE_TTL))
+        worker = Worker(
+            runner,
+            owner=f"p{os.getpid()}",
+            lease_ttl=_LEASE_TTL,
+            visibility_timeout=_VISIBILITY,
+            timer_interval=0.01,
+            retry_delay=0.1,
+        )
+        if mode == "timers":
+            while await worker.fire_timers(limit=1000):
+                pass
+        else:
+            await worker.run_until_idle(idle_wait=5.0)
+
+
+async def _spawn(url: str, graph: str, workdir: Path, mode: str, kill: str = "") -> int:
+    """Run a worker process to its end (or its SIGKILL); its exit code."""
+    env = {**os.environ, _KILL: kill, _CALLS: str(workdir / "calls.log")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "flowy.testing.crash",
+        "--worker",
+        graph,
+        "--store",
+        url,
+        "--workdir",
+        str(workdir),
+        "--mode",
+        mode,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    code = proc.returncode
+    if code not in (0, -signal.SIGKILL):
+        raise RuntimeError(f"worker process failed ({code}): {err.decode()[-2000:]}")
+    return code
+
+
+async def _finish(runner: Runner[State, Any], thread_id: str, seconds: float = 60.0) -> None:
+    """Run workers in this process until ``thread_id`` completes (the killed process's
+    lease and message visibility run out first)."""
+    worker = Worker(
+        runner,
+        owner=f"p{os.getpid()}-survivor",
+        lease_ttl=_LEASE_TTL,
+        visibility_timeout=_VISIBILITY,
+        timer_interval=0.05,
+        retry_delay=0.1,
+        busy_grace=_LEASE_TTL * 2,
+    )
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        await worker.run_until_idle(idle_wait=0.5)
+        head, _ = await runner.head(thread_id)
+        if head.status is RunStatus.COMPLETED:
+            return
+    raise TimeoutError(f"thread {thread_id!r} did not complete in {seconds:.0f}s")
+
+
+# --- the checks ---------------------------------------------------------------------------
+
+
+async def check_activity_crash(url: str, workdir: Path) -> CrashReport:
+    """Killed between an activity's call and its record: unknown → reconcile, one call."""
+    os.environ[_CALLS] = str(workdir / "calls.log")
+    thread = f"crash-activity-{uuid.uuid4().hex[:10]}"
+    async with await connect(url) as backend:
+        runner = Runner(payment_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        await runner.start(thread, {"order": thread})
+        code = await _spawn(url, "payment", workdir, "messages", kill="after_call")
+        journal_after_kill = await _journal(backend, thread)
+        await _finish(runner, thread)
+        head, _ = await runner.head(thread)
+        journal = await _journal(backend, thread)
+    calls = [c for c in _calls(workdir) if c.startswith(f"charge {thread}")]
+    ok = (
+        code == -signal.SIGKILL
+        and journal_after_kill == [("charge", "started", 1)]
+        and len(calls) == 1
+        and head.state.get("receipt") == {"charge": f"ch_{thread}", "via": "reconcile"}
+        and journal == [("charge", "succeeded", 1)]
+    )
+    return CrashReport(
+        "activity",
+        ok,
+        f"killed={code == -signal.SIGKILL} journal after kill={journal_after_kill} "
+        f"gateway calls={len(calls)} receipt={head.state.get('receipt')} journal={journal}",
+    )
+
+
+async def check_timer_race(url: str, workdir: Path, threads: int = 20) -> CrashReport:
+    """Two worker processes fire the same due timers: every thread resumes once."""
+    os.environ[_CALLS] = str(workdir / "calls.log")
+    ids = [f"crash-timer-{uuid.uuid4().hex[:10]}-{i}" for i in range(threads)]
+    async with await connect(url) as backend:
+        runner = Runner(timer_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        for thread in ids:
+            await runner.start(thread, {"id": thread})
+        await asyncio.gather(*(_spawn(url, "timer", workdir, "timers") for _ in range(2)))
+        completed_ = 0
+        for thread in ids:
+            head, _ = await runner.head(thread)
+            completed_ += head.status is RunStatus.COMPLETED
+    woke = [c.split() for c in _calls(workdir) if c.startswith("woke crash-timer-")]
+    per_thread = {t: sum(1 for w in woke if w[1] == t) for t in ids}
+    processes = {w[2] for w in woke if w[1] in per_thread}
+    twice = sum(n > 1 for n in per_thread.values())
+    never = sum(n == 0 for n in per_thread.values())
+    ok = completed_ == threads and twice == never == 0
+    return CrashReport(
+        "timer race",
+        ok,
+        f"threads={threads} completed={completed_} resumed twice={twice} never={never} "
+        f"processes that fired={len(processes)}",
+    )
+
+
+async def check_signal_crash(url: str, workdir: Path) -> CrashReport:
+    """Killed after taking a signal, before saving: delivered again, applied once."""
+    os.environ[_CALLS] = str(workdir / "calls.log")
+    thread = f"crash-signal-{uuid.uuid4().hex[:10]}"
+    async with await connect(url) as backend:
+        runner = Runner(approval_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        await runner.start(thread, {"order": thread})
+        await runner.signal(thread, "approval", {"by": "reviewer"}, signal_id="review-1")
+        code = await _spawn(url, "approval", workdir, "messages", kill="after_record")
+        waiting, _ = await runner.head(thread)
+        await _finish(runner, thread)
+        head, _ = await runner.head(thread)
+        durable = backend.checkpointer
+        assert isinstance(durable, DurableCheckpointer)
+        inbox = await durable.signals(thread)
+    calls = [c for c in _calls(workdir) if c == f"notify {thread}"]
+    ok = (
+        code == -signal.SIGKILL
+        and waiting.status is RunStatus.WAITING
+        and head.state.get("approvals") == 1
+        and dict(head.signal_cursors) == {"approval": 1}
+        and len(inbox) == 1
+        and len(calls) == 1
+    )
+    return CrashReport(
+        "signal",
+        ok,
+        f"killed={code == -signal.SIGKILL} head after kill={waiting.status.value} "
+        f"approvals={head.state.get('approvals')} cursors={dict(head.signal_cursors)} "
+        f"signals stored={len(inbox)} notifications={len(calls)}",
+    )
+
+
+async def _journal(backend: Backend[Any], thread: str) -> list[tuple[str, str, int]]:
+    cp = backend.checkpointer
+    assert isinstance(cp, DurableCheckpointer)
+    return [(r.key, r.status.value, r.attempts) for r in await cp.journal(thread)]
+
+
+Check = Callable[[str, Path], Awaitable[CrashReport]]
+"""``check(url, workdir)``: one crash check on the store at ``url``."""
+
+CHECKS: tuple[Check, ...] = (check_activity_crash, check_timer_race, check_signal_crash)
+"""Every crash check, in the order ``main`` runs them."""
+
+
+async def run_all(url: str) -> list[CrashReport]:
+    """The three checks on ``url``, each in a fresh work folder."""
+    reports: list[CrashReport] = []
+    for check in CHECKS:
+        with tempfile.TemporaryDirectory(prefix="flowy-crash-") as folder:
+            reports.append(await check(url, Path(folder)))
+    return reports
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flowy.testing.crash --store URL``: run the checks, one line each."""
+    parser = argparse.ArgumentParser(prog="python -m flowy.testing.crash")
+    parser.add_argument("--store", required=True, help="a store URL every process can open")
+    parser.add_argument("--worker", choices=sorted(_GRAPHS), help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("messages", "timers"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        asyncio.run(_worker_main(args.store, args.worker, args.workdir, args.mode))
+        return 0
+    reports = asyncio.run(run_all(args.store))
+    for report in reports:
+        print(report)
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
