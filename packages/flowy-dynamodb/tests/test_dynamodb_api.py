@@ -1,6 +1,7 @@
 """The public face of flowy-dynamodb: exported names, ``flowy.connect`` through the
 entry point, URL options (and their errors), credentials kept out of URLs and messages,
-client ownership, the deprecated ``close()``, schema versions and the 0.1 upgrade."""
+client ownership, the deprecated ``close()``, schema versions, the 0.1 upgrade and the
+upgrade of a schema 2 table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib.metadata
 import time
 import urllib.parse
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,13 +18,18 @@ import flowy
 import flowy_dynamodb
 from flowy.errors import BackendURLError, SchemaVersionError, StorageError
 from flowy.storage import (
+    ActivityRecord,
+    ActivityStatus,
     FencingCheckpointer,
     HandoffIntent,
     HandoffStatus,
     LeaseManager,
     OutboxConsumer,
     ResumeToken,
+    RunStatus,
+    Signal,
     Snapshot,
+    Timer,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
     encode_intent,
@@ -200,13 +207,143 @@ async def test_a_newer_schema_is_refused(
 ) -> None:
     url = dynamo_endpoint.store_url(table_name)
     async with flowy.connect(url) as backend:
-        assert await backend.migrate() == 2
+        assert await backend.migrate() == 3
     raw_client.put_item(
         TableName=table_name,
-        Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "3"}},
+        Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "4"}},
     )
     with pytest.raises(SchemaVersionError, match="newer"):
         await flowy.connect(url)
+
+
+def _v2_table(client: Any, name: str) -> None:
+    """A table of schema 2, as flowy-dynamodb made it before durable time."""
+    keys = {"pk": "S", "sk": "S", "list_key": "S", "list_sort": "S", "live_key": "S"}
+    keys |= {"visible_at": "N", "dead_key": "S", "dead_at": "N"}
+    summary = ["thread_id", "revision", "pointer", "status", "reason", "handoff_status"]
+    summary += ["handoff_pending_at", "updated_at"]
+
+    def index(name: str, hash_key: str, range_key: str, included: list[str] | None) -> Any:
+        projection: dict[str, Any] = {"ProjectionType": "KEYS_ONLY"}
+        if included is not None:
+            projection = {"ProjectionType": "INCLUDE", "NonKeyAttributes": included}
+        schema = [
+            {"AttributeName": hash_key, "KeyType": "HASH"},
+            {"AttributeName": range_key, "KeyType": "RANGE"},
+        ]
+        return {"IndexName": name, "KeySchema": schema, "Projection": projection}
+
+    client.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": a, "AttributeType": k} for a, k in keys.items()],
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        GlobalSecondaryIndexes=[
+            index("by_thread", "list_key", "list_sort", summary),
+            index("outbox", "live_key", "visible_at", None),
+            index("dead_letters", "dead_key", "dead_at", ["payload", "attempts", "error"]),
+        ],
+    )
+    client.update_time_to_live(
+        TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires"}
+    )
+    client.put_item(
+        TableName=name,
+        Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "2"}},
+    )
+
+
+async def test_a_schema_2_table_is_refused_until_migrated(
+    dynamo_endpoint: Any, table_name: str, raw_client: Any
+) -> None:
+    """Schema 3 adds the ``timers`` index and replaces ``by_thread`` by ``heads`` (its
+    projection carries ``wake_at``); the upgrade keeps every thread, message and lease."""
+    _v2_table(raw_client, table_name)
+    tid = f"v2-{uuid.uuid4().hex}"
+    snap: Snapshot[Any] = Snapshot(
+        thread_id=tid,
+        state={"n": 2},
+        execution_pointer="p",
+        handoff_status=HandoffStatus.ENQUEUED,
+        write_id=new_write_id(),
+    )
+    record = encode_snapshot(snap, 1, None)
+    common = {"pk": {"S": thread_key(tid)}, "thread_id": {"S": tid}, "write_tx": {"S": "x"}}
+    handoff = HandoffIntent(
+        thread_id=tid,
+        pending_snapshot_revision=1,
+        committed_snapshot_revision=1,
+        snapshot_revision=1,
+        resume_token=ResumeToken(tid, 1),
+        handoff_status=HandoffStatus.ENQUEUED,
+        reason="handoff",
+        execution_pointer="worker",
+    )
+    for item in (
+        {  # the head, leased
+            "sk": {"S": "head"},
+            "revision": {"N": "1"},
+            "record": {"B": record},
+            "pointer": {"S": "p"},
+            "status": {"S": "running"},
+            "reason": {"S": ""},
+            "handoff_status": {"S": "enqueued"},
+            "updated_at": {"N": "0"},
+            "list_key": {"S": "enqueued#5"},
+            "list_sort": {"S": tid},
+            "lease_owner": {"S": "old-worker"},
+            "lease_expires_at": {"N": "1"},
+            "lease_token": {"N": "7"},
+        },
+        {"sk": {"S": f"rev#{1:020d}"}, "revision": {"N": "1"}, "record": {"B": record}},
+        {  # its hand-off message, live
+            "sk": {"S": f"outbox#{1:020d}"},
+            "payload": {"B": encode_intent(handoff)},
+            "attempts": {"N": "0"},
+            "error": {"S": ""},
+            "live_key": {"S": "live#2"},
+            "visible_at": {"N": "0"},
+        },
+    ):
+        raw_client.put_item(TableName=table_name, Item={**common, **item})
+    url = dynamo_endpoint.store_url(table_name, clock_skew=0)
+    with pytest.raises(SchemaVersionError, match=r"version 2, older.*migrate"):
+        await flowy.connect(url)
+
+    client = dynamo_endpoint.client()
+    backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
+    assert await backend.migrate() == 3
+    assert await backend.migrate() == 3  # idempotent
+    indexes = raw_client.describe_table(TableName=table_name)["Table"]["GlobalSecondaryIndexes"]
+    assert {i["IndexName"]: i["IndexStatus"] for i in indexes} == dict.fromkeys(
+        ("heads", "outbox", "dead_letters", "timers"), "ACTIVE"
+    )
+    async with backend:
+        cp = backend.checkpointer
+        assert await cp.load(tid) == (snap.at_revision(1), 1)
+        [listed] = await cp.list_threads(handoff_statuses=frozenset({HandoffStatus.ENQUEUED}))
+        assert (listed.thread_id, listed.revision, listed.wake_at) == (tid, 1, None)
+        [message] = await backend.consumer.claim(10, 30)
+        assert (message.intent.thread_id, message.attempts) == (tid, 1)
+        assert await cp.timers() == []
+        lease = await backend.leases.acquire(tid, "new-worker", 30)
+        assert lease.fencing_token > 7
+        waiting = replace(snap, status=RunStatus.WAITING, wake_at=1_700_000_000.25)
+        assert await cp.save(1, waiting, lease=lease) == 2
+        assert await cp.timers() == [Timer(tid, 1_700_000_000.25)]
+        [listed] = await cp.list_threads()
+        assert (listed.revision, listed.wake_at) == (2, 1_700_000_000.25)
+        sent = await cp.append_signal(Signal(tid, "go", {"ok": True}, "s-1"))
+        assert [s.seq for s in await cp.signals(tid)] == [sent.seq] == [1]
+        await cp.put_activity(tid, ActivityRecord("a", ActivityStatus.STARTED))
+        assert [r.key for r in await cp.journal(tid)] == ["a"]
+        assert [s.revision for s in await cp.get_history(tid)] == [2, 1]
+    client.close()
+    async with flowy.connect(url):
+        pass
 
 
 def _v1_table(client: Any, name: str) -> None:
@@ -303,8 +440,10 @@ async def test_a_0_1_table_is_refused_until_migrated(
 
     client = dynamo_endpoint.client()
     backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
-    assert await backend.migrate() == 2
-    assert await backend.migrate() == 2  # idempotent
+    assert await backend.migrate() == 3
+    assert await backend.migrate() == 3  # idempotent
+    indexes = raw_client.describe_table(TableName=table_name)["Table"]["GlobalSecondaryIndexes"]
+    assert {"heads", "outbox", "dead_letters", "timers"} <= {i["IndexName"] for i in indexes}
     async with backend:
         cp, consumer = backend.checkpointer, backend.consumer
         assert await cp.load(tid) == (snap.at_revision(2), 2)

@@ -1,26 +1,41 @@
 """DynamoDB-specific checkpointer tests: the single-table layout, thread keys, one
 transaction per save, placeholders in every expression, stored-id checks, the index
 behind ``list_threads`` (thread-id order, ``after``), history left over from a deleted
-thread, time to live, and the table itself."""
+thread, time to live, the table itself; and durable time: the wake-up time written by the
+save's own ``Update`` of the head, the sparse ``timers`` index read shard by shard, exact
+numbers, the items of the signal inbox and the activity journal, deleted with the
+thread."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import re
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 import flowy
-from flowy.errors import ConcurrencyConflictError, SnapshotEnvelopeInvalidError, ThreadNotFoundError
+from flowy.errors import (
+    ConcurrencyConflictError,
+    SnapshotEnvelopeInvalidError,
+    ThreadLeaseBusyError,
+    ThreadNotFoundError,
+)
 from flowy.memory import MemoryLeaseManager
 from flowy.storage import (
+    ActivityRecord,
+    ActivityStatus,
     HandoffIntent,
     HandoffStatus,
     ResumeToken,
     RunStatus,
+    Signal,
     Snapshot,
+    Timer,
     new_write_id,
 )
 from flowy_dynamodb import DynamoBackend, create_table, thread_key
@@ -155,6 +170,15 @@ async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -
     await cp.list_threads(after="a")
     [message] = await backend.consumer.claim(10, 30)
     await backend.consumer.release(message, error="x", delay=0)
+    await cp.save(0, replace(snap(tid), wake_at=5.0))
+    await cp.timers(before=10)
+    await cp.append_signal(Signal(tid, "n", None, tid))
+    await cp.append_signal(Signal(tid, "n", None, tid))
+    await cp.signals(tid, after=0)
+    await cp.put_activity(tid, ActivityRecord(tid, ActivityStatus.STARTED))
+    await cp.get_activity(tid, tid)
+    await cp.journal(tid)
+    await cp.delete(tid)
     expressions = 0
     for call in calls:
         bodies = [call["params"]]
@@ -183,6 +207,7 @@ async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -
                     "attribute_exists",
                     "if_not_exists",
                     "begins_with",
+                    "BETWEEN",
                 }, (field, text)
                 assert all(token in names for token in re.findall(r"#\w+", text)), text
                 assert all(token in values for token in re.findall(r":\w+", text)), text
@@ -362,14 +387,15 @@ def test_create_table_is_idempotent(dynamo_endpoint: Any, table_name: str) -> No
     assert table["TableStatus"] == "ACTIVE"
     assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     assert sorted(i["IndexName"] for i in table["GlobalSecondaryIndexes"]) == [
-        "by_thread",
         "dead_letters",
+        "heads",
         "outbox",
+        "timers",
     ]
     version = client.get_item(
         TableName=table_name, Key={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}}
     )["Item"]["version"]["N"]
-    assert version == "2"
+    assert version == "3"
     client.close()
 
 
@@ -386,3 +412,199 @@ async def test_fences_only_leases_of_the_same_table(
         other_client.delete_table(TableName=table_name + "-other")
         other_client.close()
     assert not cp.fences(MemoryLeaseManager())
+
+
+# -- durable time: timers, signals, the activity journal --------------------------------
+
+AT = 1_700_000_000.25
+
+
+def waiting(thread_id: str, wake_at: float | None) -> Snapshot[Any]:
+    return replace(snap(thread_id, status=RunStatus.WAITING, reason="sleep"), wake_at=wake_at)
+
+
+def signal(thread_id: str, signal_id: str, payload: Any = None) -> Signal:
+    return Signal(thread_id, "approval", payload, signal_id, sent_at=AT)
+
+
+def record(key: str) -> ActivityRecord:
+    return ActivityRecord(key, ActivityStatus.SUCCEEDED, "charge", 1, {"ok": key[:20]}, "", AT, AT)
+
+
+async def timers_of(backend: DynamoBackend[Any], *threads: str, **kw: Any) -> list[Timer]:
+    got = await backend.checkpointer.timers(limit=10_000, **kw)
+    return [t for t in got if t.thread_id in threads]
+
+
+async def test_the_wake_up_time_is_set_and_removed_by_the_saves_own_update(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp = backend.checkpointer
+    tid = f"wake-{uuid.uuid4().hex}"
+    calls = record_calls(backend)
+    await cp.save(0, waiting(tid, AT))
+    assert [c["operation"] for c in calls] == ["TransactWriteItems"]
+    head = thread_items(raw_client, table_name, tid)["head"]
+    assert head["wake_at"] == {"N": "1700000000.25"}  # exact, in plain notation
+    assert head["timer_shard"]["S"] in {f"timers#{i}" for i in range(8)}
+    assert await timers_of(backend, tid) == [Timer(tid, AT)]
+    [summary] = [t for t in await cp.list_threads(limit=1000) if t.thread_id == tid]
+    assert summary.wake_at == AT
+
+    await cp.save(1, snap(tid, pointer="next"))  # the new head has no wake-up time
+    head = thread_items(raw_client, table_name, tid)["head"]
+    assert "wake_at" not in head and "timer_shard" not in head
+    assert await timers_of(backend, tid) == []
+    [summary] = [t for t in await cp.list_threads(limit=1000) if t.thread_id == tid]
+    assert summary.wake_at is None
+
+
+async def test_timers_query_each_shard_of_the_index(backend: DynamoBackend[Any]) -> None:
+    cp = backend.checkpointer
+    threads = [f"shard-{i}-{uuid.uuid4().hex}" for i in range(24)]
+    for i, tid in enumerate(threads):
+        await cp.save(0, waiting(tid, AT + i % 3))
+    calls = record_calls(backend)
+    got = await timers_of(backend, *threads, before=AT + 1)
+    assert [(t.wake_at, t.thread_id) for t in got] == sorted(
+        (AT + i % 3, tid) for i, tid in enumerate(threads) if i % 3 < 2
+    )
+    assert [c["operation"] for c in calls] == ["Query"] * 8
+    assert {c["params"]["IndexName"] for c in calls} == {"timers"}
+    assert {c["params"]["ExpressionAttributeValues"][":v0"]["S"] for c in calls} == {
+        f"timers#{i}" for i in range(8)
+    }
+    assert len(await cp.timers(before=AT + 2, limit=5)) == 5
+
+
+async def test_timers_at_the_edges_of_dynamodbs_numbers(backend: DynamoBackend[Any]) -> None:
+    cp = backend.checkpointer
+    zero, early, late = (f"{n}-{uuid.uuid4().hex}" for n in ("zero", "early", "late"))
+    await cp.save(0, waiting(zero, 0.0))
+    await cp.save(0, waiting(early, -5e-100))
+    await cp.save(0, waiting(late, 9.5e37))
+    assert await timers_of(backend, zero, early, late, before=1e-300) == [
+        Timer(early, -5e-100),
+        Timer(zero, 0.0),
+    ]
+    assert await timers_of(backend, zero, early, late, before=-1e-300) == [Timer(early, -5e-100)]
+    assert await timers_of(backend, zero, early, late, before=-1e300) == []
+    everything = [Timer(early, -5e-100), Timer(zero, 0.0), Timer(late, 9.5e37)]
+    assert await timers_of(backend, zero, early, late, before=1e300) == everything
+    assert await timers_of(backend, zero, early, late) == everything
+    for unstorable in (1e38, -1e200, 1e-200):
+        tid = f"unstorable-{uuid.uuid4().hex}"
+        with pytest.raises(ValueError, match="cannot store"):
+            await cp.save(0, waiting(tid, unstorable))
+        with pytest.raises(ThreadNotFoundError):
+            await cp.load(tid)
+        assert await timers_of(backend, tid) == []
+
+
+async def test_delete_under_a_live_lease_takes_the_head_out_of_the_index(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp, leases = backend.checkpointer, backend.leases
+    tid = f"leased-wait-{uuid.uuid4().hex}"
+    lease = await leases.acquire(tid, "a", 30)
+    await cp.save(0, waiting(tid, AT), lease=lease)
+    await cp.put_activity(tid, record("k"))
+    await cp.append_signal(signal(tid, "s1"))
+    with pytest.raises(ThreadLeaseBusyError):
+        await cp.delete_if_idle(tid)
+    assert len(thread_items(raw_client, table_name, tid)) == 5  # nothing deleted
+    await cp.delete(tid)
+    [item] = thread_items(raw_client, table_name, tid).values()
+    assert "wake_at" not in item and "timer_shard" not in item and "lease_owner" in item
+    assert await timers_of(backend, tid) == []
+    assert await cp.signals(tid) == [] and await cp.journal(tid) == []
+
+
+async def test_signal_and_journal_items(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp = backend.checkpointer
+    for tid in (f"items-{uuid.uuid4().hex}", "k" * 2000 + uuid.uuid4().hex):  # hashed pk too
+        long_id, long_key = "i" * 1024, "a" * 1020 + "ü"  # the longest: hashed sort keys
+        first = await cp.append_signal(signal(tid, "short", {"n": 1}))
+        second = await cp.append_signal(signal(tid, long_id, {"n": 2}))
+        assert (first.seq, second.seq) == (1, 2)
+        assert await cp.append_signal(signal(tid, long_id, "again")) == second
+        await cp.put_activity(tid, record("k1"))
+        await cp.put_activity(tid, record(long_key))
+        items = thread_items(raw_client, table_name, tid)
+        digest = hashlib.sha256
+        assert sorted(items) == sorted(
+            [
+                f"sig#{1:020d}",
+                f"sig#{2:020d}",
+                "sigid#short",
+                "sigid-sha256#" + digest(long_id.encode()).hexdigest(),
+                "act#k1",
+                "act-sha256#" + digest(long_key.encode()).hexdigest(),
+            ]
+        )
+        assert {i["pk"]["S"] for i in items.values()} == {thread_key(tid)}
+        assert {i["thread_id"]["S"] for i in items.values()} == {tid}
+        assert items["sigid#short"]["seq"] == {"N": "1"}
+        assert items[f"sig#{2:020d}"]["signal_id"]["S"] == long_id
+        assert [s.payload for s in await cp.signals(tid)] == [{"n": 1}, {"n": 2}]
+        assert await cp.get_activity(tid, long_key) == record(long_key)
+        assert sorted(r.key for r in await cp.journal(tid)) == sorted(["k1", long_key])
+        await cp.delete(tid)  # a thread without a head: its inbox and journal go
+        assert thread_items(raw_client, table_name, tid) == {}
+        assert await cp.append_signal(signal(tid, "short", {"n": 3})) == replace(
+            first, payload={"n": 3}
+        )  # numbered from 1 again, the id forgotten
+
+
+async def test_delete_removes_history_signals_and_journal(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp = backend.checkpointer
+    tid = f"delete-all-{uuid.uuid4().hex}"
+    for expected in range(3):
+        await cp.save(expected, waiting(tid, AT + expected))
+    for i in range(30):  # more than one BatchWriteItem
+        await cp.append_signal(signal(tid, f"s{i}"))
+        await cp.put_activity(tid, record(f"k{i}"))
+    assert len(thread_items(raw_client, table_name, tid)) == 1 + 3 + 30 * 3
+    calls = record_calls(backend)
+    await cp.delete(tid)
+    assert thread_items(raw_client, table_name, tid) == {}
+    assert await timers_of(backend, tid) == []
+    deleted = [
+        r["DeleteRequest"]["Key"]["sk"]["S"]
+        for c in calls
+        if c["operation"] == "BatchWriteItem"
+        for r in c["params"]["RequestItems"][table_name]
+    ]
+    assert len(deleted) == 3 + 30 * 3
+    ids, numbers = (
+        [i for i, sk in enumerate(deleted) if sk.startswith(p)] for p in ("sigid#", "sig#")
+    )
+    assert max(ids) < min(numbers)  # a signal id goes before its signal
+
+
+async def test_racing_senders_on_many_clients(dynamo_endpoint: Any, table_name: str) -> None:
+    url = dynamo_endpoint.store_url(table_name, clock_skew=0)
+    backends: list[DynamoBackend[Any]] = []
+    try:
+        for _ in range(4):  # four processes, as it were
+            opened = await flowy.connect(url)
+            assert isinstance(opened, DynamoBackend)
+            backends.append(opened)
+        tid = f"crowd-{uuid.uuid4().hex}"
+        sends = [
+            backends[i % 4].checkpointer.append_signal(signal(tid, f"s{i % 20}", i % 20))
+            for i in range(40)  # every id sent twice
+        ]
+        stored = await asyncio.gather(*sends)
+        by_id = {s.signal_id: s.seq for s in stored}
+        assert sorted(by_id.values()) == list(range(1, 21))
+        assert all(by_id[s.signal_id] == s.seq for s in stored)
+        inbox = await backends[0].checkpointer.signals(tid, limit=100)
+        assert [(s.seq, s.signal_id) for s in inbox] == sorted((q, i) for i, q in by_id.items())
+    finally:
+        for opened in backends:
+            await opened.aclose()

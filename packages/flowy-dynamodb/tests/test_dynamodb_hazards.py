@@ -5,7 +5,7 @@
   request that never arrived, throttling answered for the service, a transaction
   cancelled by a concurrent one. The save's own landed write is never reported as a
   conflict and is never applied twice; ``flowy.storage.durable_save`` resolves the
-  outcomes the checkpointer cannot.
+  outcomes the checkpointer cannot. A signal whose answer was lost is stored once.
 - Two OS processes racing on one thread: a single history chain, no lost update.
 - Oversized state: ``SnapshotTooLargeError`` naming the size, and nothing written.
 - The blocking client never blocks the event loop, and the pool bounds the calls.
@@ -36,9 +36,12 @@ from flowy.errors import (
     ThreadNotFoundError,
 )
 from flowy.storage import (
+    ActivityRecord,
+    ActivityStatus,
     HandoffIntent,
     HandoffStatus,
     ResumeToken,
+    Signal,
     Snapshot,
     durable_save,
     new_write_id,
@@ -353,6 +356,65 @@ async def test_transaction_conflict_is_sent_again(dynamo_endpoint: Any, table_na
         with pytest.raises(StorageUnavailableError, match="cancelled"):
             await cp.save(1, snap(tid))
         assert (await cp.load(tid))[1] == 1
+    finally:
+        await backend.aclose()
+
+
+# -- a signal's transaction ---------------------------------------------------------------
+
+
+def signal(thread_id: str, signal_id: str, payload: Any = None) -> Signal:
+    return Signal(thread_id, "approval", payload, signal_id, sent_at=1_700_000_000.25)
+
+
+async def test_a_signal_whose_answer_was_lost_is_stored_once(
+    dynamo_endpoint: Any, table_name: str
+) -> None:
+    """botocore sends the transaction again after its answer was lost; the first copy
+    landed, so the second finds the signal id taken: the signal as stored, once."""
+    backend = await make_backend(dynamo_endpoint, table_name)
+    try:
+        cp, tid = backend.checkpointer, f"lost-signal-{uuid.uuid4().hex}"
+        injector = Injector(client_of(backend), "TransactWriteItems", deliver_then_drop)
+        stored = await cp.append_signal(signal(tid, "once", {"x": 1}))
+        assert injector.attempts == 2
+        assert (stored.seq, stored.payload) == (1, {"x": 1})
+        assert await cp.signals(tid) == [stored]
+        assert (await cp.append_signal(signal(tid, "next"))).seq == 2
+    finally:
+        await backend.aclose()
+
+
+async def test_a_signal_cancelled_by_a_concurrent_transaction_is_sent_again(
+    dynamo_endpoint: Any, table_name: str
+) -> None:
+    backend = await make_backend(dynamo_endpoint, table_name)
+    try:
+        cp, tid = backend.checkpointer, f"signal-conflict-{uuid.uuid4().hex}"
+        injector = Injector(client_of(backend), "TransactWriteItems", transaction_conflict, 2)
+        assert (await cp.append_signal(signal(tid, "s"))).seq == 1
+        assert injector.attempts == 3
+        assert len(await cp.signals(tid)) == 1
+    finally:
+        await backend.aclose()
+
+
+async def test_durable_time_throttled_past_the_retries_is_unavailable(
+    dynamo_endpoint: Any, table_name: str
+) -> None:
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=2)
+    try:
+        cp, tid = backend.checkpointer, f"throttled-signal-{uuid.uuid4().hex}"
+        client = client_of(backend)
+        Injector(client, "TransactWriteItems", throttle, times=10)
+        with pytest.raises(StorageUnavailableError, match="ThrottlingException"):
+            await cp.append_signal(signal(tid, "s"))
+        Injector(client, "PutItem", throttle, times=10)
+        with pytest.raises(StorageUnavailableError, match="ThrottlingException"):
+            await cp.put_activity(tid, ActivityRecord("k", ActivityStatus.STARTED))
+        Injector(client, "Query", throttle, times=10)
+        with pytest.raises(StorageUnavailableError, match="ThrottlingException"):
+            await cp.timers()
     finally:
         await backend.aclose()
 

@@ -143,3 +143,36 @@ def schema_v1(schema: str, prefix: str = "flowy_") -> list[str]:
         f'CREATE INDEX "{prefix}outbox_dead_idx" ON {q}outbox" (id) WHERE dead',
         f'INSERT INTO {q}schema_version" (version) VALUES (1)',
     ]
+
+
+def schema_v2(schema: str, prefix: str = "flowy_") -> list[str]:
+    """The DDL flowy-postgres 0.2.0 created (schema version 2), to test upgrades."""
+    q = f'"{schema}"."{prefix}'
+    return [
+        f'CREATE SCHEMA IF NOT EXISTS "{schema}"',
+        f'CREATE TABLE {q}schema_version" (version integer PRIMARY KEY, '
+        "applied_at timestamptz NOT NULL DEFAULT now())",
+        f'CREATE TABLE {q}threads" (thread_key bytea PRIMARY KEY, thread_id text NOT NULL, '
+        "revision bigint NOT NULL CHECK (revision > 0), pointer text NOT NULL, "
+        "status text NOT NULL, reason text NOT NULL, handoff_status text NOT NULL, "
+        "handoff_pending_at double precision, updated_at double precision NOT NULL, "
+        "saved_at timestamptz NOT NULL) WITH (fillfactor = 80)",
+        f'CREATE INDEX "{prefix}threads_id_idx" ON {q}threads" '
+        '((substr(thread_id, 1, 200) COLLATE "C"))',
+        f'CREATE INDEX "{prefix}threads_handoff_idx" ON {q}threads" (handoff_status) '
+        "WHERE handoff_status <> 'none'",
+        f'CREATE TABLE {q}history" (thread_key bytea NOT NULL, revision bigint NOT NULL, '
+        "record bytea NOT NULL, PRIMARY KEY (thread_key, revision))",
+        f'CREATE TABLE {q}leases" (thread_key bytea PRIMARY KEY, thread_id text NOT NULL, '
+        "owner text, token bigint NOT NULL, expires_at timestamptz)",
+        f'CREATE TABLE {q}outbox" (id bigserial PRIMARY KEY, thread_key bytea NOT NULL, '
+        "thread_id text NOT NULL, committed_revision bigint NOT NULL, payload bytea NOT NULL, "
+        "attempts integer NOT NULL DEFAULT 0, "
+        "visible_at timestamptz NOT NULL DEFAULT clock_timestamp(), "
+        "dead boolean NOT NULL DEFAULT false, last_error text NOT NULL DEFAULT '', "
+        "created_at timestamptz NOT NULL DEFAULT clock_timestamp(), "
+        "UNIQUE (thread_key, committed_revision))",
+        f'CREATE INDEX "{prefix}outbox_ready_idx" ON {q}outbox" (visible_at, id) WHERE NOT dead',
+        f'CREATE INDEX "{prefix}outbox_dead_idx" ON {q}outbox" (id) WHERE dead',
+        f'INSERT INTO {q}schema_version" (version) VALUES (2)',
+    ]

@@ -5,17 +5,29 @@ lease table, listings by index, and records checked against their address."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 import pytest
 from pg_proxy import PgProxy
-from pg_support import Conn, acquired, as_asyncpg, intent, new_pool, opened, snap, sql
+from pg_support import (
+    FIXED_TIME,
+    Conn,
+    acquired,
+    as_asyncpg,
+    intent,
+    new_pool,
+    opened,
+    snap,
+    sql,
+)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from flowy.errors import LeaseLostError, SnapshotEnvelopeInvalidError, ThreadLeaseBusyError
 from flowy.memory import MemoryLeaseManager
+from flowy.storage import Signal, Timer
 from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
@@ -78,6 +90,10 @@ async def test_saves_and_loads_are_one_round_trip_each(postgres_dsn: str, pg_sch
         with pytest.raises(ThreadLeaseBusyError):
             await cp.save(4, snap("trips", 5))
         assert proxy.round_trips - before == 1
+        # The head's wake-up time is a column the same statement writes.
+        waiting = replace(snap("trips", 5), wake_at=FIXED_TIME)
+        assert await trips(cp.save(4, waiting, lease=lease)) == 1
+        assert await cp.timers() == [Timer("trips", FIXED_TIME)]
 
 
 async def test_saves_reuse_a_generic_plan(postgres_dsn: str, pg_schema: str) -> None:
@@ -339,6 +355,63 @@ async def test_listings_use_the_indexes(backend: PostgresBackend[Any]) -> None:
                 assert "Seq Scan" not in plan, (kind, paged, plan)
         finally:
             await conn.execute("RESET enable_seqscan")
+
+
+async def test_timers_read_the_wake_up_index(backend: PostgresBackend[Any]) -> None:
+    statement = backend.checkpointer._sql.timers  # pyright: ignore[reportPrivateUsage]
+    async with acquired(backend.pool) as conn:
+        await conn.execute("SET enable_seqscan = off")
+        try:
+            plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN {statement}", 1e9, 10))
+            assert "threads_wake_idx" in plan, plan
+        finally:
+            await conn.execute("RESET enable_seqscan")
+
+
+async def test_timers_due_together_go_in_thread_id_order(backend: PostgresBackend[Any]) -> None:
+    """Ties go by thread id in code point order, past the indexed first 200 characters."""
+    common = "é" * 250
+    ids = [common + tail for tail in ("b", "a", "\U0001f99c", "Z")] + ["a", "~"]
+    for thread_id in ids:
+        await backend.checkpointer.save(0, replace(snap(thread_id), wake_at=FIXED_TIME))
+    timers = await backend.checkpointer.timers(before=FIXED_TIME)
+    assert [t.thread_id for t in timers] == sorted(ids)
+
+
+# -- signals -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("end", "racing_id", "seq", "payloads"),
+    [
+        ("ROLLBACK", "b", 1, ["racing"]),
+        ("COMMIT", "b", 2, ["held", "racing"]),
+        ("COMMIT", "a", 1, ["held"]),  # the same id: the committed signal
+    ],
+)
+async def test_a_signal_is_numbered_after_the_one_before_it_ends(
+    shared: PostgresBackend[Any],
+    pg_pool: asyncpg.Pool,
+    end: str,
+    racing_id: str,
+    seq: int,
+    payloads: list[str],
+) -> None:
+    """Signal n + 1 is never written while n may still commit: a sender racing an open
+    transaction's signal waits for it to end, then numbers its own."""
+    cp = shared.checkpointer
+    async with acquired(pg_pool) as conn:
+        await conn.execute("BEGIN")
+        held = await cp.bind(as_asyncpg(conn)).append_signal(Signal("inbox", "go", "held", "a"))
+        assert held.seq == 1
+        racing = asyncio.create_task(cp.append_signal(Signal("inbox", "go", "racing", racing_id)))
+        await asyncio.sleep(0.3)
+        assert not racing.done()
+        assert await cp.signals("inbox") == []
+        await conn.execute(end)
+    stored = await asyncio.wait_for(racing, 5.0)
+    assert (stored.seq, stored.payload) == (seq, payloads[-1])
+    assert [s.payload for s in await cp.signals("inbox")] == payloads
 
 
 # -- pools -----------------------------------------------------------------------------------

@@ -7,16 +7,17 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pg_proxy import PgProxy
 from pg_support import Conn, acquired, connect, intent, opened, snap, sql, wait_until
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import Checkpointer, durable_save
-from flowy_postgres import PostgresBackend, create_pool, migrate
+from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal, durable_save
+from flowy_postgres import SCHEMA_VERSION, PostgresBackend, create_pool, migrate
 from flowy_postgres._schema import TableNames, thread_key
 
 pytestmark = pytest.mark.anyio
@@ -34,7 +35,7 @@ async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: 
     (server-side, session-scoped) prepared statement, and the consumer polls instead of
     LISTENing: a transaction pooler may give each transaction another server session."""
     async with opened(postgres_dsn, schema=pg_schema, pooler_mode="true", pool_size=1) as backend:
-        assert await backend.migrate() == 2
+        assert await backend.migrate() == SCHEMA_VERSION
         cp, leases, consumer = backend.checkpointer, backend.leases, backend.consumer
         lease = await leases.acquire("pooled", "worker", 30)
         assert await cp.save(0, snap("pooled"), lease=lease) == 1
@@ -50,6 +51,14 @@ async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: 
         assert await history(cp, "pooled") == [2, 1]
         assert len(await cp.list_threads(after="a")) == 1
         await cp.prune("pooled", 1)
+        assert await cp.save(2, replace(snap("pooled", 3), wake_at=5.0)) == 3
+        assert [t.thread_id for t in await cp.timers(before=5.0)] == ["pooled"]
+        signal = await cp.append_signal(Signal("pooled", "go", 1, "s-1"))
+        assert (await cp.append_signal(Signal("pooled", "go", 2, "s-1"))).seq == signal.seq == 1
+        assert await cp.signals("pooled") == [signal]
+        await cp.put_activity("pooled", ActivityRecord("k", ActivityStatus.STARTED))
+        assert await cp.get_activity("pooled", "k") == ActivityRecord("k", ActivityStatus.STARTED)
+        assert len(await cp.journal("pooled")) == 1
         [message] = await consumer.claim(10, 30, wait=1.0)
         await consumer.release(message, error="again")
         [message] = await consumer.claim(10, 30)
@@ -273,6 +282,11 @@ async def test_the_applications_pool_gets_every_connection_back(
         await pool.close()
 
 
+def server_pid(conn: object) -> int:
+    """The server process of an asyncpg connection (asyncpg ships no types)."""
+    return int(cast(Any, conn).get_server_pid())
+
+
 async def test_a_kept_connection_killed_while_idle_is_replaced(
     postgres_dsn: str, pg_schema: str, admin: Conn
 ) -> None:
@@ -280,7 +294,7 @@ async def test_a_kept_connection_killed_while_idle_is_replaced(
         cp = backend.checkpointer
         assert await cp.save(0, snap("kept")) == 1
         [conn] = backend.connector._idle  # pyright: ignore[reportPrivateUsage]
-        pid = conn.get_server_pid()  # pyright: ignore[reportAttributeAccessIssue]
+        pid = server_pid(conn)
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
 
         async def gone() -> bool:
@@ -291,7 +305,7 @@ async def test_a_kept_connection_killed_while_idle_is_replaced(
         await asyncio.sleep(0.05)  # time for the client to see the socket close
         assert await cp.save(1, snap("kept", 2)) == 2  # on a fresh connection
         [fresh] = backend.connector._idle  # pyright: ignore[reportPrivateUsage]
-        assert fresh.get_server_pid() != pid  # pyright: ignore[reportAttributeAccessIssue]
+        assert server_pid(fresh) != pid
 
 
 # -- 5. two worker processes racing on one thread -----------------------------------------

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
 import pytest
 from pg_support import (
+    FIXED_TIME,
     Conn,
     as_asyncpg,
     connect,
@@ -17,6 +19,7 @@ from pg_support import (
     new_pool,
     opened,
     schema_v1,
+    schema_v2,
     snap,
     sql,
     with_options,
@@ -24,7 +27,7 @@ from pg_support import (
 
 import flowy
 from flowy.errors import SchemaVersionError
-from flowy.storage import encode_snapshot
+from flowy.storage import ActivityRecord, ActivityStatus, Signal, Timer, encode_snapshot
 from flowy_postgres import (
     SCHEMA_VERSION,
     PostgresBackend,
@@ -44,6 +47,23 @@ def fresh_schema() -> str:
 async def drop(conn: Conn, *schemas: str) -> None:
     for schema in schemas:
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def shape(admin: Conn, schema: str) -> str:
+    """The tables, columns and indexes of ``schema`` (without its name)."""
+    columns = await admin.fetch(
+        "SELECT table_name, column_name, data_type, is_nullable, column_default "
+        "FROM information_schema.columns WHERE table_schema = $1 "
+        "ORDER BY table_name, ordinal_position",
+        schema,
+    )
+    indexes = await admin.fetch(
+        "SELECT tablename, indexname, indexdef FROM pg_indexes "
+        "WHERE schemaname = $1 ORDER BY indexname",
+        schema,
+    )
+    rows = [tuple(r) for r in [*columns, *indexes]]
+    return str(rows).replace(schema, "<schema>")  # defaults and indexes name it
 
 
 async def test_open_creates_a_new_schema(postgres_dsn: str, pg_schema: str, admin: Conn) -> None:
@@ -150,30 +170,77 @@ async def test_an_older_schema_needs_migrate_and_keeps_its_data(
     assert await admin.fetchval(f"SELECT count(*) FROM {n.leases} WHERE owner IS NULL") == 0
 
 
+async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
+    postgres_dsn: str, pg_schema: str, admin: Conn
+) -> None:
+    """A 0.2.0 schema (version 2): open refuses it until migrate() adds the wake-up
+    column and index, the signal inbox and the activity journal; heads, history, leases
+    and outbox messages stay, and the result is shaped like a new schema."""
+    for statement in schema_v2(pg_schema):
+        await admin.execute(statement)
+    n = TableNames(pg_schema)
+    records = {r: encode_snapshot(snap("old", r), r) for r in (1, 2)}
+    for revision, record in records.items():
+        await admin.execute(
+            f"INSERT INTO {n.history} VALUES ($1, $2, $3)", thread_key("old"), revision, record
+        )
+    await admin.execute(
+        f"INSERT INTO {n.threads} VALUES ($1, 'old', 2, 'step-2', 'running', '', 'none', NULL, "
+        "1.5, now())",
+        thread_key("old"),
+    )
+    await admin.execute(
+        f"INSERT INTO {n.leases} VALUES ($1, 'live', 'worker', 4, now() + interval '1 hour')",
+        thread_key("live"),
+    )
+    await admin.execute(
+        f"INSERT INTO {n.outbox} (thread_key, thread_id, committed_revision, payload) "
+        "VALUES ($1, 'old', 2, $2)",
+        thread_key("old"),
+        flowy.storage.encode_intent(intent("old", 2)),
+    )
+    url = with_options(postgres_dsn, schema=pg_schema)
+    with pytest.raises(SchemaVersionError, match=r"schema version 2;.*migrate\(\)"):
+        await flowy.connect(url)
+    assert await migrate(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
+    assert await migrate(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
+    assert await admin.fetch(f"SELECT version FROM {n.version} ORDER BY 1") == [(2,), (3,)]
+    async with opened(url) as backend:
+        cp = backend.checkpointer
+        head, revision = await cp.load("old")
+        assert (revision, head.state, head.wake_at) == (2, {"n": 2}, None)
+        assert [s.revision for s in await cp.get_history("old")] == [2, 1]
+        [summary] = await cp.list_threads()
+        assert (summary.thread_id, summary.revision, summary.wake_at) == ("old", 2, None)
+        assert await cp.timers() == []
+        holder = await backend.leases.holder("live")
+        assert holder is not None and holder.fencing_token == 4
+        [message] = await backend.consumer.claim(10, 30)
+        assert message.intent == intent("old", 2)
+        assert await cp.save(2, replace(snap("old", 3), wake_at=FIXED_TIME)) == 3
+        assert await cp.timers() == [Timer("old", FIXED_TIME)]
+        assert (await cp.append_signal(Signal("old", "go", None, "s-1"))).seq == 1
+        await cp.put_activity("old", ActivityRecord("k", ActivityStatus.STARTED))
+        assert [r.key for r in await cp.journal("old")] == ["k"]
+    fresh = fresh_schema()
+    try:
+        await migrate(as_asyncpg(admin), schema=fresh)
+        assert await shape(admin, pg_schema) == await shape(admin, fresh)
+    finally:
+        await drop(admin, fresh)
+
+
 async def test_schema_sql_creates_what_migrate_creates(admin: Conn) -> None:
     by_sql, by_migrate = fresh_schema(), fresh_schema()
     try:
         await admin.execute(schema_sql(by_sql))
         await migrate(as_asyncpg(admin), schema=by_migrate)
         await admin.execute(schema_sql(by_sql))  # every statement is idempotent
-
-        async def shape(schema: str) -> str:
-            columns = await admin.fetch(
-                "SELECT table_name, column_name, data_type, is_nullable, column_default "
-                "FROM information_schema.columns WHERE table_schema = $1 "
-                "ORDER BY table_name, ordinal_position",
-                schema,
-            )
-            indexes = await admin.fetch(
-                "SELECT tablename, indexname, indexdef FROM pg_indexes "
-                "WHERE schemaname = $1 ORDER BY indexname",
-                schema,
-            )
-            versions = await admin.fetch(f"SELECT version FROM {TableNames(schema).version}")
-            rows = [tuple(r) for r in [*columns, *indexes, *versions]]
-            return str(rows).replace(schema, "<schema>")  # defaults and indexes name it
-
-        assert await shape(by_sql) == await shape(by_migrate)
+        assert await shape(admin, by_sql) == await shape(admin, by_migrate)
+        for schema in (by_sql, by_migrate):
+            assert await admin.fetch(f"SELECT version FROM {TableNames(schema).version}") == [
+                (SCHEMA_VERSION,)
+            ]
         assert await schema_version(as_asyncpg(admin), schema=by_sql) == SCHEMA_VERSION
     finally:
         await drop(admin, by_sql, by_migrate)
@@ -243,7 +310,10 @@ async def test_mixed_case_names_and_two_prefixes_in_one_schema(
         assert [t["tablename"] for t in tables] == [
             f"{prefix}{table}"
             for prefix in ("App_", "other_")
-            for table in ("history", "leases", "outbox", "schema_version", "threads")
+            for table in (
+                *("history", "journal", "leases", "outbox"),
+                *("schema_version", "signals", "threads"),
+            )
         ]
     finally:
         await drop(admin, schema)

@@ -67,7 +67,7 @@ async def test_options_are_applied(postgres_dsn: str, pg_schema: str) -> None:
         tables = await sql(backend.pool).fetch(
             "SELECT tablename FROM pg_tables WHERE schemaname = $1 ORDER BY 1", pg_schema
         )
-        assert [t[0] for t in tables][:2] == ["app_history", "app_leases"]
+        assert [t[0] for t in tables][:3] == ["app_history", "app_journal", "app_leases"]
 
 
 async def test_an_unknown_option_lists_the_known_ones(postgres_dsn: str) -> None:

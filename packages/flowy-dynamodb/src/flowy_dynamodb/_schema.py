@@ -1,10 +1,18 @@
-"""The table's schema: creating it, checking its version, upgrading a flowy-dynamodb 0.1
-table (schema 1) to schema 2; and :func:`make_client`.
+"""The table's schema: creating it, checking its version, upgrading an older table to
+schema 3; and :func:`make_client`.
 
-Schema 2 keeps the heads and history entries of schema 1 where they were and adds the
-``by_thread``, ``outbox`` and ``dead_letters`` indexes; the upgrade gives each head its
-``list_sort`` and moves each 0.1 message (partitions ``outbox#<shard>`` and
-``dead#<shard>``) to its thread's partition. Stop a table's 0.1 clients first.
+Schema 2 keeps the heads and history entries of schema 1 (flowy-dynamodb 0.1) where they
+were and adds the ``by_thread``, ``outbox`` and ``dead_letters`` indexes; the upgrade
+from 1 gives each head its ``list_sort`` and moves each 0.1 message (partitions
+``outbox#<shard>`` and ``dead#<shard>``) to its thread's partition.
+
+Schema 3 (durable time) adds the ``timers`` index of wake-up times, and replaces
+``by_thread`` with ``heads``: the same keys, with the head's ``wake_at`` among the
+attributes it carries (an index's projection cannot change, so it is a new index). The
+signals and journal entries of schema 3 are new items in the threads' partitions, and no
+head of an older schema has a wake-up time, so no item changes. The upgrade creates the
+new indexes one at a time, waiting until each is ``ACTIVE`` (DynamoDB backfills them),
+then deletes ``by_thread``. Stop a table's older clients first.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from ._table import (
     SCHEMA_KEY,
     SK,
     THREADS_INDEX,
+    TIMERS_INDEX,
     TTL,
     A,
     DynamoTable,
@@ -53,18 +62,23 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "create_table", "make_client"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The table layout this version of flowy-dynamodb reads and writes."""
 
 _KEYS = {PK: "S", SK: "S", A.LIST_KEY: "S", A.LIST_SORT: "S", A.LIVE: "S", A.VISIBLE: "N"} | {
     A.DEAD: "S",
     A.DEAD_AT: "N",
+    A.TIMER: "S",
+    A.WAKE: "N",
 }
 _INDEXES: dict[str, tuple[str, str, list[str] | None]] = {  # hash, range, included
     THREADS_INDEX: (A.LIST_KEY, A.LIST_SORT, list(A.SUMMARY)),
     OUTBOX_INDEX: (A.LIVE, A.VISIBLE, None),
     DEAD_INDEX: (A.DEAD, A.DEAD_AT, [A.PAYLOAD, A.ATTEMPTS, A.ERROR]),
+    TIMERS_INDEX: (A.TIMER, A.WAKE, [A.THREAD_ID]),
 }
+_RETIRED = ("by_thread",)
+"""Indexes of schema 2 that schema 3 replaced (``heads`` replaces ``by_thread``)."""
 _sessions: dict[str | None, Session] = {}
 _sessions_lock = threading.Lock()
 
@@ -142,9 +156,9 @@ def _describe(client: Any, table_name: str, wait: float = 0.0) -> Mapping[str, A
         delay = min(delay * 2, 2.0)
 
 
-def _missing_indexes(table: Mapping[str, Any]) -> list[str]:
+def _index_names(table: Mapping[str, Any]) -> set[str]:
     indexes = cast(list[Mapping[str, Any]], table.get("GlobalSecondaryIndexes") or [])
-    return [name for name in _INDEXES if name not in {i.get("IndexName") for i in indexes}]
+    return {str(i.get("IndexName")) for i in indexes}
 
 
 def _ensure_ttl(client: Any, table_name: str, again: bool = True) -> None:
@@ -170,7 +184,7 @@ def create_table(
 ) -> None:
     """Create flowy's table unless it exists and wait until it is ``ACTIVE`` (blocking;
     idempotent): on-demand billing, string keys ``pk`` and ``sk``, the indexes of the
-    package README, time to live on ``expires``, schema version 2. With
+    package README, time to live on ``expires``, schema version 3. With
     ``create=False`` a missing table is a ``StorageError``."""
     raw: Any = client
     try:
@@ -232,18 +246,29 @@ def check_version(version: int, table_name: str) -> None:
             + (
                 f"newer than this flowy-dynamodb's ({SCHEMA_VERSION}); upgrade flowy-dynamodb"
                 if newer
-                else "the layout of flowy-dynamodb 0.1: stop its 0.1 clients, back it up, "
-                f"then `await backend.migrate()` upgrades it to version {SCHEMA_VERSION}"
+                else f"older than this flowy-dynamodb's ({SCHEMA_VERSION}"
+                + ("; version 1 is the layout of flowy-dynamodb 0.1" if version == 1 else "")
+                + "): stop the clients of the older flowy-dynamodb, back the table up, then "
+                f"`await backend.migrate()` upgrades it to version {SCHEMA_VERSION}"
             )
         )
 
 
-def _add_indexes(client: Any, table_name: str, wait: float) -> None:
-    for name in _missing_indexes(_describe(client, table_name, wait) or {}):
-        client.update_table(  # one new index per UpdateTable
+def _update_indexes(client: Any, table_name: str, wait: float) -> None:
+    """Create the missing indexes, then delete the retired ones: one index per
+    ``UpdateTable`` (DynamoDB's rule), each waited for until the table and every index
+    are ``ACTIVE`` again (a created index backfilled, a deleted one gone)."""
+    existing = _index_names(_describe(client, table_name, wait) or {})
+    for name in (name for name in _INDEXES if name not in existing):
+        client.update_table(
             TableName=table_name,
             AttributeDefinitions=_definitions(*_INDEXES[name][:2]),
             GlobalSecondaryIndexUpdates=[{"Create": _index(name)}],
+        )
+        _describe(client, table_name, wait)
+    for name in (name for name in _RETIRED if name in existing):
+        client.update_table(
+            TableName=table_name, GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": name}}]
         )
         _describe(client, table_name, wait)
     _ensure_ttl(client, table_name)
@@ -257,12 +282,12 @@ async def migrate(table: DynamoTable, *, wait: float = 1800.0) -> int:
         return version
     try:
         await asyncio.get_running_loop().run_in_executor(
-            table.pool, lambda: _add_indexes(table.client, table.name, wait)
+            table.pool, lambda: _update_indexes(table.client, table.name, wait)
         )
     except (ClientError, BotoCoreError) as exc:
         raise translate_error(exc, "UpdateTable", table.name) from exc
     start: Item | None = None
-    while True:
+    while version == 1:  # schema 2 and 3 items are alike: only a 0.1 table is scanned
         page = await table.call(
             "scan", TableName=table.name, **({"ExclusiveStartKey": start} if start else {})
         )

@@ -26,6 +26,15 @@ save's transaction. A live one has ``live_key``, ``visible_at``, ``attempts`` an
 conditional update on the ``visible_at`` it saw); a dead letter has ``dead_key`` and
 ``dead_at`` instead. Index reads are eventually consistent: on DynamoDB a new message
 may take a moment to be claimable.
+
+**Durable time.** A head that waits carries ``wake_at`` and ``timer_shard``, written (or
+removed) by the save's own ``Update`` of the head: the sparse ``timers`` index holds the
+waiting heads of each shard by wake-up time. A signal is the item ``sig#<seq>`` of its
+thread, with the item ``sigid#<signal id>`` holding its number; both are written by one
+``TransactWriteItems`` whose ``Put`` actions require the keys to be new, after a
+strongly consistent read of the last number, so racing senders get consecutive numbers
+(the loser reads again) and a signal id is stored once. An activity journal entry is
+the item ``act#<key>``. Deleting a thread removes them with its history.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
+import random
 import uuid
 from collections.abc import Hashable, Mapping
 from typing import Any, Generic, TypeVar
@@ -60,19 +70,27 @@ from flowy.storage import (
     Snapshot,
     StateCodec,
     ThreadSummary,
+    Timer,
     Write,
     show_id,
 )
 
 from ._table import (
+    ACTIVITIES,
     DEAD_INDEX,
     HISTORY,
+    MAX_NUMBER,
+    MAX_SEQ,
     MESSAGE,
+    MIN_NUMBER,
     OUTBOX_INDEX,
     PK,
     SHARDS,
+    SIGNAL,
+    SIGNAL_IDS,
     SK,
     THREADS_INDEX,
+    TIMERS_INDEX,
     TTL,
     A,
     ConditionFailed,
@@ -90,9 +108,11 @@ from ._table import (
     is_size_error,
     item_size,
     n,
+    named_key,
     s,
     shard_of,
     sort_key,
+    storable,
     thread_key,
 )
 
@@ -101,11 +121,14 @@ __all__ = ["DynamoCheckpointer", "DynamoConsumer", "DynamoLeaseManager", "Dynamo
 S = TypeVar("S")
 
 ATTEMPTS = 4
+SIGNAL_ATTEMPTS = 64
+"""Tries of one signal: each one lost to a racing sender (which took the number) reads
+again, so this bounds the senders racing for one thread's inbox at once."""
 _actions: contextvars.ContextVar[list[Item] | None] = contextvars.ContextVar(
     "flowy_dynamodb_actions", default=None
 )
 _TRANSIENT = {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}
-_HEAD_COLUMNS = (*A.SUMMARY[1:], A.RECORD, A.WRITE_TX, A.LIST_KEY, A.LIST_SORT)
+_HEAD_COLUMNS = (*A.SUMMARY[1:], A.RECORD, A.WRITE_TX, A.LIST_KEY, A.LIST_SORT, A.TIMER)
 _ACTIONS = ("Put", "Update", "Delete", "ConditionCheck")
 
 
@@ -534,13 +557,24 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         }
         if head.handoff_pending_at is not None:
             fields[A.HANDOFF_AT] = n(head.handoff_pending_at)
+        if head.wake_at is not None:  # a waiting head: in the timers index
+            wake_at = float(head.wake_at)
+            if not storable(wake_at):
+                raise ValueError(
+                    f"the snapshot of thread {show_id(write.thread_id)} wakes up at "
+                    f"{wake_at!r}, which DynamoDB cannot store: a wake-up time is 0 or of a "
+                    f"magnitude from {MIN_NUMBER:g} to below {MAX_NUMBER:g} seconds"
+                )
+            fields[A.TIMER] = s(f"timers#{shard_of(key[PK]['S'])}")
+            fields[A.WAKE] = n(wake_at)
         if table.expire_after is not None and head.status in self.expire_statuses:
             expires = math.ceil(now + table.expire_after)
             if lease is not None:  # never before the lease ends
                 expires = max(expires, lease_ttl(table, lease.expires_at, lease.fencing_token))
             fields[TTL] = n(expires)
         expr = Expression()
-        update = expr.sets(fields) + expr.removes(a for a in (A.HANDOFF_AT, TTL) if a not in fields)
+        optional = (A.HANDOFF_AT, TTL, A.TIMER, A.WAKE)
+        update = expr.sets(fields) + expr.removes(a for a in optional if a not in fields)
         rev, tid = expr(A.REVISION), expr(A.THREAD_ID)
         expected = write.expected_revision
         revision_ok = (
@@ -641,14 +675,28 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
             )
         return revision, record
 
-    async def _history(self, thread_id: str, limit: int | None, *attributes: str) -> list[Item]:
+    async def _items_of(
+        self,
+        thread_id: str,
+        sort: str | tuple[str, str],
+        limit: int | None,
+        *attributes: str,
+        newest_first: bool = False,
+    ) -> list[Item]:
+        """Up to ``limit`` (or all) items of the thread whose sort key begins with
+        ``sort`` (or lies between its two bounds), in sort key order; strongly
+        consistent, each checked to be the thread's."""
         expr = Expression()
-        pk, prefix = expr.v(s(thread_key(thread_id))), expr.v(s(HISTORY))
+        condition = f"{expr(PK)} = {expr.v(s(thread_key(thread_id)))} AND "
+        if isinstance(sort, str):
+            condition += f"begins_with({expr(SK)}, {expr.v(s(sort))})"
+        else:
+            condition += f"{expr(SK)} BETWEEN {expr.v(s(sort[0]))} AND {expr.v(s(sort[1]))}"
         items = await self.table.query(
             limit,
-            KeyConditionExpression=f"{expr(PK)} = {pk} AND begins_with({expr(SK)}, {prefix})",
+            KeyConditionExpression=condition,
             ProjectionExpression=", ".join(map(expr, (PK, SK, A.THREAD_ID, *attributes))),
-            ScanIndexForward=False,
+            ScanIndexForward=not newest_first,
             ConsistentRead=True,
             **({"Limit": limit} if limit is not None else {}),
             **expr.params(),
@@ -656,6 +704,9 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         for item in items:
             check_stored_id(thread_id, item)
         return items
+
+    async def _history(self, thread_id: str, limit: int | None, *attributes: str) -> list[Item]:
+        return await self._items_of(thread_id, HISTORY, limit, *attributes, newest_first=True)
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
@@ -715,7 +766,14 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
             raise StorageUnavailableError(
                 f"thread {show_id(thread_id)} kept changing while deleted; retry"
             )
-        await table.delete_keys([_key_of(i) for i in await self._history(thread_id, None)])
+        # The history, then the signal ids before their signals (an id is never left
+        # naming a number that a later signal could take), then the journal.
+        history, signals, journal = await asyncio.gather(
+            # "sig" begins the keys of signals and of signal ids alike
+            *(self._items_of(thread_id, p, None) for p in (HISTORY, SIGNAL[:3], ACTIVITIES))
+        )
+        signals.sort(key=lambda i: not (get_s(i, SK) or "").startswith(SIGNAL_IDS))
+        await table.delete_keys([_key_of(i) for i in (*history, *signals, *journal)])
         return None
 
     async def _strip(self, thread_id: str, item: Item, live: Lease | None) -> bool:
@@ -734,6 +792,128 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         except ConditionFailed:
             return False
         return True
+
+    # -- durable time --------------------------------------------------------------------
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        if before <= -MAX_NUMBER:
+            return []  # no wake-up time is stored this early
+
+        async def due(shard: int) -> list[Item]:
+            expr = Expression()
+            condition = f"{expr(A.TIMER)} = {expr.v(s(f'timers#{shard}'))}"
+            if before < MAX_NUMBER:  # else: every timer
+                # No stored time lies strictly between 0 and +-MIN_NUMBER: compare with 0.
+                op = "<" if -MIN_NUMBER < before < 0 else "<="
+                bound = before if storable(before) else 0.0
+                condition += f" AND {expr(A.WAKE)} {op} {expr.v(n(bound))}"
+            return await self.table.query(
+                limit,
+                IndexName=TIMERS_INDEX,
+                KeyConditionExpression=condition,
+                Limit=limit,
+                **expr.params(),
+            )
+
+        found = await asyncio.gather(*(due(shard) for shard in range(SHARDS)))
+        timers = sorted(
+            (get_n(i, A.WAKE) or 0, get_s(i, A.THREAD_ID) or "") for part in found for i in part
+        )
+        return [Timer(thread_id, float(at)) for at, thread_id in timers[:limit]]
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        table = self.table
+        seen_key = named_key(thread_id, SIGNAL_IDS, signal_id)
+        named = {A.THREAD_ID: s(thread_id), A.SIGNAL_ID: s(signal_id)}
+        absent = {
+            "TableName": table.name,
+            "ConditionExpression": "attribute_not_exists(#pk)",
+            "ExpressionAttributeNames": {"#pk": PK},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        for attempt in range(SIGNAL_ATTEMPTS):
+            seen, last = await asyncio.gather(
+                table.get(seen_key, (A.THREAD_ID, A.SIGNAL_ID, A.SEQ)),
+                self._items_of(thread_id, (SIGNAL, _signal_sk(MAX_SEQ)), 1, newest_first=True),
+            )
+            if seen is not None:
+                return self._seen_seq(thread_id, signal_id, seen), False
+            seq = (_seq_of(last[0]) if last else 0) + 1
+            if seq > MAX_SEQ:
+                raise StorageError(f"the inbox of thread {show_id(thread_id)} is full")
+            signal = {PK: seen_key[PK], SK: s(_signal_sk(seq)), **named, A.DATA: {"B": data}}
+            number = {**seen_key, **named, A.SEQ: n(seq)}
+            try:
+                await table.call(
+                    "transact_write_items",
+                    TransactItems=[
+                        {"Put": {**absent, "Item": signal}},
+                        {"Put": {**absent, "Item": number}},
+                    ],
+                )
+            except ConditionFailed as cancelled:
+                failed, reasons = cancelled.failed(), cancelled.reasons
+                if 1 in failed and reasons[1][2] is not None:  # the id was sent meanwhile
+                    return self._seen_seq(thread_id, signal_id, reasons[1][2]), False
+                if not failed and not any(code in _TRANSIENT for code, _, _ in reasons):
+                    reason = "; ".join(f"{c} {m}".strip() for c, m, _ in reasons if c != "None")
+                    raise StorageError(
+                        f"DynamoDB refused signal {seq} of thread {show_id(thread_id)} "
+                        f"({reason}); nothing was written"
+                    ) from cancelled
+                # another sender took the number (or a transaction conflicted): again
+                await asyncio.sleep(random.uniform(0, 0.002 * 2 ** min(attempt, 6)))
+                continue
+            return seq, True
+        raise StorageUnavailableError(
+            f"could not add a signal to thread {show_id(thread_id)} in {SIGNAL_ATTEMPTS} "
+            "attempts: other senders kept taking the next number; try again"
+        )
+
+    @staticmethod
+    def _seen_seq(thread_id: str, signal_id: str, item: Item) -> int:
+        """The number a stored signal id names (checked to be this thread's and id's)."""
+        check_stored_id(thread_id, item)
+        seq = get_int(item, A.SEQ)
+        if seq is None or get_s(item, A.SIGNAL_ID) != signal_id:
+            raise SnapshotEnvelopeInvalidError(
+                f"the record of signal id {signal_id!r:.80} of thread {show_id(thread_id)} "
+                "is damaged"
+            )
+        return seq
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        if after >= MAX_SEQ:
+            return []
+        bounds = (_signal_sk(after + 1), _signal_sk(MAX_SEQ))
+        out: list[tuple[int, bytes]] = []
+        for item in await self._items_of(thread_id, bounds, limit, A.DATA):
+            seq, data = _seq_of(item), get_b(item, A.DATA)
+            if data is None:
+                raise SnapshotEnvelopeInvalidError(
+                    f"signal {seq} of thread {show_id(thread_id)} has no data"
+                )
+            out.append((seq, data))
+        return out
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        item = named_key(thread_id, ACTIVITIES, key)
+        item |= {A.THREAD_ID: s(thread_id), A.KEY: s(key), A.DATA: {"B": data}}
+        await self.table.call("put_item", TableName=self.table.name, Item=item)
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        item = await self.table.get(
+            named_key(thread_id, ACTIVITIES, key), (A.THREAD_ID, A.KEY, A.DATA)
+        )
+        if item is None:
+            return None
+        check_stored_id(thread_id, item)
+        return _activity_data(thread_id, item, key)
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        items = await self._items_of(thread_id, ACTIVITIES, None, A.KEY, A.DATA)
+        return [_activity_data(thread_id, item, None) for item in items]
 
     async def _list_heads(
         self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
@@ -779,6 +959,28 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
 
     def __repr__(self) -> str:
         return f"DynamoCheckpointer(table={self.table.name!r}, codec={self.codec!r})"
+
+
+def _signal_sk(seq: int) -> str:
+    return f"{SIGNAL}{seq:020d}"
+
+
+def _seq_of(item: Item) -> int:
+    sk = get_s(item, SK) or ""
+    try:
+        return int(sk.removeprefix(SIGNAL))
+    except ValueError:
+        raise SnapshotEnvelopeInvalidError(f"signal {sk!r} has no number") from None
+
+
+def _activity_data(thread_id: str, item: Item, key: str | None) -> bytes:
+    """The data of a journal entry, checked to be entry ``key`` (any key: ``None``)."""
+    stored, data = get_s(item, A.KEY), get_b(item, A.DATA)
+    if data is None or stored is None or (key is not None and stored != key):
+        raise SnapshotEnvelopeInvalidError(
+            f"the journal entry {stored or key!r:.80} of thread {show_id(thread_id)} is damaged"
+        )
+    return data
 
 
 def _revision_of(item: Item) -> int:

@@ -8,12 +8,20 @@ Items, keyed by the string partition key ``pk`` and sort key ``sk``::
     (same)                              rev#<20 digits>     one history entry
     (same)                              outbox#<20 digits>  the hand-off message of that
                                                             committed revision
+    (same)                              sig#<20 digits>     one signal of the inbox
+    (same)                              sigid#<signal id>   the number of the signal sent
+                                                            with that id
+    (same)                              act#<key>           one activity journal entry
     flowy#schema                        version             the schema version
 
-Three sparse global secondary indexes: ``by_thread`` (``list_key``: hand-off status and
+A signal id or activity key whose sort key would pass 1 KiB is hashed instead:
+``sigid-sha256#<hex>``, ``act-sha256#<hex>`` (the item keeps it in full).
+
+Four sparse global secondary indexes: ``heads`` (``list_key``: hand-off status and
 shard; ``list_sort``: the thread id) lists heads in thread-id order; ``outbox``
 (``live_key``: shard; ``visible_at``) finds visible messages oldest first;
-``dead_letters`` (``dead_key``, ``dead_at``) lists dead letters oldest first.
+``dead_letters`` (``dead_key``, ``dead_at``) lists dead letters oldest first;
+``timers`` (``timer_shard``: shard; ``wake_at``) finds the heads due to wake up.
 """
 
 from __future__ import annotations
@@ -48,12 +56,24 @@ Item = dict[str, Any]
 Clock = Callable[[], float]
 
 PK, SK, HEAD_SK, HISTORY, MESSAGE = "pk", "sk", "head", "rev#", "outbox#"
+SIGNAL, SIGNAL_IDS, ACTIVITIES = "sig#", "sigid", "act"
+"""Sort key prefixes: a signal, and every signal id and journal entry (whose keys are
+``sigid#<id>`` / ``sigid-sha256#<hex>`` and ``act#<key>`` / ``act-sha256#<hex>``)."""
 SCHEMA_KEY: Item = {PK: {"S": "flowy#schema"}, SK: {"S": "version"}}
 TTL = "expires"
-THREADS_INDEX, OUTBOX_INDEX, DEAD_INDEX = "by_thread", "outbox", "dead_letters"
+THREADS_INDEX, OUTBOX_INDEX, DEAD_INDEX = "heads", "outbox", "dead_letters"
+TIMERS_INDEX = "timers"
 SHARDS = 8
 MAX_ITEM_BYTES = 400 * 1024
 """DynamoDB's item size limit (attribute names included)."""
+MAX_KEY_BYTES = 1024
+"""DynamoDB's limit on a sort key (and on an index's sort key), in UTF-8 bytes."""
+MAX_NUMBER, MIN_NUMBER = 1e38, 1e-129
+"""The magnitudes of the floats :func:`n` writes as DynamoDB numbers exactly: zero, or at
+least ``MIN_NUMBER`` (DynamoDB's smallest is 1E-130) and below ``MAX_NUMBER`` (in plain
+notation a larger float has more than DynamoDB's 38 significant digits)."""
+MAX_SEQ = 10**20 - 1
+"""The largest signal number a 20-digit sort key holds."""
 
 
 class A:
@@ -66,7 +86,9 @@ class A:
     OWNER, EXPIRES, TOKEN = "lease_owner", "lease_expires_at", "lease_token"
     PAYLOAD, ATTEMPTS, ERROR = "payload", "attempts", "error"
     LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
-    SUMMARY = (THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED)
+    TIMER, WAKE = "timer_shard", "wake_at"
+    SEQ, SIGNAL_ID, KEY, DATA = "seq", "signal_id", "activity_key", "data"
+    SUMMARY = (THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED, WAKE)
 
 
 _UNAVAILABLE = {
@@ -114,6 +136,21 @@ def head_key(thread_id: str) -> Item:
 def entry_key(thread_id: str, prefix: str, revision: int) -> Item:
     """The key of a thread's history entry (``HISTORY``) or message (``MESSAGE``)."""
     return {PK: {"S": thread_key(thread_id)}, SK: {"S": f"{prefix}{revision:020d}"}}
+
+
+def named_key(thread_id: str, prefix: str, name: str) -> Item:
+    """The key of a thread's item named ``name`` (a signal id, an activity key):
+    ``<prefix>#<name>`` when that fits a sort key, else ``<prefix>-sha256#`` + the SHA-256
+    of the name (the item keeps the full name). The two forms never alias."""
+    sk = f"{prefix}#{name}"
+    if len(sk.encode("utf-8")) > MAX_KEY_BYTES:
+        sk = f"{prefix}-sha256#{hashlib.sha256(name.encode('utf-8')).hexdigest()}"
+    return {PK: {"S": thread_key(thread_id)}, SK: {"S": sk}}
+
+
+def storable(value: float) -> bool:
+    """True if :func:`n` writes ``value`` as a DynamoDB number exactly."""
+    return math.isfinite(value) and (value == 0 or MIN_NUMBER <= abs(value) < MAX_NUMBER)
 
 
 def n(value: float) -> dict[str, str]:

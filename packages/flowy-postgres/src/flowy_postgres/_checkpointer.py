@@ -7,7 +7,14 @@ copy: the head's record is its history entry) and inserts a transactional save's
 rows, notifying consumers. When nothing was written the same statement reports what it
 saw; one more read happens only when a racing save or takeover committed while it
 waited for a lock. Each case (create or update, with or without a lease or outbox rows)
-has its own statement, so PostgreSQL settles on one generic plan for each.
+has its own statement, so PostgreSQL settles on one generic plan for each. The head's
+wake-up time is a column of its row, written by the same statement; timers are read
+from its partial index.
+
+A thread's signals are numbered by one statement that inserts ``max(seq) + 1`` unless
+the signal id is there: a sender racing for the same number (or id) waits for the other
+to commit, then stores nothing and tries again with a fresh snapshot, so number ``n + 1``
+is never written before ``n`` has committed.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from flowy.storage import (
     Refused,
     StateCodec,
     ThreadSummary,
+    Timer,
     Write,
     show_id,
 )
 
 from ._conn import Connector, PgConnection, Row
-from ._schema import ID_PREFIX, TableNames, thread_key
+from ._schema import ID_PREFIX, TableNames, text_key, thread_key
 
 if TYPE_CHECKING:
     import asyncpg
@@ -53,7 +61,10 @@ def _numbered(sql: str, names: tuple[str, ...]) -> str:
     return sql
 
 
-_WRITE = ("key", "tid", "record", "pointer", "status", "reason", "handoff", "pending", "updated")
+_WRITE = (
+    *("key", "tid", "record", "pointer", "status", "reason", "handoff", "pending", "updated"),
+    "wake",
+)
 _OUTBOX = ("o_keys", "o_ids", "o_revisions", "o_payloads", "channel")
 
 
@@ -74,9 +85,9 @@ def _save_sql(
         fence = f"EXISTS ({lease} AND {mine} AND {_LIVE} FOR KEY SHARE)"
     else:
         fence = f"NOT EXISTS (SELECT FROM ({lease} FOR KEY SHARE) AS l WHERE l.{_LIVE})"
-    columns = "pointer, status, reason, handoff_status, handoff_pending_at, updated_at"
+    columns = "pointer, status, reason, handoff_status, handoff_pending_at, updated_at, wake_at"
     values = ":pointer::text, :status::text, :reason::text, :handoff::text, "
-    values += ":pending::float8, :updated::float8"
+    values += ":pending::float8, :updated::float8, :wake::float8"
     if create:
         write = f"""INSERT INTO {n.threads} (thread_key, thread_id, revision, {columns}, saved_at)
     SELECT :key, :tid::text, 1, {values}, clock_timestamp() WHERE {fence}
@@ -119,6 +130,7 @@ FROM outcome"""
 
 
 _COLUMNS = "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at"
+_ORDER = f'{ID_PREFIX}, thread_id COLLATE "C"'  # code point order, through the indexes
 
 
 class _Sql:
@@ -167,8 +179,12 @@ WITH lease AS (
 )
 SELECT owner, token, {_EPOCH} AS expires FROM lease WHERE live AND $3::bool
 """
-        self.delete_history = f"DELETE FROM {n.history} WHERE thread_key = $1"
-        order = f'ORDER BY {ID_PREFIX}, thread_id COLLATE "C" LIMIT $1::bigint'
+        self.delete_rest = f"""
+WITH inbox AS (DELETE FROM {n.signals} WHERE thread_key = $1 AND thread_id = $2::text),
+journal AS (DELETE FROM {n.journal} WHERE thread_key = $1 AND thread_id = $2::text)
+DELETE FROM {n.history} WHERE thread_key = $1
+"""
+        order = f"ORDER BY {_ORDER} LIMIT $1::bigint"
         after = f'{ID_PREFIX} >= substr($2::text, 1, 200) AND thread_id COLLATE "C" > $2::text'
         self.list: dict[tuple[str | None, bool], str] = {}
         for statuses in (None, "any", "handoff"):
@@ -181,8 +197,44 @@ SELECT owner, token, {_EPOCH} AS expires FROM lease WHERE live AND $3::bool
                     where.append("handoff_status <> 'none'")
                 clause = f"WHERE {' AND '.join(where)}" if where else ""
                 self.list[(statuses, paged)] = (
-                    f"SELECT {_COLUMNS}, updated_at FROM {n.threads} {clause} {order}"
+                    f"SELECT {_COLUMNS}, updated_at, wake_at FROM {n.threads} {clause} {order}"
                 )
+        self.timers = f"""
+SELECT thread_id, wake_at FROM {n.threads} WHERE wake_at IS NOT NULL AND wake_at <= $1::float8
+ORDER BY wake_at, {_ORDER} LIMIT $2::bigint
+"""
+        # Either the signal already there (added = false), or the new one numbered after
+        # the thread's last; no row when a racing sender took that number or id first.
+        self.append_signal = f"""
+WITH found AS (
+    SELECT seq FROM {n.signals}
+    WHERE thread_key = $1 AND id_key = $3 AND thread_id = $2::text AND signal_id = $4::text
+), added AS (
+    INSERT INTO {n.signals} (thread_key, seq, id_key, thread_id, signal_id, data)
+    SELECT $1, last.seq + 1, $3, $2::text, $4::text, $5::bytea
+    FROM (SELECT coalesce(max(seq), 0) AS seq FROM {n.signals} WHERE thread_key = $1) AS last
+    WHERE NOT EXISTS (SELECT FROM found)
+    ON CONFLICT DO NOTHING
+    RETURNING seq
+)
+SELECT seq, true AS added FROM added UNION ALL SELECT seq, false FROM found
+"""
+        self.signals = f"""
+SELECT seq, data FROM {n.signals} WHERE thread_key = $1 AND thread_id = $2::text
+  AND seq > $3::bigint ORDER BY seq LIMIT $4::bigint
+"""
+        self.put_activity = f"""
+INSERT INTO {n.journal} (thread_key, activity_key, thread_id, key, data)
+VALUES ($1, $3, $2::text, $4::text, $5::bytea)
+ON CONFLICT (thread_key, activity_key) DO UPDATE SET data = EXCLUDED.data
+"""
+        self.get_activity = f"""
+SELECT data FROM {n.journal} WHERE thread_key = $1 AND activity_key = $3
+  AND thread_id = $2::text AND key = $4::text
+"""
+        self.activities = (
+            f"SELECT data FROM {n.journal} WHERE thread_key = $1 AND thread_id = $2::text"
+        )
 
 
 def _outbox_args(rows: tuple[OutboxRow, ...], channel: str) -> list[object]:
@@ -238,6 +290,7 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
         args += (head.execution_pointer, head.status.value, head.reason)
         args += (head.handoff_status.value, head.handoff_pending_at, head.updated_at)
+        args.append(head.wake_at)
         if write.expected_revision:
             args.append(write.expected_revision)
         if write.lease is not None:
@@ -285,7 +338,7 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
             row = await conn.fetchrow(self._sql.delete, key, thread_id, if_idle)
             if row is not None:
                 return Lease(thread_id, str(row[0]), int(row[1]), float(row[2]))
-            await conn.execute(self._sql.delete_history, key)
+            await conn.execute(self._sql.delete_rest, key, thread_id)
             return None
 
         async def delete(conn: PgConnection) -> Lease | None:
@@ -307,4 +360,43 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
             args.append(sorted(s.value for s in statuses))
         sql = self._sql.list[(kind, after is not None)]
         rows = await self.connector.fetch("list threads", sql, *args, read=True)
-        return [self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in rows]
+        return [
+            self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows
+        ]
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        rows = await self.connector.fetch("list timers", self._sql.timers, before, limit, read=True)
+        return [Timer(str(row[0]), float(row[1])) for row in rows]
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        args = (thread_key(thread_id), thread_id, text_key(signal_id), signal_id, data)
+        action = f"signal thread {show_id(thread_id)}"
+        while True:  # each empty answer means a racing signal committed: the next one sees it
+            row = await self.connector.fetchrow(action, self._sql.append_signal, *args)
+            if row is not None:
+                return int(row[0]), bool(row[1])
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        action = f"read the signals of thread {show_id(thread_id)}"
+        args = (thread_key(thread_id), thread_id, after, limit)
+        rows = await self.connector.fetch(action, self._sql.signals, *args, read=True)
+        return [(int(row[0]), bytes(row[1])) for row in rows]
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        action = f"record activity {show_id(key)} of thread {show_id(thread_id)}"
+        args = (thread_key(thread_id), thread_id, text_key(key), key, data)
+        await self.connector.execute(action, self._sql.put_activity, *args)
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        action = f"read activity {show_id(key)} of thread {show_id(thread_id)}"
+        args = (thread_key(thread_id), thread_id, text_key(key), key)
+        row = await self.connector.fetchrow(action, self._sql.get_activity, *args, read=True)
+        return None if row is None else bytes(row[0])
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        action = f"read the journal of thread {show_id(thread_id)}"
+        args = (thread_key(thread_id), thread_id)
+        rows = await self.connector.fetch(action, self._sql.activities, *args, read=True)
+        return [bytes(row[0]) for row in rows]

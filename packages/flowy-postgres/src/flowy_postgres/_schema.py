@@ -1,10 +1,12 @@
 """The database schema: table names, the DDL, its versions and ``migrate()``.
 
-Five tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per thread,
-with the columns listings read), ``history`` (every record by thread and revision; the
-head's record is its entry there), ``leases``, ``outbox`` and ``schema_version``. Threads
-are keyed by the SHA-256 of the id (b-tree indexes cannot hold 16 KiB ids); statements
-also compare the full ``thread_id``, stored exactly. Listings go in code point order
+Seven tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per
+thread, with the columns listings and timers read), ``history`` (every record by thread
+and revision; the head's record is its entry there), ``leases``, ``outbox``, ``signals``
+(each thread's inbox), ``journal`` (each thread's activity records) and
+``schema_version``. Threads are keyed by the SHA-256 of the id (b-tree indexes cannot
+hold 16 KiB ids), signals and journal entries also by the SHA-256 of their id or key;
+statements also compare the full texts, stored exactly. Listings go in code point order
 through an index on the first 200 characters of the id. A new schema is created at
 :data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one up to date, on ``migrate()``.
 """
@@ -40,10 +42,11 @@ __all__ = [
     "prepare",
     "schema_sql",
     "schema_version",
+    "text_key",
     "thread_key",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema version this code reads and writes."""
 
 DEFAULT_SCHEMA = "public"
@@ -61,9 +64,15 @@ ID_PREFIX = 'substr(thread_id, 1, 200) COLLATE "C"'
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def text_key(text: str) -> bytes:
+    """The 32-byte b-tree key of a thread id, signal id or activity key: SHA-256 of its
+    UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
 def thread_key(thread_id: str) -> bytes:
     """The 32-byte primary key of a thread: SHA-256 of its id's UTF-8 bytes."""
-    return hashlib.sha256(thread_id.encode("utf-8")).digest()
+    return text_key(thread_id)
 
 
 def check_identifier(value: object, what: str, *, empty: bool = False, longest: int = 63) -> str:
@@ -88,6 +97,8 @@ class TableNames:
     history: str = field(init=False)
     leases: str = field(init=False)
     outbox: str = field(init=False)
+    signals: str = field(init=False)
+    journal: str = field(init=False)
     version: str = field(init=False)
     channel: str = field(init=False)
     lock_key: int = field(init=False)
@@ -95,7 +106,7 @@ class TableNames:
     def __post_init__(self) -> None:
         check_identifier(self.schema, "schema name")
         check_identifier(self.prefix, "table prefix", empty=True, longest=MAX_PREFIX)
-        for table in ("threads", "history", "leases", "outbox"):
+        for table in ("threads", "history", "leases", "outbox", "signals", "journal"):
             object.__setattr__(self, table, self.table(table))
         object.__setattr__(self, "version", self.table("schema_version"))
         channel = f"{self.schema}.{self.prefix}outbox"
@@ -129,7 +140,8 @@ def _create(n: TableNames) -> list[str]:
     handoff_status text NOT NULL,
     handoff_pending_at double precision,  -- epoch seconds, as in the snapshot
     updated_at double precision NOT NULL,  -- epoch seconds, as in the snapshot
-    saved_at timestamptz NOT NULL  -- the database clock at the save
+    saved_at timestamptz NOT NULL,  -- the database clock at the save
+    wake_at double precision  -- epoch seconds: when a waiting head is due, as in the snapshot
 ) WITH (fillfactor = 80)""",
         f"CREATE INDEX IF NOT EXISTS {n.index('threads_id_idx')} ON {n.threads} (({ID_PREFIX}))",
         f"""CREATE INDEX IF NOT EXISTS {n.index("threads_handoff_idx")}
@@ -157,6 +169,28 @@ def _create(n: TableNames) -> list[str]:
         f"""CREATE INDEX IF NOT EXISTS {n.index("outbox_ready_idx")}
     ON {n.outbox} (visible_at, id) WHERE NOT dead""",
         f"CREATE INDEX IF NOT EXISTS {n.index('outbox_dead_idx')} ON {n.outbox} (id) WHERE dead",
+        *_durable(n),
+    ]
+
+
+def _durable(n: TableNames) -> list[str]:
+    """The wake-up index, the signal inbox and the activity journal (version 3)."""
+    return [
+        f"""CREATE INDEX IF NOT EXISTS {n.index("threads_wake_idx")}
+    ON {n.threads} (wake_at, ({ID_PREFIX})) WHERE wake_at IS NOT NULL""",
+        f"""CREATE TABLE IF NOT EXISTS {n.signals} (
+    thread_key bytea NOT NULL, seq bigint NOT NULL CHECK (seq > 0),
+    id_key bytea NOT NULL,  -- sha256(convert_to(signal_id, 'UTF8'))
+    thread_id text NOT NULL, signal_id text NOT NULL,
+    data bytea NOT NULL,  -- flowy.storage.encode_signal bytes
+    PRIMARY KEY (thread_key, seq),
+    CONSTRAINT {n.index("signals_id_key")} UNIQUE (thread_key, id_key))""",
+        f"""CREATE TABLE IF NOT EXISTS {n.journal} (
+    thread_key bytea NOT NULL,
+    activity_key bytea NOT NULL,  -- sha256(convert_to(key, 'UTF8'))
+    thread_id text NOT NULL, key text NOT NULL,
+    data bytea NOT NULL,  -- flowy.storage.encode_activity bytes
+    PRIMARY KEY (thread_key, activity_key))""",
     ]
 
 
@@ -176,7 +210,15 @@ def _upgrade_1_to_2(n: TableNames) -> list[str]:
     ]
 
 
-UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {1: _upgrade_1_to_2}
+def _upgrade_2_to_3(n: TableNames) -> list[str]:
+    return [
+        # Nullable, without a default: no table rewrite; every head starts without a timer.
+        f"ALTER TABLE {n.threads} ADD COLUMN IF NOT EXISTS wake_at double precision",
+        *_durable(n),
+    ]
+
+
+UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3}
 """``UPGRADES[n](names)``: the statements that take a schema from version n to n + 1."""
 
 
