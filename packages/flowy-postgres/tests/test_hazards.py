@@ -262,7 +262,8 @@ async def test_kept_connections_go_to_waiting_operations(postgres_dsn: str, pg_s
 async def _pool_closed_cleanly(postgres_dsn: str, pg_schema: str) -> bool:
     async with opened(postgres_dsn, schema=pg_schema, pool_size=4, listen="false") as backend:
         await asyncio.gather(*(backend.checkpointer.save(0, snap(f"c-{i}")) for i in range(8)))
-        assert len(backend.connector._idle) == 2  # pyright: ignore[reportPrivateUsage]
+        # At most half the pool is kept; how many the burst needed depends on the timing.
+        assert 1 <= len(backend.connector._idle) <= 2  # pyright: ignore[reportPrivateUsage]
     return True
 
 

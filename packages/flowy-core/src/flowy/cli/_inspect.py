@@ -357,12 +357,16 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
         ("hand-off", handoff),
         *(("dead", _dead_text(out, d)) for d in dead),
         *((("waiting", _wait_text(out, snap)),) if snap.status is RunStatus.WAITING else ()),
-        (
-            "signals",
-            f"{len(pending)} not yet taken: "
-            + ", ".join(f"#{s.seq} {clean(s.name, 40)}" for s in pending[:10])
+        *(
+            (
+                (
+                    "signals",
+                    f"{len(pending)} not yet taken: "
+                    + ", ".join(f"#{s.seq} {clean(s.name, 40)}" for s in pending[:10]),
+                ),
+            )
             if pending
-            else "none waiting",
+            else ()
         ),
         ("updated", fmt_time(snap.updated_at)),
         ("lease", lease_text),
