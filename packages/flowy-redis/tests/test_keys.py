@@ -52,7 +52,10 @@ def test_distinct_ids_never_share_a_key(first: str, second: str) -> None:
         assert layout.thread(first) == layout.thread(second)
         return
     one, two = layout.thread(first), layout.thread(second)
-    assert {one.head, one.hist, one.lease}.isdisjoint({two.head, two.hist, two.lease})
+    owned = ("head", "hist", "lease", "inbox", "sigids", "journal")
+    mine, theirs = ({getattr(k, name) for name in owned} for k in (one, two))
+    assert len(mine) == len(owned)
+    assert mine.isdisjoint(theirs)
 
 
 @pytest.mark.parametrize(
@@ -117,6 +120,13 @@ def test_namespace_pattern_matches_only_its_own_keys() -> None:
     leases = layout.pattern(b"lease:").decode()
     assert fnmatch.fnmatchcase(layout.thread("t").lease.decode(), leases)
     assert not fnmatch.fnmatchcase(layout.thread("t").head.decode(), leases)
+    keys = layout.thread("t")
+    for kind, key in ((b"inbox:", keys.inbox), (b"sigids:", keys.sigids)):
+        others = {keys.inbox, keys.sigids, keys.journal, keys.shard.timers} - {key}
+        assert fnmatch.fnmatchcase(key.decode(), layout.pattern(kind).decode())
+        assert not any(
+            fnmatch.fnmatchcase(o.decode(), layout.pattern(kind).decode()) for o in others
+        )
 
 
 def test_message_ids_round_trip() -> None:

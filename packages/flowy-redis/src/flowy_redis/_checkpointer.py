@@ -5,6 +5,7 @@ transactional outbox; every save is one Lua script (one round trip).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
@@ -16,12 +17,24 @@ from flowy.storage import (
     Refused,
     StateCodec,
     ThreadSummary,
+    Timer,
     Write,
     show_id,
 )
 
 from ._keys import STATUS_DIGITS
-from ._scripts import DELETE, HEADS, HISTORY, LIST, PRUNE, save_script
+from ._scripts import (
+    ACTIVITY,
+    DELETE,
+    HEADS,
+    HISTORY,
+    LIST,
+    PRUNE,
+    SIGNAL,
+    SIGNALS,
+    TIMERS,
+    save_script,
+)
 from ._store import Store
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "RedisCheckpointer", "lease_of"]
@@ -34,6 +47,14 @@ _PRUNE_BATCH = 10_000
 S = TypeVar("S")
 
 
+def score(seconds: float) -> str:
+    """``seconds`` as a sorted-set score Redis parses back to the same double (``repr``
+    is the shortest exact spelling)."""
+    if math.isinf(seconds):
+        return "+inf" if seconds > 0 else "-inf"
+    return repr(float(seconds))
+
+
 def lease_of(thread_id: str, owner: bytes, token: bytes, exp: bytes) -> Lease:
     """A lease from its stored fields (expiry in µs of the server's clock)."""
     return Lease(thread_id, owner.decode("utf-8", "replace"), int(token), int(exp) / 1e6)
@@ -43,9 +64,12 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     """The checkpointer of a Redis store (standalone or Cluster).
 
     A save is one Lua script: it checks the lease (by the server's clock) and the
-    revision, writes the head and the history entry, and appends the hand-off messages
-    of ``save_with_outbox`` to the thread's outbox shard, atomically. Threads saved
-    ``completed`` or ``failed`` expire after ``completed_ttl`` seconds when it is set.
+    revision, writes the head, the history entry and the head's wake-up time in its
+    shard's timer index, and appends the hand-off messages of ``save_with_outbox`` to
+    the thread's outbox shard, atomically. Threads saved ``completed`` or ``failed``
+    expire after ``completed_ttl`` seconds when it is set (with their signal inbox and
+    activity journal). Appending a signal is one script (numbered by the inbox's
+    length, once per signal id); the journal is a hash per thread.
     """
 
     def __init__(
@@ -67,7 +91,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         thread_id = write.thread_id
         keys = self.store.layout.thread(thread_id)
         head, lease = write.summary, write.lease
-        pending_at = head.handoff_pending_at
+        pending_at, wake_at = head.handoff_pending_at, head.wake_at
         args: list[bytes | str | int] = [
             write.expected_revision,
             write.record,
@@ -83,6 +107,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             "" if lease is None else lease.owner,
             "" if lease is None else str(lease.fencing_token),
             thread_id,
+            "" if wake_at is None else score(wake_at),
         ]
         key_list = keys.checkpoint
         if write.outbox:
@@ -190,11 +215,76 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             for group, answer in zip(by_shard.values(), answers, strict=True):
                 for (thread_id, _), row in zip(group, answer, strict=True):
                     if row is not None:
-                        columns = [v.decode("utf-8", "replace") for v in row]
+                        columns = [None if v is None else v.decode("utf-8", "replace") for v in row]
                         columns[5] = columns[5] or None  # no hand-off pending
+                        columns[7] = columns[7] or None  # no wake-up time
                         out.append(self.summary(thread_id, *columns))
             if len(members) < want:
                 break
             after = members[-1][1:].decode("utf-8")
         out.sort(key=lambda summary: summary.thread_id)
         return out[:limit]
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        # Each shard's timer set is ordered by (wake_at, UTF-8 id), and UTF-8 byte order
+        # is code point order: merge the first `limit` of every shard.
+        replies = await self.store.run_sharded(
+            TIMERS,
+            [[shard.timers, shard.exp] for shard in self.store.layout.all_shards()],
+            [score(before), limit],
+            "listing due timers",
+        )
+        due = sorted(
+            (float(reply[i + 1]), reply[i].decode("utf-8"))
+            for reply in replies
+            for i in range(0, len(reply), 2)
+        )
+        return [Timer(thread_id, wake_at) for wake_at, thread_id in due[:limit]]
+
+    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+        keys = self.store.layout.thread(thread_id)
+        seq, added = await self.store.run(
+            SIGNAL,
+            [keys.inbox, keys.sigids, keys.head],
+            [signal_id, data],
+            lambda: f"signalling thread {show_id(thread_id)}",
+        )
+        return int(seq), bool(added)
+
+    async def _read_signals(
+        self, thread_id: str, after: int, limit: int
+    ) -> list[tuple[int, bytes]]:
+        keys = self.store.layout.thread(thread_id)
+        reply: list[bytes] = await self.store.run(
+            SIGNALS,
+            [keys.inbox],
+            [after, limit],
+            lambda: f"reading the signals of thread {show_id(thread_id)}",
+        )
+        return [(after + 1 + i, data) for i, data in enumerate(reply)]
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        keys = self.store.layout.thread(thread_id)
+        await self.store.run(
+            ACTIVITY,
+            [keys.journal, keys.head],
+            [key, data],
+            lambda: f"recording activity {key!r:.80} of thread {show_id(thread_id)}",
+        )
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        journal = self.store.layout.thread(thread_id).journal
+        return await self.store.execute(
+            lambda: f"reading activity {key!r:.80} of thread {show_id(thread_id)}",
+            "HGET",
+            journal,
+            key,
+        )
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        journal = self.store.layout.thread(thread_id).journal
+        return list(
+            await self.store.execute(
+                lambda: f"reading the journal of thread {show_id(thread_id)}", "HVALS", journal
+            )
+        )

@@ -6,15 +6,22 @@ its UTF-8 id. All keys of a thread and the keys of its shard share the shard's h
 
     <ns>:{<ns>:<shard>}:head:<b64>   hash: revision, pointer, status, reason,
                                      handoff_status, handoff_pending_at, updated_at,
-                                     oldest (the oldest history entry kept)
+                                     wake_at ('' or absent: none), oldest (the oldest
+                                     history entry kept)
     <ns>:{<ns>:<shard>}:hist:<b64>   hash: revision -> record bytes
     <ns>:{<ns>:<shard>}:lease:<b64>  hash: owner, token, exp (µs, server clock), nonces;
                                      expires with the lease (PX), see ``_scripts.py``
+    <ns>:{<ns>:<shard>}:inbox:<b64>  hash: seq (1, 2, 3, …) -> signal bytes; its length
+                                     is the last seq
+    <ns>:{<ns>:<shard>}:sigids:<b64> hash: signal id -> seq
+    <ns>:{<ns>:<shard>}:journal:<b64>
+                                     hash: activity key -> activity record bytes
     <ns>:{<ns>:<shard>}:threads      sorted set, all scores 0, members
                                      ``<hand-off status digit><UTF-8 id>``: listing by
                                      status and thread id is a ZRANGEBYLEX
     <ns>:{<ns>:<shard>}:exp          sorted set: UTF-8 id -> expiry (ms) of a finished
                                      thread under ``completed_ttl``
+    <ns>:{<ns>:<shard>}:timers       sorted set: UTF-8 id -> the head's wake_at (s)
     <ns>:{<ns>:<shard>}:outbox       stream of hand-off messages (consumer group)
     <ns>:{<ns>:<shard>}:vis          sorted set: entry id -> visible-again time (ms)
     <ns>:{<ns>:<shard>}:dead         stream of dead letters
@@ -66,6 +73,7 @@ class ShardKeys:
     shard: int
     threads: bytes
     exp: bytes
+    timers: bytes
     outbox: tuple[bytes, ...]
     """stream, vis, dead, deadix, errs, alias, ids: the outbox scripts' keys."""
 
@@ -83,8 +91,12 @@ class ThreadKeys:
     head: bytes
     hist: bytes
     lease: bytes
+    inbox: bytes
+    sigids: bytes
+    journal: bytes
     checkpoint: tuple[bytes, ...]
-    """head, hist, lease, threads, exp: the save and delete scripts' keys."""
+    """head, hist, lease, threads, exp, timers, inbox, sigids, journal: the save and
+    delete scripts' keys."""
 
 
 class KeyLayout:
@@ -151,7 +163,11 @@ class KeyLayout:
         base = self._base(shard)
         names = (b"outbox", b"vis", b"dead", b"deadix", b"errs", b"alias", b"ids")
         return ShardKeys(
-            shard, base + b"threads", base + b"exp", tuple(base + name for name in names)
+            shard,
+            base + b"threads",
+            base + b"exp",
+            base + b"timers",
+            tuple(base + name for name in names),
         )
 
     def shard_of(self, thread_id: str) -> int:
@@ -176,9 +192,18 @@ class KeyLayout:
             shard = self._shards[zlib.crc32(raw) % self.shards]
             member = base64.urlsafe_b64encode(raw)
             base = self._base(shard.shard)
-            head, hist, lease = (base + kind + member for kind in (b"head:", b"hist:", b"lease:"))
+            kinds = (b"head:", b"hist:", b"lease:", b"inbox:", b"sigids:", b"journal:")
+            head, hist, lease, inbox, sigids, journal = (base + k + member for k in kinds)
+            checkpoint = (head, hist, lease, shard.threads, shard.exp, shard.timers)
             keys = ThreadKeys(
-                shard, head, hist, lease, (head, hist, lease, shard.threads, shard.exp)
+                shard,
+                head,
+                hist,
+                lease,
+                inbox,
+                sigids,
+                journal,
+                (*checkpoint, inbox, sigids, journal),
             )
             self._cache[thread_id] = keys
         return keys

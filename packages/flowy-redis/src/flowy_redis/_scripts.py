@@ -12,6 +12,11 @@ when the lease does, never before the server's clock has passed its token; a rel
 leaves a short-lived tombstone (so a resent release is recognised); deleting a thread
 removes its lease record unless a live lease holds it.
 
+Durable time: a head's ``wake_at`` is its score in the shard's ``timers`` set, written by
+the save script with the head. A thread's inbox and journal are hashes of its own; under
+``completed_ttl`` they expire with the head (a terminal save sets their expiry, a later
+write aligns a new key with the head's, a save that revives the thread persists them).
+
 Outbox: a message is a stream entry read by a consumer group. Its delivery count is the
 group's; when it is visible again is its score in the shard's ``vis`` set (a claim hides
 it for the visibility timeout, a release for the delay), so a message held by a consumer
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ACK",
     "ACQUIRE",
+    "ACTIVITY",
     "APPEND",
     "CLAIM",
     "DEAD_LIST",
@@ -40,6 +46,9 @@ __all__ = [
     "RELEASE_MESSAGE",
     "RENEW",
     "RETRY_DEAD",
+    "SIGNAL",
+    "SIGNALS",
+    "TIMERS",
     "LuaScript",
     "save_script",
 ]
@@ -141,15 +150,16 @@ end
 """
 
 _SAVE = """
--- KEYS: head, hist, lease, threads, exp [, the shard's 7 outbox keys].
+-- KEYS: head, hist, lease, threads, exp, timers, inbox, sigids, journal [, the shard's 7
+--       outbox keys].
 -- ARGV: expected, record, pointer, status, reason, handoff_status, handoff_pending_at,
 --       updated_at, replay ('1': an identical record at the new revision is this very
 --       save, resent), lease owner, lease token ('' without a lease), thread id,
---       then (key, payload) per outbox row.
+--       wake_at ('' for none), then (key, payload) per outbox row.
 -- Returns the new revision, or {actual revision[, owner, token, exp of the live lease]}.
 local TTL = @TTL@
 local expected = tonumber(ARGV[1])
-local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status')
+local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status', 'wake_at')
 local cur = tonumber(h[1]) or 0
 if cur == expected + 1 and ARGV[9] == '1' and redis.call('HGET', KEYS[2], cur) == ARGV[2] then
   return cur
@@ -173,9 +183,18 @@ if cur ~= expected or not fenced then
 end
 local rev = cur + 1
 local id = ARGV[12]
+local wake = ARGV[13]
 redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
   'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
-  'updated_at', ARGV[8])
+  'updated_at', ARGV[8], 'wake_at', wake)
+-- The timer index (a new thread may find the member of an expired one).
+if cur == 0 or (h[4] or '') ~= wake then
+  if wake == '' then
+    redis.call('ZREM', KEYS[6], id)
+  else
+    redis.call('ZADD', KEYS[6], wake, id)
+  end
+end
 if cur == 0 or h[2] ~= ARGV[6] then
   local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
   if cur == 0 then
@@ -189,8 +208,9 @@ end
 redis.call('HSET', KEYS[2], rev, ARGV[2])
 local terminal = TTL > 0 and (ARGV[4] == 'completed' or ARGV[4] == 'failed')
 if terminal then
-  redis.call('PEXPIRE', KEYS[1], TTL)
-  redis.call('PEXPIRE', KEYS[2], TTL)
+  for i = 1, 9 do
+    if i < 3 or i > 6 then redis.call('PEXPIRE', KEYS[i], TTL) end
+  end
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZADD', KEYS[5], now_ms + TTL, id)
@@ -198,16 +218,21 @@ if terminal then
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 16)) do
     redis.call('ZREM', KEYS[4], '0' .. gone, '1' .. gone, '2' .. gone, '3' .. gone)
     redis.call('ZREM', KEYS[5], gone)
+    redis.call('ZREM', KEYS[6], gone)
   end
 elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
+  -- An inbox or journal expiring while there is no head belonged to an expired thread.
+  if cur > 0 then
+    for i = 7, 9 do redis.call('PERSIST', KEYS[i]) end
+  end
   redis.call('ZREM', KEYS[5], id)
 end
-if #ARGV > 12 then  -- (the outbox functions are defined only when needed)
+if #ARGV > 13 then  -- (the outbox functions are defined only when needed)
 @OUTBOX@
-  local k = outbox_keys(5)
-  for i = 13, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
+  local k = outbox_keys(9)
+  for i = 14, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
 end
 return rev
 """
@@ -263,15 +288,17 @@ return cutoff - 1 - stop
 """)
 
 DELETE = LuaScript("""@CLOCK@
--- KEYS: head, hist, lease, threads, exp.  ARGV: if_idle, thread id.
+-- KEYS: head, hist, lease, threads, exp, timers, inbox, sigids, journal.
+-- ARGV: if_idle, thread id.
 -- Returns {} once deleted, or {owner, token, exp} of the live lease that refused it.
 local now = now_us()
 local l, live = live_lease(KEYS[3], now)
 if live and ARGV[1] == '1' then return {l[1], l[2], l[3]} end
 local id = ARGV[2]
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[7], KEYS[8], KEYS[9])
 redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
 redis.call('ZREM', KEYS[5], id)
+redis.call('ZREM', KEYS[6], id)
 -- A record is dropped only once the clock passed its token: the next is larger.
 if not live and (tonumber(l[2]) or 0) < now then redis.call('DEL', KEYS[3]) end
 return {}
@@ -295,14 +322,15 @@ return out
 """)
 
 HEADS = LuaScript("""
--- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 7 columns
--- per head, or false for a member whose head is gone or moved on (the member is then
--- removed: an expired thread, or one saved since under another status).
+-- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 8 columns
+-- per head (wake_at is false for a head saved before there were timers), or false for a
+-- member whose head is gone or moved on (the member is then removed: an expired thread,
+-- or one saved since under another status).
 local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
 local out = {}
 for i = 2, #KEYS do
   local h = redis.call('HMGET', KEYS[i], 'revision', 'pointer', 'status', 'reason',
-    'handoff_status', 'handoff_pending_at', 'updated_at')
+    'handoff_status', 'handoff_pending_at', 'updated_at', 'wake_at')
   local member = ARGV[i - 1]
   if not h[1] or DIGIT[h[5]] ~= string.sub(member, 1, 1) then
     redis.call('ZREM', KEYS[1], member)
@@ -320,6 +348,96 @@ redis.call('HSETNX', KEYS[1], 'shards', ARGV[1])
 redis.call('HSETNX', KEYS[1], 'layout', ARGV[2])
 return redis.call('HMGET', KEYS[1], 'shards', 'layout')
 """)
+
+TIMERS = LuaScript("""
+-- KEYS: (timers, exp) of each shard.  ARGV: before (a score), limit.
+-- Returns {id, wake_at, ...}: up to `limit` per shard due at or before `before`, in
+-- (wake_at, id) order. A member whose thread expired under completed_ttl (its expiry in
+-- `exp` is past) is removed, not listed.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local limit = tonumber(ARGV[2])
+local out = {}
+for base = 1, #KEYS, 2 do
+  local found
+  repeat
+    local stale = false
+    found = {}
+    local got = redis.call('ZRANGEBYSCORE', KEYS[base], '-inf', ARGV[1], 'WITHSCORES',
+      'LIMIT', 0, limit)
+    for i = 1, #got, 2 do
+      local exp = redis.call('ZSCORE', KEYS[base + 1], got[i])
+      if exp and tonumber(exp) <= now then
+        redis.call('ZREM', KEYS[base], got[i])
+        stale = true
+      else
+        found[#found + 1] = got[i]
+        found[#found + 1] = got[i + 1]
+      end
+    end
+  until not stale
+  for i = 1, #found do out[#out + 1] = found[i] end
+end
+return out
+""")
+
+# Under completed_ttl a finished thread's keys expire with its head: a key written
+# while the head is expiring expires with it.
+_ALIGN = """
+local function align(head, ...)
+  local ttl = redis.call('PTTL', head)
+  if ttl > 0 then
+    for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
+  end
+end
+"""
+
+SIGNAL = LuaScript(
+    _ALIGN
+    + """
+-- KEYS: inbox, sigids, head.  ARGV: signal id, data.
+-- Returns {seq, 1} once stored as the next signal, or {seq, 0} of the signal stored
+-- before under this id (nothing written).
+local seq = redis.call('HGET', KEYS[2], ARGV[1])
+if seq then return {tonumber(seq), 0} end
+seq = redis.call('HLEN', KEYS[1]) + 1
+redis.call('HSET', KEYS[1], seq, ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], seq)
+align(KEYS[3], KEYS[1], KEYS[2])
+return {seq, 1}
+"""
+)
+
+SIGNALS = LuaScript("""
+-- KEYS: inbox.  ARGV: after, limit.  Returns the data of signals after+1, after+2, …
+-- (up to `limit`), stopping at the first missing one.
+local after = tonumber(ARGV[1])
+local last = math.min(redis.call('HLEN', KEYS[1]), after + tonumber(ARGV[2]))
+local out = {}
+local s = after + 1
+while s <= last do
+  local stop = math.min(last, s + 499)
+  local fields = {}
+  for x = s, stop do fields[#fields + 1] = x end
+  local got = redis.call('HMGET', KEYS[1], unpack(fields))
+  for i = 1, #got do
+    if not got[i] then return out end
+    out[#out + 1] = got[i]
+  end
+  s = stop + 1
+end
+return out
+""")
+
+ACTIVITY = LuaScript(
+    _ALIGN
+    + """
+-- KEYS: journal, head.  ARGV: key, data.  Stores (replaces) the journal entry.
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+align(KEYS[2], KEYS[1])
+return 1
+"""
+)
 
 ACQUIRE = LuaScript("""@CLOCK@
 -- KEYS: lease.  ARGV: owner, ttl_us, nonce.  Returns {1, token, exp} or, when a live

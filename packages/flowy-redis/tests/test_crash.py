@@ -1,0 +1,18 @@
+"""The crash checks of durable time on this store, with worker processes SIGKILLed
+around an activity, a timer and a signal (``flowy.testing.crash``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flowy.testing import crash
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("check", crash.CHECKS, ids=lambda c: c.__name__)
+async def test_crash_check(check: crash.Check, flowy_url: str, tmp_path: Path) -> None:
+    report = await check(flowy_url, tmp_path)
+    assert report.ok, str(report)
