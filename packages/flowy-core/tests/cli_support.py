@@ -159,3 +159,38 @@ def typed_graph() -> flowy.Graph[Ticket, Any]:
     b: flowy.GraphBuilder[Ticket, Any] = flowy.GraphBuilder(lambda _old, new: new, state=Ticket)
     b.add_node("wait", wait).allow_no_outgoing_route("wait")
     return b.compile()
+
+
+# ---------------------------------------------------- a graph that sleeps and waits
+
+WAITING_GRAPH = "cli_support:waiting_graph"
+
+
+async def _park(state: State) -> tuple[State, flowy.Directive[Any]]:
+    if state.get("nap"):
+        return {}, flowy.sleep(0.0, resume_at="pay")
+    return {}, flowy.wait_for("approval", timeout=3600, resume_at="pay")
+
+
+async def _charge(amount: int) -> dict[str, Any]:
+    return {"charged": amount}
+
+
+async def _pay(state: State) -> tuple[State, flowy.Directive[Any]]:
+    receipt = await flowy.activity(_charge, 42, key="charge")
+    return {"receipt": receipt}, flowy.completed()
+
+
+def waiting_graph() -> flowy.Graph[State, Any]:
+    """``park`` sleeps (``nap``) or waits for "approval"; ``pay`` charges as an activity."""
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("park", _park).add_node("pay", _pay).add_edge("park", "pay")
+    return b.allow_no_outgoing_route("pay").compile()
+
+
+async def park_two(url: str) -> None:
+    """Start ``sleepy`` (due at once) and ``waiter`` (waits an hour for "approval")."""
+    async with flowy.connect(url) as backend:
+        runner = flowy.Runner(waiting_graph(), backend, run_lease=("setup", 5.0))
+        await runner.start("sleepy", {"nap": True})
+        await runner.start("waiter", {})

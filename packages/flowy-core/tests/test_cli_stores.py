@@ -24,7 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import DEAD_ERROR, GRAPH, Threads, load, populate, run_flowy
+from cli_support import (
+    DEAD_ERROR,
+    GRAPH,
+    WAITING_GRAPH,
+    Threads,
+    assert_one_line_error,
+    load,
+    park_two,
+    populate,
+    run_flowy,
+)
 
 import flowy
 from flowy.testing.backends import backend_missing, port_open
@@ -346,3 +356,42 @@ def test_resume_by_printed_token_and_recover(store: Store, threads: Threads) -> 
     assert f"then resume susp@{threads.susp_revision + 2}" in stale.stderr
     recovered = json.loads(store.flowy("recover", "--graph", GRAPH, "--json").stdout)
     assert [(row["thread_id"], row["recovered"]) for row in recovered] == [("orph", True)]
+
+
+def test_timers_signal_and_a_worker_that_wakes_both(store: Store) -> None:
+    with _environment(store):
+        asyncio.run(park_two(store.url))
+    listed = json.loads(store.flowy("timers", "--json").stdout)
+    assert [(t["thread_id"], t["due"]) for t in listed] == [("sleepy", True), ("waiter", False)]
+    table = store.flowy("timers", "--due")
+    assert table.returncode == 0, table.stderr
+    assert [line.split()[0] for line in table.stdout.splitlines()[1:]] == ["sleepy"]
+    sent = store.flowy("signal", "waiter", "approval", "--json", '{"by": "dana"}', "--id", "ev-1")
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.strip() == (
+        "signal 'approval' #1 (id ev-1) stored for thread waiter; the thread waits for it: a "
+        "worker resumes it"
+    )
+    again = store.flowy("signal", "waiter", "approval", "--json", '{"by": "eve"}', "--id", "ev-1")
+    assert "#1 (id ev-1)" in again.stdout  # the same signal: nothing new stored
+    assert_one_line_error(store.flowy("signal", "waiter", "approval", "--json", "{bad"), 2, "JSON")
+    assert_one_line_error(store.flowy("signal", "nobody", "approval"), 1, "nobody")
+    shown = json.loads(store.flowy("show", "waiter", "--json").stdout)
+    assert shown["status"] == "waiting" and shown["waiting_for"] == "approval"
+    assert [s["signal_id"] for s in shown["pending_signals"]] == ["ev-1"]
+    worked = store.flowy("worker", "--graph", WAITING_GRAPH, "--once", "--idle-wait", "0.5")
+    assert worked.returncode == 0, worked.stderr
+    for thread in ("sleepy", "waiter"):
+        head, _ = _head(store, thread)
+        assert head.status is flowy.RunStatus.COMPLETED, (thread, head)
+        assert head.state["receipt"] == {"charged": 42}
+    head, _ = _head(store, "waiter")
+    assert head.state["by"] == "dana"
+    shown = json.loads(store.flowy("show", "waiter", "--json").stdout)
+    assert [(j["key"], j["status"], j["result"]) for j in shown["journal"]] == [
+        ("charge", "succeeded", {"charged": 42})
+    ]
+    assert shown["pending_signals"] == []
+    assert "charge" in store.flowy("show", "waiter").stdout.split("journal")[-1]
+    assert json.loads(store.flowy("timers", "--json").stdout) == []
+    assert_one_line_error(store.flowy("signal", "waiter", "approval"), 1, "finished")

@@ -16,6 +16,7 @@ from .._errors import (
     FlowyError,
     HandoffOrphanedError,
     HandoffPendingError,
+    ThreadCompletedError,
     ThreadLeaseBusyError,
     ThreadNotFoundError,
 )
@@ -267,7 +268,9 @@ async def cmd_signal(args: argparse.Namespace, out: Console) -> int:
             )
         except ThreadNotFoundError:
             raise not_found(thread, store) from None
-        except (ValueError, TypeError) as exc:
+        except ThreadCompletedError as exc:  # the operation fails: not a usage error
+            raise CliError(one_line(str(exc))) from None
+        except (ValueError, TypeError) as exc:  # a bad name, id or payload
             raise CliError(one_line(str(exc)), 2) from None
         head, _ = await backend.checkpointer.load(thread)
     waiting = head.status is RunStatus.WAITING and head.waiting_for == stored.name
