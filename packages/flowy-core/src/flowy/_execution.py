@@ -371,9 +371,20 @@ class Execution(HandoffSegment[S, E]):
             return None
         now = self.clock()
         wake_at = now + directive.delay if directive.delay is not None else directive.until
-        result = await self._save_wait(directive.reason, wake_at, name, on_timeout)
-        if name and result.resume_token is not None and await self._take_pending(name):
-            return None  # the signal came while the wait was saved: go on now
+        result = await self._save_wait(directive.reason, wake_at, name, on_timeout, emit=False)
+        if name and result.resume_token is not None:
+            # A signal sent while the wait was being saved saw no waiting head, so it
+            # woke nobody: look once more, now that the wait is stored.
+            try:
+                if await self._take_pending(name):
+                    return None
+            except Exception as exc:  # noqa: BLE001 - the wait is saved; a sender wakes it
+                logger.warning(
+                    "flowy: reading the inbox of thread %r after its wait was saved failed: %s",
+                    self.thread_id,
+                    exc,
+                )
+        self._emit_wait(result)
         return result
 
     async def _take_pending(self, name: str) -> bool:
@@ -386,13 +397,20 @@ class Execution(HandoffSegment[S, E]):
         return True
 
     async def _save_wait(
-        self, reason: str, wake_at: float | None, signal: str = "", on_timeout: str = ""
+        self,
+        reason: str,
+        wake_at: float | None,
+        signal: str = "",
+        on_timeout: str = "",
+        *,
+        emit: bool = True,
     ) -> RunResult[S, E]:
         """Save the waiting snapshot (its wake-up time indexed by the store) and build
-        the result."""
+        the result; ``emit`` the terminal event now (else the caller does)."""
         if self.cp is None:
             result = self._result(RunStatus.WAITING, reason)
-            self._emit(EventType.WAITING, reason=reason, execution_pointer=self.pointer)
+            if emit:
+                self._emit_wait(result)
             return result
         snap = self._snapshot(
             RunStatus.WAITING, reason, wake_at=wake_at, waiting_for=signal, on_timeout=on_timeout
@@ -404,13 +422,17 @@ class Execution(HandoffSegment[S, E]):
         else:
             reason = Reason.WAIT_CHECKPOINT_SKIPPED
         result = self._result(RunStatus.WAITING, reason, token=saved, error=error)
+        if emit:
+            self._emit_wait(result)
+        return result
+
+    def _emit_wait(self, result: RunResult[S, E]) -> None:
         self._emit(
             EventType.WAITING,
-            reason=reason,
-            execution_pointer=self.pointer,
+            reason=result.reason,
+            execution_pointer=result.execution_pointer,
             resume_token=result.resume_token,
         )
-        return result
 
     async def _on_interrupt(self, kind: InterruptKind) -> RunResult[S, E]:
         try:
