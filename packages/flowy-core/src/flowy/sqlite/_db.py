@@ -91,9 +91,11 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS flowy_outbox_ready ON flowy_outbox (dead, visible_at)",
     ),
-    # 1 -> 2: durable time: the wake-up index, the signal inbox, the activity journal.
+    # 1 -> 2: durable time (the wake-up index, the signal inbox, the activity journal)
+    # and the version of the graph that saved each head.
     (
         "ALTER TABLE flowy_threads ADD COLUMN wake_at REAL",
+        "ALTER TABLE flowy_threads ADD COLUMN graph_version TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX IF NOT EXISTS flowy_threads_wake ON flowy_threads (wake_at, thread_id) "
         "WHERE wake_at IS NOT NULL",
         """CREATE TABLE IF NOT EXISTS flowy_signals (

@@ -60,20 +60,20 @@ LEASE_RECORD_GRACE = 3600.0
 
 _INSERT_HEAD = (
     "INSERT INTO flowy_threads (revision, pointer, status, reason, handoff_pending_at, "
-    "updated_at, record, handoff_status, wake_at, thread_id) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "updated_at, graph_version, record, handoff_status, wake_at, thread_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # The hand-off status and wake-up time are indexed: SQLite rewrites an index entry
 # whenever its column is assigned, even to the same value, so a save that keeps both
 # leaves them out.
 _UPDATE_HEAD = (
     "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
-    "handoff_pending_at = ?, updated_at = ?, record = ? WHERE thread_id = ?"
+    "handoff_pending_at = ?, updated_at = ?, graph_version = ?, record = ? WHERE thread_id = ?"
 )
 _UPDATE_HEAD_INDEXED = (
     "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
-    "handoff_pending_at = ?, updated_at = ?, record = ?, handoff_status = ?, wake_at = ? "
-    "WHERE thread_id = ?"
+    "handoff_pending_at = ?, updated_at = ?, graph_version = ?, record = ?, "
+    "handoff_status = ?, wake_at = ? WHERE thread_id = ?"
 )
 
 # A live message is left as it is; a dead one comes back with its attempts reset.
@@ -86,7 +86,7 @@ _APPEND = (
 
 _SUMMARY_COLUMNS = (
     "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at, "
-    "updated_at, wake_at"
+    "updated_at, wake_at, graph_version"
 )
 
 
@@ -164,6 +164,7 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             head.reason,
             head.handoff_pending_at,
             head.updated_at,
+            head.graph_version,
             write.record,
         ]
         handoff = head.handoff_status.value

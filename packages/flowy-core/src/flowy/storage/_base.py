@@ -341,6 +341,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         handoff_pending_at: object,
         updated_at: object,
         wake_at: object = None,
+        graph_version: object = "",
     ) -> ThreadSummary:
         """A :class:`ThreadSummary` from raw stored columns; an unknown status raises
         ``SnapshotEnvelopeInvalidError``.
@@ -356,6 +357,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 ``None``.
             updated_at: seconds since the epoch (a number or its text).
             wake_at: the head's wake-up time (a number or its text), or ``None``.
+            graph_version: the version of the graph that saved the head (``None`` or
+                ``""``: none).
         """
         try:
             return ThreadSummary(
@@ -370,6 +373,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 ),
                 updated_at=float(str(updated_at)),
                 wake_at=None if wake_at is None else float(str(wake_at)),
+                graph_version="" if graph_version is None else str(graph_version),
             )
         except ValueError as exc:
             raise SnapshotEnvelopeInvalidError(
@@ -432,6 +436,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             handoff_pending_at=snapshot.handoff_pending_at,
             updated_at=snapshot.updated_at,
             wake_at=snapshot.wake_at,
+            graph_version=snapshot.graph_version,
         )
         return Write(expected_revision, record, summary, lease)
 

@@ -143,6 +143,13 @@ class Snapshot(Generic[S]):
     signal_cursors: Mapping[str, int] = field(default_factory=lambda: {})
     """For each signal name, the ``seq`` of the last signal of that name delivered to the
     run: the next wait takes the first one after it."""
+    graph_version: str = ""
+    """The version of the graph that saved it (``Graph.version``; ``""``: saved before
+    graphs had versions)."""
+    parent_thread_id: str = ""
+    """The thread this one was forked from (``""``: not a fork)."""
+    parent_revision: int = 0
+    """The revision of ``parent_thread_id`` it was forked at (0: not a fork)."""
 
     def at_revision(self, revision: int) -> Snapshot[S]:
         """A copy of this snapshot stored at ``revision``."""
@@ -176,6 +183,8 @@ class ThreadSummary:
     """When the head was saved, in seconds since the epoch."""
     wake_at: float | None = None
     """When the head, a waiting run, is due to wake up (``None``: no timer)."""
+    graph_version: str = ""
+    """The version of the graph that saved the head (``""``: before graph versions)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,12 @@ class Record:
     """The node a wait resumes at when ``wake_at`` passes first."""
     signal_cursors: Mapping[str, int] = field(default_factory=lambda: {})
     """The ``seq`` of the last signal of each name delivered to the run."""
+    graph_version: str = ""
+    """The version of the graph that saved it."""
+    parent_thread_id: str = ""
+    """The thread it was forked from (``""``: none)."""
+    parent_revision: int = 0
+    """The revision of the parent it was forked at."""
     format_version: int = FORMAT_VERSION
     """The envelope format (``FORMAT_VERSION``)."""
 
@@ -136,6 +142,9 @@ class Record:
             waiting_for=snapshot.waiting_for,
             on_timeout=snapshot.on_timeout,
             signal_cursors=dict(snapshot.signal_cursors),
+            graph_version=snapshot.graph_version,
+            parent_thread_id=snapshot.parent_thread_id,
+            parent_revision=snapshot.parent_revision,
         )
 
     def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
@@ -181,6 +190,9 @@ class Record:
             waiting_for=self.waiting_for,
             on_timeout=self.on_timeout,
             signal_cursors=dict(self.signal_cursors),
+            graph_version=self.graph_version,
+            parent_thread_id=self.parent_thread_id,
+            parent_revision=self.parent_revision,
         )
 
 
@@ -258,6 +270,11 @@ def _envelope(
         fields["on_timeout"] = source.on_timeout
     if source.signal_cursors:
         fields["signal_cursors"] = dict(source.signal_cursors)
+    if source.graph_version:
+        fields["graph_version"] = source.graph_version
+    if source.parent_thread_id:
+        fields["parent_thread_id"] = source.parent_thread_id
+        fields["parent_revision"] = source.parent_revision
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
@@ -352,6 +369,16 @@ def decode_record(
     on_timeout = h.get("on_timeout", "")
     if not isinstance(waiting_for, str) or not isinstance(on_timeout, str):
         raise _invalid("waiting_for and on_timeout must be strings")
+    graph_version = h.get("graph_version", "")
+    parent_thread = h.get("parent_thread_id", "")
+    parent_revision = h.get("parent_revision", 0)
+    if (
+        not isinstance(graph_version, str)
+        or not isinstance(parent_thread, str)
+        or not isinstance(parent_revision, int)
+        or isinstance(parent_revision, bool)
+    ):
+        raise _invalid("graph_version, parent_thread_id and parent_revision have wrong types")
     cursors = h.get("signal_cursors", {})
     if not isinstance(cursors, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool)
@@ -392,6 +419,9 @@ def decode_record(
         waiting_for=waiting_for,
         on_timeout=on_timeout,
         signal_cursors=cast(dict[str, int], cursors),
+        graph_version=graph_version,
+        parent_thread_id=parent_thread,
+        parent_revision=parent_revision,
         format_version=version,
     )
 

@@ -41,6 +41,7 @@ __all__ = [
     "HistorySuite",
     "JournalSuite",
     "LeaseSuite",
+    "LineageSuite",
     "OutboxSuite",
     "SignalSuite",
     "ThreadIdSuite",

@@ -24,7 +24,7 @@ from ...storage import (
 )
 from ._support import Suite, fixed_time, make_snapshot, new_thread_id, peer_of
 
-__all__ = ["JournalSuite", "SignalSuite", "TimerSuite"]
+__all__ = ["JournalSuite", "LineageSuite", "SignalSuite", "TimerSuite"]
 
 
 def require_durable(backend: Backend[Any]) -> DurableCheckpointer[Any]:
@@ -352,3 +352,43 @@ class JournalSuite(Suite):
         with pytest.raises(TypeError):
             await cp.put_activity(tid, _record("r", result={1, 2}))
         assert await cp.journal(tid) == []
+
+
+class LineageSuite(Suite):
+    """The graph version and the fork lineage of a snapshot round-trip, and listings
+    report the head's graph version (what ``flowy threads --version`` filters on)."""
+
+    async def test_version_and_lineage_round_trip(self, flowy_backend: Backend[Any]) -> None:
+        cp = flowy_backend.checkpointer
+        tid = new_thread_id("lineage")
+        snap = replace(
+            make_snapshot(tid),
+            graph_version="v-1a2b3c",
+            parent_thread_id="parent {x}: ünïcode",
+            parent_revision=7,
+        )
+        await cp.save(0, snap)
+        loaded, _ = await cp.load(tid)
+        assert (loaded.graph_version, loaded.parent_thread_id, loaded.parent_revision) == (
+            "v-1a2b3c",
+            "parent {x}: ünïcode",
+            7,
+        )
+        [entry] = await cp.get_history(tid)
+        assert entry.graph_version == "v-1a2b3c" and entry.parent_revision == 7
+
+    async def test_listings_report_the_heads_graph_version(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        old, new, none = new_thread_id("v1"), new_thread_id("v2"), new_thread_id("v0")
+        await cp.save(0, replace(make_snapshot(old), graph_version="v1"))
+        await cp.save(0, replace(make_snapshot(new), graph_version="v1"))
+        await cp.save(1, replace(make_snapshot(new), graph_version="v2"))
+        await cp.save(0, make_snapshot(none))
+        versions = {
+            s.thread_id: s.graph_version
+            for s in await cp.list_threads(limit=10_000)
+            if s.thread_id in (old, new, none)
+        }
+        assert versions == {old: "v1", new: "v2", none: ""}
