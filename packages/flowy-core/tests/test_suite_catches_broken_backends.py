@@ -14,7 +14,7 @@ re-enqueue that resets a live message, a dead-letter retry that keeps the attemp
 non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, argument
 checks that drifted, timers listed before they are due or left behind by a head that
 moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
-thread, and a journal that drops outcomes. The suite's test methods are called directly with the
+thread, a journal that drops outcomes, and listings without graph versions. The suite's test methods are called directly with the
 broken backend; two more tests run the suite through pytest in a subprocess the way a
 store's own tests do.
 """
@@ -494,6 +494,15 @@ class KeptInboxCheckpointer(MemoryCheckpointer[Any]):
         return holder
 
 
+class VersionlessListingCheckpointer(MemoryCheckpointer[Any]):
+    """Lists heads without the graph version that saved them."""
+
+    async def _list_heads(self, statuses: Any, limit: int, after: str | None) -> Any:
+        return [
+            replace(s, graph_version="") for s in await super()._list_heads(statuses, limit, after)
+        ]
+
+
 class FirstWriteJournalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
     """Keeps the first journal entry of a key: later outcomes are dropped."""
 
@@ -790,6 +799,15 @@ CASES = [
         ((S.SignalSuite, "test_delete_empties_the_inbox"),),
     ),
     Case(
+        "listings without the heads' graph versions",
+        "memory",
+        {"checkpointer": VersionlessListingCheckpointer},
+        (
+            (S.LineageSuite, "test_listings_report_the_heads_graph_version"),
+            (S.VersionSuite, "test_snapshots_name_the_graph_version"),
+        ),
+    ),
+    Case(
         "the journal keeps an activity's first entry (outcomes are lost)",
         "sqlite",
         {"checkpointer": FirstWriteJournalSQLiteCheckpointer},
@@ -879,7 +897,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 32
+    assert len(CASES) == 33
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

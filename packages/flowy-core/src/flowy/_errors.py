@@ -12,6 +12,7 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     │   ├── InvalidThreadIdError        thread id empty, too long or not a str
     │   └── ThreadCompletedError        resume of a completed thread without a target policy
     ├── InvalidResumePlanError          a resume-target policy returned an empty/invalid plan
+    ├── GraphVersionMismatchError       the thread was saved by another graph version, no migration
     ├── ThreadNotFoundError             no checkpoint for the thread
     ├── ThreadContentionError           someone else got to the thread first:
     │   ├── ConcurrencyConflictError    strict OCC: expected revision is not the stored one
@@ -60,6 +61,7 @@ __all__ = [
     "ConcurrencyConflictError",
     "FlowyError",
     "GraphValidationError",
+    "GraphVersionMismatchError",
     "HandoffAlreadyEnqueuedError",
     "HandoffEnqueueFailedError",
     "HandoffError",
@@ -133,6 +135,18 @@ class ThreadCompletedError(InvalidResumeTokenError):
 
 class InvalidResumePlanError(FlowyError):
     """A resume-target policy returned an empty or invalid ``ResumePlan``."""
+
+
+class GraphVersionMismatchError(FlowyError):
+    """A thread saved by another version of the graph, and no declared migration brings
+    it to this one (``GraphBuilder.add_migration``, ``rename_node``): nothing ran and
+    nothing was written. ``stored`` and ``current`` name both versions."""
+
+    def __init__(self, message: str, *, thread_id: str, stored: str, current: str) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.stored = stored
+        self.current = current
 
 
 class ThreadNotFoundError(FlowyError):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -18,6 +20,8 @@ __all__ = [
     "ConditionalEdge",
     "Graph",
     "GraphBuilder",
+    "Migration",
+    "MigrationStep",
     "Node",
     "Reducer",
     "Router",
@@ -32,6 +36,10 @@ Reducer: TypeAlias = Callable[[S, S], S]
 
 Router: TypeAlias = Callable[[S], "str | Awaitable[str]"]
 """``router(state) -> target node name`` (sync or async)."""
+
+Migration: TypeAlias = Callable[[Any, str], "tuple[Any, str]"]
+"""``migration(state, pointer) -> (state, pointer)``: brings a thread saved under an
+older graph version to the next one."""
 
 SignalHandler: TypeAlias = Callable[[S, Any], "S | Awaitable[S]"]
 """``handler(state, payload) -> new state`` (sync or async): how a signal's payload
@@ -59,6 +67,19 @@ class ConditionalEdge(Generic[S]):
     router: Router[S]
     targets: tuple[str, ...]
     is_async: bool
+
+
+@dataclass(frozen=True)
+class MigrationStep:
+    """One declared step from a graph version to the next: ``migrate`` (if any), then
+    the node ``renames``."""
+
+    to_version: str
+    """The version it brings a thread to."""
+    migrate: Migration | None = None
+    """``migrate(state, pointer) -> (state, pointer)``, or ``None`` for renames only."""
+    renames: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Old node name → new node name, applied to the pointer and the timeout route."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +123,26 @@ class Graph(Generic[S, E]):
         default_factory=lambda: MappingProxyType({})
     )
     """Signal name → how its payload enters the state (``on_signal``)."""
+    version: str = ""
+    """The graph's version, saved in every snapshot: ``compile(version=...)``, else a
+    fingerprint of its nodes, edges and routes."""
+    migrations: Mapping[str, MigrationStep] = field(default_factory=lambda: MappingProxyType({}))
+    """From-version → the step that brings a thread saved under it forward."""
+
+    def migration_path(self, version: str) -> list[MigrationStep] | None:
+        """The steps that bring a thread saved under ``version`` to this graph's version
+        (empty if it is this version, or ``""``: saved before graphs had versions), or
+        ``None`` if no chain of declared migrations covers it."""
+        path: list[MigrationStep] = []
+        seen = {version}
+        while version and version != self.version:
+            step = self.migrations.get(version)
+            if step is None or step.to_version in seen:
+                return None
+            path.append(step)
+            version = step.to_version
+            seen.add(version)
+        return path
 
     def node(self, name: str) -> Node[S, E]:
         """The node called ``name``; ``UnknownNodeError`` if there is none."""
@@ -172,6 +213,7 @@ class GraphBuilder(Generic[S, E]):
         self._retry_routes: dict[str, list[str]] = {}
         self._timeout_routes: dict[str, list[str]] = {}
         self._signal_handlers: dict[str, SignalHandler[S]] = {}
+        self._migrations: dict[str, tuple[str | None, Migration | None, dict[str, str]]] = {}
         self._terminal: set[str] = set()
         self._budgets: dict[str, int] = {}
         self._problems: list[str] = []
@@ -243,6 +285,34 @@ class GraphBuilder(Generic[S, E]):
         if name in self._signal_handlers:
             self._problems.append(f"signal {name!r} has two on_signal handlers; declare one")
         self._signal_handlers[name] = handler
+        return self
+
+    def add_migration(
+        self, from_version: str, migrate: Migration, *, to_version: str | None = None
+    ) -> GraphBuilder[S, E]:
+        """Bring threads saved under ``from_version`` to ``to_version`` (default: this
+        graph's version) with ``migrate(state, pointer) -> (state, pointer)``, applied
+        when such a thread is resumed, recovered or forked. Steps chain: declare v1 → v2
+        and v2 → v3, and a v1 thread goes through both."""
+        if not from_version:
+            self._problems.append("add_migration needs a non-empty from_version")
+        to, fn, renames = self._migrations.get(from_version, (to_version, None, {}))
+        if fn is not None:
+            self._problems.append(f"two migrations from version {from_version!r}; declare one")
+        self._migrations[from_version] = (
+            to_version if to_version is not None else to,
+            migrate,
+            renames,
+        )
+        return self
+
+    def rename_node(self, old: str, new: str, *, from_version: str) -> GraphBuilder[S, E]:
+        """Threads saved under ``from_version`` at node ``old`` (or whose wait times out
+        to it) continue at ``new``: a migration step of its own, or part of the one
+        declared from that version (applied after its function)."""
+        to, fn, renames = self._migrations.get(from_version, (None, None, {}))
+        renames[old] = new
+        self._migrations[from_version] = (to, fn, renames)
         return self
 
     def allow_no_outgoing_route(self, *names: str) -> GraphBuilder[S, E]:
@@ -338,6 +408,7 @@ class GraphBuilder(Generic[S, E]):
         checkpoint_policy: CheckpointPolicy = CheckpointPolicy.FAIL_ON_SAVE_ERROR,
         save_every_step: bool = True,
         max_total_steps: int | None = 10_000,
+        version: str | None = None,
     ) -> Graph[S, E]:
         """Validate and freeze the graph.
 
@@ -350,13 +421,29 @@ class GraphBuilder(Generic[S, E]):
         ``retention_limit`` keeps that many history entries. ``save_every_step`` saves a
         checkpoint after each step so a crash resumes from the last completed step.
         ``checkpoint_policy`` decides what a failed save does (fail the run, or go on
-        with a ``checkpoint_failed`` event). Raises ``GraphValidationError`` listing
+        with a ``checkpoint_failed`` event). ``version`` names this graph in every
+        snapshot it saves (default: a fingerprint of its nodes, edges and routes, so a
+        deploy that changes them changes it); a thread saved under another version is
+        resumed, recovered or forked only through declared migrations
+        (``add_migration``, ``rename_node``). Raises ``GraphValidationError`` listing
         every problem.
         """
         budgets = {**self._budgets, **(budgets or {})}
         problems = self._validate(max_steps, budgets, retention_limit)
         if max_total_steps is not None and max_total_steps < 1:
             problems.append(f"max_total_steps must be >= 1 or None, got {max_total_steps!r}")
+        graph_version = version if version is not None else self._fingerprint()
+        if not graph_version:
+            problems.append("version must be a non-empty string")
+        migrations: dict[str, MigrationStep] = {}
+        for source, (to, fn, renames) in self._migrations.items():
+            target = to if to is not None else graph_version
+            if source == target:
+                problems.append(f"a migration from version {source!r} to itself")
+            for old, new in renames.items():
+                if target == graph_version and new not in self._nodes:
+                    problems.append(f"rename_node({old!r}, {new!r}): {new!r} is not a node")
+            migrations[source] = MigrationStep(target, fn, MappingProxyType(dict(renames)))
         if problems:
             raise GraphValidationError(problems)
         assert self._entry is not None
@@ -383,4 +470,24 @@ class GraphBuilder(Generic[S, E]):
             max_total_steps=max_total_steps,
             timeout_routes=MappingProxyType({k: v[0] for k, v in self._timeout_routes.items()}),
             signal_handlers=MappingProxyType(dict(self._signal_handlers)),
+            version=graph_version,
+            migrations=MappingProxyType(migrations),
         )
+
+    def _fingerprint(self) -> str:
+        """A short digest of the graph's structure: nodes, entry, edges and routes (not
+        the code inside the nodes)."""
+        shape = {
+            "entry": self._entry,
+            "nodes": sorted(self._nodes),
+            "edges": {k: sorted(v) for k, v in sorted(self._edges.items())},
+            "routes": {
+                k: sorted(t for c in v for t in c.targets)
+                for k, v in sorted(self._conditional.items())
+            },
+            "retry": {k: sorted(v) for k, v in sorted(self._retry_routes.items())},
+            "timeout": {k: sorted(v) for k, v in sorted(self._timeout_routes.items())},
+            "terminal": sorted(self._terminal),
+        }
+        digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+        return f"g-{digest[:12]}"

@@ -17,6 +17,7 @@ from typing import Any, Generic, cast
 from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
 from ._errors import (
     ConcurrencyConflictError,
+    GraphVersionMismatchError,
     HandoffAlreadyEnqueuedError,
     HandoffNotRecoverableError,
     HandoffOrphanedError,
@@ -31,7 +32,7 @@ from ._errors import (
 )
 from ._events import EventSink
 from ._execution import Execution
-from ._graph import Graph
+from ._graph import Graph, MigrationStep
 from ._observer import LifecycleEvent, LifecycleEventType, Telemetry
 from ._plan import ResumePlan, ResumeTargetPolicy
 from ._results import ResumeDecision, ResumeDecisionKind
@@ -64,6 +65,13 @@ class _Preflight(Generic[S]):
     decision: ResumeDecision
     snapshot: Snapshot[S] | None
     revision: int
+
+
+def _renamed(path: list[MigrationStep], pointer: str) -> str:
+    """``pointer`` after the node renames of ``path``."""
+    for step in path:
+        pointer = step.renames.get(pointer, pointer)
+    return pointer
 
 
 class RunPreparation(Generic[S, E]):
@@ -133,7 +141,11 @@ class RunPreparation(Generic[S, E]):
             kind = ResumeDecisionKind.STALE_TOKEN
         elif snap.status is RunStatus.COMPLETED:
             kind = ResumeDecisionKind.COMPLETED
-        elif not self.graph.has_node(snap.execution_pointer):
+        elif (path := self.graph.migration_path(snap.graph_version)) is None:
+            kind = ResumeDecisionKind.VERSION_MISMATCH
+        elif not any(step.migrate for step in path) and not self.graph.has_node(
+            _renamed(path, snap.execution_pointer)
+        ):
             kind = ResumeDecisionKind.UNKNOWN_NODE
         else:
             kind = ResumeDecisionKind.RESUMABLE
@@ -194,12 +206,51 @@ class RunPreparation(Generic[S, E]):
                 f"{thread} has an orphaned hand-off at revision {pre.revision}; use "
                 "Runner.recover_stale_handoff to re-enqueue it"
             )
+        if kind is ResumeDecisionKind.VERSION_MISMATCH:
+            assert pre.snapshot is not None
+            raise self._mismatch(pre.snapshot)
         if kind is ResumeDecisionKind.COMPLETED and not has_policy:
             raise ThreadCompletedError(
                 f"{thread} completed at revision {pre.revision}; there is nothing to resume "
                 "(a resume_target_policy returning resume_to(node) runs part of it again on "
                 "purpose)"
             )
+
+    def _mismatch(self, snap: Snapshot[Any]) -> GraphVersionMismatchError:
+        return GraphVersionMismatchError(
+            f"thread {snap.thread_id!r:.200} was saved by graph version "
+            f"{snap.graph_version!r}; this graph is version {self.graph.version!r} and "
+            f"declares no migration from it (GraphBuilder.add_migration / rename_node). "
+            "Nothing ran and nothing was written",
+            thread_id=snap.thread_id,
+            stored=snap.graph_version,
+            current=self.graph.version,
+        )
+
+    async def _migrated(self, snap: Snapshot[S]) -> Snapshot[S]:
+        """``snap`` brought to this graph's version by the declared migrations (itself if
+        it is on this version); ``GraphVersionMismatchError`` if none covers it."""
+        path = self.graph.migration_path(snap.graph_version)
+        if path is None:
+            raise self._mismatch(snap)
+        if not path:
+            return snap
+        state: Any = snap.state
+        pointer, on_timeout = snap.execution_pointer, snap.on_timeout
+        for step in path:
+            if step.migrate is not None:
+                state, pointer = cast(
+                    "tuple[Any, str]", await maybe_await(step.migrate(state, pointer))
+                )
+            pointer = step.renames.get(pointer, pointer)
+            on_timeout = step.renames.get(on_timeout, on_timeout)
+        return replace(
+            snap,
+            state=cast(S, state),
+            execution_pointer=pointer,
+            on_timeout=on_timeout,
+            graph_version=self.graph.version,
+        )
 
     def _recovery_decision(
         self,
@@ -209,6 +260,8 @@ class RunPreparation(Generic[S, E]):
         force: bool,
     ) -> ResumeDecision:
         decision = self._decide(None, snap, revision)
+        if decision.kind is ResumeDecisionKind.VERSION_MISMATCH:
+            raise self._mismatch(snap)
         status = snap.handoff_status
         ttl = self.handoff_stale_after if stale_after is None else stale_after
         if status is HandoffStatus.ORPHANED:
@@ -323,6 +376,8 @@ class RunPreparation(Generic[S, E]):
             self._refuse(pre, token, policy is not None)
             snap, revision = pre.snapshot, pre.revision
             assert snap is not None
+            lineage = (snap.parent_thread_id, snap.parent_revision)
+            snap = await self._migrated(snap)
             # The run context exists from here on: after_load, the overlay merge and the
             # policy may read run_metadata() and binding().
             meta = RunMetadata(
@@ -388,6 +443,7 @@ class RunPreparation(Generic[S, E]):
             invariant,
             sink,
             cursors,
+            lineage,
         )
 
     def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:

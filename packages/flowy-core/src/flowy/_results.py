@@ -159,6 +159,9 @@ class ResumeDecisionKind(enum.StrEnum):
     COMPLETED = "completed"
     """The thread completed: nothing is left to run (a resume-target policy may run part
     of it again on purpose)."""
+    VERSION_MISMATCH = "version_mismatch"
+    """The head was saved by another graph version and no declared migration covers it:
+    a resume raises ``GraphVersionMismatchError``."""
     UNKNOWN_NODE = "unknown_node"
     """The head's execution pointer names no node of this graph (a deploy renamed or
     removed it): a resume-target policy must choose where to continue."""

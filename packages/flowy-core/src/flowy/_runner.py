@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import replace
 from types import TracebackType
@@ -24,6 +25,7 @@ from ._context import RunBindings, RunMetadataInput
 from ._errors import (
     HandoffEnqueueFailedError,
     ThreadNotFoundError,
+    UnknownNodeError,
 )
 from ._events import EventSink, StreamHandle
 from ._execution import Execution
@@ -45,8 +47,10 @@ from .storage import (
     JSONCodec,
     LeaseGuardCheckpointer,
     LeaseManager,
+    RunStatus,
     Signal,
     Snapshot,
+    new_write_id,
     validate_thread_id,
 )
 
@@ -445,6 +449,112 @@ class Runner(RunPreparation[S, E]):
             signal_id,
             self.clock(),
         )
+
+    async def fork(
+        self,
+        thread_id: str,
+        *,
+        at_revision: int,
+        new_thread_id: str,
+        state_overlay: S | Mapping[str, Any] | None = None,
+        merge: StateMerge[S] | None = None,
+        resume_at: str | None = None,
+    ) -> ResumeToken:
+        """Start the new thread ``new_thread_id`` from revision ``at_revision`` of
+        ``thread_id``; the parent is never touched.
+
+        The fork's first revision is a copy of that snapshot (its state, budgets,
+        metadata and step counts), brought to this graph's version by its declared
+        migrations, with ``state_overlay`` merged in as a resume merges one and
+        ``resume_at`` as its pointer (default: the snapshot's). It is saved suspended
+        (reason ``forked``) with its lineage (``parent_thread_id``, ``parent_revision``);
+        resume it with the returned token. It has an inbox and an activity journal of
+        its own: its activities are called again.
+
+        Raises ``ThreadNotFoundError`` (no such thread, or revision ``at_revision`` is
+        not in its history: pruned, or never saved), ``ConcurrencyConflictError``
+        (``new_thread_id`` exists), ``GraphVersionMismatchError``, ``UnknownNodeError``
+        (``resume_at`` is not a node), ``InvalidThreadIdError``, ``ValueError`` (a
+        revision below 1).
+        """
+        validate_thread_id(thread_id)
+        validate_thread_id(new_thread_id)
+        if isinstance(at_revision, bool) or not isinstance(at_revision, int) or at_revision < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise ValueError(f"at_revision must be an int >= 1, got {at_revision!r:.40}")
+        cp = self._require_checkpointer("fork")
+        _, head = await cp.load(thread_id)
+        found = [
+            snap
+            for snap in await cp.get_history(thread_id, max(head - at_revision + 1, 1))
+            if snap.revision == at_revision
+        ]
+        if not found:
+            raise ThreadNotFoundError(
+                f"revision {at_revision} of thread {thread_id!r:.200} is not in its history "
+                f"(the head is revision {head}; older revisions may have been pruned)"
+            )
+        source = await self._migrated(found[0])
+        state = source.state
+        if state_overlay is not None:
+            state = self._overlay(state, state_overlay, merge)
+        pointer = resume_at or source.execution_pointer
+        if not self.graph.has_node(pointer):
+            raise UnknownNodeError(
+                f"the fork cannot resume at {pointer!r}: not a node of this graph "
+                f"(known: {sorted(self.graph.nodes)})"
+            )
+        fork = replace(
+            source,
+            thread_id=new_thread_id,
+            state=state,
+            execution_pointer=pointer,
+            status=RunStatus.SUSPENDED,
+            reason="forked",
+            revision=0,
+            step_count=0,
+            handoff_status=HandoffStatus.NONE,
+            handoff_pending_at=None,
+            updated_at=self.clock(),
+            write_id=new_write_id(),
+            wake_at=None,
+            waiting_for="",
+            on_timeout="",
+            signal_cursors={},
+            graph_version=self.graph.version,
+            parent_thread_id=thread_id,
+            parent_revision=at_revision,
+        )
+        revision = await cp.save(0, fork)
+        return ResumeToken(new_thread_id, revision)
+
+    async def resume_from(
+        self,
+        thread_id: str,
+        revision: int,
+        *,
+        new_thread_id: str | None = None,
+        state_overlay: S | Mapping[str, Any] | None = None,
+        merge: StateMerge[S] | None = None,
+        resume_at: str | None = None,
+        bindings: RunBindings | None = None,
+        run_lease: tuple[str, float] | None = None,
+    ) -> RunResult[S, E]:
+        """Run a thread again from one of its past revisions: always as a fork
+        (:meth:`fork`, to ``new_thread_id``, default ``<thread>~<8 hex digits>``),
+        resumed at once. History is never rewritten: the parent stays as it is.
+
+        Returns the fork's result (its ``thread_id`` names the fork).
+        """
+        new_id = new_thread_id or f"{thread_id}~{uuid.uuid4().hex[:8]}"
+        token = await self.fork(
+            thread_id,
+            at_revision=revision,
+            new_thread_id=new_id,
+            state_overlay=state_overlay,
+            merge=merge,
+            resume_at=resume_at,
+        )
+        return await self.resume(token, bindings=bindings, run_lease=run_lease)
 
     async def evaluate_resume(self, token: ResumeToken) -> ResumeDecision:
         """The preflight decision for ``token``, with the current core-issued token.

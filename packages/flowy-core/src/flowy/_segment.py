@@ -107,6 +107,7 @@ class Segment(Generic[S, E]):
         invariant: InvariantValidator[S] | None,
         sink: EventSink[S, E] | None,
         signal_cursors: dict[str, int] | None = None,
+        lineage: tuple[str, int] = ("", 0),
     ) -> None:
         self.services = services
         self.graph = services.graph
@@ -127,6 +128,7 @@ class Segment(Generic[S, E]):
         self.interrupt_kind = None
         self.attempts: dict[str, int] = meta.retry_counts
         self.signal_cursors: dict[str, int] = signal_cursors if signal_cursors is not None else {}
+        self.lineage = lineage
         self.skip_saves = self.graph.checkpoint_policy is CheckpointPolicy.SKIP_ON_SAVE_ERROR
         # Where the segment started, to notice one that hands off without progress.
         self.start_pointer = pointer
@@ -225,6 +227,9 @@ class Segment(Generic[S, E]):
             waiting_for=waiting_for,
             on_timeout=on_timeout,
             signal_cursors=dict(self.signal_cursors),
+            graph_version=self.graph.version,
+            parent_thread_id=self.lineage[0],
+            parent_revision=self.lineage[1],
         )
 
     # -- saves -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ._errors import CheckpointSkippedError as CheckpointSkippedError
 from ._errors import ConcurrencyConflictError as ConcurrencyConflictError
 from ._errors import FlowyError as FlowyError
 from ._errors import GraphValidationError as GraphValidationError
+from ._errors import GraphVersionMismatchError as GraphVersionMismatchError
 from ._errors import HandoffAlreadyEnqueuedError as HandoffAlreadyEnqueuedError
 from ._errors import HandoffEnqueueFailedError as HandoffEnqueueFailedError
 from ._errors import HandoffError as HandoffError
@@ -50,6 +51,7 @@ __all__ = [
     "ConcurrencyConflictError",
     "FlowyError",
     "GraphValidationError",
+    "GraphVersionMismatchError",
     "HandoffAlreadyEnqueuedError",
     "HandoffEnqueueFailedError",
     "HandoffError",

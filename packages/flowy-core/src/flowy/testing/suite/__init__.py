@@ -25,6 +25,7 @@ from ._arguments import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
 from ._durable import *  # noqa: F403
+from ._fork import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
@@ -38,6 +39,7 @@ __all__ = [
     "CorruptionSuite",
     "FaultSuite",
     "FencingSuite",
+    "ForkSuite",
     "HistorySuite",
     "JournalSuite",
     "LeaseSuite",
@@ -47,6 +49,7 @@ __all__ = [
     "ThreadIdSuite",
     "TimerSuite",
     "TransactionalOutboxSuite",
+    "VersionSuite",
     "WaitSuite",
     "WriteOwnershipSuite",
 ]
