@@ -9,6 +9,8 @@ on every store, and they never write. Tables for people, ``--json`` for scripts.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +36,7 @@ from ._store import Store, codec_for, dead_letters_by_thread, locate, open_store
 
 __all__ = [
     "PAGE",
+    "state_diff",
     "cmd_graph",
     "cmd_history",
     "cmd_show",
@@ -79,20 +82,21 @@ async def list_threads(
     limit: int,
     after: str | None = None,
     statuses: frozenset[HandoffStatus] | None = None,
+    version: str | None = None,
 ) -> tuple[list[ThreadSummary], bool]:
-    """Up to ``limit`` thread heads past ``after``, asked for a page at a time; and
-    whether more follow."""
+    """Up to ``limit`` thread heads past ``after`` (only those saved by graph ``version``
+    if given), asked for a page at a time; and whether more follow."""
     rows: list[ThreadSummary] = []
     cursor = after
     while len(rows) <= limit:
-        want = min(PAGE, limit + 1 - len(rows))
+        want = PAGE if version is not None else min(PAGE, limit + 1 - len(rows))
         try:
             page = await checkpointer.list_threads(
                 handoff_statuses=statuses, limit=want, after=cursor
             )
         except InvalidThreadIdError as exc:
             raise CliError(f"--after: {exc}", 2) from None
-        rows.extend(page)
+        rows.extend(s for s in page if version is None or s.graph_version == version)
         if len(page) < want:
             break
         cursor = page[-1].thread_id
@@ -129,6 +133,7 @@ def summary_json(s: ThreadSummary, dead: Sequence[DeadLetter] = ()) -> dict[str,
         "handoff_status": s.handoff_status.value,
         "handoff_pending_at": s.handoff_pending_at,
         "updated_at": s.updated_at,
+        "graph_version": s.graph_version,
         "dead_letters": [d.message_id for d in dead],
     }
 
@@ -152,6 +157,9 @@ def _snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
         "waiting_for": snap.waiting_for,
         "on_timeout": snap.on_timeout,
         "signal_cursors": dict(snap.signal_cursors),
+        "graph_version": snap.graph_version,
+        "parent_thread_id": snap.parent_thread_id or None,
+        "parent_revision": snap.parent_revision or None,
         "state": snap.state,
     }
 
@@ -217,14 +225,17 @@ async def cmd_threads(args: argparse.Namespace, out: Console) -> int:
     store = locate(args.backend, args.db)
     after = cast("str | None", args.after)
     async with open_store(store, codec_for(args.codec, None)) as backend:
-        rows, more = await list_threads(backend.checkpointer, limit=args.limit, after=after)
+        rows, more = await list_threads(
+            backend.checkpointer, limit=args.limit, after=after, version=args.version
+        )
         dead = await dead_letters_by_thread(backend.consumer) if rows else {}
     if args.json:
         print_json(out, [summary_json(s, dead.get(s.thread_id, ())) for s in rows])
         return 0
     if not rows:
         past = f" after {clean(after, 60)!r}" if after is not None else ""
-        out.line(f"no threads in {clean(store.label)}{past}")
+        on = f" saved by graph version {clean(args.version, 60)!r}" if args.version else ""
+        out.line(f"no threads{on} in {clean(store.label)}{past}")
         return 0
     out.table(
         ["THREAD", "STATUS", "REASON", "POINTER", "REVISION", "HANDOFF", "DEAD", "UPDATED"],
@@ -245,6 +256,8 @@ async def cmd_threads(args: argparse.Namespace, out: Console) -> int:
     )
     if more:
         words = ["threads", "--after", quote(rows[-1].thread_id)]
+        if args.version is not None:
+            words += ["--version", quote(args.version)]
         if args.limit != 100:
             words += ["--limit", str(args.limit)]
         out.line(out.paint(f"more threads follow: {store.command(*words)}", "dim"))
@@ -368,6 +381,8 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
             if pending
             else ()
         ),
+        *((("forked", _lineage_text(snap)),) if snap.parent_thread_id else ()),
+        *((("graph", f"version {clean(snap.graph_version, 60)}"),) if snap.graph_version else ()),
         ("updated", fmt_time(snap.updated_at)),
         ("lease", lease_text),
         ("budgets", budgets or "none"),
@@ -398,6 +413,11 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
             ],
         )
     return 0
+
+
+def _lineage_text(snap: Snapshot[Any]) -> str:
+    parent = f"{snap.parent_thread_id}@{snap.parent_revision}"
+    return f"from {clean(parent, 120)} (its history is its own from there)"
 
 
 def _wait_text(out: Console, snap: Snapshot[Any]) -> str:
@@ -489,11 +509,83 @@ async def _history(
     return snaps
 
 
+def state_diff(before: Any, after: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """What changed from ``before`` to ``after``, as ``(path, old, new)`` rows: keys of
+    mappings are followed, anything else that differs is one row (``...`` marks a
+    missing side)."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        rows: list[tuple[str, Any, Any]] = []
+        old = cast(Mapping[str, Any], before)
+        new = cast(Mapping[str, Any], after)
+        for key in [*old, *(k for k in new if k not in old)]:
+            where = f"{path}.{key}" if path else str(key)
+            if key not in new:
+                rows.append((where, old[key], ...))
+            elif key not in old:
+                rows.append((where, ..., new[key]))
+            else:
+                rows.extend(state_diff(old[key], new[key], where))
+        return rows
+    if before != after:
+        return [(path or "state", before, after)]
+    return []
+
+
+def _print_diffs(out: Console, snaps: Sequence[Snapshot[Any]]) -> None:
+    """Each revision and how its state differs from the one before (oldest first)."""
+    ordered = sorted(snaps, key=lambda s: s.revision)
+    for older, newer in zip([None, *ordered], ordered, strict=False):
+        head = (
+            f"revision {newer.revision} {out.sym('dot')} {newer.status.value} "
+            f"{out.sym('dot')} at {clean(newer.execution_pointer, 40)}"
+        )
+        out.line(out.paint(head, "bold"))
+        if older is None:
+            out.line(f"  {compact_json(newer.state)[:200]}")
+            continue
+        changes = state_diff(_plain(older.state), _plain(newer.state))
+        if not changes:
+            out.line("  (state unchanged)")
+        for where, old, new in changes:
+            shown_old = "(absent)" if old is ... else compact_json(old)[:80]
+            shown_new = "(absent)" if new is ... else compact_json(new)[:80]
+            out.line(f"  {clean(where, 60)}: {shown_old} {out.sym('arrow')} {shown_new}")
+
+
+def _plain(state: Any) -> Any:
+    """A typed state as plain JSON values (what the diff compares)."""
+    return json.loads(compact_json(state))
+
+
 async def cmd_history(args: argparse.Namespace, out: Console) -> int:
     """``flowy history``."""
     store = locate(args.backend, args.db)
     graph = load_graph(args.graph) if args.graph else None
     async with open_store(store, codec_for(args.codec, graph)) as backend:
+        if args.diff:
+            snaps = await _history(backend.checkpointer, store, args.thread, args.limit)
+            if args.json:
+                ordered = sorted(snaps, key=lambda s: s.revision)
+                print_json(
+                    out,
+                    [
+                        {
+                            "revision": newer.revision,
+                            "changes": [
+                                {
+                                    "path": w,
+                                    "old": None if o is ... else o,
+                                    "new": None if n is ... else n,
+                                }
+                                for w, o, n in state_diff(_plain(older.state), _plain(newer.state))
+                            ],
+                        }
+                        for older, newer in itertools.pairwise(ordered)
+                    ],
+                )
+            else:
+                _print_diffs(out, snaps)
+            return 0
         if args.json:
             snaps = await _history(backend.checkpointer, store, args.thread, args.limit)
             print_json(out, [_snapshot_json(s, s.revision) for s in snaps])
@@ -515,6 +607,8 @@ def _route_text(graph: Graph[Any, Any], name: str, arrow: str) -> str:
         parts.append("(end)")
     if name in graph.retry_routes:
         parts.append(f"retries used up {arrow} {graph.retry_routes[name]}")
+    if name in graph.timeout_routes:
+        parts.append(f"timeout {arrow} {graph.timeout_routes[name]}")
     return clean("; ".join(parts))
 
 
@@ -538,6 +632,8 @@ async def cmd_graph(args: argparse.Namespace, out: Console) -> int:
                 "terminal_nodes": sorted(graph.terminal_nodes),
                 "max_steps": graph.max_steps,
                 "budgets": dict(graph.budgets),
+                "timeout_routes": dict(graph.timeout_routes),
+                "version": graph.version,
             },
         )
         return 0
@@ -545,7 +641,8 @@ async def cmd_graph(args: argparse.Namespace, out: Console) -> int:
     budgets = ", ".join(f"{clean(k)} {v}" for k, v in graph.budgets.items()) or "none"
     out.line(
         f"{out.paint(clean(args.spec), 'bold')} {dot} {len(graph.nodes)} nodes {dot} entry "
-        f"{clean(graph.entry)} {dot} max_steps {graph.max_steps} {dot} budgets {budgets}"
+        f"{clean(graph.entry)} {dot} max_steps {graph.max_steps} {dot} budgets {budgets} "
+        f"{dot} version {clean(graph.version, 40)}"
     )
     out.table(
         ["NODE", "ROUTE"],

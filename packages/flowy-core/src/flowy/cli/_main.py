@@ -1,7 +1,7 @@
 """The ``flowy`` command: its parser, and running one subcommand.
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
-``recover``, ``resume``, ``signal``, ``worker`` and ``dead-letters``; every one but
+``recover``, ``resume``, ``fork``, ``signal``, ``worker`` and ``dead-letters``; every one but
 ``demo`` and ``graph`` works on any store, named by ``--backend URL`` (or
 ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite file. A mistake prints one line on
 standard error, never a traceback, and exits 2 when the command line is wrong (a usage
@@ -23,7 +23,7 @@ from typing import Any, NoReturn, Protocol, cast
 from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
 from ._inspect import cmd_graph, cmd_history, cmd_show, cmd_threads, cmd_timers
-from ._operate import cmd_dead_letters, cmd_recover, cmd_resume, cmd_signal
+from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
 from ._options import (
     CliError,
     concurrency,
@@ -122,6 +122,12 @@ def _add_inspect(sub: _Subcommands) -> None:
     )
     p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N threads")
     p.add_argument("--after", metavar="THREAD", help="start after this thread id (the next page)")
+    p.add_argument(
+        "--version",
+        metavar="V",
+        help="only the threads whose head was saved by graph version V (flowy graph prints "
+        "a graph's version)",
+    )
     p.set_defaults(handler=cmd_threads)
 
     p = sub.add_parser(
@@ -149,6 +155,11 @@ def _add_inspect(sub: _Subcommands) -> None:
     p.add_argument("--limit", type=count, default=50, metavar="N", help="at most N revisions")
     p.add_argument(
         "--graph", metavar=_GRAPH, help="the thread's graph: decodes typed states (with --json)"
+    )
+    p.add_argument(
+        "--diff",
+        action="store_true",
+        help="show what changed in the state from each revision to the next, oldest first",
     )
     p.set_defaults(handler=cmd_history)
 
@@ -272,6 +283,24 @@ def _add_operate(sub: _Subcommands) -> None:
     )
     _stale_after(p, default_text="for --recovery-interval")
     p.set_defaults(handler=cmd_worker)
+
+    p = sub.add_parser(
+        "fork",
+        parents=store,
+        help="start a new thread from a past revision of a thread (it stays as it is)",
+        description="Copy revision N of a thread into a new thread (suspended, with its "
+        "lineage), brought to the graph's version by its migrations, with an optional "
+        "overlay and resume node; then resume the fork with the token printed.",
+    )
+    p.add_argument("thread", metavar="THREAD", help="the thread to fork")
+    p.add_argument(
+        "--revision", type=revision, required=True, metavar="N", help="the revision to copy"
+    )
+    p.add_argument("--new-thread", required=True, metavar="ID", help="the id of the new thread")
+    p.add_argument("--graph", required=True, metavar=_GRAPH, help="the thread's graph")
+    p.add_argument("--overlay", metavar="JSON", help="merged into the copied state")
+    p.add_argument("--at", metavar="NODE", help="the node the fork resumes at")
+    p.set_defaults(handler=cmd_fork)
 
     p = sub.add_parser(
         "signal",

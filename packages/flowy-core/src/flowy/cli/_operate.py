@@ -1,4 +1,4 @@
-"""The commands that move threads on: ``recover``, ``resume``, ``signal`` and
+"""The commands that move threads on: ``recover``, ``resume``, ``fork``, ``signal`` and
 ``dead-letters`` (``worker`` is in :mod:`._serve`).
 
 Each works through a ``flowy.Runner`` on the opened ``Backend`` or through the
@@ -38,7 +38,14 @@ from ._options import (
 from ._render import Console, EventPrinter, clean, fmt_time, main_path, result_line
 from ._store import codec_for, locate, open_store
 
-__all__ = ["cmd_dead_letters", "cmd_recover", "cmd_resume", "cmd_signal", "result_json"]
+__all__ = [
+    "cmd_dead_letters",
+    "cmd_fork",
+    "cmd_recover",
+    "cmd_resume",
+    "cmd_signal",
+    "result_json",
+]
 
 
 # ---------------------------------------------------------------------------- recover
@@ -245,6 +252,55 @@ async def cmd_resume(args: argparse.Namespace, out: Console) -> int:
             worker = store.command("worker", "--graph", quote(args.graph))
             out.line(f"  a worker resumes it: {clean(worker)}")
     return 1 if result.status is RunStatus.FAILED else 0
+
+
+# ------------------------------------------------------------------------------- fork
+
+
+async def cmd_fork(args: argparse.Namespace, out: Console) -> int:
+    """``flowy fork``."""
+    store = locate(args.backend, args.db)
+    graph = load_graph(args.graph)
+    codec = codec_for(args.codec, graph)
+    overlay = parse_overlay(args.overlay, codec)
+    thread = cast(str, args.thread)
+    async with open_store(store, codec) as backend:
+        runner: Runner[Any, Any] = Runner(graph, backend)
+        try:
+            token = await runner.fork(
+                thread,
+                at_revision=args.revision,
+                new_thread_id=args.new_thread,
+                state_overlay=overlay,
+                resume_at=args.at,
+            )
+        except ConcurrencyConflictError:
+            raise CliError(
+                f"thread {args.new_thread!r} already exists; fork to a new thread id"
+            ) from None
+        head, _ = await backend.checkpointer.load(token.thread_id)
+    if args.json:
+        print_json(
+            out,
+            {
+                "thread_id": token.thread_id,
+                "revision": token.snapshot_revision,
+                "resume_token": str(token),
+                "parent_thread_id": thread,
+                "parent_revision": args.revision,
+                "execution_pointer": head.execution_pointer,
+                "graph_version": head.graph_version,
+            },
+        )
+        return 0
+    resume = store.command("resume", quote(str(token)), "--graph", quote(args.graph))
+    out.line(
+        f"forked {clean(thread, 80)}@{args.revision} to {clean(token.thread_id, 80)} "
+        f"(suspended at {clean(head.execution_pointer, 40)}, resume token {clean(str(token))}); "
+        f"{clean(thread, 80)} is unchanged"
+    )
+    out.line(f"  resume it: {clean(resume)}")
+    return 0
 
 
 # ----------------------------------------------------------------------------- signal
