@@ -395,3 +395,48 @@ def test_timers_signal_and_a_worker_that_wakes_both(store: Store) -> None:
     assert "charge" in store.flowy("show", "waiter").stdout.split("journal")[-1]
     assert json.loads(store.flowy("timers", "--json").stdout) == []
     assert_one_line_error(store.flowy("signal", "waiter", "approval"), 1, "finished")
+
+
+def test_fork_history_diff_and_threads_by_version(store: Store, threads: Threads) -> None:
+    from core_graphs import approval_graph
+
+    version = approval_graph().version
+    forked = store.flowy(
+        "fork", "susp", "--revision", "1", "--new-thread", "susp-fork", "--graph", GRAPH,
+        "--overlay", '{"approved": true}', "--json",
+    )  # fmt: skip
+    assert forked.returncode == 0, forked.stderr
+    made = json.loads(forked.stdout)
+    assert (made["resume_token"], made["parent_thread_id"], made["parent_revision"]) == (
+        "susp-fork@1",
+        "susp",
+        1,
+    )
+    shown = json.loads(store.flowy("show", "susp-fork", "--json").stdout)
+    assert (shown["status"], shown["reason"], shown["graph_version"]) == (
+        "suspended",
+        "forked",
+        version,
+    )
+    assert (shown["parent_thread_id"], shown["parent_revision"]) == ("susp", 1)
+    head, revision = _head(store, "susp")
+    assert revision == threads.susp_revision and head.parent_thread_id == ""  # untouched
+    assert_one_line_error(
+        store.flowy(
+            "fork", "susp", "--revision", "1", "--new-thread", "susp-fork", "--graph", GRAPH
+        ),
+        1,
+        "already exists",
+    )
+    resumed = store.flowy("resume", "susp-fork@1", "--graph", GRAPH)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _head(store, "susp-fork")[0].status is flowy.RunStatus.HANDOFF
+    on_version = json.loads(store.flowy("threads", "--version", version, "--json").stdout)
+    assert "susp-fork" in [row["thread_id"] for row in on_version]
+    assert all(row["graph_version"] == version for row in on_version)
+    assert store.flowy("threads", "--version", "nope").stdout.startswith(
+        "no threads saved by graph version 'nope'"
+    )
+    diff = json.loads(store.flowy("history", "susp", "--diff", "--json").stdout)
+    assert [row["revision"] for row in diff] == list(range(2, threads.susp_revision + 1))
+    assert store.flowy("history", "susp", "--diff").returncode == 0
