@@ -14,9 +14,9 @@ re-enqueue that resets a live message, a dead-letter retry that keeps the attemp
 non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, argument
 checks that drifted, timers listed before they are due or left behind by a head that
 moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
-thread, a journal that drops outcomes, and listings without graph versions. The suite's test methods are called directly with the
-broken backend; two more tests run the suite through pytest in a subprocess the way a
-store's own tests do.
+thread, a journal that drops outcomes, and listings without graph versions. The suite's
+test methods are called directly with the broken backend; two more tests run the suite
+through pytest in a subprocess the way a store's own tests do.
 """
 
 from __future__ import annotations

@@ -348,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         parents=[_parents()["common"]],
-        help="watch a refund agent suspend, hand off, survive a crash and finish",
+        help="watch a refund agent wait for a reviewer, escalate, hand off, survive a "
+        "crash and finish",
         description="Run the refund-agent demo against a fresh SQLite file.",
     )
     p.add_argument(

@@ -1,21 +1,32 @@
-"""The ``flowy demo`` workflow: a refund agent that suspends for a human, hands off to a
-background worker, survives that worker's crash and refunds exactly once.
+"""The ``flowy demo`` workflow: a refund agent that waits for a reviewer (escalating when
+nobody answers in time), hands off to a background worker, survives that worker's crash
+and refunds exactly once.
 
 The agent is a graph over a JSON state with a deterministic scripted "model" (no
 network, no keys)::
 
     plan → lookup_order → propose_refund → await_approval ⇢ issue_refund → notify_customer
+                                  (timeout route) await_approval ⇢ escalate ⇢ await_approval
 
-``await_approval`` suspends until a reviewer's approval of the current proposal arrives
-as a state overlay, then hands the run off to a background worker through the SQLite
-outbox. ``issue_refund`` calls a payments "gateway" (a table in a second SQLite file)
-with the idempotency key the proposal put in the state, so a worker that dies after the
-gateway accepted the refund cannot make a second worker pay twice.
+``await_approval`` waits, durably, for the signal ``"review"`` (``flowy.wait_for``) with
+a short timeout; the graph's ``on_signal("review")`` handler puts the reviewer's
+decision in the state. A decision about another proposal than the current one is kept
+but not applied: the node waits again. When the deadline passes first, a worker's timer
+resumes the run at ``escalate`` (the timeout route), which pages a senior reviewer and
+waits for the review without a deadline. An approval of the current proposal hands the
+run off to a background worker through the SQLite outbox.
+
+``issue_refund`` calls a payments "gateway" (a table in a second SQLite file) as a
+``flowy.activity`` keyed ``refund:<proposal>``: the thread's journal records the call
+before and after it happens. A worker that dies between the gateway's answer and that
+record leaves the outcome unknown; the next worker's ``reconcile`` hook looks the refund
+up in the ledger by its idempotency key and never calls the gateway again. The gateway
+keeps its idempotency keys anyway (defence in depth).
 
 ``build_graph`` is the factory ``flowy worker --graph flowy.cli.demo:build_graph`` loads;
 ``crashing_worker_graph`` is the same graph whose worker process kills itself right
-after the gateway call (the demo's first worker runs it). ``flowy demo`` plays the whole
-story and prints it.
+after the gateway's answer, before the journal records it (the demo's first worker runs
+it). ``flowy demo`` plays the whole story and prints it.
 """
 
 from __future__ import annotations
@@ -30,24 +41,33 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import NoReturn, TypeAlias, TypedDict
+from typing import Any, NoReturn, TypeAlias, TypedDict, cast
 
+from .._activities import activity
 from .._context import run_metadata, use_budget
-from .._directives import Directive, completed, effect, end, handoff, suspend
+from .._directives import Directive, completed, effect, end, handoff, wait_for
 from .._graph import Graph, GraphBuilder
+from .._types import JSON
 from ._render import console
 
 __all__ = [
+    "APPROVAL_TIMEOUT",
     "CRASHING_GRAPH_SPEC",
     "GRAPH_SPEC",
     "LEDGER_APPLICATION_ID",
+    "REVIEW_SIGNAL",
+    "SENIOR_REVIEWER",
     "THREAD_ID",
     "RefundState",
+    "activity_key",
+    "approval_payload",
+    "approval_timeout",
     "build_graph",
     "crashing_worker_graph",
     "open_ledger",
     "payments_path",
     "read_ledger",
+    "take_review",
 ]
 
 THREAD_ID = "refund-A1001"
@@ -61,6 +81,15 @@ CRASHING_GRAPH_SPEC = "flowy.cli.demo:crashing_worker_graph"
 
 LEDGER_APPLICATION_ID = 0x464C5950
 """``PRAGMA application_id`` of the demo's payments ledger (the bytes ``FLYP``)."""
+
+REVIEW_SIGNAL = "review"
+"""The signal a reviewer's decision arrives as (``Runner.signal`` / ``flowy signal``)."""
+
+APPROVAL_TIMEOUT = 1.5
+"""Seconds ``await_approval`` waits for a first decision before it escalates (at pace 1)."""
+
+SENIOR_REVIEWER = "dana"
+"""Who an escalated refund goes to."""
 
 
 # ----------------------------------------------------------------------------- state
@@ -97,7 +126,8 @@ class Proposal(TypedDict):
 
 
 class Approval(TypedDict):
-    """A reviewer's decision on one proposal, merged into the state on resume."""
+    """A reviewer's decision on one proposal: the payload of a ``"review"`` signal, put
+    in the state by :func:`take_review`."""
 
     proposal_id: str
     decision: str
@@ -123,6 +153,7 @@ class RefundState(TypedDict, total=False):
     order: Order
     proposal: Proposal
     approval: Approval
+    escalated_to: str
     refund: Refund
     reply: str
 
@@ -176,6 +207,53 @@ def money(cents: int) -> str:
 def money_of(proposal: Proposal) -> str:
     """The proposal's amount as money."""
     return money(proposal["amount_cents"])
+
+
+def approval_timeout(pace: float) -> float:
+    """Seconds the first wait for a decision lasts: :data:`APPROVAL_TIMEOUT` scaled by the
+    demo's pace, and never less than 0.2 s (``--fast``)."""
+    return max(APPROVAL_TIMEOUT * pace, 0.2)
+
+
+def activity_key(proposal: Proposal) -> str:
+    """The journal key of the refund of ``proposal``: one refund per proposal."""
+    return f"refund:{proposal['id']}"
+
+
+def approval_payload(approval: Approval) -> JSON:
+    """``approval`` as the JSON payload of a ``"review"`` signal."""
+    return {
+        "proposal_id": approval["proposal_id"],
+        "decision": approval["decision"],
+        "reviewer": approval["reviewer"],
+        "amount_cents": approval["amount_cents"],
+    }
+
+
+def take_review(state: RefundState, payload: Any) -> RefundState:
+    """The graph's ``on_signal("review")`` handler: the decision enters the state as
+    ``approval`` (whatever proposal it is about: ``await_approval`` checks that). A
+    payload that is not a decision leaves the state as it was."""
+    if not isinstance(payload, dict):
+        return state
+    fields = cast(dict[str, Any], payload)
+    proposal_id, decision = fields.get("proposal_id"), fields.get("decision")
+    reviewer, amount = fields.get("reviewer"), fields.get("amount_cents")
+    if not (
+        isinstance(proposal_id, str)
+        and isinstance(decision, str)
+        and isinstance(reviewer, str)
+        and isinstance(amount, int)
+        and not isinstance(amount, bool)
+    ):
+        return state
+    approval: Approval = {
+        "proposal_id": proposal_id,
+        "decision": decision,
+        "reviewer": reviewer,
+        "amount_cents": amount,
+    }
+    return merge_state(state, {"approval": approval})
 
 
 # ------------------------------------------------------------------ the outside world
@@ -325,10 +403,14 @@ def read_ledger(path: Path) -> list[tuple[str, str, int, int]]:
 
 class PaymentsGateway:
     """A payments provider with idempotency keys, kept in its own SQLite file: a repeated
-    request with a known key returns the first refund instead of paying again."""
+    request with a known key returns the first refund instead of paying again.
 
-    def __init__(self, path: str) -> None:
+    With ``crash_after_refund`` the process running it dies right after the gateway's
+    answer (the demo's first worker)."""
+
+    def __init__(self, path: str, *, crash_after_refund: bool = False) -> None:
         self.path = path
+        self.crash_after_refund = crash_after_refund
 
     def _refund(self, key: str, order_id: str, amount_cents: int) -> Refund:
         with contextlib.closing(open_ledger(self.path)) as conn:
@@ -367,6 +449,20 @@ class PaymentsGateway:
                 raise
         return refund
 
+    def _find(self, key: str) -> Refund | None:
+        with contextlib.closing(open_ledger(self.path)) as conn:
+            row = conn.execute(
+                "SELECT refund_id, amount_cents FROM refunds WHERE idempotency_key = ?", (key,)
+            ).fetchone()
+        if row is None:
+            return None
+        return {
+            "refund_id": str(row[0]),
+            "amount_cents": int(row[1]),
+            "idempotency_key": key,
+            "replayed": False,
+        }
+
     async def refund(self, *, idempotency_key: str, order_id: str, amount_cents: int) -> Refund:
         """Refund ``amount_cents`` once per ``idempotency_key``."""
         await _latency(0.15)
@@ -385,16 +481,41 @@ class PaymentsGateway:
                 f"(idempotency key {idempotency_key})",
                 "green",
             )
+        if self.crash_after_refund:
+            _crash_now()
+        return refund
+
+    async def find_refund(
+        self, *, idempotency_key: str, order_id: str, amount_cents: int
+    ) -> Refund | None:
+        """The refund made with ``idempotency_key``, looked up in the ledger (no request
+        to the gateway, no money moved), or ``None`` if there is none: the ``reconcile``
+        hook of the refund activity, so it takes the same arguments as :meth:`refund`."""
+        await _latency(0.05)
+        refund = await asyncio.to_thread(self._find, idempotency_key)
+        arrow = console().sym("arrow")
+        if refund is None:
+            _say(
+                "ledger", f"no refund with key {idempotency_key} {arrow} it never happened", "green"
+            )
+        else:
+            _say(
+                "ledger",
+                f"key {idempotency_key} {arrow} refund {refund['refund_id']} of "
+                f"{money(refund['amount_cents'])} exists: that is the outcome, the gateway is "
+                "not called again",
+                "green",
+            )
         return refund
 
 
-def _gateway() -> PaymentsGateway:
+def _gateway(*, crash_after_refund: bool = False) -> PaymentsGateway:
     path = run_metadata().metadata.get("payments_db")
     if not isinstance(path, str):
         raise RuntimeError(
             "the demo thread has no 'payments_db' in its run metadata; start it with `flowy demo`"
         )
-    return PaymentsGateway(path)
+    return PaymentsGateway(path, crash_after_refund=crash_after_refund)
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -426,34 +547,81 @@ async def propose_refund(state: RefundState) -> Step:
     return {"proposal": proposal}, effect(completed(), emitted)
 
 
+def _matches(approval: Approval, proposal: Proposal) -> bool:
+    return (
+        approval["proposal_id"] == proposal["id"]
+        and approval["amount_cents"] == proposal["amount_cents"]
+    )
+
+
 async def await_approval(state: RefundState) -> Step:
-    """Suspend until a reviewer approves the current proposal, then hand the refund to a
-    background worker."""
+    """Wait for a reviewer's decision on the current proposal (the ``"review"`` signal);
+    on an approval, hand the refund to a background worker.
+
+    The first wait has a short deadline: when it passes without a decision the run goes
+    on at ``escalate`` (the node's timeout route). Once escalated, it waits without one.
+    """
     await _latency(0.05)
-    approval = state.get("approval")
     proposal = proposal_of(state)
-    if (
-        approval is None
-        or approval["proposal_id"] != proposal["id"]
-        or approval["amount_cents"] != proposal["amount_cents"]
-    ):
-        return {}, suspend("awaiting_approval")
-    if approval["decision"] != "approve":
-        _say("review", f"{approval['reviewer']} rejected {proposal['id']}", "yellow")
-        return {}, end()
+    approval = state.get("approval")
+    escalated_to = state.get("escalated_to")
+    if approval is not None and _matches(approval, proposal):
+        if approval["decision"] != "approve":
+            _say("review", f"{approval['reviewer']} rejected {proposal['id']}", "yellow")
+            return {}, end()
+        _say(
+            "review",
+            f"{approval['reviewer']} approved {proposal['id']} ({money_of(proposal)})",
+            "yellow",
+        )
+        return {}, handoff("refund_approved", resume_at="issue_refund")
+    if approval is not None:
+        _say(
+            "review",
+            f"{approval['reviewer']}'s decision is about {approval['proposal_id']} "
+            f"({money(approval['amount_cents'])}), not the current {proposal['id']} "
+            f"({money_of(proposal)}): kept, not applied {console().sym('arrow')} still waiting",
+            "yellow",
+        )
+    if escalated_to is not None:
+        if approval is None:
+            _say(
+                "review",
+                f"{proposal['id']} ({money_of(proposal)}) waits for {escalated_to}'s decision, "
+                "without a deadline now",
+            )
+        return {}, wait_for(REVIEW_SIGNAL, resume_at="await_approval", reason="awaiting_approval")
+    timeout = approval_timeout(_pace())
     _say(
         "review",
-        f"{approval['reviewer']} approved {proposal['id']} ({money(proposal['amount_cents'])})",
-        "yellow",
+        f"{proposal['id']} ({money_of(proposal)}) waits for a reviewer; escalates in "
+        f"{timeout:g}s without a decision",
     )
-    return {}, handoff("refund_approved", resume_at="issue_refund")
+    return {}, wait_for(
+        REVIEW_SIGNAL, timeout=timeout, resume_at="await_approval", reason="awaiting_approval"
+    )
+
+
+async def escalate(state: RefundState) -> Step:
+    """Nobody decided in time: page the senior reviewer and wait for the review without a
+    deadline (the timeout route of ``await_approval``)."""
+    proposal = proposal_of(state)
+    _say(
+        "escalate",
+        f"no decision on {proposal['id']} within {approval_timeout(_pace()):g}s "
+        f"{console().sym('arrow')} paged the senior reviewer, {SENIOR_REVIEWER}",
+        "red",
+    )
+    return {"escalated_to": SENIOR_REVIEWER}, wait_for(
+        REVIEW_SIGNAL, resume_at="await_approval", reason="escalated"
+    )
 
 
 def _crash_now() -> NoReturn:
     out = console()
     out.line(
         f"      {out.paint(out.sym('crash') + ' the worker process is killed', 'red', 'bold')}"
-        " after the gateway call, before the step's checkpoint"
+        " after the gateway's answer, before the journal records it"
     )
     sys.stdout.flush()
     kill = getattr(signal, "SIGKILL", None)
@@ -464,15 +632,29 @@ def _crash_now() -> NoReturn:
 
 def _issue_refund_node(crash_after_gateway: bool) -> Callable[[RefundState], Awaitable[Step]]:
     async def issue_refund(state: RefundState) -> Step:
-        """Issue the approved refund through the gateway, with the proposal's key."""
+        """Issue the approved refund through the gateway, as an activity recorded in the
+        thread's journal, with the proposal's idempotency key."""
         proposal = proposal_of(state)
-        refund = await _gateway().refund(
+        gateway = _gateway(crash_after_refund=crash_after_gateway)
+        key = activity_key(proposal)
+
+        async def reconcile(**request: Any) -> Refund | None:
+            _say(
+                "journal",
+                f"{key} started before and its outcome was never recorded "
+                f"{console().sym('arrow')} reconcile: look the refund up in the ledger",
+                "magenta",
+            )
+            return await gateway.find_refund(**request)
+
+        refund: Refund = await activity(
+            gateway.refund,
+            key=key,
+            reconcile=reconcile,
             idempotency_key=proposal["idempotency_key"],
             order_id=order_of(state)["order_id"],
             amount_cents=proposal["amount_cents"],
         )
-        if crash_after_gateway:
-            _crash_now()
         return {"refund": refund}, completed()
 
     return issue_refund
@@ -497,18 +679,23 @@ def build_graph(*, crash_after_gateway: bool = False) -> Graph[RefundState, Demo
     builder.add_node("lookup_order", lookup_order)
     builder.add_node("propose_refund", propose_refund)
     builder.add_node("await_approval", await_approval)
+    builder.add_node("escalate", escalate)
     builder.add_node("issue_refund", _issue_refund_node(crash_after_gateway))
     builder.add_node("notify_customer", notify_customer)
     builder.add_edge("plan", "lookup_order")
     builder.add_edge("lookup_order", "propose_refund")
     builder.add_edge("propose_refund", "await_approval")
     builder.add_edge("await_approval", "issue_refund")
+    builder.add_timeout_route("await_approval", "escalate")
+    builder.add_edge("escalate", "await_approval")
     builder.add_edge("issue_refund", "notify_customer")
     builder.allow_no_outgoing_route("notify_customer")
+    builder.on_signal(REVIEW_SIGNAL, take_review)
     return builder.compile(max_steps=20, budgets={"model_calls": 6})
 
 
 def crashing_worker_graph() -> Graph[RefundState, DemoEffect]:
     """The same graph, but the process running ``issue_refund`` kills itself right after
-    the gateway accepted the refund (the demo's first worker)."""
+    the gateway accepted the refund, before the journal records the call's outcome (the
+    demo's first worker)."""
     return build_graph(crash_after_gateway=True)
