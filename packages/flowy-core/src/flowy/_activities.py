@@ -140,7 +140,8 @@ async def activity(
     """Call ``fn(*args, **kwargs)`` once per thread, durably: inside a node, instead of
     calling the outside world directly.
 
-    Options (keyword-only; ``fn`` cannot take arguments with these names):
+    ``args`` and ``kwargs`` are passed to ``fn`` (and to ``reconcile``). Options
+    (keyword-only; ``fn`` cannot take arguments with these names):
 
     - ``key``: the call's name in the thread's journal (default:
       ``<step>:<node>:<function>#<n>``, stable across re-executions of the step). Give

@@ -185,7 +185,13 @@ def sleep_until(
     timestamp: float, *, resume_at: str | None = None, reason: str = "sleep"
 ) -> Directive[Any]:
     """Wait until ``timestamp`` (seconds since the epoch), durably, then go on at
-    ``resume_at`` (``None``: this node again). A past time wakes at once."""
+    ``resume_at`` (``None``: this node again). A past time wakes at once.
+
+    Args:
+        timestamp: when to wake, in seconds since the epoch (finite).
+        resume_at: the node the run continues at, or ``None`` for this node again.
+        reason: the waiting snapshot's reason.
+    """
     until = _seconds(timestamp, "sleep_until()")
     if not reason:
         raise ValueError("sleep_until() needs a non-empty reason")

@@ -140,7 +140,14 @@ class InvalidResumePlanError(FlowyError):
 class GraphVersionMismatchError(FlowyError):
     """A thread saved by another version of the graph, and no declared migration brings
     it to this one (``GraphBuilder.add_migration``, ``rename_node``): nothing ran and
-    nothing was written. ``stored`` and ``current`` name both versions."""
+    nothing was written.
+
+    Args:
+        message: the error message.
+        thread_id: the thread (kept as an attribute).
+        stored: the version it was saved under.
+        current: the version of the graph that refused it.
+    """
 
     def __init__(self, message: str, *, thread_id: str, stored: str, current: str) -> None:
         super().__init__(message)
@@ -220,8 +227,13 @@ class LeaseLostError(LeaseError):
 
 
 class ActivityError(FlowyError):
-    """``flowy.activity()`` could not give the call's result; ``key`` names the call in
-    the thread's journal."""
+    """``flowy.activity()`` could not give the call's result.
+
+    Args:
+        message: the error message.
+        key: the call's key in the thread's journal (kept as an attribute).
+        attempts: the attempts the call had (kept as an attribute).
+    """
 
     def __init__(self, message: str, *, key: str, attempts: int) -> None:
         super().__init__(message)
@@ -233,7 +245,14 @@ class ActivityOutcomeUnknown(ActivityError):
     """The activity was called before a crash and its outcome was never recorded: it
     may or may not have happened. flowy never calls it again on its own (unless it is
     declared ``idempotent``); give ``reconcile=`` to look the outcome up, or handle
-    this in the node (``started_at`` says when the call began)."""
+    this in the node.
+
+    Args:
+        message: the error message.
+        key: the call's key in the journal.
+        attempts: the attempts started.
+        started_at: when the first attempt began, in seconds since the epoch.
+    """
 
     def __init__(self, message: str, *, key: str, attempts: int, started_at: float) -> None:
         super().__init__(message, key=key, attempts=attempts)
@@ -241,9 +260,15 @@ class ActivityOutcomeUnknown(ActivityError):
 
 
 class ActivityFailedError(ActivityError):
-    """The activity raised on its last allowed attempt (or its retry deadline passed);
-    ``error`` is ``"Type: message"`` of that failure, as the journal keeps it. A
-    re-execution of the node raises it again without calling the activity."""
+    """The activity raised on its last allowed attempt (or its retry deadline passed). A
+    re-execution of the node raises it again without calling the activity.
+
+    Args:
+        message: the error message.
+        key: the call's key in the journal.
+        attempts: the attempts it had.
+        error: ``"Type: message"`` of the last failure, as the journal keeps it.
+    """
 
     def __init__(self, message: str, *, key: str, attempts: int, error: str) -> None:
         super().__init__(message, key=key, attempts=attempts)

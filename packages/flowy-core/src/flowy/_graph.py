@@ -279,9 +279,13 @@ class GraphBuilder(Generic[S, E]):
         return self
 
     def on_signal(self, name: str, handler: SignalHandler[S]) -> GraphBuilder[S, E]:
-        """Merge the payload of signal ``name`` into the state with
-        ``handler(state, payload) -> state`` when a ``wait_for`` receives it (without
-        one, a mapping payload is merged like a ``state_overlay``)."""
+        """Merge the payload of signal ``name`` into the state when a ``wait_for``
+        receives it (without a handler, a payload is merged like a ``state_overlay``).
+
+        Args:
+            name: the signal's name.
+            handler: ``handler(state, payload) -> state`` (sync or async).
+        """
         if name in self._signal_handlers:
             self._problems.append(f"signal {name!r} has two on_signal handlers; declare one")
         self._signal_handlers[name] = handler
@@ -291,9 +295,14 @@ class GraphBuilder(Generic[S, E]):
         self, from_version: str, migrate: Migration, *, to_version: str | None = None
     ) -> GraphBuilder[S, E]:
         """Bring threads saved under ``from_version`` to ``to_version`` (default: this
-        graph's version) with ``migrate(state, pointer) -> (state, pointer)``, applied
-        when such a thread is resumed, recovered or forked. Steps chain: declare v1 → v2
-        and v2 → v3, and a v1 thread goes through both."""
+        graph's version), applied when such a thread is resumed, recovered or forked.
+        Steps chain: declare v1 → v2 and v2 → v3, and a v1 thread goes through both.
+
+        Args:
+            from_version: the graph version the threads were saved under.
+            migrate: ``migrate(state, pointer) -> (state, pointer)`` (sync or async).
+            to_version: the version it brings them to (default: this graph's).
+        """
         if not from_version:
             self._problems.append("add_migration needs a non-empty from_version")
         to, fn, renames = self._migrations.get(from_version, (to_version, None, {}))

@@ -476,6 +476,15 @@ class Runner(RunPreparation[S, E]):
         (``new_thread_id`` exists), ``GraphVersionMismatchError``, ``UnknownNodeError``
         (``resume_at`` is not a node), ``InvalidThreadIdError``, ``ValueError`` (a
         revision below 1).
+
+        Args:
+            thread_id: the thread to fork (it is not touched).
+            at_revision: the revision to copy.
+            new_thread_id: the fork's thread id (it must not exist).
+            state_overlay: values merged into the copied state, as ``resume`` merges
+                them.
+            merge: ``merge(state, overlay) -> state`` for ``state_overlay``.
+            resume_at: the node the fork resumes at (default: the revision's pointer).
         """
         validate_thread_id(thread_id)
         validate_thread_id(new_thread_id)
@@ -543,7 +552,18 @@ class Runner(RunPreparation[S, E]):
         (:meth:`fork`, to ``new_thread_id``, default ``<thread>~<8 hex digits>``),
         resumed at once. History is never rewritten: the parent stays as it is.
 
-        Returns the fork's result (its ``thread_id`` names the fork).
+        Args:
+            thread_id: the thread to run again (it is not touched).
+            revision: the revision to run again from.
+            new_thread_id: the fork's id (default: ``<thread>~<8 hex digits>``).
+            state_overlay: values merged into that revision's state.
+            merge: ``merge(state, overlay) -> state`` for ``state_overlay``.
+            resume_at: the node to continue at (default: the revision's pointer).
+            bindings: the values nodes read with ``binding(key)``.
+            run_lease: ``(owner, ttl_seconds)`` of the run's lease.
+
+        Returns:
+            The fork's result (its ``thread_id`` names the fork).
         """
         new_id = new_thread_id or f"{thread_id}~{uuid.uuid4().hex[:8]}"
         token = await self.fork(
