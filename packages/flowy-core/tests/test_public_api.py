@@ -40,6 +40,7 @@ RANK = {
     "_handoff": 8,
     "_waits": 8,
     "_activities": 8,
+    "_fanout": 8,
     "_execution": 9,
     "_preflight": 10,
     "_runner": 10,

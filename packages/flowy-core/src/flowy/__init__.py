@@ -40,6 +40,7 @@ from ._directives import completed as completed
 from ._directives import effect as effect
 from ._directives import end as end
 from ._directives import fail as fail
+from ._directives import fan_out as fan_out
 from ._directives import handoff as handoff
 from ._directives import retry as retry
 from ._directives import sleep as sleep
@@ -136,6 +137,7 @@ __all__ = [
     "effect",
     "end",
     "fail",
+    "fan_out",
     "handoff",
     "resume_current",
     "resume_to",

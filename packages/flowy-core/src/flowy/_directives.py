@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, final
 
@@ -20,6 +21,7 @@ __all__ = [
     "effect",
     "end",
     "fail",
+    "fan_out",
     "handoff",
     "retry",
     "sleep",
@@ -54,6 +56,9 @@ class DirectiveKind(enum.StrEnum):
     """``retry(max_attempts)``: run the node again."""
     EFFECT = "effect"
     """``effect(base, payload)``: emit an effect, then apply ``base``."""
+    FAN_OUT = "fan_out"
+    """``fan_out(node, items)``: run ``node`` once per item, in parallel, and fold their
+    updates (a superstep)."""
     WAIT = "wait"
     """``sleep``, ``sleep_until`` or ``wait_for``: save a waiting snapshot with its
     wake-up time; a worker resumes it when the time comes or the signal arrives."""
@@ -85,6 +90,10 @@ class Directive(Generic[E]):
     on_timeout: str | None = None
     """The node a ``WAIT`` resumes at when its deadline passes first (``None``: the
     node's timeout route, else ``resume_at``)."""
+    items: tuple[Any, ...] = ()
+    """The items of a ``FAN_OUT``: one branch of ``resume_at`` (the branch node) each."""
+    concurrency: int | None = None
+    """The most branches of a ``FAN_OUT`` running at once (``None``: all)."""
 
 
 _COMPLETED: Directive[Any] = Directive(DirectiveKind.COMPLETED)
@@ -238,4 +247,31 @@ def wait_for(
         signal=signal,
         delay=delay,
         on_timeout=on_timeout,
+    )
+
+
+def fan_out(node: str, items: Sequence[Any], *, concurrency: int | None = None) -> Directive[Any]:
+    """Run ``node`` once per item of ``items``, in parallel: a superstep.
+
+    Each branch gets the current state with its item merged in (like a
+    ``state_overlay``: the fields of a mapping into a dataclass or TypedDict state, else
+    the graph's reducer); the branches' updates are folded into the state with the
+    reducer in the order of ``items`` (never in the order they finish), then the run
+    continues at the join the graph declared (``GraphBuilder.add_fan_out``). The node
+    that returns this must have declared ``node`` as its fan-out.
+
+    Args:
+        node: the branch node.
+        items: one branch per item (none: the superstep does nothing).
+        concurrency: the most branches running at once (``None``: all).
+
+    Raises:
+        ValueError: an empty node name, or a concurrency below 1.
+    """
+    if not isinstance(node, str) or not node:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError("fan_out() needs the name of the branch node")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"fan_out() needs concurrency >= 1 or None, got {concurrency!r}")
+    return Directive(
+        DirectiveKind.FAN_OUT, resume_at=node, items=tuple(items), concurrency=concurrency
     )

@@ -19,13 +19,14 @@ from ._context import current_run
 from ._directives import Directive, DirectiveKind
 from ._errors import LeaseLostError, UnknownNodeError
 from ._events import EventType, InterruptKind
+from ._fanout import SAME_STATE, Branch, journal_of, run_branches
 from ._handoff import HandoffSegment
 from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
 from ._waits import durable_of, next_signal, take_signal
-from .storage import RunStatus
+from .storage import Checkpointer, DurableCheckpointer, LeaseGuardCheckpointer, RunStatus
 
 __all__ = ["Execution"]
 
@@ -34,12 +35,18 @@ logger = logging.getLogger("flowy")
 _CANCEL_SAVE_TIMEOUT = 10.0
 
 
+def _inner(cp: Checkpointer[Any] | None) -> Checkpointer[Any] | None:
+    """The checkpointer under a lease guard (the one that keeps the journal)."""
+    return cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
+
+
 class Execution(HandoffSegment[S, E]):
     """One run segment: the loop of a start or a resume, with its lease and interrupts."""
 
     task: asyncio.Task[Any] | None = None
     renewer: asyncio.Task[None] | None = None
     in_node: bool = False
+    step_state: Any = None
     interrupt_kind: InterruptKind | None
 
     # -------------------------------------------------------------- control
@@ -195,6 +202,7 @@ class Execution(HandoffSegment[S, E]):
             meta.node = pointer
             if emit:
                 self._emit(EventType.NODE_STARTED, node=pointer, step=meta.step_count + 1)
+            self.step_state = self.state
             self.in_node = True
             try:
                 update, directive = await nodes[pointer](self.state)
@@ -259,7 +267,28 @@ class Execution(HandoffSegment[S, E]):
         """Apply the node's directive: the terminal result, or ``None`` to go on."""
         kind = directive.kind
         graph = self.graph
-        if kind is DirectiveKind.COMPLETED:
+        if kind is DirectiveKind.COMPLETED and pointer in graph.parallel_edges:
+            self.attempts.pop(pointer, None)
+            names, then = graph.parallel_edges[pointer]
+            branches = [Branch(i, name, SAME_STATE) for i, name in enumerate(names)]
+            result = await self._superstep(pointer, branches, then, None)
+            if result is not None:
+                return result
+        elif kind is DirectiveKind.FAN_OUT:
+            declared = graph.fan_outs.get(pointer)
+            if declared is None or declared[0] != directive.resume_at:
+                return await self._fail(
+                    Reason.FAN_OUT_UNDECLARED,
+                    UnknownNodeError(
+                        f"node {pointer!r} returned fan_out({directive.resume_at!r}, ...) "
+                        "but declares no such fan-out (GraphBuilder.add_fan_out)"
+                    ),
+                )
+            branches = [Branch(i, declared[0], item) for i, item in enumerate(directive.items)]
+            result = await self._superstep(pointer, branches, declared[1], directive.concurrency)
+            if result is not None:
+                return result
+        elif kind is DirectiveKind.COMPLETED:
             self.attempts.pop(pointer, None)
             nxt = await self._route(pointer)
             if nxt is None:
@@ -299,6 +328,90 @@ class Execution(HandoffSegment[S, E]):
             raise AssertionError(f"unhandled directive {directive!r}")
         if save_steps:
             await self._save_or_stop(self._snapshot(RunStatus.RUNNING, ""), "step")
+        return None
+
+    async def _superstep(
+        self, origin: str, branches: list[Branch], then: str, concurrency: int | None
+    ) -> RunResult[S, E] | None:
+        """Run a superstep's branches, fold their updates in branch order and go on at
+        ``then``; a branch that fails fails the run, one that suspends or hands off
+        makes the run do so at ``origin`` once the others finished (they are recorded,
+        so the superstep runs only the unfinished ones again)."""
+        graph, meta = self.graph, self.meta
+        count = len(branches)
+        if meta.step_count + count > graph.max_steps:
+            return await self._fail(Reason.MAX_STEPS_EXCEEDED)
+        max_total = graph.max_total_steps
+        if max_total is not None and meta.total_steps + count > max_total:
+            return await self._fail(Reason.MAX_TOTAL_STEPS_EXCEEDED)
+        cp = self.cp
+        store = (
+            durable_of(cp, "a superstep") if isinstance(_inner(cp), DurableCheckpointer) else None
+        )
+        journal = journal_of(store, self.thread_id, getattr(cp, "codec", None))
+        if self.sink is not None:
+            for branch in branches:
+                self._emit(EventType.NODE_STARTED, node=branch.node, step=meta.step_count + 1)
+        outcomes = await run_branches(
+            graph,
+            self.state,
+            branches,
+            step=meta.total_steps,
+            origin=origin,
+            concurrency=concurrency,
+            journal=journal,
+            clock=self.clock,
+            thread_id=self.thread_id,
+        )
+        for outcome in outcomes:
+            if outcome.kind == "error":
+                assert outcome.error is not None
+                return self._fail_unsaved(Reason.NODE_ERROR, outcome.error)
+        for outcome in outcomes:
+            node = outcome.branch.node
+            if outcome.kind == "fail":
+                return await self._fail(f"{Reason.BRANCH_FAILED}:{node}:{outcome.reason}")
+            if outcome.kind == "unsupported":
+                return await self._fail(
+                    f"{Reason.BRANCH_DIRECTIVE_UNSUPPORTED}:{node}:{outcome.reason}"
+                )
+        waiting = [o for o in outcomes if o.kind in ("suspend", "handoff")]
+        if waiting:
+            # Back to before the origin node: a resume runs it and the superstep again,
+            # and the branches that finished replay from the journal.
+            self.state, self.pointer = self.step_state, origin
+            meta.step_count -= 1
+            meta.total_steps -= 1
+            first = waiting[0]
+            if first.kind == "suspend":
+                return await self._suspend(
+                    Directive(DirectiveKind.SUSPEND, reason=first.reason, resume_at=origin)
+                )
+            return await self._handoff(first.reason)
+        reducer = graph.reducer
+        try:
+            for outcome in outcomes:
+                self.state = reducer(self.state, outcome.update)
+        except Exception as exc:  # noqa: BLE001 - a reducer's error fails the run, reported on the result
+            return self._fail_unsaved(Reason.REDUCER_ERROR, exc)
+        for outcome in outcomes:
+            for payload in outcome.effects:
+                self.effects.append(payload)
+                self._emit(
+                    EventType.EFFECT, node=outcome.branch.node, effect=payload, has_effect=True
+                )
+            self._emit(EventType.NODE_COMPLETED, node=outcome.branch.node, state=self.state)
+        meta.step_count += count
+        meta.total_steps += count
+        for name, limit in graph.budgets.items():
+            if meta.budget_counts.get(name, 0) > limit:
+                return await self._fail(f"{Reason.BUDGET_EXCEEDED}:{name}")
+        if self.invariant is not None:
+            try:
+                await maybe_await(self.invariant(self.state))
+            except Exception as exc:  # noqa: BLE001 - a violated invariant fails the run
+                return await self._fail(Reason.INVARIANT_VIOLATION, exc)
+        self.pointer = then
         return None
 
     async def _route(self, src: str) -> str | None:

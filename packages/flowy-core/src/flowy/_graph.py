@@ -6,7 +6,7 @@ import enum
 import hashlib
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeAlias, TypeVar, get_args
@@ -128,6 +128,12 @@ class Graph(Generic[S, E]):
     fingerprint of its nodes, edges and routes."""
     migrations: Mapping[str, MigrationStep] = field(default_factory=lambda: MappingProxyType({}))
     """From-version → the step that brings a thread saved under it forward."""
+    parallel_edges: Mapping[str, tuple[tuple[str, ...], str]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Node → the branches that run in parallel after it completes, and their join."""
+    fan_outs: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    """Node → the branch node its ``fan_out`` runs, and the join after the superstep."""
 
     def migration_path(self, version: str) -> list[MigrationStep] | None:
         """The steps that bring a thread saved under ``version`` to this graph's version
@@ -177,6 +183,13 @@ class Graph(Generic[S, E]):
             lines.append(f"    {ident(src)} -- retry exhausted --> {ident(dst)}")
         for src, dst in self.timeout_routes.items():
             lines.append(f"    {ident(src)} -- timeout --> {ident(dst)}")
+        for src, (branches, then) in self.parallel_edges.items():
+            for branch in branches:
+                lines.append(f"    {ident(src)} == parallel ==> {ident(branch)}")
+                lines.append(f"    {ident(branch)} ==> {ident(then)}")
+        for src, (node, then) in self.fan_outs.items():
+            lines.append(f"    {ident(src)} == fan-out ==> {ident(node)}")
+            lines.append(f"    {ident(node)} ==> {ident(then)}")
         if self.terminal_nodes:
             lines.append("    __end__([end])")
             for name in sorted(self.terminal_nodes):
@@ -214,6 +227,8 @@ class GraphBuilder(Generic[S, E]):
         self._timeout_routes: dict[str, list[str]] = {}
         self._signal_handlers: dict[str, SignalHandler[S]] = {}
         self._migrations: dict[str, tuple[str | None, Migration | None, dict[str, str]]] = {}
+        self._parallel: dict[str, list[tuple[tuple[str, ...], str]]] = {}
+        self._fan_outs: dict[str, list[tuple[str, str]]] = {}
         self._terminal: set[str] = set()
         self._budgets: dict[str, int] = {}
         self._problems: list[str] = []
@@ -270,6 +285,22 @@ class GraphBuilder(Generic[S, E]):
     def add_retry_route(self, src: str, fallback: str) -> GraphBuilder[S, E]:
         """When ``src``'s ``retry()`` attempts are used up, continue at ``fallback``."""
         self._retry_routes.setdefault(src, []).append(fallback)
+        return self
+
+    def add_parallel_edge(
+        self, src: str, branches: Sequence[str], *, then: str
+    ) -> GraphBuilder[S, E]:
+        """When ``src`` completes, run ``branches`` in parallel on the same state (a
+        superstep), fold their updates in the order given, and continue at ``then``.
+        Branch nodes need no routes of their own."""
+        self._parallel.setdefault(src, []).append((tuple(branches), then))
+        return self
+
+    def add_fan_out(self, src: str, node: str, *, then: str) -> GraphBuilder[S, E]:
+        """Declare that ``src`` may return ``flowy.fan_out(node, items)``: one branch of
+        ``node`` per item, then the run continues at ``then``. ``node`` needs no route
+        of its own."""
+        self._fan_outs.setdefault(src, []).append((node, then))
         return self
 
     def add_timeout_route(self, src: str, dst: str) -> GraphBuilder[S, E]:
@@ -364,20 +395,33 @@ class GraphBuilder(Generic[S, E]):
             check("retry route", src, dsts)
             if len(dsts) > 1:
                 problems.append(f"node {src!r} has {len(dsts)} retry routes; declare one")
+        for src, parallels in self._parallel.items():
+            for branches, then in parallels:
+                check("parallel edge", src, [*branches, then])
+                if not branches:
+                    problems.append(f"the parallel edge from {src!r} has no branches")
+        for src, fans in self._fan_outs.items():
+            for node, then in fans:
+                check("fan-out", src, [node, then])
+            if len(fans) > 1:
+                problems.append(f"node {src!r} declares {len(fans)} fan-outs; declare one")
         for src, dsts in self._timeout_routes.items():
             check("timeout route", src, dsts)
             if len(dsts) > 1:
                 problems.append(f"node {src!r} has {len(dsts)} timeout routes; declare one")
         for name in sorted(self._terminal - set(known)):
             problems.append(f"allow_no_outgoing_route names unknown node {name!r}")
+        branch_nodes = {b for ps in self._parallel.values() for bs, _ in ps for b in bs}
+        branch_nodes |= {node for fs in self._fan_outs.values() for node, _ in fs}
         for name in known:
             routes = len(self._edges.get(name, ())) + len(self._conditional.get(name, ()))
+            routes += len(self._parallel.get(name, ()))
             if routes > 1:
                 problems.append(
                     f"node {name!r} has {routes} outgoing routes; declare one edge or one "
                     "conditional edge"
                 )
-            if routes == 0 and name not in self._terminal:
+            if routes == 0 and name not in self._terminal and name not in branch_nodes:
                 problems.append(
                     f"node {name!r} has no outgoing route; add an edge or declare it terminal "
                     "with allow_no_outgoing_route"
@@ -395,6 +439,10 @@ class GraphBuilder(Generic[S, E]):
                     todo.extend(cond.targets)
                 todo.extend(self._retry_routes.get(cur, ()))
                 todo.extend(self._timeout_routes.get(cur, ()))
+                for branches, then in self._parallel.get(cur, ()):
+                    todo.extend([*branches, then])
+                for node, then in self._fan_outs.get(cur, ()):
+                    todo.extend([node, then])
             for name in known:
                 if name not in seen:
                     problems.append(f"node {name!r} is unreachable from entry {self._entry!r}")
@@ -481,6 +529,8 @@ class GraphBuilder(Generic[S, E]):
             signal_handlers=MappingProxyType(dict(self._signal_handlers)),
             version=graph_version,
             migrations=MappingProxyType(migrations),
+            parallel_edges=MappingProxyType({k: v[0] for k, v in self._parallel.items()}),
+            fan_outs=MappingProxyType({k: v[0] for k, v in self._fan_outs.items()}),
         )
 
     def _fingerprint(self) -> str:
@@ -496,6 +546,10 @@ class GraphBuilder(Generic[S, E]):
             },
             "retry": {k: sorted(v) for k, v in sorted(self._retry_routes.items())},
             "timeout": {k: sorted(v) for k, v in sorted(self._timeout_routes.items())},
+            "parallel": {
+                k: [[list(b), t] for b, t in v] for k, v in sorted(self._parallel.items())
+            },
+            "fan_out": {k: [list(f) for f in v] for k, v in sorted(self._fan_outs.items())},
             "terminal": sorted(self._terminal),
         }
         digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()

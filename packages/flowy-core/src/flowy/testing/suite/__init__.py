@@ -25,6 +25,7 @@ from ._arguments import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
 from ._durable import *  # noqa: F403
+from ._fanout import *  # noqa: F403
 from ._fork import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._outbox import *  # noqa: F403
@@ -37,6 +38,7 @@ __all__ = [
     "CheckpointerSuite",
     "ConcurrencySuite",
     "CorruptionSuite",
+    "FanOutSuite",
     "FaultSuite",
     "FencingSuite",
     "ForkSuite",
