@@ -123,10 +123,10 @@ async def run_branches(
                 lambda: (step, f"{origin}/{branch.node}#{branch.index}"),
             )
         )
-        async with gate:
+        async with gate:  # a branch holds its place until its outcome is recorded
             outcome = await _run_node(graph, state, branch)
-        if outcome.kind == "ok" and journal is not None:
-            await _record(journal, key, branch, outcome, clock())
+            if outcome.kind == "ok" and journal is not None:
+                await _record(journal, key, branch, outcome, clock())
         return outcome
 
     return list(await asyncio.gather(*(run(b) for b in branches)))

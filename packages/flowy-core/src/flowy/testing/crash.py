@@ -1,6 +1,7 @@
-"""Crash checks of durable time on a real store, with real processes killed (SIGKILL).
+"""Crash checks of durable time and supersteps on a real store, with real processes
+killed (SIGKILL).
 
-Three checks, each against a store URL every process can open (so not ``memory://``,
+Four checks, each against a store URL every process can open (so not ``memory://``,
 which lives and dies with its process):
 
 - :func:`check_activity_crash`: a worker process calls a payment gateway as an activity
@@ -11,9 +12,12 @@ which lives and dies with its process):
 - :func:`check_signal_crash`: a worker process takes a signal and is killed before its
   step is saved; the signal is delivered again to the next worker, and the state and
   the outside world see it exactly once.
+- :func:`check_fan_out_crash`: a worker process is killed in the middle of a superstep,
+  after two of its branches finished; the next worker runs only the unfinished
+  branches, and folds each branch once.
 
 Each returns a :class:`CrashReport`; ``python -m flowy.testing.crash --store URL`` runs
-all three and prints one line each. The "outside world" is a file in a work folder: a
+all four and prints one line each. The "outside world" is a file in a work folder: a
 line per gateway call, written and flushed before the kill.
 """
 
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .._activities import activity
-from .._directives import Directive, completed, handoff, sleep, wait_for
+from .._directives import Directive, completed, end, fan_out, handoff, sleep, wait_for
 from .._graph import Graph, GraphBuilder
 from .._runner import Runner
 from .._types import RunStatus
@@ -45,6 +49,7 @@ __all__ = [
     "Check",
     "CrashReport",
     "check_activity_crash",
+    "check_fan_out_crash",
     "check_signal_crash",
     "check_timer_race",
     "main",
@@ -183,7 +188,60 @@ def approval_graph() -> Graph[State, Any]:
     )
 
 
-_GRAPHS = {"payment": payment_graph, "timer": timer_graph, "approval": approval_graph}
+async def _hand_off_grading(state: State) -> tuple[State, Directive[Any]]:
+    return {}, handoff("to_worker", resume_at="split")
+
+
+async def _split(state: State) -> tuple[State, Directive[Any]]:
+    return {}, fan_out("grade", [{"draft": i} for i in range(4)], concurrency=1)
+
+
+_graded: list[int] = []  # the branches this process finished
+
+
+async def _grade(state: State) -> tuple[State, Directive[Any]]:
+    draft = state["draft"]
+    if len(_graded) == 2:
+        _die_if("in_superstep")  # killed after two branches finished and were recorded
+    _record_call(f"grade {state['id']} {draft}")
+    _graded.append(draft)
+    return {"grades": [draft]}, completed()
+
+
+async def _collect(state: State) -> tuple[State, Directive[Any]]:
+    return {}, end()
+
+
+def _append(state: State, update: State) -> State:
+    return {
+        **state,
+        **{k: [*state.get(k, []), *v] if k == "grades" else v for k, v in update.items()},
+    }
+
+
+def grading_graph() -> Graph[State, Any]:
+    """``start`` hands off; a worker runs ``split``: four ``grade`` branches, one at a
+    time, folded into ``grades``."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_append)
+    return (
+        builder.add_node("start", _hand_off_grading)
+        .add_node("split", _split)
+        .add_node("grade", _grade)
+        .add_node("collect", _collect)
+        .add_edge("start", "split")
+        .add_edge("split", "collect")
+        .add_fan_out("split", "grade", then="collect")
+        .allow_no_outgoing_route("collect")
+        .compile()
+    )
+
+
+_GRAPHS = {
+    "payment": payment_graph,
+    "timer": timer_graph,
+    "approval": approval_graph,
+    "grading": grading_graph,
+}
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -345,6 +403,32 @@ async def check_signal_crash(url: str, workdir: Path) -> CrashReport:
     )
 
 
+async def check_fan_out_crash(url: str, workdir: Path) -> CrashReport:
+    """Killed mid-superstep: the finished branches are not run again, each folds once."""
+    os.environ[_CALLS] = str(workdir / "calls.log")
+    thread = f"crash-fanout-{uuid.uuid4().hex[:10]}"
+    async with await connect(url) as backend:
+        runner = Runner(grading_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        await runner.start(thread, {"id": thread})
+        code = await _spawn(url, "grading", workdir, "messages", kill="in_superstep")
+        before = [c for c in _calls(workdir) if c.startswith(f"grade {thread} ")]
+        await _finish(runner, thread)
+        head, _ = await runner.head(thread)
+    calls = [c.split()[-1] for c in _calls(workdir) if c.startswith(f"grade {thread} ")]
+    ok = (
+        code == -signal.SIGKILL
+        and len(before) == 2
+        and sorted(calls) == ["0", "1", "2", "3"]
+        and head.state.get("grades") == [0, 1, 2, 3]
+    )
+    return CrashReport(
+        "fan-out",
+        ok,
+        f"killed={code == -signal.SIGKILL} branches finished before the kill={len(before)} "
+        f"branch runs in all={len(calls)} grades={head.state.get('grades')}",
+    )
+
+
 async def _journal(backend: Backend[Any], thread: str) -> list[tuple[str, str, int]]:
     cp = backend.checkpointer
     assert isinstance(cp, DurableCheckpointer)
@@ -354,12 +438,17 @@ async def _journal(backend: Backend[Any], thread: str) -> list[tuple[str, str, i
 Check = Callable[[str, Path], Awaitable[CrashReport]]
 """``check(url, workdir)``: one crash check on the store at ``url``."""
 
-CHECKS: tuple[Check, ...] = (check_activity_crash, check_timer_race, check_signal_crash)
+CHECKS: tuple[Check, ...] = (
+    check_activity_crash,
+    check_timer_race,
+    check_signal_crash,
+    check_fan_out_crash,
+)
 """Every crash check, in the order ``main`` runs them."""
 
 
 async def run_all(url: str) -> list[CrashReport]:
-    """The three checks on ``url``, each in a fresh work folder."""
+    """The checks on ``url``, each in a fresh work folder."""
     reports: list[CrashReport] = []
     for check in CHECKS:
         with tempfile.TemporaryDirectory(prefix="flowy-crash-") as folder:
