@@ -52,9 +52,16 @@ async def test_evaluate_resume_and_resume_agree_on_a_completed_thread() -> None:
 
 async def test_evaluate_resume_and_resume_agree_on_a_pointer_the_graph_lost() -> None:
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    first = await flowy.Runner(approval_graph(), cp).start("t", {})
+    first = await flowy.Runner(approval_graph(version="app"), cp).start("t", {})
     assert first.resume_token is not None and first.execution_pointer == "ask"
-    renamed = linear_graph(3)  # a deploy without an "ask" node
+    # A deploy without an "ask" node under a new version fails closed...
+    fingerprinted = flowy.Runner(linear_graph(3), cp)
+    decision = await fingerprinted.evaluate_resume(first.resume_token)
+    assert decision.kind is flowy.ResumeDecisionKind.VERSION_MISMATCH
+    with pytest.raises(flowy.errors.GraphVersionMismatchError):
+        await fingerprinted.resume(first.resume_token)
+    # ...and one that kept the version label lost the node: UNKNOWN_NODE, as before.
+    renamed = linear_graph(3, version="app")
     runner = flowy.Runner(renamed, cp)
     decision = await runner.evaluate_resume(first.resume_token)
     assert decision.kind is flowy.ResumeDecisionKind.UNKNOWN_NODE

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 from collections.abc import Awaitable
 from typing import Any, cast
@@ -20,19 +21,44 @@ from ._directives import Directive, DirectiveKind
 from ._errors import LeaseLostError, UnknownNodeError
 from ._events import EventType, InterruptKind
 from ._fanout import SAME_STATE, Branch, journal_of, run_branches
+from ._graph import Graph
 from ._handoff import HandoffSegment
 from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
 from ._waits import durable_of, next_signal, take_signal
-from .storage import Checkpointer, DurableCheckpointer, LeaseGuardCheckpointer, RunStatus
+from .storage import (
+    Checkpointer,
+    DurableCheckpointer,
+    JSONCodec,
+    LeaseGuardCheckpointer,
+    RunStatus,
+)
 
 __all__ = ["Execution"]
 
 logger = logging.getLogger("flowy")
 
 _CANCEL_SAVE_TIMEOUT = 10.0
+
+
+async def _child_route(child: Graph[Any, Any], src: str, state: Any) -> str | None:
+    """Where the child graph goes after ``src`` completed (``None``: it ends)."""
+    nxt = child.edges.get(src)
+    if nxt is not None:
+        return nxt
+    cond = child.conditional_edges.get(src)
+    if cond is None:
+        return None
+    target = cond.router(state)
+    if inspect.isawaitable(target):
+        target = await target
+    if target not in cond.targets:
+        raise UnknownNodeError(
+            f"router of {src!r} returned {target!r}, not among its targets {list(cond.targets)}"
+        )
+    return str(target)
 
 
 def _inner(cp: Checkpointer[Any] | None) -> Checkpointer[Any] | None:
@@ -190,6 +216,7 @@ class Execution(HandoffSegment[S, E]):
         edges = graph.edges
         effect_kind, completed_kind = DirectiveKind.EFFECT, DirectiveKind.COMPLETED
         attempts = self.attempts
+        subgraphs = graph.subgraphs
         while True:
             if self.interrupt_kind is not None:
                 return await self._on_interrupt(self.interrupt_kind)
@@ -200,6 +227,11 @@ class Execution(HandoffSegment[S, E]):
                 self._publish(LifecycleEventType.STEP_LIMIT_EXCEEDED, reason=pointer)
                 return await self._fail(Reason.MAX_TOTAL_STEPS_EXCEEDED)
             meta.node = pointer
+            if pointer in subgraphs:
+                result = await self._subgraph(pointer)
+                if result is not None:
+                    return result
+                continue
             if emit:
                 self._emit(EventType.NODE_STARTED, node=pointer, step=meta.step_count + 1)
             self.step_state = self.state
@@ -413,6 +445,141 @@ class Execution(HandoffSegment[S, E]):
                 return await self._fail(Reason.INVARIANT_VIOLATION, exc)
         self.pointer = then
         return None
+
+    async def _subgraph(self, name: str) -> RunResult[S, E] | None:
+        """Run the subgraph node ``name``: enter it (or continue where the run paused
+        inside), run the child graph to its end, fold ``leave`` and follow ``name``'s
+        route. A suspend, hand-off or wait inside pauses the whole run at ``name`` with
+        the child's node and state in the snapshot."""
+        spec = self.graph.subgraphs[name]
+        child = spec.graph
+        codec: JSONCodec[Any] = JSONCodec(child.state_type)
+        meta = self.meta
+        nested, self.nested = self.nested, {}
+        if nested:
+            cstate = codec.decode(json.dumps(nested["state"]).encode())
+            cptr = str(nested["pointer"])
+            woke, self.nested_wake = self.nested_wake, None
+            if woke is not None and woke[0] is not None:
+                cstate = await take_signal(child, cstate, woke[0], self.signal_cursors)
+            elif woke is not None and woke[1]:
+                cptr = str(nested.get("on_timeout") or cptr)
+        else:
+            try:
+                cstate = await maybe_await(spec.enter(self.state))
+            except Exception as exc:  # noqa: BLE001 - fails the run, reported on the result
+                return self._fail_unsaved(Reason.NODE_ERROR, exc)
+            cptr = child.entry
+        tries: dict[str, int] = {}
+        save_steps = self.graph.save_every_step and self.cp is not None
+        while True:
+            if meta.step_count >= self.graph.max_steps:
+                return await self._fail(Reason.MAX_STEPS_EXCEEDED)
+            path = f"{name}/{cptr}"
+            self._emit(EventType.NODE_STARTED, node=path, step=meta.step_count + 1)
+            try:
+                update, directive = await child.nodes[cptr](cstate)
+                cstate = child.reducer(cstate, update)
+            except asyncio.CancelledError:
+                raise
+            except RetryLater as later:
+                self._nest(name, cptr, cstate, codec)
+                return await self._save_wait(Reason.ACTIVITY_RETRY, later.at)
+            except Exception as exc:  # noqa: BLE001 - a node's error fails the run, reported on the result
+                return self._fail_unsaved(Reason.NODE_ERROR, exc)
+            meta.step_count += 1
+            meta.total_steps += 1
+            while directive.kind is DirectiveKind.EFFECT and directive.base is not None:
+                payload = cast(E, directive.payload)
+                self.effects.append(payload)
+                self._emit(EventType.EFFECT, node=path, effect=payload, has_effect=True)
+                directive = directive.base
+            self._emit(EventType.NODE_COMPLETED, node=path, step=meta.step_count)
+            kind = directive.kind
+            target = directive.resume_at or cptr
+            if kind is DirectiveKind.END:
+                break
+            if kind is DirectiveKind.COMPLETED:
+                nxt = await _child_route(child, cptr, cstate)
+                if nxt is None:
+                    break
+                cptr = nxt
+            elif kind is DirectiveKind.RETRY:
+                tries[cptr] = tries.get(cptr, 0) + 1
+                if tries[cptr] >= directive.max_attempts:
+                    return await self._fail(f"{name}/{cptr}:{Reason.RETRY_EXHAUSTED}")
+            elif kind is DirectiveKind.FAIL:
+                return await self._fail(f"{name}/{cptr}:{directive.reason}")
+            elif kind is DirectiveKind.SUSPEND:
+                self._nest(name, target, cstate, codec)
+                return await self._suspend(
+                    Directive(DirectiveKind.SUSPEND, reason=directive.reason, resume_at=name)
+                )
+            elif kind is DirectiveKind.HANDOFF:
+                self._nest(name, target, cstate, codec)
+                return await self._handoff(directive.reason)
+            elif kind is DirectiveKind.WAIT:
+                signal = directive.signal
+                timeout_to = directive.on_timeout or child.timeout_routes.get(cptr, "")
+                if signal and self.cp is not None:
+                    found = await next_signal(
+                        durable_of(self.cp, "wait_for()"), self.thread_id, signal,
+                        self.signal_cursors,
+                    )  # fmt: skip
+                    if found is not None:
+                        cstate = await take_signal(child, cstate, found, self.signal_cursors)
+                        cptr = target
+                        continue
+                now = self.clock()
+                delay, until = directive.delay, directive.until
+                self._nest(name, target, cstate, codec, on_timeout=timeout_to)
+                waited = await self._save_wait(
+                    directive.reason,
+                    now + delay if delay is not None else until,
+                    signal,
+                    emit=False,
+                )
+                if signal and waited.resume_token is not None:
+                    # A signal sent while the wait was being saved: take it and go on.
+                    found = await next_signal(
+                        durable_of(self.cp, "wait_for()"), self.thread_id, signal,
+                        self.signal_cursors,
+                    )  # fmt: skip
+                    if found is not None:
+                        cstate = await take_signal(child, cstate, found, self.signal_cursors)
+                        cptr, self.nested = target, {}
+                        continue
+                self._emit_wait(waited)
+                return waited
+            else:
+                return await self._fail(
+                    f"{Reason.BRANCH_DIRECTIVE_UNSUPPORTED}:{name}/{cptr}:{kind.value}"
+                )
+            if save_steps:
+                self._nest(name, cptr, cstate, codec)
+                self.pointer = name
+                await self._save_or_stop(self._snapshot(RunStatus.RUNNING, ""), "step")
+                self.nested = {}
+        try:
+            update = await maybe_await(spec.leave(self.state, cstate))
+            self.state = self.graph.reducer(self.state, update)
+        except Exception as exc:  # noqa: BLE001 - fails the run, reported on the result
+            return self._fail_unsaved(Reason.REDUCER_ERROR, exc)
+        self.nested = {}
+        return await self._after_step(name, Directive(DirectiveKind.COMPLETED), save_steps)
+
+    def _nest(
+        self, name: str, pointer: str, state: Any, codec: JSONCodec[Any], on_timeout: str = ""
+    ) -> None:
+        """Record where the run is inside the subgraph ``name`` (saved with the next
+        snapshot); the run's own pointer is ``name``."""
+        self.pointer = name
+        self.nested = {
+            "node": name,
+            "pointer": pointer,
+            "state": json.loads(codec.encode(state)),
+            **({"on_timeout": on_timeout} if on_timeout else {}),
+        }
 
     async def _route(self, src: str) -> str | None:
         graph = self.graph

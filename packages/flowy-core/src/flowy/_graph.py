@@ -26,6 +26,7 @@ __all__ = [
     "Reducer",
     "Router",
     "SignalHandler",
+    "Subgraph",
 ]
 
 Node: TypeAlias = Callable[[S], Awaitable[tuple[S, Directive[E]]]]
@@ -60,6 +61,14 @@ def _replace(_state: Any, update: Any) -> Any:
     return update
 
 
+def _same(state: Any) -> Any:
+    return state
+
+
+def _child_state(_state: Any, child: Any) -> Any:
+    return child
+
+
 @dataclass(frozen=True)
 class ConditionalEdge(Generic[S]):
     """An edge whose target is chosen at run time by ``router`` among ``targets``."""
@@ -67,6 +76,20 @@ class ConditionalEdge(Generic[S]):
     router: Router[S]
     targets: tuple[str, ...]
     is_async: bool
+
+
+@dataclass(frozen=True)
+class Subgraph:
+    """A compiled graph used as a node: ``enter(state) -> child state`` when the run
+    enters it, ``leave(state, child_state) -> update`` (folded by this graph's reducer)
+    when it finishes there."""
+
+    graph: Graph[Any, Any]
+    """The graph run inside the node."""
+    enter: Callable[[Any], Any]
+    """Parent state → the child's initial state (sync or async)."""
+    leave: Callable[[Any, Any], Any]
+    """(parent state, finished child state) → the parent's update (sync or async)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +157,8 @@ class Graph(Generic[S, E]):
     """Node → the branches that run in parallel after it completes, and their join."""
     fan_outs: Mapping[str, tuple[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     """Node → the branch node its ``fan_out`` runs, and the join after the superstep."""
+    subgraphs: Mapping[str, Subgraph] = field(default_factory=lambda: MappingProxyType({}))
+    """Node → the compiled graph it runs (``add_subgraph``)."""
 
     def migration_path(self, version: str) -> list[MigrationStep] | None:
         """The steps that bring a thread saved under ``version`` to this graph's version
@@ -190,6 +215,19 @@ class Graph(Generic[S, E]):
         for src, (node, then) in self.fan_outs.items():
             lines.append(f"    {ident(src)} == fan-out ==> {ident(node)}")
             lines.append(f"    {ident(node)} ==> {ident(then)}")
+        for name, sub in self.subgraphs.items():
+            inner = sub.graph.to_mermaid().splitlines()[1:]
+            prefix = ident(name) + "__"
+            lines.append(f'    subgraph {prefix}box ["{name}"]')
+            lines.extend(
+                "    "
+                + line.replace("n_", prefix)
+                .replace("__start__", prefix + "start")
+                .replace("__end__", prefix + "end")
+                for line in inner
+            )
+            lines.append("    end")
+            lines.append(f"    {ident(name)} -.-> {prefix}start")
         if self.terminal_nodes:
             lines.append("    __end__([end])")
             for name in sorted(self.terminal_nodes):
@@ -228,6 +266,7 @@ class GraphBuilder(Generic[S, E]):
         self._signal_handlers: dict[str, SignalHandler[S]] = {}
         self._migrations: dict[str, tuple[str | None, Migration | None, dict[str, str]]] = {}
         self._parallel: dict[str, list[tuple[tuple[str, ...], str]]] = {}
+        self._subgraphs: dict[str, Subgraph] = {}
         self._fan_outs: dict[str, list[tuple[str, str]]] = {}
         self._terminal: set[str] = set()
         self._budgets: dict[str, int] = {}
@@ -285,6 +324,44 @@ class GraphBuilder(Generic[S, E]):
     def add_retry_route(self, src: str, fallback: str) -> GraphBuilder[S, E]:
         """When ``src``'s ``retry()`` attempts are used up, continue at ``fallback``."""
         self._retry_routes.setdefault(src, []).append(fallback)
+        return self
+
+    def add_subgraph(
+        self,
+        name: str,
+        graph: Graph[Any, Any],
+        *,
+        enter: Callable[[S], Any] | None = None,
+        leave: Callable[[S, Any], S] | None = None,
+    ) -> GraphBuilder[S, E]:
+        """Add the compiled ``graph`` as the node ``name``: the run enters it with
+        ``enter(state)`` (default: the state as it is), runs it to its end, and folds
+        ``leave(state, child_state)`` (default: the child's final state) into this
+        graph's state. A suspend, hand-off, sleep or wait inside pauses the whole run at
+        ``name`` with the child's node and state saved in the snapshot; the resume
+        continues inside. Route ``name`` like any node.
+
+        Args:
+            name: the node's name in this graph.
+            graph: the compiled child graph (itself validated when it was compiled).
+            enter: ``enter(state) -> child_state`` (sync or async).
+            leave: ``leave(state, child_state) -> update`` (sync or async).
+        """
+
+        async def runs_in_the_engine(state: Any) -> Any:
+            raise RuntimeError(f"the subgraph node {name!r} runs inside a flowy run only")
+
+        if graph.subgraphs or graph.fan_outs or graph.parallel_edges:
+            self._problems.append(
+                f"subgraph {name!r}: a subgraph may not contain subgraphs, fan-outs or "
+                "parallel edges yet"
+            )
+        self.add_node(name, runs_in_the_engine)
+        self._subgraphs[name] = Subgraph(
+            graph,
+            enter if enter is not None else _same,
+            leave if leave is not None else _child_state,
+        )
         return self
 
     def add_parallel_edge(
@@ -531,6 +608,7 @@ class GraphBuilder(Generic[S, E]):
             migrations=MappingProxyType(migrations),
             parallel_edges=MappingProxyType({k: v[0] for k, v in self._parallel.items()}),
             fan_outs=MappingProxyType({k: v[0] for k, v in self._fan_outs.items()}),
+            subgraphs=MappingProxyType(dict(self._subgraphs)),
         )
 
     def _fingerprint(self) -> str:
@@ -550,6 +628,7 @@ class GraphBuilder(Generic[S, E]):
                 k: [[list(b), t] for b, t in v] for k, v in sorted(self._parallel.items())
             },
             "fan_out": {k: [list(f) for f in v] for k, v in sorted(self._fan_outs.items())},
+            "subgraphs": {k: v.graph.version for k, v in sorted(self._subgraphs.items())},
             "terminal": sorted(self._terminal),
         }
         digest = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()

@@ -400,11 +400,15 @@ class RunPreparation(Generic[S, E]):
                 # 3b. a waiting run wakes: its signal (merged like an overlay), or its
                 # timeout route once the deadline passed
                 pointer = snap.execution_pointer
+                nested_wake: tuple[Any, bool] | None = None
                 if snap.status is RunStatus.WAITING:
                     woke = await wake(self.checkpointer, self.graph, snap, self.clock())
-                    pointer = woke.pointer
-                    if woke.signal is not None:
-                        state = await take_signal(self.graph, state, woke.signal, cursors)
+                    if snap.nested:  # the wait is inside a subgraph: it takes the signal
+                        nested_wake = (woke.signal, woke.timed_out)
+                    else:
+                        pointer = woke.pointer
+                        if woke.signal is not None:
+                            state = await take_signal(self.graph, state, woke.signal, cursors)
                 # 4. state overlay
                 if overlay is not None:
                     state = self._overlay(state, overlay, merge)
@@ -431,7 +435,7 @@ class RunPreparation(Generic[S, E]):
             await self._abort(key, lease)
             raise
         ttl = (run_lease or self.run_lease or ("", 0.0))[1]
-        return Execution(
+        ex = Execution(
             self._services,
             key,
             state,
@@ -445,6 +449,9 @@ class RunPreparation(Generic[S, E]):
             cursors,
             lineage,
         )
+        if snap.nested and pointer == snap.nested.get("node"):
+            ex.nested, ex.nested_wake = dict(snap.nested), nested_wake
+        return ex
 
     def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
         """Step 4: ``merge(state, overlay)`` if given; a mapping of fields into a

@@ -129,6 +129,10 @@ class Segment(Generic[S, E]):
         self.attempts: dict[str, int] = meta.retry_counts
         self.signal_cursors: dict[str, int] = signal_cursors if signal_cursors is not None else {}
         self.lineage = lineage
+        # Where the run is inside a subgraph (saved with every snapshot), and what a
+        # resume of a wait inside one brought: its signal, or its deadline.
+        self.nested: dict[str, Any] = {}
+        self.nested_wake: tuple[Any, bool] | None = None
         self.skip_saves = self.graph.checkpoint_policy is CheckpointPolicy.SKIP_ON_SAVE_ERROR
         # Where the segment started, to notice one that hands off without progress.
         self.start_pointer = pointer
@@ -230,6 +234,7 @@ class Segment(Generic[S, E]):
             graph_version=self.graph.version,
             parent_thread_id=self.lineage[0],
             parent_revision=self.lineage[1],
+            nested=dict(self.nested),
         )
 
     # -- saves -----------------------------------------------------------------------

@@ -160,6 +160,7 @@ def _snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
         "graph_version": snap.graph_version,
         "parent_thread_id": snap.parent_thread_id or None,
         "parent_revision": snap.parent_revision or None,
+        "nested": dict(snap.nested) or None,
         "state": snap.state,
     }
 
@@ -381,6 +382,7 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
             if pending
             else ()
         ),
+        *((("inside", _nested_text(out, snap)),) if snap.nested else ()),
         *((("forked", _lineage_text(snap)),) if snap.parent_thread_id else ()),
         *((("graph", f"version {clean(snap.graph_version, 60)}"),) if snap.graph_version else ()),
         ("updated", fmt_time(snap.updated_at)),
@@ -413,6 +415,12 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
             ],
         )
     return 0
+
+
+def _nested_text(out: Console, snap: Snapshot[Any]) -> str:
+    node = clean(str(snap.nested.get("node", "")), 60)
+    pointer = clean(str(snap.nested.get("pointer", "")), 60)
+    return f"subgraph {node} {out.sym('arrow')} at {pointer} (its state is saved with this one)"
 
 
 def _lineage_text(snap: Snapshot[Any]) -> str:

@@ -150,6 +150,10 @@ class Snapshot(Generic[S]):
     """The thread this one was forked from (``""``: not a fork)."""
     parent_revision: int = 0
     """The revision of ``parent_thread_id`` it was forked at (0: not a fork)."""
+    nested: Mapping[str, JSON] = field(default_factory=lambda: {})
+    """Where a run paused inside a subgraph: ``node`` (the subgraph's node in this
+    graph), ``pointer`` (the node inside it), ``state`` (its state, as JSON) and
+    ``on_timeout``; empty when the run is not inside one."""
 
     def at_revision(self, revision: int) -> Snapshot[S]:
         """A copy of this snapshot stored at ``revision``."""

@@ -110,6 +110,8 @@ class Record:
     """The thread it was forked from (``""``: none)."""
     parent_revision: int = 0
     """The revision of the parent it was forked at."""
+    nested: Mapping[str, JSON] = field(default_factory=lambda: {})
+    """Where the run paused inside a subgraph (empty: not inside one)."""
     format_version: int = FORMAT_VERSION
     """The envelope format (``FORMAT_VERSION``)."""
 
@@ -145,6 +147,7 @@ class Record:
             graph_version=snapshot.graph_version,
             parent_thread_id=snapshot.parent_thread_id,
             parent_revision=snapshot.parent_revision,
+            nested=dict(snapshot.nested),
         )
 
     def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
@@ -193,6 +196,7 @@ class Record:
             graph_version=self.graph_version,
             parent_thread_id=self.parent_thread_id,
             parent_revision=self.parent_revision,
+            nested=dict(self.nested),
         )
 
 
@@ -275,6 +279,8 @@ def _envelope(
     if source.parent_thread_id:
         fields["parent_thread_id"] = source.parent_thread_id
         fields["parent_revision"] = source.parent_revision
+    if source.nested:
+        fields["nested"] = dict(source.nested)
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
@@ -379,6 +385,9 @@ def decode_record(
         or isinstance(parent_revision, bool)
     ):
         raise _invalid("graph_version, parent_thread_id and parent_revision have wrong types")
+    nested = h.get("nested", {})
+    if not isinstance(nested, dict):
+        raise _invalid("nested must be an object")
     cursors = h.get("signal_cursors", {})
     if not isinstance(cursors, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool)
@@ -422,6 +431,7 @@ def decode_record(
         graph_version=graph_version,
         parent_thread_id=parent_thread,
         parent_revision=parent_revision,
+        nested=cast(dict[str, JSON], nested),
         format_version=version,
     )
 

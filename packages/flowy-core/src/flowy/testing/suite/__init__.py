@@ -30,6 +30,7 @@ from ._fork import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
+from ._subgraph import *  # noqa: F403
 from ._waits import *  # noqa: F403
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "LineageSuite",
     "OutboxSuite",
     "SignalSuite",
+    "SubgraphSuite",
     "ThreadIdSuite",
     "TimerSuite",
     "TransactionalOutboxSuite",

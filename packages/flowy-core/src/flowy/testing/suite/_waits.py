@@ -312,7 +312,8 @@ def _pay_graph(gateway: _Gateway, **options: Any) -> Graph[State, Any]:
         return {"receipt": receipt}, completed()
 
     builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
-    return builder.add_node("pay", pay).allow_no_outgoing_route("pay").compile()
+    # The same version as the seeding graph's: threads move between the two.
+    return builder.add_node("pay", pay).allow_no_outgoing_route("pay").compile(version="payments")
 
 
 class ActivitySuite(Suite):
@@ -476,7 +477,7 @@ def _seed_graph() -> Graph[State, Any]:
         .add_node("pay", pay)
         .add_edge("seed", "pay")
         .allow_no_outgoing_route("pay")
-        .compile()
+        .compile(version="payments")
     )
 
 
