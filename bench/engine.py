@@ -1,7 +1,10 @@
 """Engine overhead: a Runner step (no store, no I/O) vs a bare ``await node(state)`` loop
-over the same node functions, in interleaved rounds of one process.
+over the same node functions, in interleaved rounds of one process; and a superstep of
+10 branches (``flowy.fan_out``) vs a bare ``asyncio.gather`` of the same 10 node calls
+and the same fold.
 
-Budget (DESIGN §6): a Runner step within 4× the bare loop.
+Budget (DESIGN §6): a Runner step within 4× the bare loop. The fan-out row is shown for
+information; ``bench/peer_langgraph_send.py`` puts LangGraph's ``Send`` on the same work.
 
     uv run --frozen --all-packages python bench/engine.py [--quick]
 """
@@ -57,9 +60,74 @@ async def measure(steps: int, rounds: int) -> dict[str, list[float]]:
     return await c.interleave({"bare": bare, "engine": engine}, rounds, warmup=2)
 
 
+BRANCHES = 10
+
+
+async def grade(state: dict[str, Any]) -> tuple[dict[str, Any], flowy.Directive[Any]]:
+    """The branch work: a little arithmetic on the item, the same in every variant."""
+    return {"scores": [sum(ord(ch) for ch in state["item"]) % 97]}, flowy.completed()
+
+
+def fan_out_graph() -> flowy.Graph[dict[str, Any], Any]:
+    """``plan`` fans out ``grade`` over 10 items, then ``done`` ends the run."""
+
+    def fold(state: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(state)
+        for key, value in update.items():
+            merged[key] = [*state.get(key, []), *value] if isinstance(value, list) else value
+        return merged
+
+    async def plan(state: dict[str, Any]) -> tuple[dict[str, Any], flowy.Directive[Any]]:
+        items = [{"item": f"draft-{i}"} for i in range(BRANCHES)]
+        return {}, flowy.fan_out("grade", items)
+
+    async def done(state: dict[str, Any]) -> tuple[dict[str, Any], flowy.Directive[Any]]:
+        return {}, flowy.end()
+
+    b: flowy.GraphBuilder[dict[str, Any], Any] = flowy.GraphBuilder(fold)
+    b.add_node("plan", plan).add_node("grade", grade).add_node("done", done)
+    b.add_edge("plan", "done").add_fan_out("plan", "grade", then="done")
+    return b.allow_no_outgoing_route("done").compile()
+
+
+async def measure_fan_out(rounds: int, per_sample: int) -> dict[str, list[float]]:
+    runner = flowy.Runner(fan_out_graph())
+    ids = itertools.count()
+
+    async def bare(_: int) -> float:
+        started = time.perf_counter()
+        for _ in range(per_sample):
+            outs = await asyncio.gather(*(grade({"item": f"draft-{i}"}) for i in range(BRANCHES)))
+            scores = [s for update, _d in outs for s in update["scores"]]
+            assert len(scores) == BRANCHES
+        return (time.perf_counter() - started) / per_sample
+
+    async def engine(_: int) -> float:
+        started = time.perf_counter()
+        for _ in range(per_sample):
+            result = await runner.start(f"fan-{next(ids)}", {})
+            assert len(result.state["scores"]) == BRANCHES, result
+        return (time.perf_counter() - started) / per_sample
+
+    return await c.interleave({"bare": bare, "engine": engine}, rounds, warmup=2)
+
+
 def main() -> None:
     args = c.arguments(__doc__ or "")
     steps, rounds = (500, 5) if args.quick else (2_000, 31)
+    fan = asyncio.run(measure_fan_out(5 if args.quick else 31, 20 if args.quick else 200))
+    fan_bare, fan_engine = c.median(fan["bare"]), c.median(fan["engine"])
+    print(
+        f"fan-out of {BRANCHES} branches (no store): bare gather {fan_bare * 1e6:.1f} µs, "
+        f"Runner (plan + superstep + end) {fan_engine * 1e6:.1f} µs, "
+        f"ratio {fan_engine / fan_bare:.1f}x"
+    )
+    fan_row = c.info(
+        "engine.fan_out",
+        f"fan-out of {BRANCHES} branches, no store (vs bare `asyncio.gather` of them)",
+        fan_engine,
+        fan_bare,
+    )
     samples = asyncio.run(measure(steps, rounds))
     bare, engine = c.median(samples["bare"]), c.median(samples["engine"])
     print(
@@ -75,7 +143,7 @@ def main() -> None:
         BUDGET,
         fmt=lambda s: f"{s * 1e6:.2f} µs",
     )
-    c.report([row], args)
+    c.report([row, fan_row], args)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ ORDER = [
     "memory",
     "outbox",
     "peer_langgraph",
+    "peer_langgraph_send",
 ]
 
 

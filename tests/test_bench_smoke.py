@@ -16,6 +16,7 @@ HEADER = "| what | flowy | baseline | ratio | budget | verdict |"
 # Rows measured in quick mode (their figures must be there, whatever they are).
 MEASURED = {
     "engine",
+    "engine.fan_out",
     "sqlite.durable",
     "sqlite.durable_lease",
     "sqlite.durable_vs_history",
@@ -42,6 +43,7 @@ SKIPPED = {
     "redis.outbox_worker",
     "postgres.handoff_latency",
     "peer.langgraph",
+    "peer.langgraph_send",
 }
 BUDGETED = {"engine", "sqlite.durable", "memory.load", "sqlite.list", "memory.suspended"}
 
