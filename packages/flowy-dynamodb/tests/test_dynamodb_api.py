@@ -260,7 +260,8 @@ async def test_a_schema_2_table_is_refused_until_migrated(
     dynamo_endpoint: Any, table_name: str, raw_client: Any
 ) -> None:
     """Schema 3 adds the ``timers`` index and replaces ``by_thread`` by ``heads`` (its
-    projection carries ``wake_at``); the upgrade keeps every thread, message and lease."""
+    projection carries ``wake_at`` and ``graph_version``); the upgrade keeps every
+    thread, message and lease."""
     _v2_table(raw_client, table_name)
     tid = f"v2-{uuid.uuid4().hex}"
     snap: Snapshot[Any] = Snapshot(
@@ -326,16 +327,23 @@ async def test_a_schema_2_table_is_refused_until_migrated(
         assert await cp.load(tid) == (snap.at_revision(1), 1)
         [listed] = await cp.list_threads(handoff_statuses=frozenset({HandoffStatus.ENQUEUED}))
         assert (listed.thread_id, listed.revision, listed.wake_at) == (tid, 1, None)
+        assert listed.graph_version == ""
         [message] = await backend.consumer.claim(10, 30)
         assert (message.intent.thread_id, message.attempts) == (tid, 1)
         assert await cp.timers() == []
         lease = await backend.leases.acquire(tid, "new-worker", 30)
         assert lease.fencing_token > 7
-        waiting = replace(snap, status=RunStatus.WAITING, wake_at=1_700_000_000.25)
+        waiting = replace(
+            snap, status=RunStatus.WAITING, wake_at=1_700_000_000.25, graph_version="v3"
+        )
         assert await cp.save(1, waiting, lease=lease) == 2
         assert await cp.timers() == [Timer(tid, 1_700_000_000.25)]
         [listed] = await cp.list_threads()
-        assert (listed.revision, listed.wake_at) == (2, 1_700_000_000.25)
+        assert (listed.revision, listed.wake_at, listed.graph_version) == (
+            2,
+            1_700_000_000.25,
+            "v3",
+        )
         sent = await cp.append_signal(Signal(tid, "go", {"ok": True}, "s-1"))
         assert [s.seq for s in await cp.signals(tid)] == [sent.seq] == [1]
         await cp.put_activity(tid, ActivityRecord("a", ActivityStatus.STARTED))

@@ -459,6 +459,24 @@ async def test_the_wake_up_time_is_set_and_removed_by_the_saves_own_update(
     assert summary.wake_at is None
 
 
+async def test_the_graph_version_is_written_by_the_saves_own_update(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    cp = backend.checkpointer
+    tid = f"version-{uuid.uuid4().hex}"
+    calls = record_calls(backend)
+    await cp.save(0, snap(tid, graph_version="v1"))
+    assert [c["operation"] for c in calls] == ["TransactWriteItems"]
+    assert thread_items(raw_client, table_name, tid)["head"]["graph_version"] == {"S": "v1"}
+    [summary] = [t for t in await cp.list_threads(limit=1000) if t.thread_id == tid]
+    assert summary.graph_version == "v1"
+
+    await cp.save(1, snap(tid))  # a graph without a version: the attribute goes
+    assert "graph_version" not in thread_items(raw_client, table_name, tid)["head"]
+    [summary] = [t for t in await cp.list_threads(limit=1000) if t.thread_id == tid]
+    assert summary.graph_version == ""
+
+
 async def test_timers_query_each_shard_of_the_index(backend: DynamoBackend[Any]) -> None:
     cp = backend.checkpointer
     threads = [f"shard-{i}-{uuid.uuid4().hex}" for i in range(24)]

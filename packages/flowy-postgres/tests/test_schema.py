@@ -174,8 +174,9 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
     postgres_dsn: str, pg_schema: str, admin: Conn
 ) -> None:
     """A 0.2.0 schema (version 2): open refuses it until migrate() adds the wake-up
-    column and index, the signal inbox and the activity journal; heads, history, leases
-    and outbox messages stay, and the result is shaped like a new schema."""
+    column and index, the graph version column, the signal inbox and the activity
+    journal; heads, history, leases and outbox messages stay, and the result is shaped
+    like a new schema."""
     for statement in schema_v2(pg_schema):
         await admin.execute(statement)
     n = TableNames(pg_schema)
@@ -212,13 +213,16 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
         assert [s.revision for s in await cp.get_history("old")] == [2, 1]
         [summary] = await cp.list_threads()
         assert (summary.thread_id, summary.revision, summary.wake_at) == ("old", 2, None)
+        assert summary.graph_version == ""
         assert await cp.timers() == []
         holder = await backend.leases.holder("live")
         assert holder is not None and holder.fencing_token == 4
         [message] = await backend.consumer.claim(10, 30)
         assert message.intent == intent("old", 2)
-        assert await cp.save(2, replace(snap("old", 3), wake_at=FIXED_TIME)) == 3
+        upgraded = replace(snap("old", 3), wake_at=FIXED_TIME, graph_version="v2")
+        assert await cp.save(2, upgraded) == 3
         assert await cp.timers() == [Timer("old", FIXED_TIME)]
+        assert [s.graph_version for s in await cp.list_threads()] == ["v2"]
         assert (await cp.append_signal(Signal("old", "go", None, "s-1"))).seq == 1
         await cp.put_activity("old", ActivityRecord("k", ActivityStatus.STARTED))
         assert [r.key for r in await cp.journal("old")] == ["k"]

@@ -234,6 +234,23 @@ async def test_heads_saved_before_timers_existed(make_backend: BackendFactory) -
     assert summary.wake_at == 9.5
 
 
+async def test_heads_saved_before_graph_versions_existed(make_backend: BackendFactory) -> None:
+    """A head written by flowy-redis 0.2.0 has no graph_version field: it lists with
+    none, and the next save writes the new head's."""
+    backend = make_backend()
+    cp, client = backend.checkpointer, backend.client
+    tid = _tid()
+    await cp.save(0, replace(snap(tid), graph_version="v1"))
+    head = backend.store.layout.thread(tid).head
+    assert await client.hget(head, "graph_version") == b"v1"
+    await client.hdel(head, "graph_version")
+    [summary] = await cp.list_threads()
+    assert summary.graph_version == ""
+    await cp.save(1, replace(snap(tid), graph_version="v2 \u00fc"))
+    [summary] = await cp.list_threads()
+    assert summary.graph_version == "v2 \u00fc"
+
+
 async def test_save_with_outbox_writes_the_timer_too(make_backend: BackendFactory) -> None:
     backend = make_backend()
     cp = backend.checkpointer

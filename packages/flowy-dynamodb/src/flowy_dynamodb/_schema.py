@@ -7,10 +7,11 @@ from 1 gives each head its ``list_sort`` and moves each 0.1 message (partitions
 ``outbox#<shard>`` and ``dead#<shard>``) to its thread's partition.
 
 Schema 3 (durable time) adds the ``timers`` index of wake-up times, and replaces
-``by_thread`` with ``heads``: the same keys, with the head's ``wake_at`` among the
-attributes it carries (an index's projection cannot change, so it is a new index). The
-signals and journal entries of schema 3 are new items in the threads' partitions, and no
-head of an older schema has a wake-up time, so no item changes. The upgrade creates the
+``by_thread`` with ``heads``: the same keys, with the head's ``wake_at`` and
+``graph_version`` among the attributes it carries (an index's projection cannot change,
+so it is a new index). The signals and journal entries of schema 3 are new items in the
+threads' partitions, and no head of an older schema has a wake-up time or a graph
+version, so no item changes. The upgrade creates the
 new indexes one at a time, waiting until each is ``ACTIVE`` (DynamoDB backfills them),
 then deletes ``by_thread``. Stop a table's older clients first.
 """

@@ -557,6 +557,8 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         }
         if head.handoff_pending_at is not None:
             fields[A.HANDOFF_AT] = n(head.handoff_pending_at)
+        if head.graph_version:  # absent: saved by a graph without a version
+            fields[A.GRAPH_VERSION] = s(head.graph_version)
         if head.wake_at is not None:  # a waiting head: in the timers index
             wake_at = float(head.wake_at)
             if not storable(wake_at):
@@ -573,7 +575,7 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
                 expires = max(expires, lease_ttl(table, lease.expires_at, lease.fencing_token))
             fields[TTL] = n(expires)
         expr = Expression()
-        optional = (A.HANDOFF_AT, TTL, A.TIMER, A.WAKE)
+        optional = (A.HANDOFF_AT, TTL, A.TIMER, A.WAKE, A.GRAPH_VERSION)
         update = expr.sets(fields) + expr.removes(a for a in optional if a not in fields)
         rev, tid = expr(A.REVISION), expr(A.THREAD_ID)
         expected = write.expected_revision

@@ -86,9 +86,14 @@ class A:
     OWNER, EXPIRES, TOKEN = "lease_owner", "lease_expires_at", "lease_token"
     PAYLOAD, ATTEMPTS, ERROR = "payload", "attempts", "error"
     LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
-    TIMER, WAKE = "timer_shard", "wake_at"
+    TIMER, WAKE, GRAPH_VERSION = "timer_shard", "wake_at", "graph_version"
     SEQ, SIGNAL_ID, KEY, DATA = "seq", "signal_id", "activity_key", "data"
-    SUMMARY = (THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED, WAKE)
+    SUMMARY = (
+        *(THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED, WAKE),
+        GRAPH_VERSION,
+    )
+    """The head attributes a listing reads (the ``heads`` index carries them), in the
+    order of ``BaseCheckpointer.summary``'s arguments."""
 
 
 _UNAVAILABLE = {

@@ -8,8 +8,8 @@ rows, notifying consumers. When nothing was written the same statement reports w
 saw; one more read happens only when a racing save or takeover committed while it
 waited for a lock. Each case (create or update, with or without a lease or outbox rows)
 has its own statement, so PostgreSQL settles on one generic plan for each. The head's
-wake-up time is a column of its row, written by the same statement; timers are read
-from its partial index.
+wake-up time and graph version are columns of its row, written by the same statement;
+timers are read from the wake-up time's partial index.
 
 A thread's signals are numbered by one statement that inserts ``max(seq) + 1`` unless
 the signal id is there: a sender racing for the same number (or id) waits for the other
@@ -63,7 +63,7 @@ def _numbered(sql: str, names: tuple[str, ...]) -> str:
 
 _WRITE = (
     *("key", "tid", "record", "pointer", "status", "reason", "handoff", "pending", "updated"),
-    "wake",
+    *("wake", "graph_version"),
 )
 _OUTBOX = ("o_keys", "o_ids", "o_revisions", "o_payloads", "channel")
 
@@ -85,9 +85,10 @@ def _save_sql(
         fence = f"EXISTS ({lease} AND {mine} AND {_LIVE} FOR KEY SHARE)"
     else:
         fence = f"NOT EXISTS (SELECT FROM ({lease} FOR KEY SHARE) AS l WHERE l.{_LIVE})"
-    columns = "pointer, status, reason, handoff_status, handoff_pending_at, updated_at, wake_at"
+    columns = "pointer, status, reason, handoff_status, handoff_pending_at, updated_at, wake_at, "
+    columns += "graph_version"
     values = ":pointer::text, :status::text, :reason::text, :handoff::text, "
-    values += ":pending::float8, :updated::float8, :wake::float8"
+    values += ":pending::float8, :updated::float8, :wake::float8, :graph_version::text"
     if create:
         write = f"""INSERT INTO {n.threads} (thread_key, thread_id, revision, {columns}, saved_at)
     SELECT :key, :tid::text, 1, {values}, clock_timestamp() WHERE {fence}
@@ -129,7 +130,11 @@ FROM outcome"""
     return _numbered(sql, params), params
 
 
-_COLUMNS = "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at"
+# The arguments of BaseCheckpointer.summary, in order.
+_COLUMNS = (
+    "thread_id, revision, pointer, status, reason, handoff_status, handoff_pending_at, "
+    "updated_at, wake_at, graph_version"
+)
 _ORDER = f'{ID_PREFIX}, thread_id COLLATE "C"'  # code point order, through the indexes
 
 
@@ -197,7 +202,7 @@ DELETE FROM {n.history} WHERE thread_key = $1
                     where.append("handoff_status <> 'none'")
                 clause = f"WHERE {' AND '.join(where)}" if where else ""
                 self.list[(statuses, paged)] = (
-                    f"SELECT {_COLUMNS}, updated_at, wake_at FROM {n.threads} {clause} {order}"
+                    f"SELECT {_COLUMNS} FROM {n.threads} {clause} {order}"
                 )
         self.timers = f"""
 SELECT thread_id, wake_at FROM {n.threads} WHERE wake_at IS NOT NULL AND wake_at <= $1::float8
@@ -290,7 +295,7 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
         args += (head.execution_pointer, head.status.value, head.reason)
         args += (head.handoff_status.value, head.handoff_pending_at, head.updated_at)
-        args.append(head.wake_at)
+        args += (head.wake_at, head.graph_version)
         if write.expected_revision:
             args.append(write.expected_revision)
         if write.lease is not None:
@@ -361,7 +366,8 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         sql = self._sql.list[(kind, after is not None)]
         rows = await self.connector.fetch("list threads", sql, *args, read=True)
         return [
-            self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]) for r in rows
+            self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+            for r in rows
         ]
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:

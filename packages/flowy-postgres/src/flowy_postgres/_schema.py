@@ -141,7 +141,8 @@ def _create(n: TableNames) -> list[str]:
     handoff_pending_at double precision,  -- epoch seconds, as in the snapshot
     updated_at double precision NOT NULL,  -- epoch seconds, as in the snapshot
     saved_at timestamptz NOT NULL,  -- the database clock at the save
-    wake_at double precision  -- epoch seconds: when a waiting head is due, as in the snapshot
+    wake_at double precision,  -- epoch seconds: when a waiting head is due, as in the snapshot
+    graph_version text NOT NULL DEFAULT ''  -- the version of the graph that saved the head
 ) WITH (fillfactor = 80)""",
         f"CREATE INDEX IF NOT EXISTS {n.index('threads_id_idx')} ON {n.threads} (({ID_PREFIX}))",
         f"""CREATE INDEX IF NOT EXISTS {n.index("threads_handoff_idx")}
@@ -214,6 +215,9 @@ def _upgrade_2_to_3(n: TableNames) -> list[str]:
     return [
         # Nullable, without a default: no table rewrite; every head starts without a timer.
         f"ALTER TABLE {n.threads} ADD COLUMN IF NOT EXISTS wake_at double precision",
+        # A constant default: no table rewrite either (PostgreSQL 11+); every head starts
+        # without a graph version.
+        f"ALTER TABLE {n.threads} ADD COLUMN IF NOT EXISTS graph_version text NOT NULL DEFAULT ''",
         *_durable(n),
     ]
 

@@ -108,6 +108,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             "" if lease is None else str(lease.fencing_token),
             thread_id,
             "" if wake_at is None else score(wake_at),
+            head.graph_version,
         ]
         key_list = keys.checkpoint
         if write.outbox:
@@ -218,6 +219,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                         columns = [None if v is None else v.decode("utf-8", "replace") for v in row]
                         columns[5] = columns[5] or None  # no hand-off pending
                         columns[7] = columns[7] or None  # no wake-up time
+                        columns[8] = columns[8] or ""  # saved before graph versions
                         out.append(self.summary(thread_id, *columns))
             if len(members) < want:
                 break

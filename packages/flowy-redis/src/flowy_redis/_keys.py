@@ -6,8 +6,10 @@ its UTF-8 id. All keys of a thread and the keys of its shard share the shard's h
 
     <ns>:{<ns>:<shard>}:head:<b64>   hash: revision, pointer, status, reason,
                                      handoff_status, handoff_pending_at, updated_at,
-                                     wake_at ('' or absent: none), oldest (the oldest
-                                     history entry kept)
+                                     wake_at ('' or absent: none), graph_version (the
+                                     version of the graph that saved the head; '' or
+                                     absent: none), oldest (the oldest history entry
+                                     kept)
     <ns>:{<ns>:<shard>}:hist:<b64>   hash: revision -> record bytes
     <ns>:{<ns>:<shard>}:lease:<b64>  hash: owner, token, exp (µs, server clock), nonces;
                                      expires with the lease (PX), see ``_scripts.py``

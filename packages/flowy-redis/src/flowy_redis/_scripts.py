@@ -13,9 +13,10 @@ leaves a short-lived tombstone (so a resent release is recognised); deleting a t
 removes its lease record unless a live lease holds it.
 
 Durable time: a head's ``wake_at`` is its score in the shard's ``timers`` set, written by
-the save script with the head. A thread's inbox and journal are hashes of its own; under
-``completed_ttl`` they expire with the head (a terminal save sets their expiry, a later
-write aligns a new key with the head's, a save that revives the thread persists them).
+the save script with the head (as is its ``graph_version``, a field of the head hash). A
+thread's inbox and journal are hashes of its own; under ``completed_ttl`` they expire
+with the head (a terminal save sets their expiry, a later write aligns a new key with
+the head's, a save that revives the thread persists them).
 
 Outbox: a message is a stream entry read by a consumer group. Its delivery count is the
 group's; when it is visible again is its score in the shard's ``vis`` set (a claim hides
@@ -155,7 +156,8 @@ _SAVE = """
 -- ARGV: expected, record, pointer, status, reason, handoff_status, handoff_pending_at,
 --       updated_at, replay ('1': an identical record at the new revision is this very
 --       save, resent), lease owner, lease token ('' without a lease), thread id,
---       wake_at ('' for none), then (key, payload) per outbox row.
+--       wake_at ('' for none), graph_version ('' for none), then (key, payload) per
+--       outbox row.
 -- Returns the new revision, or {actual revision[, owner, token, exp of the live lease]}.
 local TTL = @TTL@
 local expected = tonumber(ARGV[1])
@@ -186,7 +188,7 @@ local id = ARGV[12]
 local wake = ARGV[13]
 redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
   'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
-  'updated_at', ARGV[8], 'wake_at', wake)
+  'updated_at', ARGV[8], 'wake_at', wake, 'graph_version', ARGV[14])
 -- The timer index (a new thread may find the member of an expired one).
 if cur == 0 or (h[4] or '') ~= wake then
   if wake == '' then
@@ -229,10 +231,10 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   end
   redis.call('ZREM', KEYS[5], id)
 end
-if #ARGV > 13 then  -- (the outbox functions are defined only when needed)
+if #ARGV > 14 then  -- (the outbox functions are defined only when needed)
 @OUTBOX@
   local k = outbox_keys(9)
-  for i = 14, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
+  for i = 15, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
 end
 return rev
 """
@@ -322,15 +324,16 @@ return out
 """)
 
 HEADS = LuaScript("""
--- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 8 columns
--- per head (wake_at is false for a head saved before there were timers), or false for a
+-- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 9 columns
+-- per head (wake_at is false for a head saved before there were timers, graph_version
+-- for one saved before there were graph versions), or false for a
 -- member whose head is gone or moved on (the member is then removed: an expired thread,
 -- or one saved since under another status).
 local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
 local out = {}
 for i = 2, #KEYS do
   local h = redis.call('HMGET', KEYS[i], 'revision', 'pointer', 'status', 'reason',
-    'handoff_status', 'handoff_pending_at', 'updated_at', 'wake_at')
+    'handoff_status', 'handoff_pending_at', 'updated_at', 'wake_at', 'graph_version')
   local member = ARGV[i - 1]
   if not h[1] or DIGIT[h[5]] ~= string.sub(member, 1, 1) then
     redis.call('ZREM', KEYS[1], member)
