@@ -473,22 +473,36 @@ class Execution(HandoffSegment[S, E]):
         tries: dict[str, int] = {}
         save_steps = self.graph.save_every_step and self.cp is not None
         while True:
+            kind_now = self.interrupt_kind
+            if kind_now is not None:  # stop here, inside: the resume goes on from here
+                self._nest(name, cptr, cstate, codec)
+                return await self._on_interrupt(kind_now)
             if meta.step_count >= self.graph.max_steps:
                 return await self._fail(Reason.MAX_STEPS_EXCEEDED)
             path = f"{name}/{cptr}"
             self._emit(EventType.NODE_STARTED, node=path, step=meta.step_count + 1)
+            self.in_node = True
             try:
                 update, directive = await child.nodes[cptr](cstate)
                 cstate = child.reducer(cstate, update)
             except asyncio.CancelledError:
+                self._nest(name, cptr, cstate, codec)  # a stop saves the run inside
                 raise
             except RetryLater as later:
+                self.in_node = False
                 self._nest(name, cptr, cstate, codec)
                 return await self._save_wait(Reason.ACTIVITY_RETRY, later.at)
             except Exception as exc:  # noqa: BLE001 - a node's error fails the run, reported on the result
                 return self._fail_unsaved(Reason.NODE_ERROR, exc)
+            finally:
+                self.in_node = False
             meta.step_count += 1
             meta.total_steps += 1
+            over = [
+                b for b, limit in self.graph.budgets.items() if meta.budget_counts.get(b, 0) > limit
+            ]
+            if over:
+                return await self._fail(f"{Reason.BUDGET_EXCEEDED}:{over[0]}")
             while directive.kind is DirectiveKind.EFFECT and directive.base is not None:
                 payload = cast(E, directive.payload)
                 self.effects.append(payload)

@@ -116,7 +116,7 @@ class Segment(Generic[S, E]):
         self.clock = services.clock
         self.key = key
         self.thread_id = meta.thread_id
-        self.state = state
+        self.state: S = state
         self.pointer = pointer
         self.revision = revision
         self.meta = meta
