@@ -165,20 +165,6 @@ def _snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
     }
 
 
-def _activity_json(record: ActivityRecord) -> dict[str, Any]:
-    return {
-        "key": record.key,
-        "status": record.status.value,
-        "name": record.name,
-        "attempts": record.attempts,
-        "result": record.result,
-        "error": record.error,
-        "started_at": record.started_at,
-        "updated_at": record.updated_at,
-        "retry_at": record.retry_at,
-    }
-
-
 def _signal_json(signal: Signal) -> dict[str, Any]:
     return {
         "seq": signal.seq,
@@ -335,7 +321,7 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
         data = _snapshot_json(snap, revision)
         data["lease"] = _lease_json(lease)
         data["dead_letters"] = [dead_letter_json(d) for d in dead]
-        data["journal"] = [_activity_json(r) for r in journal]
+        data["journal"] = [r.as_json() for r in journal]
         data["pending_signals"] = [_signal_json(s) for s in pending]
         print_json(out, data)
         return 0

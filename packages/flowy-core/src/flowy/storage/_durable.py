@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._errors import SnapshotEnvelopeInvalidError
@@ -139,8 +140,23 @@ class ActivityRecord:
     retry_at: float | None = None
     """When the next attempt is due (``RETRYING``)."""
 
+    def as_json(self) -> dict[str, JSON]:
+        """The record as a JSON object: what the journal stores, and what ``flowy show
+        --json`` prints."""
+        return {
+            "key": self.key,
+            "status": self.status.value,
+            "name": self.name,
+            "attempts": self.attempts,
+            "result": self.result,
+            "error": self.error,
+            "started_at": self.started_at,
+            "updated_at": self.updated_at,
+            "retry_at": self.retry_at,
+        }
 
-def _dumps(document: dict[str, object], what: str) -> bytes:
+
+def _dumps(document: Mapping[str, object], what: str) -> bytes:
     try:
         data = _ENCODER.encode(document).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
@@ -206,20 +222,7 @@ def decode_signal(thread_id: str, seq: int, data: bytes) -> Signal:
 
 def encode_activity(record: ActivityRecord) -> bytes:
     """The bytes a store keeps for ``record`` under its thread and key."""
-    return _dumps(
-        {
-            "key": record.key,
-            "status": record.status.value,
-            "name": record.name,
-            "attempts": record.attempts,
-            "result": record.result,
-            "error": record.error,
-            "started_at": record.started_at,
-            "updated_at": record.updated_at,
-            "retry_at": record.retry_at,
-        },
-        f"the record of activity {record.key!r:.80}",
-    )
+    return _dumps(record.as_json(), f"the record of activity {record.key!r:.80}")
 
 
 def decode_activity(data: bytes, *, key: str | None = None) -> ActivityRecord:
