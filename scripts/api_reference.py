@@ -40,6 +40,7 @@ MODULES: list[str] = [
     "flowy.types",
     "flowy.lifecycle",
     "flowy.stream_helpers",
+    "flowy.otel",
     "flowy.memory",
     "flowy.sqlite",
     "flowy.testing",

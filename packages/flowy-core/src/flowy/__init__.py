@@ -10,7 +10,8 @@ The rest of the public API lives in a few modules: ``flowy.errors`` (the whole e
 tree), ``flowy.types`` (secondary types), ``flowy.lifecycle`` (observers and counters),
 ``flowy.storage`` (what stores implement), ``flowy.memory`` and ``flowy.sqlite`` (the
 stores in core), ``flowy.stream_helpers`` (the stream helpers as free functions),
-``flowy.patterns`` and ``flowy.testing``.
+``flowy.patterns``, ``flowy.otel`` (OpenTelemetry, with the ``otel`` extra) and
+``flowy.testing``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any, cast
 
+from . import _tracing
 from ._activities import ActivityScope, RetryLater, current_scope
 from ._context import current_run
 from ._directives import Directive, DirectiveKind
@@ -126,6 +127,12 @@ class Execution(HandoffSegment[S, E]):
             )
         )
         result: RunResult[S, E] | None = None
+        tracing = _tracing.active()
+        span = (
+            tracing.segment(self.thread_id, "resume" if self.meta.segment else "start", self.store)
+            if tracing is not None
+            else None
+        )
         try:
             try:
                 result = await self._loop()
@@ -144,6 +151,17 @@ class Execution(HandoffSegment[S, E]):
         finally:
             current_scope.reset(scope_token)
             current_run.reset(ctx_token)
+            if span is not None:
+                if result is None:
+                    span.end("canceled", error=asyncio.CancelledError())
+                else:
+                    span.end(
+                        result.status.value,
+                        result.reason,
+                        result.revision,
+                        result.error,
+                        result.step_count,
+                    )
             await self._finish(result)
 
     async def _on_external_cancel(self) -> None:
@@ -217,6 +235,7 @@ class Execution(HandoffSegment[S, E]):
         effect_kind, completed_kind = DirectiveKind.EFFECT, DirectiveKind.COMPLETED
         attempts = self.attempts
         subgraphs = graph.subgraphs
+        tracing = _tracing.active()
         while True:
             if self.interrupt_kind is not None:
                 return await self._on_interrupt(self.interrupt_kind)
@@ -235,18 +254,29 @@ class Execution(HandoffSegment[S, E]):
             if emit:
                 self._emit(EventType.NODE_STARTED, node=pointer, step=meta.step_count + 1)
             self.step_state = self.state
+            node_span = (
+                tracing.node(self.thread_id, pointer, meta.step_count + 1) if tracing else None
+            )
             self.in_node = True
             try:
                 update, directive = await nodes[pointer](self.state)
             except asyncio.CancelledError:
+                if node_span is not None:
+                    node_span.end("canceled")
                 raise
             except RetryLater as later:  # an activity waits for its next attempt
                 self.in_node = False
+                if node_span is not None:
+                    node_span.end(Reason.ACTIVITY_RETRY)
                 return await self._save_wait(Reason.ACTIVITY_RETRY, later.at)
             except Exception as exc:  # noqa: BLE001 - a node's error fails the run, reported on the result
+                if node_span is not None:
+                    node_span.end("failed", error=exc)
                 return self._fail_unsaved(Reason.NODE_ERROR, exc)
             finally:
                 self.in_node = False
+            if node_span is not None:
+                node_span.end(directive.kind.value)
             if self.interrupt_kind is not None:
                 await self._absorb_cancel()
             try:

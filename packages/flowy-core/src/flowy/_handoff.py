@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, cast
 
+from . import _tracing
 from ._errors import (
     CheckpointSkippedError,
     HandoffEnqueueFailedError,
@@ -40,9 +41,15 @@ from .storage import (
     new_write_id,
 )
 
-__all__ = ["HandoffSegment", "three_phase_tail"]
+__all__ = ["HandoffSegment", "carrier", "three_phase_tail"]
 
 logger = logging.getLogger("flowy")
+
+
+def carrier() -> dict[str, str]:
+    """The trace context a hand-off carries to its worker (empty without a tracer)."""
+    tracing = _tracing.active()
+    return tracing.carrier() if tracing is not None else {}
 
 
 def _failed(
@@ -113,6 +120,7 @@ async def three_phase_tail(
         reason=pending.reason,
         execution_pointer=pending.execution_pointer,
         created_at=clock(),
+        trace=carrier(),
     )
     try:
         await outbox.enqueue_intent(intent)
@@ -304,6 +312,7 @@ class HandoffSegment(Segment[S, E]):
                     reason=reason,
                     execution_pointer=snap.execution_pointer,
                     created_at=clock(),
+                    trace=carrier(),
                 ),
             )
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from . import _tracing
 from ._types import JSON
 
 __all__ = [
@@ -186,6 +187,8 @@ class Telemetry:
         self.handoffs[status.value] += 1
         if self.parent is not None:
             self.parent.count_handoff(status)
+        elif (tracing := _tracing.active()) is not None:  # once, at the process-wide root
+            tracing.handoff("", status.value)
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """``{"handoff_enqueued_total": {status: n}, "lifecycle_events_total": {type: n},

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Generic, cast
 
+from . import _tracing
 from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
 from ._errors import (
     ConcurrencyConflictError,
@@ -27,6 +29,7 @@ from ._errors import (
     LeaseRequiredError,
     ThreadAlreadyRunningError,
     ThreadCompletedError,
+    ThreadLeaseBusyError,
     ThreadNotFoundError,
     UnknownNodeError,
 )
@@ -307,7 +310,20 @@ class RunPreparation(Generic[S, E]):
                 "run_lease=(owner, ttl_seconds), e.g. run_lease=('worker-1', 30.0)"
             )
         owner, ttl = run_lease
-        return await self.lease_manager.acquire(thread_id, owner, ttl)
+        tracing = _tracing.active()
+        if tracing is None:
+            return await self.lease_manager.acquire(thread_id, owner, ttl)
+        started, outcome = time.perf_counter(), "acquired"
+        try:
+            return await self.lease_manager.acquire(thread_id, owner, ttl)
+        except ThreadLeaseBusyError:
+            outcome = "busy"
+            raise
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            tracing.lease(thread_id, time.perf_counter() - started, outcome)
 
     async def _prepare_start(
         self,

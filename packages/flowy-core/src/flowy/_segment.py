@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, cast
 
+from . import _tracing
 from ._context import RunMetadata
-from ._errors import CheckpointSkippedError, LeaseLostError
+from ._errors import CheckpointSkippedError, ConcurrencyConflictError, LeaseLostError
 from ._events import EventSink, EventType, InterruptKind, RunEvent
 from ._graph import CheckpointPolicy, Graph
 from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
@@ -112,6 +114,7 @@ class Segment(Generic[S, E]):
         self.services = services
         self.graph = services.graph
         self.cp = services.checkpointer
+        self.store = type(services.checkpointer).__name__ if services.checkpointer else "none"
         self.telemetry = services.telemetry
         self.clock = services.clock
         self.key = key
@@ -240,10 +243,30 @@ class Segment(Generic[S, E]):
     # -- saves -----------------------------------------------------------------------
     async def _save(self, snap: Snapshot[S]) -> None:
         assert self.cp is not None
-        self.revision = await durable_save(self.cp, self.revision, snap, lease=self.lease)
+        tracing = _tracing.active()
+        if tracing is None:
+            self.revision = await durable_save(self.cp, self.revision, snap, lease=self.lease)
+            return
+        started, outcome = time.perf_counter(), "ok"
+        try:
+            self.revision = await durable_save(self.cp, self.revision, snap, lease=self.lease)
+        except ConcurrencyConflictError:
+            outcome = "conflict"
+            raise
+        except LeaseLostError:
+            outcome = "lease_lost"
+            raise
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            tracing.save(self.thread_id, self.store, time.perf_counter() - started, outcome)
 
     def _lease_lost(self, exc: BaseException) -> Stop:
         self.interrupt_kind = "lease_lost"
+        tracing = _tracing.active()
+        if tracing is not None:
+            tracing.lease_lost(self.thread_id)
         self._publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
         result = self._result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
         self._emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)

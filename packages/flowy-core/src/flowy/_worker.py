@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, cast
 
+from . import _tracing
 from ._errors import (
     ConcurrencyConflictError,
     HandoffPendingError,
@@ -338,6 +339,8 @@ class Worker(Generic[S, E]):
         except Exception:
             logger.exception("flowy worker %r: releasing thread %r failed", self.owner, thread)
         self._notify(Failure(message, error, exc, dead, delay))
+        if dead and (tracing := _tracing.active()) is not None:
+            tracing.dead_letter(thread)
         return self._count(Outcome.DEAD_LETTERED if dead else Outcome.RETRY)
 
     def _notify(self, failure: Failure) -> None:
@@ -409,6 +412,7 @@ class Worker(Generic[S, E]):
             token = decision.resume_token
         assert token is not None
         extra = dict(self.resume_options(intent)) if self.resume_options else {}
+        joined = _tracing.incoming.set(intent.trace or None)  # the run joins the hand-off's trace
         try:
             result = await self._resume_when_free(token, extra)
         except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
@@ -423,6 +427,8 @@ class Worker(Generic[S, E]):
             return await self._ack(message, Outcome.GONE)
         except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "resume failed", exc)
+        finally:
+            _tracing.incoming.reset(joined)
         self._report(intent, result)
         if result.status is RunStatus.FAILED and not await self._failure_saved(result):
             # The run stopped without saving its end (the lease was lost, the store

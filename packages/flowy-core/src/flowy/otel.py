@@ -1,0 +1,183 @@
+"""OpenTelemetry traces and metrics for flowy (``pip install "flowy-core[otel]"``, which
+adds ``opentelemetry-api`` only; bring your SDK and exporters).
+
+``flowy.otel.instrument()`` makes every runner and worker of the process report:
+
+**Spans** (tracer ``flowy``): ``flowy.segment`` for each start or resume (attributes
+``flowy.thread_id``, ``flowy.kind`` start/resume, ``flowy.store``, and at the end
+``flowy.status``, ``flowy.reason``, ``flowy.revision``, ``flowy.steps``), with children
+``flowy.node`` (``flowy.node``, ``flowy.step``, ``flowy.directive``), ``flowy.save``
+(``flowy.outcome``: ok, conflict, lease_lost, error), ``flowy.lease.acquire`` (acquired,
+busy, error) and ``flowy.handoff`` (``flowy.status``). A hand-off carries the W3C trace
+context of the segment that made it in its intent (``HandoffIntent.trace``), and the
+worker's resume is a ``flowy.segment`` in that same trace.
+
+**Metrics** (meter ``flowy``):
+
+- ``flowy.runs`` (counter, ``flowy.status``): segments that ended, by status;
+- ``flowy.steps`` (counter): steps run;
+- ``flowy.save.duration`` (histogram, seconds, ``flowy.outcome``): every save;
+- ``flowy.occ.conflicts`` (counter): saves refused by optimistic concurrency;
+- ``flowy.leases.lost`` (counter): runs that lost their lease;
+- ``flowy.handoffs`` (counter, ``flowy.status``): hand-offs by outcome;
+- ``flowy.dead_letters`` (counter): messages a worker dead-lettered.
+
+Without ``instrument()`` nothing is reported and nothing of OpenTelemetry is imported:
+core uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any
+
+from . import _tracing
+
+__all__ = ["instrument", "uninstrument"]
+
+
+def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    """Report flowy's spans and metrics to OpenTelemetry from now on.
+
+    Args:
+        tracer_provider: where spans go (default: the global tracer provider).
+        meter_provider: where metrics go (default: the global meter provider).
+
+    Raises:
+        ImportError: ``opentelemetry-api`` is not installed (the ``otel`` extra).
+    """
+    if importlib.util.find_spec("opentelemetry") is None:
+        raise ImportError('flowy.otel needs opentelemetry-api: pip install "flowy-core[otel]"')
+    _tracing.install(_OpenTelemetry(tracer_provider, meter_provider))
+
+
+def uninstrument() -> None:
+    """Stop reporting to OpenTelemetry."""
+    _tracing.install(None)
+
+
+class _Span:
+    def __init__(
+        self, span: Any, token: object = None, on_end: Any = None, attribute: str = "flowy.status"
+    ) -> None:
+        self.span, self.token, self.on_end, self.attribute = span, token, on_end, attribute
+
+    def end(
+        self,
+        status: str = "",
+        reason: str = "",
+        revision: int = 0,
+        error: BaseException | None = None,
+        steps: int = 0,
+    ) -> None:
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+
+        span = self.span
+        if status:
+            span.set_attribute(self.attribute, status)
+        if reason:
+            span.set_attribute("flowy.reason", reason)
+        if revision:
+            span.set_attribute("flowy.revision", revision)
+        if self.on_end is not None:
+            span.set_attribute("flowy.steps", steps)
+            self.on_end(status, steps)
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:200]))
+        span.end()
+        if self.token is not None:
+            context.detach(self.token)  # pyright: ignore[reportArgumentType]
+
+
+class _OpenTelemetry:
+    """The ``_tracing.Tracing`` that reports to OpenTelemetry."""
+
+    def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
+        from opentelemetry import metrics, trace
+
+        from . import __version__
+
+        tracers = tracer_provider or trace.get_tracer_provider()
+        meters = meter_provider or metrics.get_meter_provider()
+        self.tracer = tracers.get_tracer("flowy", __version__)
+        meter = meters.get_meter("flowy", __version__)
+        self.runs = meter.create_counter("flowy.runs", description="run segments that ended")
+        self.steps = meter.create_counter("flowy.steps", unit="{step}", description="steps run")
+        self.save_duration = meter.create_histogram(
+            "flowy.save.duration", unit="s", description="how long a save took"
+        )
+        self.conflicts = meter.create_counter(
+            "flowy.occ.conflicts", description="saves refused by optimistic concurrency"
+        )
+        self.leases_lost = meter.create_counter(
+            "flowy.leases.lost", description="runs that lost their lease"
+        )
+        self.handoffs = meter.create_counter("flowy.handoffs", description="hand-offs by outcome")
+        self.dead_letters = meter.create_counter(
+            "flowy.dead_letters", description="messages a worker dead-lettered"
+        )
+
+    def segment(self, thread_id: str, kind: str, store: str) -> _Span:
+        from opentelemetry import context, propagate, trace
+
+        carried = _tracing.incoming.get()
+        parent = propagate.extract(dict(carried)) if carried else None
+        span = self.tracer.start_span(
+            "flowy.segment",
+            context=parent,
+            attributes={"flowy.thread_id": thread_id, "flowy.kind": kind, "flowy.store": store},
+        )
+        token = context.attach(trace.set_span_in_context(span))
+
+        def ended(status: str, steps: int) -> None:
+            self.runs.add(1, {"flowy.status": status or "unknown"})
+            if steps:
+                self.steps.add(steps)
+
+        return _Span(span, token, ended)
+
+    def node(self, thread_id: str, node: str, step: int) -> _Span:
+        span = self.tracer.start_span(
+            "flowy.node",
+            attributes={"flowy.thread_id": thread_id, "flowy.node": node, "flowy.step": step},
+        )
+        return _Span(span, attribute="flowy.directive")
+
+    def _instant(self, name: str, seconds: float, attributes: dict[str, Any]) -> None:
+        end = time.time_ns()
+        span = self.tracer.start_span(
+            name, start_time=end - int(seconds * 1e9), attributes=attributes
+        )
+        span.end(end_time=end)
+
+    def save(self, thread_id: str, store: str, seconds: float, outcome: str) -> None:
+        attributes = {"flowy.thread_id": thread_id, "flowy.store": store, "flowy.outcome": outcome}
+        self._instant("flowy.save", seconds, attributes)
+        self.save_duration.record(seconds, {"flowy.outcome": outcome})
+        if outcome == "conflict":
+            self.conflicts.add(1)
+
+    def lease(self, thread_id: str, seconds: float, outcome: str) -> None:
+        self._instant(
+            "flowy.lease.acquire", seconds, {"flowy.thread_id": thread_id, "flowy.outcome": outcome}
+        )
+
+    def lease_lost(self, thread_id: str) -> None:
+        self.leases_lost.add(1)
+
+    def handoff(self, thread_id: str, status: str) -> None:
+        self._instant("flowy.handoff", 0.0, {"flowy.status": status})
+        self.handoffs.add(1, {"flowy.status": status})
+
+    def dead_letter(self, thread_id: str) -> None:
+        self.dead_letters.add(1)
+
+    def carrier(self) -> dict[str, str]:
+        from opentelemetry import propagate
+
+        carried: dict[str, str] = {}
+        propagate.inject(carried)
+        return carried
