@@ -56,8 +56,8 @@ docs: setup
 # .venv (make setup/test) keeps its packages; `make test` later adds them if missing.
 demo:
 	@echo "make demo: the refund-agent demo on flowy-core alone (no dependencies; .venv stays under 1 MB)."
-	@echo "  First run from a fresh clone: about 13 s, most of it installing uv into .tools/uv-venv (63 MB)"
-	@echo "  when uv is not on PATH (about 7 s when it is). Later runs: about 5 s."
+	@echo "  First run from a fresh clone: about 10 s, half of it installing uv into .tools/uv-venv (63 MB)"
+	@echo "  when uv is not on PATH (about 6 s when it is). Later runs: about 5 s."
 	@$(MAKE) --no-print-directory uv
 	$(UV) sync --package flowy-core --no-dev --frozen --inexact
 	.venv/bin/flowy demo --db $(DEMO_DB) $(DEMO_ARGS)
