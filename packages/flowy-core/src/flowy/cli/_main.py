@@ -1,8 +1,8 @@
 """The ``flowy`` command: its parser, and running one subcommand.
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
-``recover``, ``resume``, ``fork``, ``signal``, ``worker`` and ``dead-letters``; every one but
-``demo`` and ``graph`` works on any store, named by ``--backend URL`` (or
+``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters`` and ``ui``; every one
+but ``demo`` and ``graph`` works on any store, named by ``--backend URL`` (or
 ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite file. A mistake prints one line on
 standard error, never a traceback, and exits 2 when the command line is wrong (a usage
 error, a bad URL, a missing adapter or file, a ``--graph`` that cannot be loaded) or 1
@@ -37,6 +37,7 @@ from ._render import ColorMode, Console, set_console
 from ._serve import cmd_worker
 from ._store import ENV_VAR, scrub
 from ._story import DEFAULT_DEMO_DB, cmd_demo
+from ._ui import cmd_ui, port
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -332,6 +333,23 @@ def _add_operate(sub: _Subcommands) -> None:
     p.add_argument("--retry", action="append", metavar="ID", help="requeue this dead letter")
     p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N dead letters")
     p.set_defaults(handler=cmd_dead_letters)
+
+    p = sub.add_parser(
+        "ui",
+        parents=[parents["common"], parents["store"]],
+        help="serve a local web inspector of the threads (needs flowy-core[ui])",
+        description="Serve a small web page of the store's threads, their history and "
+        "dead letters, with resume, recover, fork and requeue buttons. It listens on "
+        "127.0.0.1 and prints a URL with a random access token.",
+    )
+    p.add_argument("--graph", required=True, metavar=_GRAPH, help="the threads' graph")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default: 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port", type=port, default=8765, metavar="PORT", help="the port (default: 8765)"
+    )
+    p.set_defaults(handler=cmd_ui)
 
 
 def build_parser() -> argparse.ArgumentParser:

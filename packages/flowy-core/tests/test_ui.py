@@ -1,0 +1,244 @@
+"""``flowy ui`` (``flowy/cli/_ui.py``) without a browser: Starlette's TestClient on a
+SQLite store with the approval graph. Token and CSRF refusal, every page, every action,
+and hostile content escaped. The same app in a real browser is in
+``test_ui_browser.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from core_graphs import approval_graph
+
+with warnings.catch_warnings():
+    # Starlette 1.x asks for httpx2 under its TestClient; httpx still works.
+    warnings.filterwarnings("ignore", message=".*httpx2", category=UserWarning)
+    from starlette.testclient import TestClient
+
+import flowy
+from flowy.cli import main
+from flowy.cli._ui import COOKIE, build_app
+from flowy.sqlite import SQLiteBackend
+
+TOKEN = "test-token-123"
+HOSTILE = "<script>alert(1)</script>"
+
+
+async def _populate(path: Path) -> None:
+    async with SQLiteBackend[Any](path) as backend:
+        runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
+        await runner.start("susp", {})
+        await runner.start(HOSTILE, {"note": HOSTILE})
+        await runner.start("orph", {})
+        snap, revision = await backend.checkpointer.load("orph")
+        orphan = replace(
+            snap,
+            status=flowy.RunStatus.HANDOFF,
+            handoff_status=flowy.HandoffStatus.ORPHANED,
+            execution_pointer="act",
+            reason="to_worker",
+        )
+        await backend.checkpointer.save(revision, orphan)
+        # "dead": a hand-off whose deliveries kept failing, with a hostile error.
+        dead = await runner.start("dead", {})
+        assert dead.resume_token is not None
+        await runner.resume(dead.resume_token, state_overlay={"approved": True})
+        for _ in range(100):
+            if await backend.consumer.dead_letters():
+                break
+            for message in await backend.consumer.claim(10, 30.0):
+                await backend.consumer.release(message, error=HOSTILE)
+        assert await backend.consumer.dead_letters()
+
+
+async def _head(path: Path, thread: str) -> flowy.storage.Snapshot[Any]:
+    async with SQLiteBackend[Any](path) as backend:
+        snap, _ = await flowy.Runner(approval_graph(), backend).head(thread)
+        return snap
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "flowy.db"
+    asyncio.run(_populate(path))
+    return path
+
+
+@pytest.fixture
+def client(db: Path) -> Iterator[TestClient]:
+    backend = SQLiteBackend[Any](db)
+    app = build_app(backend, approval_graph(), token=TOKEN)
+    with TestClient(app, follow_redirects=False) as c:
+        c.cookies.set(COOKIE, TOKEN)
+        yield c
+        c.portal.call(backend.aclose)  # pyright: ignore[reportOptionalMemberAccess]
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r"name='csrf' value='([^']+)'", page)
+    assert found is not None, "no CSRF field on the page"
+    return found.group(1)
+
+
+def test_no_token_is_refused(db: Path) -> None:
+    app = build_app(SQLiteBackend[Any](db), approval_graph(), token=TOKEN)
+    with TestClient(app, follow_redirects=False) as c:
+        for path in ("/", "/threads/susp", "/dead-letters"):
+            assert c.get(path).status_code == 403
+        assert c.get("/?token=wrong").status_code == 403
+        c.cookies.set(COOKIE, "wrong")
+        assert c.get("/").status_code == 403
+        assert c.post("/actions/requeue", data={"message": "x"}).status_code == 403
+
+
+def test_the_token_in_the_url_becomes_a_strict_http_only_cookie(db: Path) -> None:
+    app = build_app(SQLiteBackend[Any](db), approval_graph(), token=TOKEN)
+    with TestClient(app, follow_redirects=False) as c:
+        r = c.get(f"/?token={TOKEN}&status=suspended")
+        assert r.status_code == 303
+        assert r.headers["location"] == "/?status=suspended"
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        page = c.get("/?status=suspended")
+        assert page.status_code == 200 and "susp" in page.text
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+
+
+def test_a_post_without_the_csrf_token_is_refused(client: TestClient, db: Path) -> None:
+    data = {"thread": "susp", "revision": "2", "overlay": '{"approved": true}'}
+    assert client.post("/actions/resume", data=data).status_code == 403
+    r = client.post("/actions/resume", data={**data, "csrf": "forged"})
+    assert r.status_code == 403
+    assert asyncio.run(_head(db, "susp")).status is flowy.RunStatus.SUSPENDED
+
+
+def test_threads_page_lists_and_filters(client: TestClient) -> None:
+    page = client.get("/").text
+    assert "susp" in page and "orph" in page and "awaiting_approval" in page
+    only = client.get("/?status=handoff").text
+    assert "orph" in only and "/threads/susp" not in only
+    at_act = client.get("/?node=act").text
+    assert "/threads/orph" in at_act and "/threads/susp" not in at_act
+    assert "no threads match" in client.get("/?node=nowhere").text
+
+
+def test_thread_page_shows_head_state_history_and_marked_graph(client: TestClient) -> None:
+    r = client.get("/threads/susp")
+    assert r.status_code == 200
+    page = r.text
+    assert "suspended" in page and "awaiting_approval" in page
+    assert "&quot;planned&quot;: true" in page  # the state, pretty JSON
+    history = page[page.index("id='history'") : page.index("<h2>Effects")]
+    assert "<td>1</td><td>running</td>" in history and "(state unchanged)" in history
+    assert "{&quot;kind&quot;: &quot;approval&quot;}" in page  # the effect
+    assert "classDef current" in page and "class n_ask current" in page
+    assert "name='overlay'" in page  # the resume (approval) form
+    assert client.get("/threads/nope").status_code == 404
+
+
+def test_resume_action_approves_and_redirects_with_the_outcome(
+    client: TestClient, db: Path
+) -> None:
+    csrf = _csrf(client.get("/threads/susp").text)
+    head = asyncio.run(_head(db, "susp"))
+    r = client.post(
+        "/actions/resume",
+        data={
+            "thread": "susp",
+            "revision": str(head.revision),
+            "overlay": '{"approved": true}',
+            "csrf": csrf,
+        },
+    )
+    assert r.status_code == 303
+    assert r.headers["location"].startswith("/threads/susp?msg=")
+    page = client.get(r.headers["location"]).text
+    assert "resumed susp: handoff" in page
+    assert "approved: (absent) → true" in page  # the history's state diff
+    assert asyncio.run(_head(db, "susp")).status is flowy.RunStatus.HANDOFF
+
+
+def test_an_action_error_is_one_line_on_the_page(client: TestClient, db: Path) -> None:
+    csrf = _csrf(client.get("/threads/susp").text)
+    bad = {"thread": "susp", "revision": "1", "overlay": "{not json", "csrf": csrf}
+    r = client.post("/actions/resume", data=bad)
+    assert r.status_code == 303 and "err=" in r.headers["location"]
+    page = client.get(r.headers["location"]).text
+    assert "resume failed: ValueError: the overlay is not valid JSON" in page
+    assert "Traceback" not in page
+    stale = {"thread": "susp", "revision": "1", "overlay": "{}", "csrf": csrf}
+    page = client.get(client.post("/actions/resume", data=stale).headers["location"]).text
+    assert "resume failed: ConcurrencyConflictError" in page
+
+
+def test_recover_fork_and_requeue_actions(client: TestClient, db: Path) -> None:
+    page = client.get("/dead-letters").text
+    assert "/threads/dead" in page and "/threads/orph" in page
+    message = re.search(r"name='message' value='([^']+)'", page)
+    assert message is not None
+    csrf = _csrf(page)
+    r = client.post(
+        "/actions/recover", data={"thread": "orph", "back": "dead-letters", "csrf": csrf}
+    )
+    assert r.headers["location"].startswith("/dead-letters?msg=")
+    assert "re-enqueued the hand-off of orph" in client.get(r.headers["location"]).text
+    assert asyncio.run(_head(db, "orph")).handoff_status is flowy.HandoffStatus.ENQUEUED
+
+    r = client.post(
+        "/actions/fork",
+        data={"thread": "susp", "revision": "1", "new_thread": "copy", "csrf": csrf},
+    )
+    assert r.headers["location"].startswith("/threads/copy?msg=")
+    page = client.get(r.headers["location"]).text
+    assert "forked susp@1 into copy" in page and "forked from" in page
+
+    r = client.post("/actions/requeue", data={"message": message.group(1), "csrf": csrf})
+    page = client.get(r.headers["location"]).text
+    assert f"requeued dead letter {message.group(1)}" in page and "no dead letters" in page
+    r = client.post("/actions/requeue", data={"message": "no-such-id", "csrf": csrf})
+    assert "requeue failed: KeyError" in client.get(r.headers["location"]).text
+
+
+def test_hostile_content_is_escaped(client: TestClient) -> None:
+    for path in ("/", "/threads/%3Cscript%3Ealert(1)%3C%2Fscript%3E", "/dead-letters"):
+        page = client.get(path).text
+        assert "<script>" not in page
+    page = client.get("/threads/%3Cscript%3Ealert(1)%3C%2Fscript%3E").text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>" not in client.get("/?node=<script>").text
+    msg = client.get("/?msg=<script>x</script>&err=<b>e</b>").text
+    assert "<script>" not in msg and "&lt;b&gt;e&lt;/b&gt;" in msg
+
+
+def test_actions_on_a_hostile_thread_stay_escaped(client: TestClient) -> None:
+    csrf = _csrf(client.get("/dead-letters").text)
+    evil = "<img src=x onerror=alert(2)>"
+    r = client.post(
+        "/actions/fork",
+        data={"thread": HOSTILE, "revision": "1", "new_thread": evil, "csrf": csrf},
+    )
+    location = r.headers["location"]
+    assert location.startswith("/threads/%3Cimg%20src%3Dx") and "<" not in location
+    page = client.get(location).text
+    assert "<img" not in page and "<script>" not in page
+    assert "&lt;img src=x onerror=alert(2)&gt;" in page
+
+
+def test_missing_starlette_is_one_line_and_exit_2(
+    db: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    code = main(["ui", "--db", str(db), "--graph", "core_graphs:approval_graph"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and 'pip install "flowy-core[ui]"' in err
