@@ -33,6 +33,21 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Drop the copies anyio makes of a test for backends other than asyncio (it runs a
+    test on every backend installed, trio included, unless a conftest pins
+    ``anyio_backend``): no flowy store runs on them."""
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("anyio_backend", "asyncio") if callspec else "asyncio"
+        (keep if backend == "asyncio" else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
 @pytest.fixture
 def flowy_url() -> str:
     """Placeholder: a store's conftest defines the real ``flowy_url`` fixture."""
