@@ -96,3 +96,23 @@ async def test_step_limits_count_the_childs_steps() -> None:
     graph = parent_graph(child_graph([], gate), max_steps=2)
     result = await flowy.Runner(graph, MemoryBackend[State]()).start("t", {})
     assert result.status is flowy.RunStatus.FAILED and result.reason == "max_steps_exceeded"
+
+
+async def test_a_router_that_raises_inside_fails_the_run_like_any_router() -> None:
+    async def step(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.completed()
+
+    def broken_router(s: State) -> str:
+        raise RuntimeError("router down")
+
+    builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    child = (
+        builder.add_node("a", step)
+        .add_node("b", step)
+        .add_conditional_edge("a", broken_router, "b")
+        .allow_no_outgoing_route("b")
+        .compile()
+    )
+    result = await flowy.Runner(parent_graph(child), MemoryBackend[State]()).start("t", {})
+    assert result.status is flowy.RunStatus.FAILED and result.reason == "router_error"
+    assert isinstance(result.error, RuntimeError)

@@ -28,12 +28,9 @@ from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
-from ._waits import durable_of, next_signal, take_signal
+from ._waits import durable_of, journal_store, next_signal, take_signal
 from .storage import (
-    Checkpointer,
-    DurableCheckpointer,
     JSONCodec,
-    LeaseGuardCheckpointer,
     RunStatus,
 )
 
@@ -42,29 +39,6 @@ __all__ = ["Execution"]
 logger = logging.getLogger("flowy")
 
 _CANCEL_SAVE_TIMEOUT = 10.0
-
-
-async def _child_route(child: Graph[Any, Any], src: str, state: Any) -> str | None:
-    """Where the child graph goes after ``src`` completed (``None``: it ends)."""
-    nxt = child.edges.get(src)
-    if nxt is not None:
-        return nxt
-    cond = child.conditional_edges.get(src)
-    if cond is None:
-        return None
-    target = cond.router(state)
-    if inspect.isawaitable(target):
-        target = await target
-    if target not in cond.targets:
-        raise UnknownNodeError(
-            f"router of {src!r} returned {target!r}, not among its targets {list(cond.targets)}"
-        )
-    return str(target)
-
-
-def _inner(cp: Checkpointer[Any] | None) -> Checkpointer[Any] | None:
-    """The checkpointer under a lease guard (the one that keeps the journal)."""
-    return cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
 
 
 class Execution(HandoffSegment[S, E]):
@@ -407,10 +381,7 @@ class Execution(HandoffSegment[S, E]):
         if max_total is not None and meta.total_steps + count > max_total:
             return await self._fail(Reason.MAX_TOTAL_STEPS_EXCEEDED)
         cp = self.cp
-        store = (
-            durable_of(cp, "a superstep") if isinstance(_inner(cp), DurableCheckpointer) else None
-        )
-        journal = journal_of(store, self.thread_id, getattr(cp, "codec", None))
+        journal = journal_of(journal_store(cp), self.thread_id, getattr(cp, "codec", None))
         if self.sink is not None:
             for branch in branches:
                 self._emit(EventType.NODE_STARTED, node=branch.node, step=meta.step_count + 1)
@@ -544,7 +515,7 @@ class Execution(HandoffSegment[S, E]):
             if kind is DirectiveKind.END:
                 break
             if kind is DirectiveKind.COMPLETED:
-                nxt = await _child_route(child, cptr, cstate)
+                nxt = await self._route(cptr, child, cstate)
                 if nxt is None:
                     break
                 cptr = nxt
@@ -625,8 +596,13 @@ class Execution(HandoffSegment[S, E]):
             **({"on_timeout": on_timeout} if on_timeout else {}),
         }
 
-    async def _route(self, src: str) -> str | None:
-        graph = self.graph
+    async def _route(
+        self, src: str, graph: Graph[Any, Any] | None = None, state: Any = None
+    ) -> str | None:
+        """Where the run goes after ``src`` completed, in ``graph`` (default: the run's)
+        with ``state`` (default: the run's); ``None`` at a terminal node. A router that
+        raises or names an undeclared target ends the run (``Stop``)."""
+        graph = self.graph if graph is None else graph
         dst = graph.edges.get(src)
         if dst is not None:
             return dst
@@ -634,7 +610,7 @@ class Execution(HandoffSegment[S, E]):
         if cond is None:
             return None  # a terminal node (validated at compile time)
         try:
-            target = cond.router(self.state)
+            target = cond.router(self.state if state is None else state)
             if cond.is_async or inspect.isawaitable(target):
                 target = await cast(Awaitable[str], target)
         except asyncio.CancelledError:

@@ -4,8 +4,9 @@
 authoritative ``RunResult``; ``stream`` / ``resume_stream`` do the same in a task the
 returned ``StreamHandle`` owns. ``evaluate_resume``, ``resume``, ``resume_stream`` and
 recovery share one preflight (``_preflight``), in the specification's order: token
-validation → load + OCC → after_load → overlay → segment reset (budget counts kept) →
-run-metadata merge → resume-target policy → pointer validation → execute.
+validation → load + OCC → graph-version migrations → after_load → the wake of a
+waiting thread (its signal or timeout route) → overlay → segment reset (budget counts
+kept) → run-metadata merge → resume-target policy → pointer validation → execute.
 """
 
 from __future__ import annotations

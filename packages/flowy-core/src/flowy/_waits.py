@@ -38,6 +38,7 @@ from .storage._durable import check_key
 __all__ = [
     "Wake",
     "durable_of",
+    "journal_store",
     "merge_update",
     "next_signal",
     "send_signal",
@@ -51,11 +52,12 @@ _FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
 def durable_of(cp: Checkpointer[Any] | None, what: str) -> DurableCheckpointer[Any]:
     """The checkpointer's timers, inbox and journal; ``TypeError`` naming ``what`` if
     the store keeps none."""
-    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
-    if inner is None or not isinstance(inner, DurableCheckpointer):
+    inner = journal_store(cp)
+    if inner is None:
+        shown = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
         raise TypeError(
             f"{what} needs a store that keeps timers, signals and an activity journal "
-            f"(flowy.storage.DurableCheckpointer); {type(inner).__name__} does not"
+            f"(flowy.storage.DurableCheckpointer); {type(shown).__name__} does not"
         )
     return inner
 
@@ -86,6 +88,12 @@ def merge_update(graph: Graph[S, Any], state: S, update: object) -> S:
             return cast(S, dataclasses.replace(state, **updates))
         return cast(S, {**cast(Mapping[str, Any], state), **updates})
     return graph.reducer(state, cast(S, update))
+
+
+def journal_store(cp: Checkpointer[Any] | None) -> DurableCheckpointer[Any] | None:
+    """The checkpointer's journal, or ``None`` if its store keeps none."""
+    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
+    return inner if isinstance(inner, DurableCheckpointer) else None
 
 
 async def next_signal(

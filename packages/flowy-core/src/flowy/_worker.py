@@ -511,6 +511,11 @@ class Worker(Generic[S, E]):
             logger.exception("flowy worker %r: listing due timers failed", self.owner)
             return 0
         now = time.monotonic()
+        listed = {t.thread_id for t in due}
+        # Forget the failures of threads that are no longer due (they moved on).
+        self._timer_failures = {
+            k: v for k, v in self._timer_failures.items() if k in listed or v[1] > now
+        }
         due = [t for t in due if self._timer_failures.get(t.thread_id, (0, 0.0))[1] <= now]
         gate = asyncio.Semaphore(self.concurrency)
 
