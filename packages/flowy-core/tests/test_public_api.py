@@ -26,6 +26,7 @@ SRC = Path(flowy.__file__).parent
 RANK = {
     "_types": 0,
     "_results": 1,
+    "_invariants": 1,
     "_errors": 2,
     "storage": 3,
     "_directives": 4,
@@ -156,7 +157,8 @@ def test_imports_are_one_way() -> None:
     for module, targets in module_graph().items():
         mine = rank_of(module)
         for target in targets:
-            if target.startswith("testing") and not module.startswith("testing"):
+            front_end = (module, target) == ("cli._check", "testing.checking")  # flowy check
+            if target.startswith("testing") and not module.startswith("testing") and not front_end:
                 problems.append(f"{module} imports the test tools {target}")
             elif module != "__init__" and rank_of(target) > mine:
                 problems.append(f"{module} (layer {mine}) imports {target} ({rank_of(target)})")
@@ -177,7 +179,7 @@ def test_the_cycle_check_sees_type_only_and_subpackage_imports(tmp_path: Path) -
 
 
 def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:
-    assert len(flowy.__all__) <= 60, len(flowy.__all__)
+    assert len(flowy.__all__) <= 61, len(flowy.__all__)
     assert flowy.__all__ == sorted(flowy.__all__)
     for name in flowy.__all__:
         obj = getattr(flowy, name)

@@ -4,7 +4,8 @@ Declare a graph of async nodes over your own state ``S`` and effect ``E`` with
 ``GraphBuilder``, open a store with ``connect(url)``, run the graph with ``Runner``, and
 resume it exactly where it stopped; ``Worker`` finishes handed-off runs in the
 background and wakes runs that ``sleep`` or ``wait_for`` a signal. ``activity`` calls
-the outside world once per thread, recorded in the store.
+the outside world once per thread, recorded in the store. ``@invariant`` declares a
+property of the state that ``flowy.testing.check`` verifies under crashes and faults.
 
 The rest of the public API lives in a few modules: ``flowy.errors`` (the whole exception
 tree), ``flowy.types`` (secondary types), ``flowy.lifecycle`` (observers and counters),
@@ -71,6 +72,7 @@ from ._events import StreamHandle as StreamHandle
 from ._graph import CheckpointPolicy as CheckpointPolicy
 from ._graph import Graph as Graph
 from ._graph import GraphBuilder as GraphBuilder
+from ._invariants import invariant as invariant
 from ._plan import resume_current as resume_current
 from ._plan import resume_to as resume_to
 from ._results import HandoffRecoveryResult as HandoffRecoveryResult
@@ -140,6 +142,7 @@ __all__ = [
     "fail",
     "fan_out",
     "handoff",
+    "invariant",
     "resume_current",
     "resume_to",
     "retry",

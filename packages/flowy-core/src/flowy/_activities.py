@@ -22,7 +22,14 @@ from ._errors import ActivityFailedError, ActivityOutcomeUnknown, NoRunContextEr
 from ._segment import maybe_await
 from .storage import ActivityRecord, ActivityStatus, DurableCheckpointer
 
-__all__ = ["ActivityRetry", "ActivityScope", "RetryLater", "activity", "current_scope"]
+__all__ = [
+    "ActivityRetry",
+    "ActivityScope",
+    "RetryLater",
+    "activity",
+    "current_scope",
+    "on_call",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +118,12 @@ class ActivityScope:
 
 
 current_scope: ContextVar[ActivityScope | None] = ContextVar("flowy_activity", default=None)
+
+on_call: ContextVar[Callable[[str, str, bool], None] | None] = ContextVar(
+    "flowy_activity_calls", default=None
+)
+"""Told ``(thread_id, key, idempotent)`` just before each call of an activity's function
+(``flowy.testing.check`` counts calls with it)."""
 
 
 def _describe(exc: BaseException) -> str:
@@ -223,6 +236,8 @@ async def activity(
         updated_at=now,
     )
     await journal.put_activity(thread_id, started)
+    if (observe := on_call.get()) is not None:
+        observe(thread_id, key, idempotent)
     try:
         result = await maybe_await(fn(*args, **kwargs))
     except Exception as exc:

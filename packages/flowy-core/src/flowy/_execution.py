@@ -153,12 +153,14 @@ class Execution(HandoffSegment[S, E]):
         if self.renewer is not None:
             self.renewer.cancel()
         lm = self.services.lease_manager
-        if self.lease is not None and lm is not None and self.interrupt_kind != "lease_lost":
-            try:
-                await asyncio.shield(lm.release(self.lease))
-            except Exception as exc:  # noqa: BLE001 - the lease expires on its own
-                logger.warning("flowy: releasing lease on %r failed: %s", self.thread_id, exc)
-        unregister_run(self.key)
+        try:
+            if self.lease is not None and lm is not None and self.interrupt_kind != "lease_lost":
+                try:
+                    await asyncio.shield(lm.release(self.lease))
+                except Exception as exc:  # noqa: BLE001 - the lease expires on its own
+                    logger.warning("flowy: releasing lease on %r failed: %s", self.thread_id, exc)
+        finally:
+            unregister_run(self.key)  # even when the release is interrupted
         if result is not None:
             await self._post_run_cleanup(result)
 

@@ -1,10 +1,11 @@
 """The ``flowy`` command: its parser, and running one subcommand.
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
-``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters`` and ``ui``; every one
-but ``demo`` and ``graph`` works on any store, named by ``--backend URL`` (or
-``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite file. A mistake prints one line on
-standard error, never a traceback, and exits 2 when the command line is wrong (a usage
+``check``, ``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters`` and
+``ui``; every one but ``demo``, ``graph`` and ``check`` works on any store, named by
+``--backend URL`` (or ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite file. A mistake
+prints one line on standard error, never a traceback, and exits 2 when the command line
+is wrong (a usage
 error, a bad URL, a missing adapter or file, a ``--graph`` that cannot be loaded) or 1
 when the operation fails. Standard library only.
 """
@@ -22,6 +23,7 @@ from typing import Any, NoReturn, Protocol, cast
 
 from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
+from ._check import cmd_check
 from ._inspect import cmd_graph, cmd_history, cmd_show, cmd_threads, cmd_timers
 from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
 from ._options import (
@@ -32,6 +34,7 @@ from ._options import (
     positive_seconds,
     revision,
     seconds,
+    seed,
 )
 from ._render import ColorMode, Console, set_console
 from ._serve import cmd_worker
@@ -185,6 +188,47 @@ def _add_inspect(sub: _Subcommands) -> None:
     p.add_argument("spec", metavar=_GRAPH, help="the graph, or a function returning it")
     p.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart")
     p.set_defaults(handler=cmd_graph)
+
+    p = sub.add_parser(
+        "check",
+        parents=[parents["common"]],
+        help="run a graph through random crashes and faults, and check it stays safe",
+        description="Run a graph through its scenario under random fault schedules "
+        "(crashes at every save, lost acks, lease takeovers, concurrent resumes, store "
+        "faults) and check that the thread ends well, that no hand-off is lost or resumed "
+        "twice and that activities ran once, with your invariants and post-conditions. "
+        "A failure is shrunk and printed with a command that replays it.",
+    )
+    p.add_argument("spec", metavar=_GRAPH, help="the graph, or a function returning it")
+    p.add_argument(
+        "--scenario",
+        required=True,
+        metavar="MODULE:FN",
+        help="a function returning a fresh flowy.testing.Scenario for each run",
+    )
+    p.add_argument("--seeds", type=count, default=1000, metavar="N", help="schedules to try")
+    p.add_argument(
+        "--seed", type=seed, default=0, metavar="N", help="the first seed (or the replayed one)"
+    )
+    p.add_argument(
+        "--max-faults",
+        type=count,
+        default=3,
+        metavar="N",
+        help="the most faults in one schedule (default: 3)",
+    )
+    p.add_argument(
+        "--backend",
+        metavar="URL",
+        help="a scratch store to run on (default: a fresh memory store per run; "
+        f"${ENV_VAR} is not used)",
+    )
+    p.add_argument(
+        "--replay",
+        metavar="SCHEDULE",
+        help="run only this schedule, as a failure prints it (e.g. crash-before@6)",
+    )
+    p.set_defaults(handler=cmd_check)
 
 
 def _add_operate(sub: _Subcommands) -> None:

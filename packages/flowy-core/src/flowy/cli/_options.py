@@ -36,6 +36,7 @@ __all__ = [
     "one_line",
     "parse_overlay",
     "positive_seconds",
+    "seed",
     "quote",
     "resume_token",
     "revision",
@@ -98,6 +99,11 @@ def _whole(text: str, low: int, high: int, what: str) -> int:
 def count(text: str) -> int:
     """A ``--limit``: a whole number from 1 to ``MAX_COUNT``."""
     return _whole(text, 1, MAX_COUNT, "a whole number")
+
+
+def seed(text: str) -> int:
+    """``--seed``: a whole number from 0 to ``MAX_COUNT``."""
+    return _whole(text, 0, MAX_COUNT, "a whole number")
 
 
 def concurrency(text: str) -> int:

@@ -300,6 +300,8 @@ async def _latency(seconds: float) -> None:
 
 
 def _say(who: str, text: str, color: str = "blue") -> None:
+    if run_metadata().metadata.get("quiet"):
+        return
     out = console()
     out.line(f"      {out.paint(who, color, 'bold')} {out.sym('say')} {text}")
 

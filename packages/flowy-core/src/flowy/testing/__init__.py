@@ -18,7 +18,11 @@ See ``docs/adapters.md``.
 
 from __future__ import annotations
 
+from .checking import CheckReport as CheckReport
+from .checking import Scenario as Scenario
+from .checking import acheck as acheck
+from .checking import check as check
 from .hooks import Corrupt as Corrupt
 from .hooks import corrupt_head as corrupt_head
 
-__all__ = ["Corrupt", "corrupt_head"]
+__all__ = ["CheckReport", "Corrupt", "Scenario", "acheck", "check", "corrupt_head"]
