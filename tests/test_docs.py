@@ -31,7 +31,7 @@ def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         env={**os.environ, "NO_COLOR": "1"},
     )
 
@@ -78,7 +78,7 @@ def test_doc_page_code_runs(page: Path, tmp_path: Path) -> None:
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=300,
             env={**os.environ, "NO_COLOR": "1"},
         )
         assert proc.returncode == 0, f"{page.name}: `{command}` failed:\n{proc.stderr}"

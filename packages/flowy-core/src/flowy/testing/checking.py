@@ -46,6 +46,7 @@ import json
 import logging
 import random
 import re
+import selectors
 import sys
 import time
 import uuid
@@ -1220,16 +1221,46 @@ def check(
         pass
     else:
         raise RuntimeError("flowy.testing.check runs its own event loop: await acheck() here")
-    return asyncio.run(
-        acheck(
-            graph,
-            scenario,
-            seeds=seeds,
-            store=store,
-            max_faults=max_faults,
-            invariants=invariants,
-            replay=replay,
-            seed=seed,
-            first_seed=first_seed,
-        )
+    checking = acheck(
+        graph,
+        scenario,
+        seeds=seeds,
+        store=store,
+        max_faults=max_faults,
+        invariants=invariants,
+        replay=replay,
+        seed=seed,
+        first_seed=first_seed,
     )
+    # On a store in this process, waits (a save's retry backoff, a worker's pause) take
+    # no real time: the loop's clock jumps to the next timer when nothing else can run.
+    virtual = not isinstance(store, str)
+    with asyncio.Runner(loop_factory=_jumping_loop if virtual else None) as runner:
+        return runner.run(checking)
+
+
+class _JumpingSelector(selectors.DefaultSelector):
+    """A selector that, instead of sleeping until the next timer, moves the loop's clock
+    there (it still blocks for real when no timer is due: threads, sockets)."""
+
+    skipped = 0.0
+
+    def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        ready = super().select(0)
+        if ready or timeout is None or timeout <= 0:
+            return ready or (super().select(timeout) if timeout else ready)
+        self.skipped += timeout
+        return []
+
+
+class _JumpingLoop(asyncio.SelectorEventLoop):
+    def __init__(self) -> None:
+        self.jumps = _JumpingSelector()
+        super().__init__(self.jumps)
+
+    def time(self) -> float:
+        return super().time() + self.jumps.skipped
+
+
+def _jumping_loop() -> asyncio.AbstractEventLoop:
+    return _JumpingLoop()
