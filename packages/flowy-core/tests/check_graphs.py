@@ -121,3 +121,19 @@ def waiting_graph() -> flowy.Graph[State, Any]:
 
 def waiting_scenario() -> Scenario[State]:
     return Scenario(state={}, signal=lambda head: {"by": "ops"})
+
+
+async def wait_forever(state: State) -> Any:
+    return {}, flowy.wait_for("go", resume_at="woke")
+
+
+def patient_graph() -> flowy.Graph[State, Any]:
+    """Waits for "go" without a deadline."""
+    return (
+        flowy.GraphBuilder(merge)
+        .add_node("wait", wait_forever)
+        .add_node("woke", woke)
+        .add_edge("wait", "woke")
+        .allow_no_outgoing_route("woke")
+        .compile()
+    )

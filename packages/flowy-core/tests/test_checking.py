@@ -217,6 +217,25 @@ def test_a_lost_hand_off_is_reported() -> None:
     assert report.store == "_Deaf"
 
 
+class _NoWakeUps(MemoryBackend[Any]):
+    """A store whose outbox loses the wake-up message of every signal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+        async def enqueue_intent(intent: Any) -> None:
+            return None
+
+        self.outbox.enqueue_intent = enqueue_intent  # type: ignore[method-assign]
+
+
+def test_a_signal_that_never_wakes_the_thread_is_reported() -> None:
+    assert check(check_graphs.patient_graph(), waiting_scenario, seeds=100).ok
+    report = check(check_graphs.patient_graph(), waiting_scenario, seeds=1, store=_NoWakeUps)
+    assert report.failure is not None
+    assert report.failure.violations == ("the thread never woke for the 'go' signal it was sent",)
+
+
 def test_a_hand_off_resumed_twice_is_reported() -> None:
     from flowy.testing import checking
 

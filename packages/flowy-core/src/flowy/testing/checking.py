@@ -420,7 +420,6 @@ class _Run(Generic[S]):
         self.fired: list[tuple[Fault, str, str]] = []  # (fault, in words, the operation)
         self.saves = 0
         self.landed = 0
-        self.journal_writes = 0
         self.last_pointer = ""
         self.processes: list[_Process] = []
         self.current = self._spawn()
@@ -431,7 +430,6 @@ class _Run(Generic[S]):
         self.idempotent: set[str] = set()
         self.problems: list[str] = []
         self.sent: set[str] = set()
-        self.approved: set[int] = set()
         self.timer_first: set[int] = set()
         self.unsaved_end: RunResult[S, Any] | None = None  # a start that failed unsaved
 
@@ -496,7 +494,6 @@ class _Run(Generic[S]):
             ran = self.last_pointer if snapshot.total_steps else ""
             return f"{where}, after node {ran!r} returned" if ran else where
         if op == "journal":
-            self.journal_writes += 1
             record = args[1]
             verb = {
                 ActivityStatus.STARTED: "before its call",
@@ -825,6 +822,8 @@ class _Run(Generic[S]):
             self.scenario.approve is None or self.scenario.approve(head) is None
         ):
             return []
+        if status is RunStatus.WAITING and f"{head.waiting_for}@{head.revision}" in self.sent:
+            return [f"the thread never woke for the {head.waiting_for!r} signal it was sent"]
         if status is RunStatus.WAITING and head.wake_at is None:
             return []
         return [f"the thread ended {_node_words(head)} ({head.reason or 'no reason'})"]
