@@ -1,26 +1,16 @@
 """The ``flowy`` command on every store, the same way: each test fills a store through
 ``flowy.connect(url)`` and runs ``flowy … --backend URL`` as a real process on it.
 
-Stores: SQLite always; PostgreSQL (``FLOWY_POSTGRES_DSN``, else 127.0.0.1:5432 database
-``test``), each test in a schema of its own; Redis (``FLOWY_REDIS_URL``, else
-127.0.0.1:6379), each test in a namespace of its own; DynamoDB (``FLOWY_DYNAMODB_ENDPOINT``,
-else moto's server mode started here), each test with a table of its own. A server that
-cannot be found skips (fails under ``FLOWY_REQUIRE_BACKENDS=1``).
+The stores (all but memory, which another process cannot see) and how each test gets
+one of its own are in ``stores_support.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import importlib
 import json
-import os
 import shlex
-import urllib.parse
-import uuid
-from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,186 +23,29 @@ from cli_support import (
     load,
     park_two,
     populate,
-    run_flowy,
 )
+from stores_support import SHARED_STORES, Store, environment, fresh_store
+from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
 import flowy
-from flowy.testing.backends import backend_missing, port_open
-
-STORES = ["sqlite", "postgres", "redis", "dynamodb"]
 
 
-@dataclass(frozen=True)
-class Store:
-    """A store under test: its URL and what a process needs to reach it."""
-
-    name: str
-    url: str
-    env: dict[str, str] = field(default_factory=lambda: {})
-
-    @property
-    def option(self) -> str:
-        """How the command prints this store in the commands it suggests."""
-        return f"--backend {shlex.quote(self.url)}"
-
-    def flowy(self, *args: str, **kw: Any) -> Any:
-        """Run ``flowy ARGS --backend URL``."""
-        env = {**self.env, **kw.pop("env", {})}
-        return run_flowy(*args, "--backend", self.url, env=env, **kw)
-
-
-def _with_option(url: str, name: str, value: str) -> str:
-    joiner = "&" if "?" in url else "?"
-    return f"{url}{joiner}{name}={urllib.parse.quote(value, safe='')}"
-
-
-def _skip_without_adapter(scheme: str, name: str) -> None:
-    if scheme not in flowy.storage.schemes():
-        backend_missing(f"{name}: no adapter for {scheme}:// is installed")
-
-
-@contextlib.contextmanager
-def _environment(store: Store) -> Generator[None]:
-    """``store.env`` set in this process (for ``flowy.connect`` here)."""
-    saved = {k: os.environ.get(k) for k in store.env}
-    os.environ.update(store.env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-# ------------------------------------------------------------------------ the stores
-
-
-def _sqlite(tmp_path: Path) -> Iterator[Store]:
-    yield Store("sqlite", f"sqlite:///{tmp_path / 'flowy.db'}")
-
-
-def _postgres_dsn() -> str:
-    explicit = os.environ.get("FLOWY_POSTGRES_DSN")
-    if explicit:
-        return explicit
-    if not port_open("127.0.0.1", 5432):
-        backend_missing("no PostgreSQL server: set FLOWY_POSTGRES_DSN or run one on :5432")
-    return "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def _postgres(tmp_path: Path) -> Iterator[Store]:
-    _skip_without_adapter("postgresql", "postgres")
-    dsn = _postgres_dsn()
-    schema = f"flowy_cli_{uuid.uuid4().hex[:12]}"
-    store = Store("postgres", _with_option(dsn, "schema", schema))
-    try:
-        yield store
-    finally:
-        asyncpg: Any = importlib.import_module("asyncpg")  # a dependency of flowy-postgres
-
-        async def drop() -> None:
-            conn = await asyncpg.connect(dsn)
-            try:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            finally:
-                await conn.close()
-
-        asyncio.run(drop())
-
-
-def _redis(tmp_path: Path) -> Iterator[Store]:
-    _skip_without_adapter("redis", "redis")
-    base = os.environ.get("FLOWY_REDIS_URL")
-    if not base:
-        if not port_open("127.0.0.1", 6379):
-            backend_missing("no Redis server: set FLOWY_REDIS_URL or run one on :6379")
-        base = "redis://127.0.0.1:6379/0"
-    namespace = f"flowy-cli-{uuid.uuid4().hex[:12]}"
-    store = Store("redis", _with_option(base, "namespace", namespace))
-    try:
-        yield store
-    finally:
-        redis: Any = importlib.import_module("redis")  # a dependency of flowy-redis
-
-        client = redis.Redis.from_url(base)
-        try:
-            for key in client.scan_iter(match=f"*{namespace}*"):
-                client.delete(key)
-        finally:
-            client.close()
-
-
-@pytest.fixture(scope="session")
-def dynamodb_endpoint() -> Iterator[str]:
-    """A DynamoDB endpoint: ``FLOWY_DYNAMODB_ENDPOINT``, else moto in server mode."""
-    explicit = os.environ.get("FLOWY_DYNAMODB_ENDPOINT")
-    if explicit:
-        yield explicit
-        return
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError as exc:
-        backend_missing(f"no DynamoDB endpoint: FLOWY_DYNAMODB_ENDPOINT unset and {exc}")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
-def _dynamodb(request: pytest.FixtureRequest) -> Iterator[Store]:
-    _skip_without_adapter("dynamodb", "dynamodb")
-    endpoint: str = request.getfixturevalue("dynamodb_endpoint")
-    table = f"flowy-cli-{uuid.uuid4().hex[:12]}"
-    region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
-    env = {"AWS_DEFAULT_REGION": region}
-    if not os.environ.get("AWS_ACCESS_KEY_ID"):
-        env |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-    url = _with_option(f"dynamodb://{table}?region={region}", "endpoint_url", endpoint)
-    store = Store("dynamodb", url, env)
-    try:
-        yield store
-    finally:
-        boto3: Any = importlib.import_module("boto3")  # a dependency of flowy-dynamodb
-
-        client = boto3.client(
-            "dynamodb",
-            endpoint_url=endpoint,
-            region_name=region,
-            aws_access_key_id=env.get("AWS_ACCESS_KEY_ID", os.environ.get("AWS_ACCESS_KEY_ID")),
-            aws_secret_access_key=env.get(
-                "AWS_SECRET_ACCESS_KEY", os.environ.get("AWS_SECRET_ACCESS_KEY")
-            ),
-        )
-        with contextlib.suppress(client.exceptions.ResourceNotFoundException):
-            client.delete_table(TableName=table)
-
-
-@pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+@pytest.fixture(params=SHARED_STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     """A fresh, empty store of each kind, by URL."""
-    makers: dict[str, Callable[[], Iterator[Store]]] = {
-        "sqlite": lambda: _sqlite(tmp_path),
-        "postgres": lambda: _postgres(tmp_path),
-        "redis": lambda: _redis(tmp_path),
-        "dynamodb": lambda: _dynamodb(request),
-    }
-    yield from makers[request.param]()
+    with fresh_store(request, "cli") as made:
+        yield made
 
 
 @pytest.fixture
 def threads(store: Store) -> Threads:
     """``store`` filled by ``cli_support.populate``."""
-    with _environment(store):
+    with environment(store):
         return asyncio.run(populate(store.url))
 
 
 def _head(store: Store, thread: str) -> tuple[flowy.storage.Snapshot[Any], int]:
-    with _environment(store):
+    with environment(store):
         return asyncio.run(load(store.url, thread))
 
 
@@ -359,7 +192,7 @@ def test_resume_by_printed_token_and_recover(store: Store, threads: Threads) -> 
 
 
 def test_timers_signal_and_a_worker_that_wakes_both(store: Store) -> None:
-    with _environment(store):
+    with environment(store):
         asyncio.run(park_two(store.url))
     listed = json.loads(store.flowy("timers", "--json").stdout)
     assert [(t["thread_id"], t["due"]) for t in listed] == [("sleepy", True), ("waiter", False)]

@@ -1,24 +1,28 @@
-"""``flowy ui`` (``flowy/cli/_ui.py``) without a browser: Starlette's TestClient on a
-SQLite store with the approval graph. Token and CSRF refusal, every page, every action,
+"""``flowy ui`` (``flowy/cli/_ui.py``) without a browser: Starlette's TestClient on every
+store (``stores_support.py``), each filled with the same threads and opened by URL as
+``flowy ui --backend URL`` opens it. Token and CSRF refusal, every page, every action,
 and hostile content escaped. The same app in a real browser is in
 ``test_ui_browser.py``."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 pytest.importorskip("starlette")
 
-from core_graphs import approval_graph
+from core_graphs import State, approval_graph, merge
+from stores_support import ALL_STORES, Store, environment, fresh_store
+from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
 with warnings.catch_warnings():
     # Starlette 1.x asks for httpx2 under its TestClient; httpx still works.
@@ -28,14 +32,16 @@ with warnings.catch_warnings():
 import flowy
 from flowy.cli import main
 from flowy.cli._ui import COOKIE, build_app
-from flowy.sqlite import SQLiteBackend
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN = "test-token-123"
 HOSTILE = "<script>alert(1)</script>"
 
 
-async def _populate(path: Path) -> None:
-    async with SQLiteBackend[Any](path) as backend:
+async def _populate(url: str) -> None:
+    async with flowy.connect(url) as backend:
         runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
         await runner.start("susp", {})
         await runner.start(HOSTILE, {"note": HOSTILE})
@@ -61,27 +67,95 @@ async def _populate(path: Path) -> None:
         assert await backend.consumer.dead_letters()
 
 
-async def _head(path: Path, thread: str) -> flowy.storage.Snapshot[Any]:
-    async with SQLiteBackend[Any](path) as backend:
+async def _load(url: str, thread: str) -> flowy.storage.Snapshot[Any]:
+    async with flowy.connect(url) as backend:
         snap, _ = await flowy.Runner(approval_graph(), backend).head(thread)
         return snap
 
 
+async def _charge(amount: int) -> dict[str, Any]:
+    return {"charged": amount}
+
+
+def _paying_graph() -> flowy.Graph[State, Any]:
+    """``pay`` charges (an activity), then waits an hour for "approval"; then ``done``."""
+
+    async def pay(s: State) -> tuple[State, flowy.Directive[Any]]:
+        receipt = await flowy.activity(_charge, 42, key="charge")
+        return {"receipt": receipt}, flowy.wait_for("approval", timeout=3600, resume_at="done")
+
+    async def done(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.completed()
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("pay", pay).add_node("done", done).add_edge("pay", "done")
+    return b.allow_no_outgoing_route("done").compile()
+
+
+async def _start_paying(url: str) -> None:
+    async with flowy.connect(url) as backend:
+        runner = flowy.Runner(_paying_graph(), backend, run_lease=("setup", 5.0))
+        assert (await runner.start("payer", {})).status is flowy.RunStatus.WAITING
+
+
+def _inspector(url: str, graph: flowy.Graph[Any, Any]) -> ASGIApp:
+    """The inspector over the store at ``url``, which it opens at startup in its own event
+    loop, as ``flowy ui`` opens it in uvicorn's (asyncpg's and redis's connections belong
+    to the loop that made them), and closes at shutdown."""
+    app: list[ASGIApp] = []
+
+    async def opened(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await app[0](scope, receive, send)
+            return
+        await receive()  # lifespan.startup
+        async with flowy.connect(url) as backend:
+            app.append(build_app(backend, graph, token=TOKEN))
+            await send({"type": "lifespan.startup.complete"})
+            await receive()  # lifespan.shutdown
+        await send({"type": "lifespan.shutdown.complete"})
+
+    return opened
+
+
+@contextlib.contextmanager
+def _client(
+    url: str, graph: flowy.Graph[Any, Any] | None = None, *, token: bool = True
+) -> Generator[TestClient]:
+    """A client of the inspector over ``url`` for threads of ``graph`` (the approval graph
+    by default), with the token's cookie when ``token``."""
+    app = _inspector(url, graph or approval_graph())
+    with TestClient(app, follow_redirects=False) as c:
+        if token:
+            c.cookies.set(COOKIE, TOKEN)
+        yield c
+
+
+@pytest.fixture(params=ALL_STORES)
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """Each store, filled by ``_populate``, its environment set for the whole test."""
+    with fresh_store(request, "ui") as made, environment(made):
+        asyncio.run(_populate(made.url))
+        yield made
+
+
+@pytest.fixture
+def client(store: Store) -> Iterator[TestClient]:
+    with _client(store.url) as c:
+        yield c
+
+
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
+    """A filled SQLite file, for the tests of the token and of the command, which do not
+    depend on the store."""
     path = tmp_path / "flowy.db"
-    asyncio.run(_populate(path))
+    asyncio.run(_populate(f"sqlite:///{path}"))
     return path
 
 
-@pytest.fixture
-def client(db: Path) -> Iterator[TestClient]:
-    backend = SQLiteBackend[Any](db)
-    app = build_app(backend, approval_graph(), token=TOKEN)
-    with TestClient(app, follow_redirects=False) as c:
-        c.cookies.set(COOKIE, TOKEN)
-        yield c
-        c.portal.call(backend.aclose)  # pyright: ignore[reportOptionalMemberAccess]
+def _head(store: Store, thread: str) -> flowy.storage.Snapshot[Any]:
+    return asyncio.run(_load(store.url, thread))
 
 
 def _csrf(page: str) -> str:
@@ -91,8 +165,7 @@ def _csrf(page: str) -> str:
 
 
 def test_no_token_is_refused(db: Path) -> None:
-    app = build_app(SQLiteBackend[Any](db), approval_graph(), token=TOKEN)
-    with TestClient(app, follow_redirects=False) as c:
+    with _client(f"sqlite:///{db}", token=False) as c:
         for path in ("/", "/threads/susp", "/dead-letters"):
             assert c.get(path).status_code == 403
         assert c.get("/?token=wrong").status_code == 403
@@ -102,8 +175,7 @@ def test_no_token_is_refused(db: Path) -> None:
 
 
 def test_the_token_in_the_url_becomes_a_strict_http_only_cookie(db: Path) -> None:
-    app = build_app(SQLiteBackend[Any](db), approval_graph(), token=TOKEN)
-    with TestClient(app, follow_redirects=False) as c:
+    with _client(f"sqlite:///{db}", token=False) as c:
         r = c.get(f"/?token={TOKEN}&status=suspended")
         assert r.status_code == 303
         assert r.headers["location"] == "/?status=suspended"
@@ -114,17 +186,20 @@ def test_the_token_in_the_url_becomes_a_strict_http_only_cookie(db: Path) -> Non
         assert "default-src 'none'" in page.headers["content-security-policy"]
 
 
-def test_a_post_without_the_csrf_token_is_refused(client: TestClient, db: Path) -> None:
+def test_a_post_without_the_csrf_token_is_refused(client: TestClient, store: Store) -> None:
     data = {"thread": "susp", "revision": "2", "overlay": '{"approved": true}'}
     assert client.post("/actions/resume", data=data).status_code == 403
     r = client.post("/actions/resume", data={**data, "csrf": "forged"})
     assert r.status_code == 403
-    assert asyncio.run(_head(db, "susp")).status is flowy.RunStatus.SUSPENDED
+    assert _head(store, "susp").status is flowy.RunStatus.SUSPENDED
 
 
 def test_threads_page_lists_and_filters(client: TestClient) -> None:
     page = client.get("/").text
     assert "susp" in page and "orph" in page and "awaiting_approval" in page
+    rows = page.split("<tr>")
+    assert "(dead letter)" in next(r for r in rows if "/threads/dead'" in r)
+    assert "(dead letter)" not in next(r for r in rows if "/threads/orph'" in r)
     only = client.get("/?status=handoff").text
     assert "orph" in only and "/threads/susp" not in only
     at_act = client.get("/?node=act").text
@@ -146,11 +221,26 @@ def test_thread_page_shows_head_state_history_and_marked_graph(client: TestClien
     assert client.get("/threads/nope").status_code == 404
 
 
+def test_thread_page_shows_the_journal_and_timer_of_a_waiting_thread(store: Store) -> None:
+    asyncio.run(_start_paying(store.url))
+    with _client(store.url, _paying_graph()) as c:
+        page = c.get("/threads/payer").text
+    assert "<span class='status' id='status'>waiting</span>" in page
+    assert re.search(r"for signal &#x27;approval&#x27;, wakes in 3[56]\d\ds</dd>", page)
+    journal = page[page.index("<h2>Activity journal") : page.index("<h2>Timers")]
+    assert "<td>charge</td><td>succeeded</td><td>1</td><td>{&quot;charged&quot;: 42}</td>" in (
+        journal
+    )
+    timers = page[page.index("<h2>Timers") : page.index("<h2>Graph")]
+    assert re.search(r"<td>in 3[56]\d\ds</td>", timers), timers
+    assert "class n_done current" in page
+
+
 def test_resume_action_approves_and_redirects_with_the_outcome(
-    client: TestClient, db: Path
+    client: TestClient, store: Store
 ) -> None:
     csrf = _csrf(client.get("/threads/susp").text)
-    head = asyncio.run(_head(db, "susp"))
+    head = _head(store, "susp")
     r = client.post(
         "/actions/resume",
         data={
@@ -165,10 +255,10 @@ def test_resume_action_approves_and_redirects_with_the_outcome(
     page = client.get(r.headers["location"]).text
     assert "resumed susp: handoff" in page
     assert "approved: (absent) → true" in page  # the history's state diff
-    assert asyncio.run(_head(db, "susp")).status is flowy.RunStatus.HANDOFF
+    assert _head(store, "susp").status is flowy.RunStatus.HANDOFF
 
 
-def test_an_action_error_is_one_line_on_the_page(client: TestClient, db: Path) -> None:
+def test_an_action_error_is_one_line_on_the_page(client: TestClient) -> None:
     csrf = _csrf(client.get("/threads/susp").text)
     bad = {"thread": "susp", "revision": "1", "overlay": "{not json", "csrf": csrf}
     r = client.post("/actions/resume", data=bad)
@@ -181,7 +271,7 @@ def test_an_action_error_is_one_line_on_the_page(client: TestClient, db: Path) -
     assert "resume failed: ConcurrencyConflictError" in page
 
 
-def test_recover_fork_and_requeue_actions(client: TestClient, db: Path) -> None:
+def test_recover_fork_and_requeue_actions(client: TestClient, store: Store) -> None:
     page = client.get("/dead-letters").text
     assert "/threads/dead" in page and "/threads/orph" in page
     message = re.search(r"name='message' value='([^']+)'", page)
@@ -192,7 +282,7 @@ def test_recover_fork_and_requeue_actions(client: TestClient, db: Path) -> None:
     )
     assert r.headers["location"].startswith("/dead-letters?msg=")
     assert "re-enqueued the hand-off of orph" in client.get(r.headers["location"]).text
-    assert asyncio.run(_head(db, "orph")).handoff_status is flowy.HandoffStatus.ENQUEUED
+    assert _head(store, "orph").handoff_status is flowy.HandoffStatus.ENQUEUED
 
     r = client.post(
         "/actions/fork",

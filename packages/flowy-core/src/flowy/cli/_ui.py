@@ -41,7 +41,7 @@ from ..storage import (
 from ._inspect import dead_letter_json, list_threads, state_diff
 from ._options import CliError, load_graph, one_line, parse_overlay
 from ._render import Console, compact_json, pretty_json
-from ._store import codec_for, locate, open_store
+from ._store import codec_for, dead_letters_by_thread, locate, open_store
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -209,6 +209,7 @@ class _Inspector:
             if (not status or s.status.value == status)
             and (not node or s.execution_pointer == node)
         ]
+        dead = await dead_letters_by_thread(self.backend.consumer) if shown else {}
         now = time.time()
         options = "".join(
             f"<option value='{e(v)}'{' selected' if v == status else ''}>{e(v or 'any')}</option>"
@@ -229,7 +230,8 @@ class _Inspector:
                     e(s.reason),
                     e(s.execution_pointer),
                     e(s.revision),
-                    e(s.handoff_status.value),
+                    e(s.handoff_status.value)
+                    + (" <strong>(dead letter)</strong>" if s.thread_id in dead else ""),
                     e(_age(s.updated_at, now)),
                 ]
                 for s in shown
@@ -443,7 +445,7 @@ class _Inspector:
                 "no stuck hand-offs",
             ),
         ]
-        return self.page("Dead letters", "".join(body), request)
+        return self.page("Dead letters and stuck hand-offs", "".join(body), request)
 
     # -- actions: each returns (where to go back to, the outcome message)
 
