@@ -1,11 +1,15 @@
 """OpenTelemetry (``flowy.otel``), with the SDK's in-memory exporters: the spans of a run,
 the worker's resume in the trace of the request that handed off, the metrics by name
-and value; and core that imports nothing of OpenTelemetry until asked."""
+and value, the backlog gauges a sample (or a worker) reads from the store; and core that
+imports nothing of OpenTelemetry until asked."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +23,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import flowy
 import flowy.otel
-from flowy.memory import MemoryBackend
+from flowy.memory import MemoryBackend, MemoryConsumer, MemoryStore
+from flowy.storage import (
+    BaseCheckpointer,
+    HandoffIntent,
+    HandoffStatus,
+    OutboxStats,
+    ResumeToken,
+    Snapshot,
+)
+from flowy.storage import _base as storage_base
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +54,8 @@ class Exported:
     def metrics(self) -> dict[str, list[tuple[dict[str, Any], Any]]]:
         data = self.reader.get_metrics_data()
         out: dict[str, list[tuple[dict[str, Any], Any]]] = {}
-        assert data is not None
+        if data is None:  # nothing recorded
+            return out
         for resource in data.resource_metrics:
             for scope in resource.scope_metrics:
                 for metric in scope.metrics:
@@ -145,6 +159,219 @@ async def test_a_conflicting_save_is_a_conflict(exported: Exported) -> None:
     assert result.status is flowy.RunStatus.FAILED
     assert exported.metrics()["flowy.occ.conflicts"] == [({}, 1)]
     assert "conflict" in {s.attributes["flowy.outcome"] for s in exported.named("flowy.save")}
+
+
+GAUGES = (
+    "flowy.outbox.depth",
+    "flowy.outbox.oldest_age",
+    "flowy.outbox.dead_letters",
+    "flowy.threads.oldest_age",
+)
+
+
+def intent(thread_id: str) -> HandoffIntent:
+    return HandoffIntent(
+        thread_id=thread_id,
+        pending_snapshot_revision=1,
+        committed_snapshot_revision=1,
+        snapshot_revision=1,
+        resume_token=ResumeToken(thread_id, 1),
+        handoff_status=HandoffStatus.ENQUEUED,
+        reason="handoff",
+        execution_pointer="act",
+    )
+
+
+async def park(backend: MemoryBackend[State], thread_id: str, status: str, age: float) -> None:
+    """A thread saved ``age`` seconds ago in ``status``."""
+    snap: Snapshot[State] = Snapshot(
+        thread_id, {}, "ask", flowy.RunStatus(status), updated_at=time.time() - age
+    )
+    await backend.checkpointer.save(0, snap)
+
+
+def gauges(exported: Exported) -> dict[str, dict[str, float]]:
+    """Each backlog gauge's values by its ``flowy.status`` ("" without one)."""
+    metrics = exported.metrics()
+    return {
+        name: {str(p.get("flowy.status", "")): v for p, v in metrics.get(name, [])}
+        for name in GAUGES
+    }
+
+
+async def test_the_backlog_gauges_report_a_sample(exported: Exported) -> None:
+    enqueued = time.time() - 30
+    store = MemoryStore(clock=lambda: enqueued)  # messages are enqueued 30 s ago
+    backend = MemoryBackend[State](store, max_attempts=1, url="memory://backlog")
+    for thread_id in ("a", "b", "c"):
+        await backend.outbox.enqueue_intent(intent(thread_id))
+    [dead] = await backend.consumer.claim(1, 60)
+    await backend.consumer.release(dead, error="boom")  # its only delivery: a dead letter
+    await park(backend, "s-old", "suspended", 100)
+    await park(backend, "s-new", "suspended", 10)
+    await park(backend, "w", "waiting", 40)
+    await park(backend, "r", "running", 500)  # not parked: not counted
+    assert all(not values for values in gauges(exported).values())  # nothing sampled yet
+    await flowy.otel.sample(backend)
+    seen = gauges(exported)
+    assert seen["flowy.outbox.depth"] == {"": 2}
+    assert seen["flowy.outbox.dead_letters"] == {"": 1}
+    assert seen["flowy.outbox.oldest_age"][""] == pytest.approx(30, abs=2)
+    ages = seen["flowy.threads.oldest_age"]
+    assert ages.keys() == {"suspended", "waiting"}
+    assert ages["suspended"] == pytest.approx(100, abs=2)
+    assert ages["waiting"] == pytest.approx(40, abs=2)
+    points = exported.metrics()["flowy.outbox.depth"]
+    assert [p for p, _ in points] == [{"flowy.store.url": "memory://backlog"}]
+    # The backlog drains: the next sample says so.
+    for message in await backend.consumer.claim(10, 60):
+        await backend.consumer.ack(message)
+    await backend.checkpointer.delete("w")
+    await flowy.otel.sample(backend)
+    seen = gauges(exported)
+    assert seen["flowy.outbox.depth"] == {"": 0}
+    assert seen["flowy.outbox.oldest_age"] == {"": 0}
+    assert seen["flowy.threads.oldest_age"]["waiting"] == 0
+    assert seen["flowy.threads.oldest_age"]["suspended"] == pytest.approx(100, abs=2)
+
+
+async def test_each_store_is_its_own_series(exported: Exported) -> None:
+    one = MemoryBackend[State](url="memory://one")
+    two = MemoryBackend[State](url="memory://ops:secret@two")
+    await one.outbox.enqueue_intent(intent("a"))
+    await flowy.otel.sample(one)
+    await flowy.otel.sample(two)
+    depth = {p["flowy.store.url"]: v for p, v in exported.metrics()["flowy.outbox.depth"]}
+    assert depth == {"memory://one": 1, "memory://ops:***@two": 0}  # never a password
+
+
+async def test_sampling_without_instrumentation_does_nothing() -> None:
+    exported = Exported()
+    backend = MemoryBackend[State]()
+    await backend.outbox.enqueue_intent(intent("a"))
+    await flowy.otel.sample(backend)  # not instrumented: no read, no error
+    assert not exported.metrics()
+
+
+async def test_gauges_stop_with_uninstrument() -> None:
+    exported = Exported()
+    flowy.otel.instrument(meter_provider=exported.meter_provider)
+    try:
+        await flowy.otel.sample(MemoryBackend[State]())
+        assert gauges(exported)["flowy.outbox.depth"] == {"": 0}
+    finally:
+        flowy.otel.uninstrument()
+    assert all(not values for values in gauges(exported).values())
+
+
+class DownConsumer(MemoryConsumer):
+    """A consumer whose backlog cannot be read."""
+
+    async def _stats(self) -> OutboxStats:
+        raise flowy.errors.StorageUnavailableError("the outbox is down")
+
+
+async def test_a_failed_read_keeps_what_was_read(exported: Exported) -> None:
+    backend = MemoryBackend[State]()
+    backend.consumer = DownConsumer(backend.store)
+    await park(backend, "s", "suspended", 20)
+    with pytest.raises(flowy.errors.StorageUnavailableError):
+        await flowy.otel.sample(backend)
+    seen = gauges(exported)
+    assert seen["flowy.threads.oldest_age"]["suspended"] == pytest.approx(20, abs=2)
+    assert seen["flowy.outbox.depth"] == {}
+
+
+class ScannedCheckpointer(flowy.memory.MemoryCheckpointer[State]):
+    """A store without an index of parked heads: the base scans ``_list_heads``."""
+
+    async def _oldest_heads(self, statuses: frozenset[flowy.RunStatus]) -> dict[Any, float]:
+        return await BaseCheckpointer._oldest_heads(self, statuses)  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_a_store_without_an_index_is_scanned_page_by_page(
+    exported: Exported, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage_base, "_SCAN_PAGE", 2)
+    backend = MemoryBackend[State]()
+    backend.checkpointer = ScannedCheckpointer(backend.store)
+    for name, status, age in (
+        ("a", "completed", 900),
+        ("b", "suspended", 30),
+        ("c", "waiting", 70),
+        ("d", "running", 500),
+        ("e", "suspended", 80),  # on the third page
+    ):
+        await park(backend, name, status, age)
+    await flowy.otel.sample(backend)
+    ages = gauges(exported)["flowy.threads.oldest_age"]
+    assert ages["suspended"] == pytest.approx(80, abs=2)
+    assert ages["waiting"] == pytest.approx(70, abs=2)
+
+
+async def wait_for_gauge(exported: Exported, name: str, status: str = "") -> float:
+    for _ in range(200):
+        values = gauges(exported)[name]
+        if status in values:
+            return values[status]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{name} was never reported")
+
+
+async def test_the_worker_samples_its_store(exported: Exported) -> None:
+    backend = MemoryBackend[State]()
+    runner = flowy.Runner(approval_graph(), backend)
+    assert (await runner.start("t", {})).status is flowy.RunStatus.SUSPENDED
+    worker = flowy.Worker(runner, sample_interval=0.05, poll_interval=0.05)
+    running = asyncio.ensure_future(worker.run())
+    try:
+        assert await wait_for_gauge(exported, "flowy.threads.oldest_age", "suspended") >= 0
+        assert gauges(exported)["flowy.outbox.depth"] == {"": 0}
+        assert gauges(exported)["flowy.threads.oldest_age"]["waiting"] == 0
+        # A later sample sees a thread that started waiting since.
+        await park(backend, "w", "waiting", 40)
+        for _ in range(200):
+            if gauges(exported)["flowy.threads.oldest_age"]["waiting"]:
+                break
+            await asyncio.sleep(0.02)
+        assert gauges(exported)["flowy.threads.oldest_age"]["waiting"] == pytest.approx(40, abs=2)
+    finally:
+        worker.stop()
+        await running
+
+
+async def test_a_worker_logs_a_failed_sample_and_goes_on(
+    exported: Exported, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = MemoryBackend[State]()
+    backend.consumer = DownConsumer(backend.store)
+    runner = flowy.Runner(approval_graph(), backend)
+    first = await runner.start("t", {})
+    assert first.resume_token is not None
+    worker = flowy.Worker(runner, backend.consumer, sample_interval=0.05, poll_interval=0.05)
+    with caplog.at_level(logging.ERROR, logger="flowy.worker"):
+        running = asyncio.ensure_future(worker.run())
+        try:
+            await wait_for_gauge(exported, "flowy.threads.oldest_age", "suspended")
+            failed: list[logging.LogRecord] = []
+            for _ in range(200):
+                failed = [r for r in caplog.records if "reading the backlog failed" in r.message]
+                if len(failed) >= 2:  # it keeps sampling
+                    break
+                await asyncio.sleep(0.02)
+            assert len(failed) >= 2
+            assert failed[0].exc_info is not None  # with its traceback
+            # The worker still does its work.
+            handed = await runner.resume(first.resume_token, state_overlay={"approved": True})
+            assert handed.status is flowy.RunStatus.HANDOFF
+            for _ in range(200):
+                if (await runner.head("t"))[0].status is flowy.RunStatus.COMPLETED:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await runner.head("t"))[0].status is flowy.RunStatus.COMPLETED
+        finally:
+            worker.stop()
+            await running
 
 
 def test_core_imports_nothing_of_opentelemetry() -> None:

@@ -3,7 +3,9 @@ here; without it every hook is skipped at the cost of one ``None`` check.
 
 The engine reports a segment (start or resume) with its nodes, saves, the lease it takes
 and loses, hand-offs by status and dead letters; a hand-off carries the trace context of
-the segment that made it, and the worker's resume continues that trace.
+the segment that made it, and the worker's resume continues that trace. A worker also
+asks the tracer, every ``sample_interval`` seconds, to read its store's backlog (the
+outbox, the dead letters, the oldest parked threads) for gauges.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ class Tracing(Protocol):
 
     def carrier(self) -> dict[str, str]:
         """The current trace context, to carry in a hand-off's intent."""
+        ...
+
+    async def sample(self, backend: object) -> None:
+        """Read the backlog of ``backend`` (a ``flowy.Backend``) and keep it for the
+        gauges; a failed read raises (the worker logs it)."""
         ...
 
 

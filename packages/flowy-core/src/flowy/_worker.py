@@ -10,6 +10,9 @@ Timers: every ``timer_interval`` seconds the worker lists the due wake-up times 
 store's index and resumes those threads. Any number of workers may fire the same timer:
 the run lease and strict OCC let one resume run, the others find the thread taken or
 moved on. A signal to a waiting thread arrives as an outbox message like a hand-off.
+
+Backlog: while ``flowy.otel`` instrumentation is in effect, the worker reads its store's
+backlog every ``sample_interval`` seconds for the gauges (``flowy.otel.sample``).
 """
 
 from __future__ import annotations
@@ -160,6 +163,10 @@ class Worker(Generic[S, E]):
         timer_interval: seconds between looks at the store's due timers (``None``: this
             worker fires no timers). A timer whose resume fails is tried again after the
             same backoff as a message.
+        sample_interval: seconds between reads of the store's backlog (outbox depth,
+            dead letters, the oldest suspended and waiting threads) for ``flowy.otel``'s
+            gauges, made only while its instrumentation is in effect and the runner is
+            built on a ``Backend`` (``None``: never). A failed read is logged.
 
     Raises:
         TypeError: no ``consumer`` was given and the runner is not built on a backend.
@@ -188,6 +195,7 @@ class Worker(Generic[S, E]):
         retry_jitter: float = 0.25,
         busy_grace: float = 1.0,
         timer_interval: float | None = 1.0,
+        sample_interval: float | None = 15.0,
     ) -> None:
         if consumer is None:
             if runner.backend is None:
@@ -232,6 +240,7 @@ class Worker(Generic[S, E]):
         self.retry_jitter = retry_jitter
         self.busy_grace = busy_grace
         self.timer_interval = timer_interval
+        self.sample_interval = sample_interval
         self._fired = 0
         self._timer_failures: dict[str, tuple[int, float]] = {}  # thread -> (failures, next try)
 
@@ -251,6 +260,8 @@ class Worker(Generic[S, E]):
             loops.append(asyncio.ensure_future(self._recovery_loop(self.recovery_interval)))
         if self.timer_interval is not None:
             loops.append(asyncio.ensure_future(self._timer_loop(self.timer_interval)))
+        if self.sample_interval is not None and self.runner.backend is not None:
+            loops.append(asyncio.ensure_future(self._sample_loop(self.sample_interval)))
         try:
             while not self._stopping.is_set():
                 free = self.concurrency - len(self._inflight)
@@ -593,6 +604,18 @@ class Worker(Generic[S, E]):
     async def _timer_loop(self, interval: float) -> None:
         while not self._stopping.is_set():
             await self.fire_timers()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval)
+
+    async def _sample_loop(self, interval: float) -> None:
+        backend = self.runner.backend
+        while not self._stopping.is_set():
+            tracing = _tracing.active()
+            if tracing is not None and backend is not None:
+                try:
+                    await tracing.sample(backend)
+                except Exception:
+                    logger.exception("flowy worker %r: reading the backlog failed", self.owner)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), interval)
 

@@ -28,8 +28,10 @@ from .storage import (
     HandoffStatus,
     Lease,
     OutboxRow,
+    OutboxStats,
     RawMessage,
     Refused,
+    RunStatus,
     StateCodec,
     StoreURL,
     ThreadSummary,
@@ -72,6 +74,7 @@ class _Message:
     attempts: int = 0
     visible_at: float = 0.0
     error: str = ""
+    enqueued_at: float = 0.0
 
 
 class MemoryStore:
@@ -148,15 +151,25 @@ class MemoryStore:
                 entry.thread_id == row.thread_id
                 and entry.committed_revision == row.committed_revision
             ):
-                entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
-                self.messages[message_id] = self.dead.pop(message_id)
-                self.notify()
+                self.revive(message_id)
                 return
         message_id = str(next(self.ids))
         self.messages[message_id] = _Message(
-            message_id, row.thread_id, row.committed_revision, row.payload
+            message_id, row.thread_id, row.committed_revision, row.payload, enqueued_at=self.clock()
         )
         self.notify()
+
+    def revive(self, message_id: str) -> bool:
+        """Bring the dead letter ``message_id`` back as a fresh message (attempts and
+        error reset, enqueued now); ``False`` if there is no such dead letter."""
+        entry = self.dead.pop(message_id, None)
+        if entry is None:
+            return False
+        entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
+        entry.enqueued_at = self.clock()
+        self.messages[message_id] = entry
+        self.notify()
+        return True
 
 
 class MemoryCheckpointer(BaseCheckpointer[S]):
@@ -255,6 +268,15 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
             if len(out) >= limit:
                 break
         return out
+
+    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
+        # A scan of the heads (the store is in this process's memory).
+        oldest: dict[RunStatus, float] = {}
+        for thread in self.store.threads.values():
+            head = thread.summary
+            if head is not None and head.status in statuses:
+                oldest[head.status] = min(head.updated_at, oldest.get(head.status, head.updated_at))
+        return oldest
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:
         timers = self.store.timers
@@ -400,13 +422,12 @@ class MemoryConsumer(BaseConsumer):
         ]
 
     async def _retry_dead_letter(self, message_id: str) -> bool:
-        entry = self.store.dead.pop(message_id, None)
-        if entry is None:
-            return False
-        entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
-        self.store.messages[message_id] = entry
-        self.store.notify()
-        return True
+        return self.store.revive(message_id)
+
+    async def _stats(self) -> OutboxStats:
+        messages = self.store.messages.values()
+        oldest = min((m.enqueued_at for m in messages), default=None)
+        return OutboxStats(len(messages), oldest, len(self.store.dead))
 
     async def _wait(self, seconds: float) -> None:
         wakeup = self.store.wakeup()

@@ -22,19 +22,47 @@ worker's resume is a ``flowy.segment`` in that same trace.
 - ``flowy.handoffs`` (counter, ``flowy.status``): hand-offs by outcome;
 - ``flowy.dead_letters`` (counter): messages a worker dead-lettered.
 
+**Backlog gauges** (observable gauges, attribute ``flowy.store.url``: the store's URL
+without its password), read from the store by :func:`sample`:
+
+- ``flowy.outbox.depth``: messages pending delivery (claimed or not);
+- ``flowy.outbox.oldest_age`` (s): how long ago the oldest of them was enqueued (0 with
+  none);
+- ``flowy.outbox.dead_letters``: dead letters held now (the counter above counts those
+  a worker buried; this one also sees those requeued or buried elsewhere);
+- ``flowy.threads.oldest_age`` (s, ``flowy.status`` ``suspended`` or ``waiting``): how
+  long ago the oldest thread in that status was saved (0 with none).
+
+Gauge callbacks cannot wait on a store, so the values are those of the latest
+``await flowy.otel.sample(backend)``; ages grow with the clock between samples. A
+``flowy.Worker`` samples its runner's backend every ``sample_interval`` seconds (15 by
+default) while instrumentation is in effect, and logs a failed sample.
+
 Without ``instrument()`` nothing is reported and nothing of OpenTelemetry is imported:
 core uses the standard library only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from . import _tracing
+from .storage import (
+    BACKLOG_STATUSES,
+    Backend,
+    BaseCheckpointer,
+    BaseConsumer,
+    OutboxStats,
+    RunStatus,
+    redact_url,
+)
 
-__all__ = ["instrument", "uninstrument"]
+__all__ = ["instrument", "sample", "uninstrument"]
 
 
 def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> None:
@@ -55,6 +83,28 @@ def instrument(*, tracer_provider: Any = None, meter_provider: Any = None) -> No
 def uninstrument() -> None:
     """Stop reporting to OpenTelemetry."""
     _tracing.install(None)
+
+
+async def sample(backend: Backend[Any]) -> None:
+    """Read the backlog of ``backend`` (outbox depth and oldest message, dead letters,
+    the oldest suspended and waiting threads) for the backlog gauges to report until the
+    next sample. Does nothing unless :func:`instrument` is in effect.
+
+    A ``flowy.Worker`` calls it every ``sample_interval`` seconds; call it yourself in a
+    process without a worker.
+
+    Args:
+        backend: the store to read (its consumer's ``stats()`` and its checkpointer's
+            ``oldest_heads()``).
+
+    Raises:
+        TypeError: the store is not built on ``flowy.storage``'s bases (it cannot report
+            its backlog).
+        StorageError: the store could not be read (what was read is kept).
+    """
+    tracing = _tracing.active()
+    if tracing is not None:
+        await tracing.sample(backend)
 
 
 class _Span:
@@ -92,6 +142,41 @@ class _Span:
             context.detach(self.token)  # pyright: ignore[reportArgumentType]
 
 
+@dataclass
+class _Backlog:
+    """The latest sample of one store (``None``: not read yet)."""
+
+    outbox: OutboxStats | None = None
+    oldest_heads: dict[RunStatus, float] | None = None
+
+
+async def _read_backlog(
+    backend: object,
+) -> tuple[OutboxStats | BaseException, dict[RunStatus, float] | BaseException]:
+    """The consumer's ``stats()`` and the checkpointer's ``oldest_heads()``, read at
+    once; each is what the read returned or raised."""
+    consumer = getattr(backend, "consumer", None)
+    checkpointer = getattr(backend, "checkpointer", None)
+
+    async def stats() -> OutboxStats:
+        if not isinstance(consumer, BaseConsumer):
+            raise TypeError(
+                f"cannot read the outbox backlog of {type(consumer).__name__}: it is not a "
+                "flowy.storage.BaseConsumer"
+            )
+        return await consumer.stats()
+
+    async def heads() -> dict[RunStatus, float]:
+        if not isinstance(checkpointer, BaseCheckpointer):
+            raise TypeError(
+                f"cannot read the oldest threads of {type(checkpointer).__name__}: it is not "
+                "a flowy.storage.BaseCheckpointer"
+            )
+        return await checkpointer.oldest_heads()
+
+    return await asyncio.gather(stats(), heads(), return_exceptions=True)
+
+
 class _OpenTelemetry:
     """The ``_tracing.Tracing`` that reports to OpenTelemetry."""
 
@@ -119,6 +204,84 @@ class _OpenTelemetry:
         self.dead_letters = meter.create_counter(
             "flowy.dead_letters", description="messages a worker dead-lettered"
         )
+        self.backlogs: dict[str, _Backlog] = {}  # by the store's redacted URL
+        meter.create_observable_gauge(
+            "flowy.outbox.depth",
+            callbacks=[self._observe_depth],
+            unit="{message}",
+            description="outbox messages pending delivery",
+        )
+        meter.create_observable_gauge(
+            "flowy.outbox.oldest_age",
+            callbacks=[self._observe_outbox_age],
+            unit="s",
+            description="how long ago the oldest pending outbox message was enqueued",
+        )
+        meter.create_observable_gauge(
+            "flowy.outbox.dead_letters",
+            callbacks=[self._observe_dead_letters],
+            unit="{message}",
+            description="dead letters held",
+        )
+        meter.create_observable_gauge(
+            "flowy.threads.oldest_age",
+            callbacks=[self._observe_thread_age],
+            unit="s",
+            description="how long ago the oldest suspended or waiting thread was saved",
+        )
+
+    async def sample(self, backend: object) -> None:
+        url = redact_url(str(getattr(backend, "url", "")))
+        outbox, heads = await _read_backlog(backend)
+        backlog = self.backlogs.setdefault(url, _Backlog())
+        if isinstance(outbox, OutboxStats):
+            backlog.outbox = outbox
+        if isinstance(heads, dict):
+            backlog.oldest_heads = heads
+        for result in (outbox, heads):
+            if isinstance(result, BaseException):
+                raise result
+
+    def _samples(self) -> Iterator[tuple[dict[str, Any], _Backlog]]:
+        if _tracing.active() is not self:  # uninstrumented (or replaced): report nothing
+            return
+        for url, backlog in list(self.backlogs.items()):
+            yield {"flowy.store.url": url}, backlog
+
+    def _observe_depth(self, options: Any) -> Iterator[Any]:
+        from opentelemetry.metrics import Observation
+
+        for attributes, backlog in self._samples():
+            if backlog.outbox is not None:
+                yield Observation(backlog.outbox.pending, attributes)
+
+    def _observe_outbox_age(self, options: Any) -> Iterator[Any]:
+        from opentelemetry.metrics import Observation
+
+        now = time.time()
+        for attributes, backlog in self._samples():
+            if backlog.outbox is not None:
+                oldest = backlog.outbox.oldest_pending_at
+                yield Observation(0.0 if oldest is None else max(now - oldest, 0.0), attributes)
+
+    def _observe_dead_letters(self, options: Any) -> Iterator[Any]:
+        from opentelemetry.metrics import Observation
+
+        for attributes, backlog in self._samples():
+            if backlog.outbox is not None:
+                yield Observation(backlog.outbox.dead_letters, attributes)
+
+    def _observe_thread_age(self, options: Any) -> Iterator[Any]:
+        from opentelemetry.metrics import Observation
+
+        now = time.time()
+        for attributes, backlog in self._samples():
+            if backlog.oldest_heads is None:
+                continue
+            for status in sorted(BACKLOG_STATUSES):
+                at = backlog.oldest_heads.get(status)
+                age = 0.0 if at is None else max(now - at, 0.0)
+                yield Observation(age, {**attributes, "flowy.status": status.value})
 
     def segment(self, thread_id: str, kind: str, store: str) -> _Span:
         from opentelemetry import context, propagate, trace

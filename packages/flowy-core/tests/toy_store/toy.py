@@ -35,6 +35,7 @@ from flowy.storage import (
     HandoffStatus,
     Lease,
     OutboxRow,
+    OutboxStats,
     RawMessage,
     Refused,
     StateCodec,
@@ -57,6 +58,7 @@ class ToyMessage:
     error: str = ""
     visible_at: float = 0.0
     dead: bool = False
+    enqueued_at: float = field(default_factory=time.time)  # or when it came back from dead
 
 
 @dataclass
@@ -108,7 +110,7 @@ class ToyStore:
             self.messages[message_id] = ToyMessage(message_id, row)
         elif (message := self.messages[message_id]).dead:
             message.row, message.attempts, message.error = row, 0, ""
-            message.visible_at, message.dead = 0.0, False
+            message.visible_at, message.dead, message.enqueued_at = 0.0, False, time.time()
         else:
             return  # a live message is left exactly as it is
         # Wake every waiting consumer (asyncio wakes the waiters set() found, even if cleared).
@@ -324,14 +326,21 @@ class ToyConsumer(BaseConsumer):
             return [RawMessage(m.message_id, m.row.payload, m.attempts, m.error) for m in dead]
 
     async def _retry_dead_letter(self, message_id: str) -> bool:
-        async with self.store.atomic():
+        async with self.store.atomic() as now:
             message = self.store.messages.get(message_id)
             if message is None or not message.dead:
                 return False
             await self.store.round_trip()
             message.attempts, message.error, message.visible_at = 0, "", 0.0
-            message.dead = False
+            message.dead, message.enqueued_at = False, now
             return True
+
+    async def _stats(self) -> OutboxStats:
+        # _oldest_heads is left to the base: a scan through _list_heads.
+        async with self.store.atomic():
+            live = [m for m in self.store.messages.values() if not m.dead]
+            dead = len(self.store.messages) - len(live)
+            return OutboxStats(len(live), min((m.enqueued_at for m in live), default=None), dead)
 
     async def _wait(self, seconds: float) -> None:
         # Wake up on an append; still look again every poll interval, since a hidden

@@ -21,11 +21,15 @@ holding nothing but a lease has a time to live that outlasts the lease.
 
 **Messages.** The message of a thread's committed revision is the item
 ``outbox#<revision>`` of the thread: unique per (thread, revision), written in the
-save's transaction. A live one has ``live_key``, ``visible_at``, ``attempts`` and
-``error`` (the ``outbox`` index finds visible ones, oldest first; a claim is a
-conditional update on the ``visible_at`` it saw); a dead letter has ``dead_key`` and
-``dead_at`` instead. Index reads are eventually consistent: on DynamoDB a new message
-may take a moment to be claimable.
+save's transaction. A live one has ``live_key``, ``visible_at``, ``attempts``,
+``error`` and ``enqueued_at`` (when it was enqueued, or came back from the dead
+letters; a message written by flowy-dynamodb 0.2.0 has none) (the ``outbox`` index
+finds visible ones, oldest first; a claim is a conditional update on the
+``visible_at`` it saw); a dead letter has ``dead_key`` and ``dead_at`` instead. Index
+reads are eventually consistent: on DynamoDB a new message may take a moment to be
+claimable. The backlog (``stats``) reads the ``outbox`` index of every shard, the
+``enqueued_at`` of each live message it lists (``BatchGetItem``, so O(messages
+pending)), and counts the ``dead_letters`` index.
 
 **Durable time.** A head that waits carries ``wake_at`` and ``timer_shard``, written (or
 removed) by the save's own ``Update`` of the head: the sparse ``timers`` index holds the
@@ -63,6 +67,7 @@ from flowy.storage import (
     HandoffStatus,
     Lease,
     OutboxRow,
+    OutboxStats,
     OutboxTransaction,
     RawMessage,
     Refused,
@@ -286,6 +291,7 @@ def _revive(expr: Expression, pk: str, now: float) -> str:
         A.VISIBLE: n(now),
         A.ATTEMPTS: n(0),
         A.ERROR: s(""),
+        A.ENQUEUED: n(now),
     }
     return expr.sets(fields) + expr.removes([A.DEAD, A.DEAD_AT])
 
@@ -300,6 +306,7 @@ def message_write(table: DynamoTable, row: OutboxRow, now: float, *, revive: boo
         update = _revive(expr, key[PK]["S"], now)
     else:
         kept = {A.PAYLOAD: {"B": row.payload}, A.VISIBLE: n(now), A.ATTEMPTS: n(0), A.ERROR: s("")}
+        kept[A.ENQUEUED] = n(now)
         update = expr.sets(
             {A.THREAD_ID: s(row.thread_id), A.LIVE: s(f"live#{shard_of(key[PK]['S'])}")}
         )
@@ -439,6 +446,36 @@ class DynamoConsumer(BaseConsumer):
             self.table.notify()
         return revived
 
+    async def _stats(self) -> OutboxStats:
+        async def listed(shard: int) -> list[Item]:
+            expr = Expression()
+            condition = f"{expr(A.LIVE)} = {expr.v(s(f'live#{shard}'))}"
+            return await self.table.query(
+                None, IndexName=OUTBOX_INDEX, KeyConditionExpression=condition, **expr.params()
+            )
+
+        async def dead() -> int:
+            expr = Expression()
+            condition = f"{expr(A.DEAD)} = {expr.v(s('dead'))}"
+            return await self.table.count(
+                IndexName=DEAD_INDEX, KeyConditionExpression=condition, **expr.params()
+            )
+
+        parts, buried = await asyncio.gather(
+            asyncio.gather(*(listed(shard) for shard in range(SHARDS))), dead()
+        )
+        keys = [_key_of(item) for part in parts for item in part]
+        # The index is KEYS_ONLY: the enqueue times are on the items. A message acked
+        # since the index was read is gone (or dead) by now, and not counted.
+        items = await self.table.get_keys(keys, (A.LIVE, A.ENQUEUED, A.VISIBLE))
+        times = [
+            get_n(i, A.ENQUEUED) or get_n(i, A.VISIBLE) or 0  # 0.2.0 messages: visible_at
+            for i in items
+            if A.LIVE in i
+        ]
+        oldest = float(min(times)) if times else None
+        return OutboxStats(len(times), oldest, buried)
+
     async def _wait(self, seconds: float) -> None:
         await self.table.wait_notified(min(seconds, self._pause))
         self._pause = min(self._pause * 2, self.poll_interval)
@@ -455,7 +492,8 @@ def _raw_message(item: Item) -> RawMessage:
 class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
     """The checkpointer of one table (native fencing, transactional outbox; build it
     through :class:`~flowy_dynamodb.DynamoBackend`). Heads whose status is in
-    ``expire_statuses`` get a time to live when the store has ``expire_after``."""
+    ``expire_statuses`` get a time to live when the store has ``expire_after``. No index
+    holds the heads by run status: ``oldest_heads`` reads the whole ``heads`` index."""
 
     def __init__(
         self,
@@ -916,6 +954,30 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _list_activities(self, thread_id: str) -> list[bytes]:
         items = await self._items_of(thread_id, ACTIVITIES, None, A.KEY, A.DATA)
         return [_activity_data(thread_id, item, None) for item in items]
+
+    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
+        # No index by run status: every partition of the `heads` index is read (O(threads)
+        # read units), only the status and save time of the heads in `statuses` sent back.
+        async def partition(list_key: str) -> list[Item]:
+            expr = Expression()
+            wanted = ", ".join(expr.v(s(status.value)) for status in sorted(statuses))
+            return await self.table.query(
+                None,
+                IndexName=THREADS_INDEX,
+                KeyConditionExpression=f"{expr(A.LIST_KEY)} = {expr.v(s(list_key))}",
+                FilterExpression=f"{expr(A.STATUS)} IN ({wanted})",
+                ProjectionExpression=f"{expr(A.STATUS)}, {expr(A.UPDATED)}",
+                **expr.params(),
+            )
+
+        keys = [f"{h.value}#{i}" for h in HandoffStatus for i in range(SHARDS)]
+        oldest: dict[RunStatus, float] = {}
+        for part in await asyncio.gather(*(partition(key) for key in keys)):
+            for item in part:
+                status, at = RunStatus(get_s(item, A.STATUS) or ""), get_n(item, A.UPDATED)
+                if at is not None and float(at) < oldest.get(status, math.inf):
+                    oldest[status] = float(at)
+        return oldest
 
     async def _list_heads(
         self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None

@@ -84,7 +84,7 @@ class A:
     HANDOFF, HANDOFF_AT = "handoff_status", "handoff_pending_at"
     LIST_KEY, LIST_SORT = "list_key", "list_sort"
     OWNER, EXPIRES, TOKEN = "lease_owner", "lease_expires_at", "lease_token"
-    PAYLOAD, ATTEMPTS, ERROR = "payload", "attempts", "error"
+    PAYLOAD, ATTEMPTS, ERROR, ENQUEUED = "payload", "attempts", "error", "enqueued_at"
     LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
     TIMER, WAKE, GRAPH_VERSION = "timer_shard", "wake_at", "graph_version"
     SEQ, SIGNAL_ID, KEY, DATA = "seq", "signal_id", "activity_key", "data"
@@ -500,6 +500,49 @@ class DynamoTable:
             if start is None:
                 break
         return items[:limit]
+
+    async def get_keys(self, keys: Sequence[Item], attributes: Sequence[str]) -> list[Item]:
+        """The items of ``keys`` that exist, with ``attributes`` (and their keys), 100 per
+        ``BatchGetItem`` (eventually consistent), asking again for unprocessed keys."""
+        expr = Expression()
+        projection = ", ".join(map(expr, (PK, SK, *attributes)))
+        found: list[Item] = []
+        for first in range(0, len(keys), 100):
+            pending: list[Item] = list(keys[first : first + 100])
+            for attempt in range(8):
+                request: dict[str, Any] = {"Keys": pending, "ProjectionExpression": projection}
+                request.update(expr.params())
+                result = await self.call("batch_get_item", RequestItems={self.name: request})
+                responses: dict[str, list[Item]] = result.get("Responses") or {}
+                found += responses.get(self.name) or []
+                unprocessed: dict[str, dict[str, list[Item]]] = result.get("UnprocessedKeys") or {}
+                pending = (unprocessed.get(self.name) or {}).get("Keys") or []
+                if not pending:
+                    break
+                await asyncio.sleep(0.02 * 2**attempt)
+            else:
+                raise StorageUnavailableError(
+                    f"DynamoDB left {len(pending)} reads on table {self.name!r} unprocessed "
+                    "(throttled); retry later"
+                )
+        return found
+
+    async def count(self, **params: Any) -> int:
+        """How many items a ``Query`` matches (``Select=COUNT``, page by page)."""
+        total = 0
+        start: Item | None = None
+        while True:
+            page = await self.call(
+                "query",
+                TableName=self.name,
+                Select="COUNT",
+                **params,
+                **({"ExclusiveStartKey": start} if start else {}),
+            )
+            total += int(page.get("Count") or 0)
+            start = page.get("LastEvaluatedKey")
+            if start is None:
+                return total
 
     async def delete_keys(self, keys: Sequence[Item]) -> None:
         """Delete items by key, 25 per ``BatchWriteItem``, resending unprocessed ones."""

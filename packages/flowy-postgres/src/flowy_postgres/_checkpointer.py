@@ -9,7 +9,8 @@ saw; one more read happens only when a racing save or takeover committed while i
 waited for a lock. Each case (create or update, with or without a lease or outbox rows)
 has its own statement, so PostgreSQL settles on one generic plan for each. The head's
 wake-up time and graph version are columns of its row, written by the same statement;
-timers are read from the wake-up time's partial index.
+timers are read from the wake-up time's partial index, and the oldest suspended and
+waiting heads from the partial index of those heads (one query grouped by status).
 
 A thread's signals are numbered by one statement that inserts ``max(seq) + 1`` unless
 the signal id is there: a sender racing for the same number (or id) waits for the other
@@ -30,6 +31,7 @@ from flowy.storage import (
     Lease,
     OutboxRow,
     Refused,
+    RunStatus,
     StateCodec,
     ThreadSummary,
     Timer,
@@ -107,7 +109,8 @@ def _save_sql(
     SELECT r.* FROM appended, unnest(:o_keys::bytea[], :o_ids::text[], :o_revisions::bigint[],
         :o_payloads::bytea[]) AS r
     ON CONFLICT (thread_key, committed_revision) DO UPDATE SET payload = EXCLUDED.payload,
-        attempts = 0, dead = false, last_error = '', visible_at = clock_timestamp()
+        attempts = 0, dead = false, last_error = '', visible_at = clock_timestamp(),
+        created_at = clock_timestamp()
     WHERE o.dead
     RETURNING 1
 ), notified AS (SELECT pg_notify(:channel::text, '') FROM (SELECT FROM queued LIMIT 1) AS q)"""
@@ -207,6 +210,13 @@ DELETE FROM {n.history} WHERE thread_key = $1
         self.timers = f"""
 SELECT thread_id, wake_at FROM {n.threads} WHERE wake_at IS NOT NULL AND wake_at <= $1::float8
 ORDER BY wake_at, {_ORDER} LIMIT $2::bigint
+"""
+        # The literal IN list lets PostgreSQL use the partial index threads_parked_idx
+        # in a generic plan.
+        self.oldest_heads = f"""
+SELECT status, min(updated_at) AS oldest FROM {n.threads}
+WHERE status IN ('suspended', 'waiting') AND status = ANY($1::text[])
+GROUP BY status
 """
         # Either the signal already there (added = false), or the new one numbered after
         # the thread's last; no row when a racing sender took that number or id first.
@@ -369,6 +379,11 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
             self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
             for r in rows
         ]
+
+    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
+        args = (self._sql.oldest_heads, sorted(s.value for s in statuses))
+        rows = await self.connector.fetch("read the oldest parked threads", *args, read=True)
+        return {RunStatus(str(row[0])): float(row[1]) for row in rows}
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:
         rows = await self.connector.fetch("list timers", self._sql.timers, before, limit, read=True)

@@ -16,7 +16,7 @@ import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 
-from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
+from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, OutboxStats, RawMessage
 
 from ._conn import Connector, PgConnection, Row
 from ._schema import TableNames, thread_key
@@ -43,7 +43,7 @@ WITH queued AS (
     VALUES ($1, $2::text, $3::bigint, $4::bytea)
     ON CONFLICT (thread_key, committed_revision) DO UPDATE
         SET payload = EXCLUDED.payload, attempts = 0, dead = false, last_error = '',
-            visible_at = clock_timestamp()
+            visible_at = clock_timestamp(), created_at = clock_timestamp()
         WHERE o.dead
     RETURNING o.id
 )
@@ -74,11 +74,18 @@ SELECT id, payload, attempts, last_error FROM {n.outbox} WHERE dead ORDER BY id 
         self.retry = f"""
 WITH revived AS (
     UPDATE {n.outbox}
-    SET dead = false, attempts = 0, last_error = '', visible_at = clock_timestamp()
+    SET dead = false, attempts = 0, last_error = '', visible_at = clock_timestamp(),
+        created_at = clock_timestamp()
     WHERE id = $1::bigint AND dead
     RETURNING id
 )
 SELECT id, pg_notify($2::text, '') FROM revived"""
+        # created_at: when the message was enqueued, or came back from the dead letters.
+        self.stats = f"""
+SELECT count(*) FILTER (WHERE NOT dead) AS pending,
+    extract(epoch FROM min(created_at) FILTER (WHERE NOT dead))::float8 AS oldest,
+    count(*) FILTER (WHERE dead) AS dead
+FROM {n.outbox}"""
 
 
 class PostgresOutbox(BaseOutbox):
@@ -236,6 +243,14 @@ class PostgresConsumer(BaseConsumer):
             return False
         args = (self._sql.retry, row_id, self._channel)
         return await self.connector.fetchrow(f"retry dead letter {row_id}", *args) is not None
+
+    async def _stats(self) -> OutboxStats:
+        row = await self.connector.fetchrow("read the outbox backlog", self._sql.stats, read=True)
+        assert row is not None
+        oldest = row["oldest"]
+        return OutboxStats(
+            int(row["pending"]), None if oldest is None else float(oldest), int(row["dead"])
+        )
 
 
 def _row_id(message_id: str) -> int | None:

@@ -175,10 +175,16 @@ def _create(n: TableNames) -> list[str]:
 
 
 def _durable(n: TableNames) -> list[str]:
-    """The wake-up index, the signal inbox and the activity journal (version 3)."""
+    """The wake-up index, the index of parked heads, the signal inbox and the activity
+    journal (version 3)."""
     return [
         f"""CREATE INDEX IF NOT EXISTS {n.index("threads_wake_idx")}
     ON {n.threads} (wake_at, ({ID_PREFIX})) WHERE wake_at IS NOT NULL""",
+        # The suspended and waiting heads, for the oldest of each (oldest_heads). Keyed
+        # by status alone: a save changes updated_at every time, and an index on it
+        # would cost every save its HOT update; status changes a few times per run.
+        f"""CREATE INDEX IF NOT EXISTS {n.index("threads_parked_idx")}
+    ON {n.threads} (status) WHERE status IN ('suspended', 'waiting')""",
         f"""CREATE TABLE IF NOT EXISTS {n.signals} (
     thread_key bytea NOT NULL, seq bigint NOT NULL CHECK (seq > 0),
     id_key bytea NOT NULL,  -- sha256(convert_to(signal_id, 'UTF8'))

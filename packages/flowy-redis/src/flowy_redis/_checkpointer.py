@@ -15,6 +15,7 @@ from flowy.storage import (
     HandoffStatus,
     Lease,
     Refused,
+    RunStatus,
     StateCodec,
     ThreadSummary,
     Timer,
@@ -22,7 +23,7 @@ from flowy.storage import (
     show_id,
 )
 
-from ._keys import STATUS_DIGITS
+from ._keys import STATUS_DIGITS, ShardKeys
 from ._scripts import (
     ACTIVITY,
     DELETE,
@@ -43,6 +44,7 @@ DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 """The largest encoded snapshot a save accepts by default (64 MiB)."""
 
 _PRUNE_BATCH = 10_000
+_SCAN_PAGE = 500  # heads read per script while looking for the oldest parked ones
 
 S = TypeVar("S")
 
@@ -69,7 +71,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     the thread's outbox shard, atomically. Threads saved ``completed`` or ``failed``
     expire after ``completed_ttl`` seconds when it is set (with their signal inbox and
     activity journal). Appending a signal is one script (numbered by the inbox's
-    length, once per signal id); the journal is a hash per thread.
+    length, once per signal id); the journal is a hash per thread. No index holds the
+    heads by run status: ``oldest_heads`` scans every shard's thread index, a page at a
+    time.
     """
 
     def __init__(
@@ -226,6 +230,46 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             after = members[-1][1:].decode("utf-8")
         out.sort(key=lambda summary: summary.thread_id)
         return out[:limit]
+
+    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
+        # No index by run status: every shard's thread index is read a page at a time
+        # (one command for the page, one script for its heads' columns), shards at once,
+        # O(threads) in all.
+        store, layout = self.store, self.store.layout
+        wanted = {status.value for status in statuses}
+
+        async def scan(shard: ShardKeys) -> list[tuple[RunStatus, float]]:
+            found: list[tuple[RunStatus, float]] = []
+            start = b"-"
+            while True:
+                members: list[bytes] = await store.execute(
+                    "listing threads",
+                    "ZRANGEBYLEX",
+                    shard.threads,
+                    start,
+                    b"+",
+                    "LIMIT",
+                    0,
+                    _SCAN_PAGE,
+                )
+                if not members:
+                    return found
+                heads = [layout.thread(m[1:].decode("utf-8")).head for m in members]
+                rows = await store.run(
+                    HEADS, [shard.threads, *heads], members, "reading thread heads"
+                )
+                for row in rows:
+                    if row is not None and (status := row[2].decode("utf-8")) in wanted:
+                        found.append((RunStatus(status), float(row[6])))
+                if len(members) < _SCAN_PAGE:
+                    return found
+                start = b"(" + members[-1]
+
+        oldest: dict[RunStatus, float] = {}
+        for part in await asyncio.gather(*(scan(shard) for shard in layout.all_shards())):
+            for status, at in part:
+                oldest[status] = min(at, oldest.get(status, at))
+        return oldest
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:
         # Each shard's timer set is ordered by (wake_at, UTF-8 id), and UTF-8 byte order

@@ -3,7 +3,10 @@
 
 Shard ``i``'s stream ``<ns>:{<ns>:i}:outbox`` lives in the hash slot of the threads of
 shard ``i``, so a save and its hand-off are one script. A message is unique per (thread,
-committed revision) through the shard's ``ids`` hash. A consumer reads every shard.
+committed revision) through the shard's ``ids`` hash. A consumer reads every shard. The
+backlog (``stats``) is each shard's stream and dead-letter stream lengths and the id of
+its first entry, which carries the time it was added (a dead letter that comes back is
+added again).
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ import uuid
 from collections.abc import Hashable
 from typing import Any
 
-from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, RawMessage, show_id
+from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, OutboxStats, RawMessage, show_id
 
 from ._keys import ShardKeys
-from ._scripts import ACK, APPEND, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD
+from ._scripts import ACK, APPEND, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD, STATS
 from ._store import Store
 
 __all__ = ["RedisConsumer", "RedisOutbox", "default_consumer_name"]
@@ -192,3 +195,18 @@ class RedisConsumer(BaseConsumer):
 
     async def _retry_dead_letter(self, message_id: str) -> bool:
         return bool(await self._shard_call(RETRY_DEAD, message_id, [], "retrying dead letter"))
+
+    async def _stats(self) -> OutboxStats:
+        shards = self.store.layout.all_shards()
+        replies = await self.store.run_sharded(
+            STATS, [s.outbox for s in shards], [], "reading the outbox backlog"
+        )
+        pending = dead = 0
+        oldest: float | None = None
+        for reply in replies:
+            for live, first, buried in reply:
+                pending, dead = pending + int(live), dead + int(buried)
+                if first:
+                    added = int(bytes(first).partition(b"-")[0]) / 1e3
+                    oldest = added if oldest is None else min(oldest, added)
+        return OutboxStats(pending, oldest, dead)

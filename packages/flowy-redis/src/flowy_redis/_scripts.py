@@ -49,6 +49,7 @@ __all__ = [
     "RETRY_DEAD",
     "SIGNAL",
     "SIGNALS",
+    "STATS",
     "TIMERS",
     "LuaScript",
     "save_script",
@@ -599,6 +600,20 @@ for base = 0, #KEYS - 1, 7 do
     out[#out + 1] = {base / 7 + 1, e[1], field(f, 'mid') or e[1], field(f, 'intent') or '',
       field(f, 'attempts') or '0', field(f, 'error') or ''}
   end
+end
+return out
+""")
+
+STATS = LuaScript("""
+-- KEYS: 7 per shard (stream, vis, dead, ...).  Returns {live entries, the first live
+-- entry id ('' when none), dead letters} per shard.  Acks and burials delete their
+-- entries, so every entry of a stream is a live message, and its id (milliseconds of
+-- the server's clock) says when it was added.
+local out = {}
+for base = 0, #KEYS - 1, 7 do
+  local first = redis.call('XRANGE', KEYS[base + 1], '-', '+', 'COUNT', 1)
+  out[#out + 1] = {redis.call('XLEN', KEYS[base + 1]), (first[1] and first[1][1]) or '',
+    redis.call('XLEN', KEYS[base + 3])}
 end
 return out
 """)

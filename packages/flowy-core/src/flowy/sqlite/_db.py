@@ -91,13 +91,16 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS flowy_outbox_ready ON flowy_outbox (dead, visible_at)",
     ),
-    # 1 -> 2: durable time (the wake-up index, the signal inbox, the activity journal)
-    # and the version of the graph that saved each head.
+    # 1 -> 2: durable time (the wake-up index, the signal inbox, the activity journal),
+    # the version of the graph that saved each head, and an index of the heads parked in
+    # suspended or waiting (the oldest of each is a backlog gauge).
     (
         "ALTER TABLE flowy_threads ADD COLUMN wake_at REAL",
         "ALTER TABLE flowy_threads ADD COLUMN graph_version TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX IF NOT EXISTS flowy_threads_wake ON flowy_threads (wake_at, thread_id) "
         "WHERE wake_at IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS flowy_threads_parked ON flowy_threads (status, updated_at) "
+        "WHERE status IN ('suspended', 'waiting')",
         """CREATE TABLE IF NOT EXISTS flowy_signals (
             thread_id TEXT NOT NULL,
             seq INTEGER NOT NULL,

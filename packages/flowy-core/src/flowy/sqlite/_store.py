@@ -7,14 +7,16 @@ are each one transaction. The file holds:
 
 - ``flowy_threads``: the head of each thread (revision, pointer, status, reason,
   hand-off status and time, updated-at as columns, plus the head record), so ``load``
-  is one row read and ``list_threads`` an index range;
+  is one row read and ``list_threads`` an index range; a partial index of the suspended
+  and waiting heads by ``updated_at`` answers ``oldest_heads``;
 - ``flowy_history``: every stored record, keyed by (thread, revision);
 - ``flowy_leases``: owner, fencing token and expiry of each held lease; a released
   lease's row is deleted, as is a deleted thread's, and rows of leases that expired an
   hour ago are swept by later acquisitions (tokens are floored by the clock, so they
   never go back);
 - ``flowy_outbox``: one row per (thread, committed revision), with attempts,
-  visibility, the last error and a dead-letter flag;
+  visibility, the last error, a dead-letter flag and when it was enqueued (or came
+  back from the dead letters);
 - ``flowy_signals``: each thread's inbox, by (thread, seq), unique by (thread, signal
   id); the head's ``wake_at`` column has a partial index, which ``timers`` reads;
 - ``flowy_journal``: each thread's activity records, by (thread, key).
@@ -37,8 +39,10 @@ from ..storage import (
     HandoffStatus,
     Lease,
     OutboxRow,
+    OutboxStats,
     RawMessage,
     Refused,
+    RunStatus,
     StateCodec,
     ThreadSummary,
     Timer,
@@ -76,12 +80,13 @@ _UPDATE_HEAD_INDEXED = (
     "handoff_status = ?, wake_at = ? WHERE thread_id = ?"
 )
 
-# A live message is left as it is; a dead one comes back with its attempts reset.
+# A live message is left as it is; a dead one comes back with its attempts reset,
+# enqueued again now.
 _APPEND = (
     "INSERT INTO flowy_outbox (thread_id, committed_revision, payload, created_at) "
     "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id, committed_revision) DO UPDATE SET "
-    "payload = excluded.payload, attempts = 0, visible_at = 0, error = '', dead = 0 "
-    "WHERE dead = 1"
+    "payload = excluded.payload, attempts = 0, visible_at = 0, error = '', dead = 0, "
+    "created_at = excluded.created_at WHERE dead = 1"
 )
 
 _SUMMARY_COLUMNS = (
@@ -253,6 +258,19 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             lambda conn: conn.execute(sql, params).fetchall(), "list threads"
         )
         return [self.summary(str(row[0]), *row[1:]) for row in rows]
+
+    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
+        values = sorted(s.value for s in statuses)
+        # The literal IN list lets SQLite use the partial index flowy_threads_parked.
+        sql = (
+            "SELECT status, min(updated_at) FROM flowy_threads "
+            "WHERE status IN ('suspended', 'waiting') "
+            f"AND status IN ({', '.join('?' * len(values))}) GROUP BY status"
+        )
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(sql, values).fetchall(), "read the oldest parked threads"
+        )
+        return {RunStatus(str(status)): float(at) for status, at in rows}
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:
         rows: list[tuple[Any, ...]] = await self.database.run(
@@ -535,8 +553,8 @@ class SQLiteConsumer(BaseConsumer):
                 lambda: (
                     conn.execute(
                         "UPDATE flowy_outbox SET dead = 0, attempts = 0, visible_at = 0, "
-                        "error = '' WHERE id = ? AND dead = 1",
-                        (row_id,),
+                        "error = '', created_at = ? WHERE id = ? AND dead = 1",
+                        (self.database.clock(), row_id),
                     ).rowcount
                 ),
             ),
@@ -545,6 +563,17 @@ class SQLiteConsumer(BaseConsumer):
         if changed:
             self.database.notify()
         return bool(changed)
+
+    async def _stats(self) -> OutboxStats:
+        row = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT coalesce(sum(dead = 0), 0), min(CASE WHEN dead = 0 THEN created_at END), "
+                "coalesce(sum(dead = 1), 0) FROM flowy_outbox"
+            ).fetchone(),
+            "read the outbox backlog",
+        )
+        pending, oldest, dead = row
+        return OutboxStats(int(pending), None if oldest is None else float(oldest), int(dead))
 
     async def _wait(self, seconds: float) -> None:
         self.database.clear_notified()

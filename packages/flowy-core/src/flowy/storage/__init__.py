@@ -18,6 +18,7 @@ from .._types import ResumeToken as ResumeToken
 from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
 from ._backend import redact_url as redact_url
+from ._base import BACKLOG_STATUSES as BACKLOG_STATUSES
 from ._base import BaseCheckpointer as BaseCheckpointer
 from ._base import BaseLeaseManager as BaseLeaseManager
 from ._base import Busy as Busy
@@ -48,6 +49,7 @@ from ._model import HandoffIntent as HandoffIntent
 from ._model import HandoffStatus as HandoffStatus
 from ._model import Lease as Lease
 from ._model import OutboxMessage as OutboxMessage
+from ._model import OutboxStats as OutboxStats
 from ._model import RunStatus as RunStatus
 from ._model import Snapshot as Snapshot
 from ._model import ThreadSummary as ThreadSummary
@@ -78,6 +80,7 @@ from ._saving import confirm_save as confirm_save
 from ._saving import durable_save as durable_save
 
 __all__ = [
+    "BACKLOG_STATUSES",
     "ENTRY_POINT_GROUP",
     "FORMAT_VERSION",
     "MAX_THREAD_ID_BYTES",
@@ -109,6 +112,7 @@ __all__ = [
     "OutboxConsumer",
     "OutboxMessage",
     "OutboxRow",
+    "OutboxStats",
     "OutboxTransaction",
     "RawMessage",
     "Record",

@@ -3,8 +3,9 @@
 A store subclasses :class:`BaseCheckpointer` and :class:`BaseLeaseManager` and
 implements the ``_``-prefixed abstract methods; the bases own argument checks, the
 record envelope, the translation of a refused write into the right error (with the same
-type and message on every store), summaries and the codec. ``docs/adapters.md`` walks
-through writing a store.
+type and message on every store), summaries, the codec and the checks of what a store
+reports about its backlog (``oldest_heads``). ``docs/adapters.md`` walks through writing
+a store.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import abc
 import copy
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic
 
@@ -22,6 +23,7 @@ from .._errors import (
     LeaseLostError,
     SnapshotEnvelopeInvalidError,
     SnapshotTooLargeError,
+    StorageError,
     ThreadLeaseBusyError,
     ThreadNotFoundError,
 )
@@ -60,6 +62,7 @@ from ._protocols import EnqueueCallback, LeaseManager
 from ._records import decode_snapshot, encode_snapshot
 
 __all__ = [
+    "BACKLOG_STATUSES",
     "BaseCheckpointer",
     "BaseLeaseManager",
     "Busy",
@@ -69,6 +72,14 @@ __all__ = [
     "Write",
     "show_id",
 ]
+
+
+BACKLOG_STATUSES: frozenset[RunStatus] = frozenset({RunStatus.SUSPENDED, RunStatus.WAITING})
+"""The run statuses ``BaseCheckpointer.oldest_heads`` reads: runs parked until something
+outside moves them on (an answer, a signal, a timer)."""
+
+_SCAN_PAGE = 500
+"""Heads per ``_list_heads`` call of the default ``_oldest_heads`` scan."""
 
 
 def show_id(thread_id: str, limit: int = 80) -> str:
@@ -315,6 +326,26 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Every journal entry of the thread, in any order."""
         raise self._missing("_list_activities", "activity journal")
 
+    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
+        """For each status of ``statuses`` (a non-empty subset of
+        :data:`BACKLOG_STATUSES`) that some head has, the smallest ``updated_at`` of the
+        heads in it; a status no head has is left out.
+
+        Stores answer from an index of the heads in those statuses where they have one
+        (one query grouped by status). This default scans every head through
+        :meth:`_list_heads`, page by page: O(threads) per call.
+        """
+        oldest: dict[RunStatus, float] = {}
+        after: str | None = None
+        while True:
+            page = await self._list_heads(None, _SCAN_PAGE, after)
+            for head in page:
+                if head.status in statuses and head.updated_at < oldest.get(head.status, math.inf):
+                    oldest[head.status] = head.updated_at
+            if len(page) < _SCAN_PAGE:
+                return oldest
+            after = page[-1].thread_id
+
     def _missing(self, primitive: str, what: str) -> NotImplementedError:
         return NotImplementedError(
             f"{type(self).__name__} keeps no {what}: its store does not implement "
@@ -552,6 +583,47 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         if isinstance(before, bool) or not isinstance(before, int | float) or math.isnan(before):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"before must be seconds since the epoch, got {before!r:.80}")
         return await self._timers(float(before), limit)
+
+    async def oldest_heads(
+        self, statuses: Iterable[RunStatus] | None = None
+    ) -> dict[RunStatus, float]:
+        """When the oldest head in each of ``statuses`` was saved (its ``updated_at``, in
+        seconds since the epoch): how long the longest-parked run has waited. A status
+        no thread is in is left out of the answer.
+
+        Args:
+            statuses: some of ``RunStatus.SUSPENDED`` and ``RunStatus.WAITING``, the
+                statuses stores index for this read (``None``: both,
+                :data:`BACKLOG_STATUSES`).
+
+        Raises:
+            TypeError: one status instead of an iterable of them.
+            ValueError: a status other than suspended or waiting.
+            StorageError: the store answered for a status not asked for, or with a time
+                that is not a finite number.
+        """
+        if isinstance(statuses, str):
+            raise TypeError(
+                f"statuses must be an iterable of run statuses, got the single status "
+                f"{statuses!r}; pass [{statuses!r}]"
+            )
+        wanted = BACKLOG_STATUSES if statuses is None else frozenset(map(RunStatus, statuses))
+        if not wanted <= BACKLOG_STATUSES:
+            other = ", ".join(repr(s.value) for s in sorted(wanted - BACKLOG_STATUSES))
+            raise ValueError(
+                f"oldest_heads reads suspended and waiting heads only (the statuses stores "
+                f"index for it), got {other}; ask for RunStatus.SUSPENDED or RunStatus.WAITING"
+            )
+        if not wanted:
+            return {}
+        oldest = await self._oldest_heads(wanted)
+        for status, at in oldest.items():
+            if status not in wanted or not math.isfinite(at):
+                raise StorageError(
+                    f"{type(self).__name__}._oldest_heads answered {status!r}: {at!r} when "
+                    f"asked for {sorted(s.value for s in wanted)}"
+                )
+        return {status: oldest[status] for status in sorted(oldest)}
 
     async def append_signal(self, signal: Signal) -> Signal:
         """Store ``signal`` in its thread's inbox, once per ``signal_id``: the signal as

@@ -1,5 +1,6 @@
 """The values stores keep and exchange: snapshots, thread summaries, leases, hand-off
-intents and outbox messages, with the validation of thread ids every store shares."""
+intents, outbox messages and the outbox's backlog, with the validation of thread ids
+every store shares."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ __all__ = [
     "HandoffStatus",
     "Lease",
     "OutboxMessage",
+    "OutboxStats",
     "RunStatus",
     "Snapshot",
     "ThreadSummary",
@@ -284,3 +286,21 @@ class DeadLetter:
     def thread_id(self) -> str:
         """The intent's thread id, or ``""`` for an undecodable payload."""
         return self.intent.thread_id if self.intent is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxStats:
+    """The backlog of an outbox, as ``BaseConsumer.stats`` reads it.
+
+    ``oldest_pending_at`` is ``None`` exactly when ``pending`` is 0. A dead letter put
+    back (``retry_dead_letter``, or the same intent enqueued again) counts as enqueued
+    when it came back.
+    """
+
+    pending: int
+    """Messages not yet acked, claimed or not (dead letters excluded)."""
+    oldest_pending_at: float | None
+    """When the oldest of them was enqueued, in seconds since the epoch by the store's
+    clock (``None``: nothing pending)."""
+    dead_letters: int
+    """Messages held in the dead letters."""

@@ -2,22 +2,24 @@
 
 :class:`BaseOutbox` turns intents into rows; :class:`BaseConsumer` owns the claim loop
 (waiting, decoding, burying poison messages and messages delivered too often), ack,
-release with a delay, and the dead letters. A store implements the ``_``-prefixed
-primitives; see ``docs/adapters.md``.
+release with a delay, the dead letters and the checks of the backlog a store reports
+(``stats``). A store implements the ``_``-prefixed primitives; see ``docs/adapters.md``.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from .._errors import StorageError
 from ._base import OutboxRow, OutboxTransaction
 from ._checks import check_count, check_seconds
 from ._intents import decode_intent
-from ._model import DeadLetter, HandoffIntent, OutboxMessage
+from ._model import DeadLetter, HandoffIntent, OutboxMessage, OutboxStats
 
 __all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage"]
 
@@ -79,7 +81,7 @@ class BaseOutbox(abc.ABC):
 
 
 class BaseConsumer(abc.ABC):
-    """The consuming side of an outbox over six primitives.
+    """The consuming side of an outbox over six primitives, and ``_stats``.
 
     ``max_attempts`` deliveries without an ack dead-letter a message; ``poll_interval``
     is how often ``claim(wait=...)`` looks again when the store has no wake-up of its own.
@@ -123,6 +125,20 @@ class BaseConsumer(abc.ABC):
     async def _wait(self, seconds: float) -> None:
         """Wait up to ``seconds`` for new messages (default: a poll interval's sleep)."""
         await asyncio.sleep(min(seconds, self.poll_interval))
+
+    # Every store of flowy-core and its adapters implements it; a store written for
+    # flowy 0.2.0 that does not still delivers messages, and says what is missing when
+    # its backlog is read.
+    async def _stats(self) -> OutboxStats:
+        """The outbox's backlog, from one consistent read where the store can: how many
+        live messages there are (claimed or not, released with a delay or not), when the
+        oldest of them was enqueued (by the store's clock; a dead letter that came back
+        counts from its return; ``None`` when there is none), and how many dead letters.
+        Count from the store's indexes or counters where it has them."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot report its backlog: its store does not "
+            "implement _stats (docs/adapters.md)"
+        )
 
     # -- the protocol ----------------------------------------------------------------------
     async def claim(
@@ -199,6 +215,28 @@ class BaseConsumer(abc.ABC):
                 intent = None
             out.append(DeadLetter(raw.message_id, intent, raw.attempts, raw.error, raw.payload))
         return out
+
+    async def stats(self) -> OutboxStats:
+        """The backlog: messages pending delivery, when the oldest was enqueued, and the
+        dead letters held (what ``flowy.otel``'s gauges report).
+
+        Raises:
+            StorageError: the store reported an impossible backlog (a negative count, or
+                pending messages without an enqueue time).
+        """
+        stats = await self._stats()
+        pending, oldest, dead = stats.pending, stats.oldest_pending_at, stats.dead_letters
+        where = f"{type(self).__name__}._stats reported"
+        if pending < 0 or dead < 0:
+            raise StorageError(f"{where} {pending} pending messages and {dead} dead letters")
+        if (oldest is None) != (pending == 0):
+            raise StorageError(
+                f"{where} {pending} pending messages, the oldest enqueued at {oldest!r}: "
+                "an enqueue time goes with pending messages, and only with them"
+            )
+        if oldest is not None and not math.isfinite(oldest):
+            raise StorageError(f"{where} an oldest enqueue time of {oldest!r}")
+        return stats
 
     async def retry_dead_letter(self, message_id: str) -> None:
         """Move the dead letter ``message_id`` back to the outbox with its attempts reset;

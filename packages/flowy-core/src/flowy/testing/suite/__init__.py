@@ -22,6 +22,7 @@ subclass its class under the same name in that module. See ``docs/adapters.md``.
 from __future__ import annotations
 
 from ._arguments import *  # noqa: F403
+from ._backlog import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
 from ._durable import *  # noqa: F403
@@ -36,6 +37,7 @@ from ._waits import *  # noqa: F403
 __all__ = [
     "ActivitySuite",
     "ArgumentSuite",
+    "BacklogSuite",
     "CheckpointerSuite",
     "ConcurrencySuite",
     "CorruptionSuite",
