@@ -246,7 +246,7 @@ def test_a_hand_off_resumed_twice_is_reported() -> None:
     again = flowy.RunResult(
         "t", {}, flowy.RunStatus.COMPLETED, "completed", "x", segment=2, revision=9
     )
-    run.results = [(("call", 0), done), (("call", 0), again)]
+    run.results = [done, again]
     run.thread_id = "t"
     run.base = MemoryBackend[Any]()
     snap: Any = type("Head", (), {"status": flowy.RunStatus.COMPLETED})()

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, cast
 
 from .._activities import on_call
-from .._errors import StorageUnavailableError, ThreadNotFoundError
+from .._errors import LeaseError, StorageError, StorageUnavailableError, ThreadNotFoundError
 from .._graph import Graph
 from .._invariants import is_invariant
 from .._results import RunResult
@@ -425,7 +425,7 @@ class _Run(Generic[S]):
         self.current = self._spawn()
         self.in_takeover = False
         self.redelivered: list[OutboxMessage] = []
-        self.results: list[tuple[tuple[str, int], RunResult[S, Any]]] = []
+        self.results: list[RunResult[S, Any]] = []  # every result a caller or worker got
         self.calls: Counter[str] = Counter()
         self.idempotent: set[str] = set()
         self.problems: list[str] = []
@@ -451,8 +451,7 @@ class _Run(Generic[S]):
         return {} if bindings is None else {"bindings": bindings}
 
     def on_result(self, intent: HandoffIntent, result: RunResult[S, Any]) -> None:
-        key = (intent.reason, intent.pending_snapshot_revision or intent.snapshot_revision)
-        self.results.append((key, result))
+        self.results.append(result)
 
     def on_call(self, thread_id: str, key: str, idempotent: bool) -> None:
         if thread_id == self.thread_id:
@@ -657,7 +656,7 @@ class _Run(Generic[S]):
         except Exception:  # noqa: BLE001 - the application sees an error and goes on
             return
         if isinstance(result, RunResult):
-            self.results.append((("call", 0), cast(RunResult[S, Any], result)))
+            self.results.append(cast(RunResult[S, Any], result))
 
     async def act_once(self) -> bool:
         """Take the next step of the story; False when there is nothing left to do."""
@@ -677,8 +676,9 @@ class _Run(Generic[S]):
                     bindings=scenario.bindings,
                     metadata=dict(scenario.metadata) if scenario.metadata else None,
                 )
-                if result.status is RunStatus.FAILED and not result.revision:
-                    self.unsaved_end = result
+                unsure = isinstance(result.error, StorageError | LeaseError)
+                if result.status is RunStatus.FAILED and not result.revision and not unsure:
+                    self.unsaved_end = result  # its first node failed: the caller is told
                 return result
 
             await self.attempt(start)
@@ -846,7 +846,7 @@ class _Run(Generic[S]):
             if dead.intent is not None and dead.intent.thread_id == self.thread_id:
                 problems.append(f"a hand-off was dead-lettered: {dead.error[:200]}")
         ended: dict[int, int] = {}  # segment -> the revision its saved end is at
-        for _, result in self.results:
+        for result in self.results:
             if not _saved_end(result):
                 continue
             if result.segment in ended and ended[result.segment] != result.revision:
@@ -887,7 +887,7 @@ class _Run(Generic[S]):
         for snap in last.values():
             saved.update(_key(e) for e in snap.effects)
         delivered: Counter[str] = Counter()
-        for _, result in self.results:
+        for result in self.results:
             if _saved_end(result):
                 delivered.update(_key(e) for e in result.effects)
         return [
