@@ -8,6 +8,7 @@ tests directory is on their ``PYTHONPATH``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from core_graphs import State, approval_graph, merge
 
 import flowy
@@ -22,6 +24,18 @@ import flowy
 TESTS_DIR = Path(__file__).resolve().parent
 GRAPH = "core_graphs:approval_graph"
 DEAD_ERROR = "card declined by the gateway"
+
+
+def require_ui_extra(*modules: str) -> None:
+    """Import the ``ui`` extra's ``modules`` or skip the test module; under
+    ``FLOWY_REQUIRE_BROWSER=1`` (CI) a missing one is an error, not a skip."""
+    for name in modules:
+        if os.environ.get("FLOWY_REQUIRE_BROWSER") == "1":
+            importlib.import_module(name)
+        else:
+            pytest.importorskip(
+                name, reason=f"{name} comes with the ui extra: pip install 'flowy-core[ui]'"
+            )
 
 
 def run_flowy(

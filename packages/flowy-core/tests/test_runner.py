@@ -549,3 +549,32 @@ def test_printed_resume_tokens_parse_back() -> None:
     for bad in ("no-revision", "@3", "t@", "t@0", "t@-1", "t@1.5", "t@12x", "t@" + "9" * 30):
         with pytest.raises(ValueError):
             flowy.ResumeToken.parse(bad)
+
+
+class _Interrupted(BaseException):
+    """Something that is not an ``Exception`` (a signal, a cancel of the whole process)."""
+
+
+async def test_an_interrupted_lease_release_does_not_leave_the_thread_marked_running() -> None:
+    from flowy.memory import MemoryBackend
+
+    backend: MemoryBackend[State] = MemoryBackend()
+    release = backend.leases.release
+    interrupted = []
+
+    async def interrupted_release(lease: Any) -> None:
+        if not interrupted:
+            interrupted.append(lease)
+            raise _Interrupted("interrupted while letting go of the lease")
+        await release(lease)
+
+    backend.leases.release = interrupted_release  # type: ignore[method-assign]
+    runner = flowy.Runner(approval_graph(), backend, run_lease=("me", 30.0))
+    with pytest.raises(_Interrupted):
+        await runner.start("t", {})
+    await release(interrupted[0])  # the lease runs out
+    head, token = await runner.head("t")
+    assert head.status is flowy.RunStatus.SUSPENDED
+    # This process may run the thread again: it is not still marked as running.
+    result = await runner.resume(token, state_overlay={"approved": True})
+    assert result.status is not flowy.RunStatus.SUSPENDED

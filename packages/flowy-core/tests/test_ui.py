@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from cli_support import require_ui_extra
 
-pytest.importorskip("starlette")
+require_ui_extra("starlette")
 
 from core_graphs import State, approval_graph, merge
 from stores_support import ALL_STORES, Store, environment, fresh_store

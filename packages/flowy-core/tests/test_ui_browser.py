@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import require_ui_extra
 
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
-pytest.importorskip("selenium")
+require_ui_extra("starlette", "uvicorn", "selenium")
 
 import httpx
 import uvicorn

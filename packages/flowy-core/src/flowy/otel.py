@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,6 +177,11 @@ async def _read_backlog(
     return await asyncio.gather(stats(), heads(), return_exceptions=True)
 
 
+def _age_of_oldest(stats: OutboxStats, now: float) -> float:
+    oldest = stats.oldest_pending_at
+    return 0.0 if oldest is None else max(now - oldest, 0.0)
+
+
 class _OpenTelemetry:
     """The ``_tracing.Tracing`` that reports to OpenTelemetry."""
 
@@ -207,19 +212,19 @@ class _OpenTelemetry:
         self.backlogs: dict[str, _Backlog] = {}  # by the store's redacted URL
         meter.create_observable_gauge(
             "flowy.outbox.depth",
-            callbacks=[self._observe_depth],
+            callbacks=[self._outbox_gauge(lambda stats, now: stats.pending)],
             unit="{message}",
             description="outbox messages pending delivery",
         )
         meter.create_observable_gauge(
             "flowy.outbox.oldest_age",
-            callbacks=[self._observe_outbox_age],
+            callbacks=[self._outbox_gauge(_age_of_oldest)],
             unit="s",
             description="how long ago the oldest pending outbox message was enqueued",
         )
         meter.create_observable_gauge(
             "flowy.outbox.dead_letters",
-            callbacks=[self._observe_dead_letters],
+            callbacks=[self._outbox_gauge(lambda stats, now: stats.dead_letters)],
             unit="{message}",
             description="dead letters held",
         )
@@ -248,28 +253,20 @@ class _OpenTelemetry:
         for url, backlog in list(self.backlogs.items()):
             yield {"flowy.store.url": url}, backlog
 
-    def _observe_depth(self, options: Any) -> Iterator[Any]:
-        from opentelemetry.metrics import Observation
+    def _outbox_gauge(
+        self, value: Callable[[OutboxStats, float], float]
+    ) -> Callable[[Any], Iterator[Any]]:
+        """A gauge callback reporting ``value(stats, now)`` of each store's outbox."""
 
-        for attributes, backlog in self._samples():
-            if backlog.outbox is not None:
-                yield Observation(backlog.outbox.pending, attributes)
+        def observe(options: Any) -> Iterator[Any]:
+            from opentelemetry.metrics import Observation
 
-    def _observe_outbox_age(self, options: Any) -> Iterator[Any]:
-        from opentelemetry.metrics import Observation
+            now = time.time()
+            for attributes, backlog in self._samples():
+                if backlog.outbox is not None:
+                    yield Observation(value(backlog.outbox, now), attributes)
 
-        now = time.time()
-        for attributes, backlog in self._samples():
-            if backlog.outbox is not None:
-                oldest = backlog.outbox.oldest_pending_at
-                yield Observation(0.0 if oldest is None else max(now - oldest, 0.0), attributes)
-
-    def _observe_dead_letters(self, options: Any) -> Iterator[Any]:
-        from opentelemetry.metrics import Observation
-
-        for attributes, backlog in self._samples():
-            if backlog.outbox is not None:
-                yield Observation(backlog.outbox.dead_letters, attributes)
+        return observe
 
     def _observe_thread_age(self, options: Any) -> Iterator[Any]:
         from opentelemetry.metrics import Observation
