@@ -139,7 +139,7 @@ class MemoryStore:
 
     def append(self, row: OutboxRow) -> None:
         """Add the outbox ``row`` unless its (thread, revision) is there; revive a dead
-        copy."""
+        copy with the row's payload."""
         for entry in self.messages.values():
             if (
                 entry.thread_id == row.thread_id
@@ -151,6 +151,7 @@ class MemoryStore:
                 entry.thread_id == row.thread_id
                 and entry.committed_revision == row.committed_revision
             ):
+                entry.payload = row.payload
                 self.revive(message_id)
                 return
         message_id = str(next(self.ids))

@@ -285,25 +285,27 @@ def _message_key(message_id: str) -> Item | None:
     return {PK: s(pk), SK: s(sk)}
 
 
-def _revive(expr: Expression, pk: str, now: float) -> str:
-    fields = {
+def _revive(expr: Expression, pk: str, now: float, payload: bytes | None = None) -> str:
+    fields: Item = {
         A.LIVE: s(f"live#{shard_of(pk)}"),
         A.VISIBLE: n(now),
         A.ATTEMPTS: n(0),
         A.ERROR: s(""),
         A.ENQUEUED: n(now),
     }
+    if payload is not None:  # written again: the new row's payload
+        fields[A.PAYLOAD] = {"B": payload}
     return expr.sets(fields) + expr.removes([A.DEAD, A.DEAD_AT])
 
 
 def message_write(table: DynamoTable, row: OutboxRow, now: float, *, revive: bool) -> Item:
     """``UpdateItem`` parameters that add ``row``'s message: a new one is created, a live
     one left exactly as it is (condition: not dead); with ``revive``, a dead one comes
-    back with its attempts and error reset (condition: dead)."""
+    back with ``row``'s payload, its attempts and error reset (condition: dead)."""
     key = entry_key(row.thread_id, MESSAGE, row.committed_revision)
     expr = Expression()
     if revive:
-        update = _revive(expr, key[PK]["S"], now)
+        update = _revive(expr, key[PK]["S"], now, row.payload)
     else:
         kept = {A.PAYLOAD: {"B": row.payload}, A.VISIBLE: n(now), A.ATTEMPTS: n(0), A.ERROR: s("")}
         kept[A.ENQUEUED] = n(now)

@@ -56,8 +56,9 @@ class BaseOutbox(abc.ABC):
     @abc.abstractmethod
     async def _append(self, row: OutboxRow) -> None:
         """Durably add ``row`` unless a message of the same (thread, committed revision)
-        exists: a live one is left exactly as it is (claims, attempts and all); a
-        dead-lettered one comes back to life with its attempts reset."""
+        exists: a live one is left exactly as it is (payload, claims, attempts and
+        all); a dead-lettered one comes back to life with ``row``'s payload, its attempts
+        and error reset, visible now."""
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """Durably enqueue ``intent`` (``HandoffOutbox.enqueue_intent``)."""

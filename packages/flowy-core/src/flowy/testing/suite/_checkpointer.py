@@ -426,6 +426,33 @@ class HistorySuite(Suite):
         assert len(await cp.list_threads(limit=50)) == 5
         assert await cp.list_threads(limit=0) == []
 
+    async def test_list_threads_after_excludes_that_thread(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """``after`` is exclusive: paging on from the last id of a page never lists it
+        again, and every thread comes exactly once."""
+        cp = flowy_backend.checkpointer
+        prefix = new_thread_id("after")
+        ids = [f"{prefix}-{c}" for c in "abc"]
+        for tid in ids:
+            await cp.save(0, make_snapshot(tid))
+
+        async def mine(after: str, limit: int = 1000) -> list[str]:
+            listed = await cp.list_threads(after=after, limit=limit)
+            return [s.thread_id for s in listed if s.thread_id.startswith(prefix)]
+
+        assert await mine(ids[0]) == ids[1:]
+        assert await mine(ids[1]) == ids[2:]
+        assert await mine(ids[2]) == []
+        assert await mine(f"{ids[0]}0") == ids[1:]  # not a thread: the ones after it
+        paged: list[str] = []
+        after = prefix  # sorts just before the three ids
+        while page := await mine(after, limit=1):
+            paged += page
+            after = page[-1]
+            assert len(paged) <= len(ids), f"paging repeats threads: {paged}"
+        assert paged == ids
+
 
 _SPECIAL_IDS: tuple[str, ...] = (
     "{",

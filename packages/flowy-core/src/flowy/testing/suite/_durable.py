@@ -229,6 +229,22 @@ class SignalSuite(Suite):
         assert await cp.signals(tid) == []
         assert len(await cp.signals(other)) == 1
 
+    async def test_delete_resets_the_signal_ids(self, flowy_backend: Backend[Any]) -> None:
+        """A thread created again after a delete starts a new inbox: numbered from 1, and
+        a signal id sent before the delete is new again."""
+        cp = require_durable(flowy_backend)
+        tid = new_thread_id("reset")
+        await cp.save(0, make_snapshot(tid))
+        await cp.append_signal(_signal(tid, payload="old", signal_id="s1"))
+        await cp.append_signal(_signal(tid, payload="old", signal_id="s2"))
+        await cp.delete(tid)
+        await cp.save(0, make_snapshot(tid))
+        again = await cp.append_signal(_signal(tid, payload="new", signal_id="s2"))
+        assert (again.seq, again.signal_id, again.payload) == (1, "s2", "new")
+        assert [(s.seq, s.signal_id, s.payload) for s in await cp.signals(tid)] == [
+            (1, "s2", "new")
+        ]
+
     async def test_racing_senders_get_distinct_numbers(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend)
         tid = new_thread_id("race")

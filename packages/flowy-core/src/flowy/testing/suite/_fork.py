@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from ..._directives import Directive, completed, end, handoff, suspend
+from ..._directives import Directive, completed, end, handoff, suspend, wait_for
 from ..._errors import ConcurrencyConflictError, GraphVersionMismatchError, ThreadNotFoundError
 from ..._graph import Graph, GraphBuilder
 from ..._results import ResumeDecisionKind
 from ..._runner import Runner
 from ..._worker import Worker
 from ...storage import Backend, RunStatus
+from ._durable import require_durable
 from ._support import Suite, history_revisions, new_thread_id
 
 __all__ = ["ForkSuite", "VersionSuite"]
@@ -54,6 +55,20 @@ def _review_graph(
     if extend is not None:
         extend(builder)
     return builder.compile(version=version)
+
+
+def _approval_graph() -> Graph[State, Any]:
+    """Ask (wait for the signal "approval"), then decide on its answer."""
+
+    async def ask(s: State) -> tuple[State, Directive[Any]]:
+        return {}, wait_for("approval", resume_at="decide")
+
+    async def decide(s: State) -> tuple[State, Directive[Any]]:
+        return {"decided": s.get("answer")}, end()
+
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    builder.add_node("ask", ask).add_node("decide", decide).add_edge("ask", "decide")
+    return builder.allow_no_outgoing_route("decide").compile(version="approvals")
 
 
 async def _suspended(backend: Backend[Any], graph: Graph[State, Any], label: str) -> str:
@@ -127,6 +142,41 @@ class ForkSuite(Suite):
                 parent, at_revision=1, new_thread_id=new_thread_id("w"), resume_at="nowhere"
             )
         assert (await runner.head(other))[0].parent_thread_id == ""
+
+    async def test_a_fork_starts_with_an_inbox_of_its_own(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """A fork neither sees its parent's signals nor keeps its cursors: its signals are
+        numbered from 1 (the parent's signal ids are new to it) and it waits for its own."""
+        graph = _approval_graph()
+        runner = Runner(graph, flowy_backend)
+        worker = Worker(runner, lease_ttl=5.0, timer_interval=0.05, retry_delay=0.05)
+        parent = new_thread_id("inbox-parent")
+        await runner.start(parent, {})
+        await runner.signal(parent, "approval", {"answer": "parent"}, signal_id="hook-1")
+        await worker.run_until_idle(0.1)
+        head, token = await runner.head(parent)
+        assert head.status is RunStatus.COMPLETED and head.state["decided"] == "parent"
+        assert dict(head.signal_cursors) == {"approval": 1}
+        child = new_thread_id("inbox-child")
+        fork_token = await runner.fork(
+            parent, at_revision=token.snapshot_revision, new_thread_id=child, resume_at="ask"
+        )
+        durable = require_durable(flowy_backend)
+        assert await durable.signals(child) == []
+        fork, _ = await runner.head(child)
+        assert dict(fork.signal_cursors) == {}
+        waiting = await runner.resume(fork_token)
+        assert waiting.status is RunStatus.WAITING, waiting  # the parent's signal is not its
+        stored = await runner.signal(child, "approval", {"answer": "fork"}, signal_id="hook-1")
+        assert (stored.seq, stored.payload) == (1, {"answer": "fork"})
+        await worker.run_until_idle(0.1)
+        head, _ = await runner.head(child)
+        assert head.status is RunStatus.COMPLETED and head.state["decided"] == "fork"
+        assert dict(head.signal_cursors) == {"approval": 1}
+        assert [(s.seq, s.payload) for s in await durable.signals(parent)] == [
+            (1, {"answer": "parent"})
+        ]
 
     async def test_resume_from_forks_and_never_rewrites(self, flowy_backend: Backend[Any]) -> None:
         graph = _review_graph("v1")

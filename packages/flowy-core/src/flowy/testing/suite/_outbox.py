@@ -255,6 +255,75 @@ class OutboxSuite(Suite):
         again = await _claim_one(consumer, self.long_ttl)
         assert (again.message_id, again.attempts) == (claimed.message_id, 2)
 
+    async def test_enqueue_again_revives_only_a_dead_letter(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """A row written again for the same (thread, revision) leaves a live message as
+        it is, payload included; a dead letter comes back with the new payload, its
+        attempts and error reset."""
+        outbox, consumer = require_consumer(flowy_backend)
+        tid = new_thread_id("revive")
+        first, later = make_intent(tid, 1, reason="first"), make_intent(tid, 1, reason="later")
+        await outbox.enqueue_intent(first)
+        await outbox.enqueue_intent(later)  # live, not yet claimed
+        message = await _claim_one(consumer, self.long_ttl)
+        assert (message.intent, message.attempts) == (first, 1)
+        await outbox.enqueue_intent(later)  # live and claimed
+        assert await consumer.claim(10, self.long_ttl) == []
+        for attempt in range(1, max_attempts_of(consumer)):
+            await consumer.release(message, error=f"RuntimeError: attempt {attempt}")
+            message = await _claim_one(consumer, self.long_ttl)
+            assert (message.intent, message.attempts) == (first, attempt + 1)
+        await consumer.release(message, error="RuntimeError: last")
+        [dead] = await consumer.dead_letters()
+        assert dead.intent == first
+        await outbox.enqueue_intent(later)
+        assert await consumer.dead_letters() == []
+        back = await _claim_one(consumer, self.long_ttl)
+        assert (back.intent, back.attempts, back.last_error) == (later, 1, "")
+
+    async def test_an_ack_never_removes_a_dead_letter(self, flowy_backend: Backend[Any]) -> None:
+        """An ack that comes after its message was dead-lettered (a late worker) deletes
+        nothing: the dead letter stays, and can be retried."""
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("late-ack"), 1)
+        await outbox.enqueue_intent(intent)
+        message = await _claim_one(consumer, self.long_ttl)
+        for _ in range(max_attempts_of(consumer) - 1):
+            await consumer.release(message, error="RuntimeError: gateway down")
+            message = await _claim_one(consumer, self.long_ttl)
+        await consumer.release(message, error="RuntimeError: gateway down")
+        before = await consumer.dead_letters()
+        assert [d.message_id for d in before] == [message.message_id]
+        await consumer.ack(message)
+        assert await consumer.dead_letters() == before
+        await consumer.retry_dead_letter(message.message_id)
+        again = await _claim_one(consumer, self.long_ttl)
+        assert (again.message_id, again.intent) == (message.message_id, intent)
+
+    async def test_a_release_of_a_dead_letter_changes_nothing(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """A release that comes after its message was dead-lettered (a late worker, with
+        a handle of any delivery) neither revives it nor rewrites its error."""
+        outbox, consumer = require_consumer(flowy_backend)
+        intent = make_intent(new_thread_id("late-release"), 1)
+        await outbox.enqueue_intent(intent)
+        handles: list[OutboxMessage] = []
+        for attempt in range(max_attempts_of(consumer)):
+            handles.append(await _claim_one(consumer, self.long_ttl))
+            await consumer.release(handles[-1], error=f"RuntimeError: attempt {attempt + 1}")
+        before = await consumer.dead_letters()
+        assert [d.message_id for d in before] == [handles[0].message_id]
+        for handle in (handles[0], handles[-1]):
+            await consumer.release(handle, error="RuntimeError: late")
+            await consumer.release(handle, error="RuntimeError: late", delay=self.short_ttl)
+        assert await consumer.dead_letters() == before
+        assert await consumer.claim(10, self.long_ttl) == []
+        await self.expire()
+        assert await consumer.claim(10, self.long_ttl) == []
+        assert await consumer.dead_letters() == before
+
     async def test_release_keeps_the_error_and_waits_the_delay(
         self, flowy_backend: Backend[Any]
     ) -> None:

@@ -26,7 +26,7 @@ from ..._errors import (
 from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
 from ..._worker import Worker
-from ...storage import ActivityRecord, ActivityStatus, Backend, RunStatus
+from ...storage import ActivityRecord, ActivityStatus, Backend, DurableCheckpointer, RunStatus
 from ._durable import require_durable
 from ._support import Suite, new_thread_id, peer_of
 
@@ -263,6 +263,34 @@ class WaitSuite(Suite):
         with pytest.raises(ThreadCompletedError):
             await runner.signal(tid, "approval", {"answer": "late"})
 
+    async def test_only_a_due_deadline_takes_the_timeout_route(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """Before its deadline a wait is not fired, and a resume by token goes on at the
+        resume node without a signal; after it, the same resume takes the timeout route."""
+        log: list[str] = []
+        runner = Runner(_wait_graph(log, timeout=60), flowy_backend)
+        early = new_thread_id("early")
+        waiting = await runner.start(early, {})
+        assert waiting.status is RunStatus.WAITING and waiting.resume_token is not None
+        await _worker(runner).fire_timers(limit=10_000)
+        head, _ = await runner.head(early)
+        assert head.status is RunStatus.WAITING and log == ["start"]
+        done = await runner.resume(waiting.resume_token)
+        assert done.status is RunStatus.COMPLETED, done
+        assert done.state == {"decided": None}
+        assert log == ["start", "decide:None"]
+
+        late_log: list[str] = []
+        late = new_thread_id("late")
+        late_runner = Runner(_wait_graph(late_log, timeout=0.2), flowy_backend)
+        parked = await late_runner.start(late, {})
+        assert parked.resume_token is not None
+        await asyncio.sleep(0.3)
+        timed_out = await late_runner.resume(parked.resume_token)
+        assert timed_out.status is RunStatus.COMPLETED and timed_out.state == {"escalated": True}
+        assert late_log == ["start", "escalate"]
+
     async def test_a_signal_beats_a_due_deadline(self, flowy_backend: Backend[Any]) -> None:
         log: list[str] = []
         runner = Runner(_wait_graph(log, timeout=0.1), flowy_backend)
@@ -299,6 +327,20 @@ class _Gateway:
         if len(self.calls) <= self.failures:
             raise ConnectionError(f"gateway down (call {len(self.calls)})")
         return {"charge": f"ch_{order}", "amount": amount}
+
+
+class _PeekingGateway(_Gateway):
+    """A gateway that, when called, reads the call's journal entry from another backend."""
+
+    def __init__(self, journal: DurableCheckpointer[Any], thread_id: str) -> None:
+        super().__init__()
+        self.journal = journal
+        self.thread_id = thread_id
+        self.seen: list[ActivityRecord | None] = []
+
+    async def charge(self, order: str, amount: int) -> dict[str, Any]:
+        self.seen.append(await self.journal.get_activity(self.thread_id, "charge"))
+        return await super().charge(order, amount)
 
 
 def _pay_graph(gateway: _Gateway, **options: Any) -> Graph[State, Any]:
@@ -428,6 +470,24 @@ class ActivitySuite(Suite):
         record = await require_durable(flowy_backend).get_activity(tid, "charge")
         assert record is not None and record.status is ActivityStatus.FAILED
         assert record.error == "ConnectionError: gateway down (call 1)"
+
+    async def test_the_started_entry_is_durable_before_the_call(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """When the call runs, its ``STARTED`` entry is in the store for every process to
+        see: a crash during the call leaves an outcome known to be unknown."""
+        tid = new_thread_id("started")
+        async with peer_of(flowy_backend) as peer:
+            gateway = _PeekingGateway(require_durable(peer), tid)
+            result = await Runner(_pay_graph(gateway, key="charge"), flowy_backend).start(
+                tid, {"order": "o-1"}
+            )
+            assert result.status is RunStatus.COMPLETED, result
+            [seen] = gateway.seen
+            assert seen is not None, "the activity was called before its entry was stored"
+            assert (seen.key, seen.status, seen.attempts) == ("charge", ActivityStatus.STARTED, 1)
+            record = await require_durable(peer).get_activity(tid, "charge")
+            assert record is not None and record.status is ActivityStatus.SUCCEEDED
 
     async def test_default_keys_are_stable_per_step(self, flowy_backend: Backend[Any]) -> None:
         calls: list[int] = []
