@@ -15,15 +15,20 @@ non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, arg
 checks that drifted, timers listed before they are due or left behind by a head that
 moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
 thread, a journal that drops outcomes, listings without graph versions, a backlog that
-loses the messages in flight, and an index of parked threads that keeps those that moved
-on. The suite's
-test methods are called directly with the broken backend; two more tests run the suite
-through pytest in a subprocess the way a store's own tests do.
+loses the messages in flight, an index of parked threads that keeps those that moved
+on, a fork that copies its parent's inbox, journal entries written behind the call,
+wake-up times read back in the wrong unit, ``list_threads`` paging from ``after``
+included, a dead letter revived with its old payload, signal ids kept past a delete, and
+an ack or a release that touches a dead letter. The suite's test methods are called
+directly with the broken backend; two more tests run the suite through pytest in a
+subprocess the way a store's own tests do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import copy
 import importlib
 import inspect
 import os
@@ -48,6 +53,7 @@ from flowy.memory import (
     MemoryCheckpointer,
     MemoryConsumer,
     MemoryLeaseManager,
+    MemoryOutbox,
     MemoryStore,
 )
 from flowy.sqlite import (
@@ -64,6 +70,7 @@ from flowy.storage import (
     EnqueueCallback,
     Lease,
     OutboxMessage,
+    OutboxRow,
     OutboxStats,
     OutboxTransaction,
     RawMessage,
@@ -73,6 +80,8 @@ from flowy.storage import (
     Timer,
     Write,
     decode_intent,
+    decode_snapshot,
+    encode_snapshot,
 )
 
 # The suite is imported as a module: a suite class bound to a name in a test module is
@@ -264,6 +273,101 @@ class ValueErrorRevisionCheckpointer(MemoryCheckpointer[Any]):
         return await super().save(expected_revision, snapshot, lease=lease)
 
 
+class InheritedInboxCheckpointer(MemoryCheckpointer[Any]):
+    """Creates a fork with a copy of its parent's inbox (the thread copied whole)."""
+
+    async def _write(self, write: Write) -> Refused | None:
+        refused = await super()._write(write)
+        if refused is None and write.expected_revision == 0:
+            snap = decode_snapshot(write.record, self.codec, thread_id=write.thread_id)
+            inbox = self.store.inboxes.get(snap.parent_thread_id)
+            if snap.parent_thread_id and inbox is not None:
+                self.store.inboxes[write.thread_id] = copy.deepcopy(inbox)
+        return refused
+
+
+class WriteBehindJournalCheckpointer(MemoryCheckpointer[Any]):
+    """Buffers journal entries in the process and stores each with the next journal write
+    or save: this process reads its own entries, others see a call only after it ran."""
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        super().__init__(store)
+        self.buffered: list[tuple[str, str, bytes]] = []
+
+    def _flush(self) -> None:
+        for thread_id, key, data in self.buffered:
+            self.store.journals.setdefault(thread_id, {})[key] = data
+        self.buffered.clear()
+
+    async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
+        self._flush()
+        self.buffered.append((thread_id, key, data))
+
+    async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
+        self._flush()
+        return await super()._get_activity(thread_id, key)
+
+    async def _list_activities(self, thread_id: str) -> list[bytes]:
+        self._flush()
+        return await super()._list_activities(thread_id)
+
+    async def _write(self, write: Write) -> Refused | None:
+        self._flush()
+        return await super()._write(write)
+
+
+class MillisecondWakeCheckpointer(MemoryCheckpointer[Any]):
+    """Reads a head's wake-up time back in thousands of what was written (seconds
+    written, milliseconds read): every wait looks overdue."""
+
+    async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        head = await super()._read_head(thread_id)
+        if head is None:
+            return None
+        revision, record = head
+        snap = decode_snapshot(record, self.codec, thread_id=thread_id, revision=revision)
+        if snap.wake_at is None:
+            return head
+        return revision, encode_snapshot(replace(snap, wake_at=snap.wake_at / 1000), revision)
+
+
+class InclusiveAfterCheckpointer(MemoryCheckpointer[Any]):
+    """Pages from ``after`` included (``>=`` where ``>`` was meant)."""
+
+    async def _list_heads(self, statuses: Any, limit: int, after: str | None) -> Any:
+        ids = self.store.thread_ids
+        if after is None or after not in self.store.threads:
+            return await super()._list_heads(statuses, limit, after)
+        before = ids[bisect.bisect_left(ids, after) - 1] if ids[0] != after else None
+        return await super()._list_heads(statuses, limit, before)
+
+
+class StalePayloadOutbox(MemoryOutbox):
+    """Revives a dead letter written again with the payload it died with."""
+
+    async def _append(self, row: OutboxRow) -> None:
+        for message_id, entry in list(self.store.dead.items()):
+            if (entry.thread_id, entry.committed_revision) == (
+                row.thread_id,
+                row.committed_revision,
+            ):
+                self.store.revive(message_id)
+                return
+        await super()._append(row)
+
+
+class KeptSignalIdsCheckpointer(MemoryCheckpointer[Any]):
+    """Deletes a thread's signals but keeps its index of signal ids."""
+
+    async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        inbox = self.store.inboxes.get(thread_id)
+        holder = await super()._delete(thread_id, if_idle=if_idle)
+        if holder is None and inbox is not None:
+            inbox.signals.clear()
+            self.store.inboxes[thread_id] = inbox
+        return holder
+
+
 # --- broken SQLite parts ------------------------------------------------------------------
 
 
@@ -444,6 +548,37 @@ class LenientIdSQLiteConsumer(SQLiteConsumer):
         )
 
 
+class DeadAckSQLiteConsumer(SQLiteConsumer):
+    """``ack`` deletes the row of that id, dead or not."""
+
+    async def _ack(self, message_id: str) -> None:
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute("DELETE FROM flowy_outbox WHERE id = ?", (int(message_id),)),
+            ),
+            "ack",
+        )
+
+
+class DeadReleaseSQLiteConsumer(SQLiteConsumer):
+    """``release`` updates the row of that id, dead or not: a late release revives a
+    dead letter."""
+
+    async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
+        now = self.database.clock()
+        await self.database.run(
+            lambda conn: immediate(
+                conn,
+                lambda: conn.execute(
+                    "UPDATE flowy_outbox SET dead = ?, error = ?, visible_at = ? WHERE id = ?",
+                    (int(dead), error, now + delay, int(message_id)),
+                ),
+            ),
+            "release",
+        )
+
+
 class ResettingSQLiteOutbox(SQLiteOutbox):
     """Enqueueing an intent again resets its live message (attempts and visibility)."""
 
@@ -595,6 +730,8 @@ async def memory_with(**parts: type[Any]) -> MemoryBackend[Any]:
         backend.checkpointer = parts["checkpointer"](store)
     if "leases" in parts:
         backend.leases = parts["leases"](store)
+    if "outbox" in parts:
+        backend.outbox = parts["outbox"](store)
     if "consumer" in parts:
         backend.consumer = parts["consumer"](store, max_attempts=3)
     return backend
@@ -876,6 +1013,54 @@ CASES = [
         ((S.SignalSuite, "test_racing_senders_get_distinct_numbers"),),
     ),
     Case(
+        "a fork gets a copy of its parent's inbox",
+        "memory",
+        {"checkpointer": InheritedInboxCheckpointer},
+        ((S.ForkSuite, "test_a_fork_starts_with_an_inbox_of_its_own"),),
+    ),
+    Case(
+        "journal entries written behind (a started call is stored after it ran)",
+        "memory",
+        {"checkpointer": WriteBehindJournalCheckpointer},
+        ((S.ActivitySuite, "test_the_started_entry_is_durable_before_the_call"),),
+    ),
+    Case(
+        "wake-up times read back in milliseconds (every wait overdue)",
+        "memory",
+        {"checkpointer": MillisecondWakeCheckpointer},
+        ((S.WaitSuite, "test_only_a_due_deadline_takes_the_timeout_route"),),
+    ),
+    Case(
+        "list_threads pages from after included",
+        "memory",
+        {"checkpointer": InclusiveAfterCheckpointer},
+        ((S.HistorySuite, "test_list_threads_after_excludes_that_thread"),),
+    ),
+    Case(
+        "a dead letter written again comes back with its old payload",
+        "memory",
+        {"outbox": StalePayloadOutbox},
+        ((S.OutboxSuite, "test_enqueue_again_revives_only_a_dead_letter"),),
+    ),
+    Case(
+        "a deleted thread keeps its signal ids",
+        "memory",
+        {"checkpointer": KeptSignalIdsCheckpointer},
+        ((S.SignalSuite, "test_delete_resets_the_signal_ids"),),
+    ),
+    Case(
+        "an ack deletes a dead letter of the same id",
+        "sqlite",
+        {"consumer": DeadAckSQLiteConsumer},
+        ((S.OutboxSuite, "test_an_ack_never_removes_a_dead_letter"),),
+    ),
+    Case(
+        "a late release revives a dead letter",
+        "sqlite",
+        {"consumer": DeadReleaseSQLiteConsumer},
+        ((S.OutboxSuite, "test_a_release_of_a_dead_letter_changes_nothing"),),
+    ),
+    Case(
         "a prune touches other threads",
         "sqlite",
         {"checkpointer": PruneEverywhereSQLiteCheckpointer},
@@ -950,7 +1135,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 35
+    assert len(CASES) == 43
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

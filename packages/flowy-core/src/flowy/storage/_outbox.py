@@ -107,12 +107,14 @@ class BaseConsumer(abc.ABC):
 
     @abc.abstractmethod
     async def _ack(self, message_id: str) -> None:
-        """Delete that live message, and no other (an unknown id is no error)."""
+        """Delete that live message, and no other: never a dead letter of that id (an
+        unknown id is no error)."""
 
     @abc.abstractmethod
     async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
         """Record ``error`` on that live message and make it visible again after
-        ``delay`` seconds; with ``dead``, move it to the dead letters instead."""
+        ``delay`` seconds; with ``dead``, move it to the dead letters instead. A dead
+        letter of that id is left exactly as it is."""
 
     @abc.abstractmethod
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
