@@ -64,6 +64,7 @@ from flowy.sqlite import (
     SQLiteOutbox,
 )
 from flowy.sqlite._db import immediate
+from flowy.sqlite._store import _row_id  # pyright: ignore[reportPrivateUsage]
 from flowy.storage import (
     BACKLOG_STATUSES,
     Busy,
@@ -552,10 +553,10 @@ class DeadAckSQLiteConsumer(SQLiteConsumer):
     """``ack`` deletes the row of that id, dead or not."""
 
     async def _ack(self, message_id: str) -> None:
+        row_id = _row_id(message_id)
         await self.database.run(
             lambda conn: immediate(
-                conn,
-                lambda: conn.execute("DELETE FROM flowy_outbox WHERE id = ?", (int(message_id),)),
+                conn, lambda: conn.execute("DELETE FROM flowy_outbox WHERE id = ?", (row_id,))
             ),
             "ack",
         )
@@ -572,7 +573,7 @@ class DeadReleaseSQLiteConsumer(SQLiteConsumer):
                 conn,
                 lambda: conn.execute(
                     "UPDATE flowy_outbox SET dead = ?, error = ?, visible_at = ? WHERE id = ?",
-                    (int(dead), error, now + delay, int(message_id)),
+                    (int(dead), error, now + delay, _row_id(message_id)),
                 ),
             ),
             "release",
@@ -1028,7 +1029,10 @@ CASES = [
         "wake-up times read back in milliseconds (every wait overdue)",
         "memory",
         {"checkpointer": MillisecondWakeCheckpointer},
-        ((S.WaitSuite, "test_only_a_due_deadline_takes_the_timeout_route"),),
+        (
+            (S.WaitSuite, "test_only_a_due_deadline_takes_the_timeout_route"),
+            (S.TimerSuite, "test_wake_at_round_trips_with_the_head"),
+        ),
     ),
     Case(
         "list_threads pages from after included",
