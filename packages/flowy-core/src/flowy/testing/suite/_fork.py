@@ -1,6 +1,7 @@
 """Runner-level contracts of branching history and evolving graphs on a real store:
-forks that copy a revision and leave their parent alone, ``resume_from`` that always
-forks, and graph versions that fail closed unless a declared migration covers them.
+forks that copy a revision (never the parent's inbox) and leave their parent alone,
+``resume_from`` that always forks, and graph versions that fail closed unless a declared
+migration covers them.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ async def _suspended(backend: Backend[Any], graph: Graph[State, Any], label: str
 
 
 class ForkSuite(Suite):
-    """``fork`` copies one revision into a new thread with its lineage; the parent's head
-    and history never change; ``resume_from`` always forks."""
+    """``fork`` copies one revision into a new thread with its lineage and an inbox of
+    its own; the parent's head and history never change; ``resume_from`` always forks."""
 
     async def test_a_fork_copies_a_revision_and_leaves_the_parent(
         self, flowy_backend: Backend[Any]
