@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import math
 import urllib.parse
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -234,6 +235,13 @@ class BaseBackend(abc.ABC, Generic[S]):
             return
         self._closed = True
         await self._close()
+
+    async def close(self) -> None:
+        """Deprecated alias of :meth:`aclose` (removed in 0.3)."""
+        warnings.warn(
+            f"{type(self).__name__}.close() is deprecated; use aclose()", DeprecationWarning, 2
+        )
+        await self.aclose()
 
     @property
     def closed(self) -> bool:
