@@ -77,6 +77,69 @@ def test_the_safe_graph_passes_on_sqlite(tmp_path: Path) -> None:
     assert bug.failure is not None and f"store={url!r}" in bug.failure.replay
 
 
+def test_a_check_on_a_store_url_removes_its_scratch_store_when_it_fails_or_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    calls = 0
+
+    def flaky_scenario() -> Scenario[Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # the probe, the clean run, seed 0, then this
+            raise RuntimeError("the scenario's fixture broke")
+        return shop_scenario()
+
+    with pytest.raises(RuntimeError, match="fixture broke"):
+        check(safe_shop(), flaky_scenario, seeds=5, store=url)
+    assert list(tmp_path.iterdir()) == []  # no scratch file, and app.db never created
+
+    def scratch_exists() -> bool:
+        return any(tmp_path.iterdir())
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(
+            flowy.testing.acheck(safe_shop(), shop_scenario, seeds=10_000, store=url)
+        )
+        for _ in range(1000):  # until the scratch store exists
+            if scratch_exists():
+                break
+            await asyncio.sleep(0.01)
+        assert scratch_exists()
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_drop_scratch_refuses_a_store_that_is_not_a_scratch_store(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with flowy.connect(f"sqlite:///{tmp_path / 'app.db'}") as backend:
+            assert isinstance(backend, flowy.storage.BaseBackend)
+            with pytest.raises(RuntimeError, match="not a scratch store"):
+                await backend.drop_scratch()
+        assert (tmp_path / "app.db").exists()
+
+    asyncio.run(main())
+
+
+def test_flowy_check_refuses_a_store_that_cannot_be_namespaced() -> None:
+    proc = run_flowy(
+        "check",
+        "noscratch_store:graph",
+        "--scenario",
+        "noscratch_store:scenario",
+        "--backend",
+        "noscratch://app:hunter2@db/shop",
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "cannot be namespaced" in proc.stderr, proc.stderr
+    assert "hunter2" not in proc.stderr + proc.stdout
+
+
 def test_timers_race_signals() -> None:
     report = check(waiting_graph(), waiting_scenario, seeds=300)
     assert report.ok, str(report)
