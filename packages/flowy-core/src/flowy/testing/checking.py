@@ -34,7 +34,9 @@ will send. Then the checker verifies:
 A failing run is shrunk to the fewest faults that still fail, and printed with its seed,
 its schedule in words, the thread's history and a command that replays it. The memory
 store is the default (a fresh one per run, on a simulated clock); ``store=URL`` runs the
-same schedules on a real store (use a scratch one). See ``docs/checking.md``.
+same schedules on a real store, in a scratch store of its own next to the one ``URL``
+names (``flowy.storage.open_scratch``), removed when the check ends. See
+``docs/checking.md``.
 """
 
 from __future__ import annotations
@@ -1259,9 +1261,12 @@ def check(
             it); with a name, the report's replay command is a ``flowy check`` line.
         scenario: a function returning a fresh :class:`Scenario` for each run.
         seeds: how many schedules to try.
-        store: a store URL to run on (use a scratch store: each run adds a thread), or
-            a function returning a fresh ``Backend`` for each run (default: a fresh
-            memory store per run, on the simulated clock).
+        store: a store URL: the runs write only in a scratch store of their own next
+            to the one it names (a schema, key namespace, table or file), removed when
+            the check ends, also on failure; a store that cannot be namespaced raises
+            ``BackendURLError`` before anything is written. Or a function returning a
+            fresh ``Backend`` for each run (default: a fresh memory store per run, on
+            the simulated clock).
         max_faults: the most faults in one schedule.
         invariants: invariants over every saved state, besides those of the scenario's
             module and ``Scenario.invariants``.
@@ -1275,6 +1280,7 @@ def check(
 
     Raises:
         RuntimeError: called inside a running event loop (``await acheck(...)`` there).
+        BackendURLError: ``store`` is a URL of a store that cannot be namespaced.
     """
     try:
         asyncio.get_running_loop()
