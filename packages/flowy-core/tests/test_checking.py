@@ -6,8 +6,12 @@ property, invariant and post-condition that breaks."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ from check_graphs import (
     waiting_graph,
     waiting_scenario,
 )
-from cli_support import run_flowy
+from cli_support import TESTS_DIR, run_flowy
 
 import flowy
 from flowy import _segment
@@ -138,6 +142,35 @@ def test_flowy_check_refuses_a_store_that_cannot_be_namespaced() -> None:
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert proc.stderr.count("\n") == 1 and "cannot be namespaced" in proc.stderr, proc.stderr
     assert "hunter2" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+def test_ctrl_c_during_flowy_check_removes_its_scratch_store(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR), "PYTHONIOENCODING": "utf-8"}
+    env.pop("FLOWY_BACKEND", None)
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    command = [sys.executable, "-m", "flowy.cli", "check", "check_graphs:safe_shop"]
+    options = ["--scenario", "check_graphs:shop_scenario", "--seeds", "100000", "--backend", store]
+    proc = subprocess.Popen(
+        [*command, *options],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(tmp_path.iterdir()), "the check never opened its scratch store"
+        time.sleep(0.5)  # well into the runs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert err == "flowy check: error: interrupted\n"
+    assert list(tmp_path.iterdir()) == []  # the scratch file is gone; app.db never existed
 
 
 def test_timers_race_signals() -> None:
