@@ -29,8 +29,8 @@ from cli_support import TESTS_DIR, run_flowy
 
 import flowy
 from flowy import _segment
-from flowy.memory import MemoryBackend
-from flowy.storage import OutboxMessage
+from flowy.memory import MemoryBackend, MemoryStore
+from flowy.storage import HandoffIntent, OutboxMessage
 from flowy.testing import Scenario, check
 from flowy.testing.checking import Fault, FaultKind, parse_schedule
 
@@ -117,6 +117,29 @@ def test_a_check_on_a_store_url_removes_its_scratch_store_when_it_fails_or_is_ca
 
     asyncio.run(cancelled())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_checker_never_acks_a_message_it_did_not_create() -> None:
+    """A store given as a factory is used as it is: a hand-off of a thread the check did
+    not start is given back (never acked) and reported."""
+    shared = MemoryStore()
+    foreign = HandoffIntent(
+        thread_id="refund-A1001",
+        pending_snapshot_revision=1,
+        committed_snapshot_revision=1,
+        snapshot_revision=1,
+        resume_token=flowy.ResumeToken("refund-A1001", 1),
+        handoff_status=flowy.HandoffStatus.ENQUEUED,
+        reason="send_receipt",
+        execution_pointer="receipt",
+        created_at=1.0,
+    )
+    asyncio.run(MemoryBackend(shared).outbox.enqueue_intent(foreign))
+    report = check(safe_shop(), shop_scenario, seeds=1, store=lambda: MemoryBackend(shared))
+    assert report.failure is not None
+    assert any("did not create" in v for v in report.failure.violations), str(report)
+    (message,) = shared.messages.values()  # still live: not acked, not dead-lettered
+    assert message.thread_id == "refund-A1001" and not shared.dead
 
 
 def test_drop_scratch_refuses_a_store_that_is_not_a_scratch_store(tmp_path: Path) -> None:
