@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from flowy.testing import Corrupt, corrupt_head
+from flowy.testing import Corrupt, Dump, corrupt_head, dump_store
 
 
 @pytest.fixture
@@ -23,3 +23,9 @@ def flowy_url() -> str:
 def flowy_corrupt() -> Corrupt:
     """Flips a byte of a thread's head record in the memory store."""
     return corrupt_head
+
+
+@pytest.fixture
+def flowy_dump() -> Dump:
+    """Everything a memory store holds, as stored."""
+    return dump_store

@@ -6,8 +6,12 @@ property, invariant and post-condition that breaks."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +25,12 @@ from check_graphs import (
     waiting_graph,
     waiting_scenario,
 )
-from cli_support import run_flowy
+from cli_support import TESTS_DIR, run_flowy
 
 import flowy
 from flowy import _segment
-from flowy.memory import MemoryBackend
-from flowy.storage import OutboxMessage
+from flowy.memory import MemoryBackend, MemoryStore
+from flowy.storage import HandoffIntent, OutboxMessage
 from flowy.testing import Scenario, check
 from flowy.testing.checking import Fault, FaultKind, parse_schedule
 
@@ -75,6 +79,121 @@ def test_the_safe_graph_passes_on_sqlite(tmp_path: Path) -> None:
     assert report.store == url
     bug = check(unsafe_shop(), shop_scenario, seeds=200, store=url)
     assert bug.failure is not None and f"store={url!r}" in bug.failure.replay
+
+
+def test_a_check_on_a_store_url_removes_its_scratch_store_when_it_fails_or_is_cancelled(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    calls = 0
+
+    def flaky_scenario() -> Scenario[Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # the probe, the clean run, seed 0, then this
+            raise RuntimeError("the scenario's fixture broke")
+        return shop_scenario()
+
+    with pytest.raises(RuntimeError, match="fixture broke"):
+        check(safe_shop(), flaky_scenario, seeds=5, store=url)
+    assert list(tmp_path.iterdir()) == []  # no scratch file, and app.db never created
+
+    def scratch_exists() -> bool:
+        return any(tmp_path.iterdir())
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(
+            flowy.testing.acheck(safe_shop(), shop_scenario, seeds=10_000, store=url)
+        )
+        for _ in range(1000):  # until the scratch store exists
+            if scratch_exists():
+                break
+            await asyncio.sleep(0.01)
+        assert scratch_exists()
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_checker_never_acks_a_message_it_did_not_create() -> None:
+    """A store given as a factory is used as it is: a hand-off of a thread the check did
+    not start is given back (never acked) and reported."""
+    shared = MemoryStore()
+    foreign = HandoffIntent(
+        thread_id="refund-A1001",
+        pending_snapshot_revision=1,
+        committed_snapshot_revision=1,
+        snapshot_revision=1,
+        resume_token=flowy.ResumeToken("refund-A1001", 1),
+        handoff_status=flowy.HandoffStatus.ENQUEUED,
+        reason="send_receipt",
+        execution_pointer="receipt",
+        created_at=1.0,
+    )
+    asyncio.run(MemoryBackend(shared).outbox.enqueue_intent(foreign))
+    report = check(safe_shop(), shop_scenario, seeds=1, store=lambda: MemoryBackend(shared))
+    assert report.failure is not None
+    assert any("did not create" in v for v in report.failure.violations), str(report)
+    (message,) = shared.messages.values()  # still live: not acked, not dead-lettered
+    assert message.thread_id == "refund-A1001" and not shared.dead
+
+
+def test_drop_scratch_refuses_a_store_that_is_not_a_scratch_store(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with flowy.connect(f"sqlite:///{tmp_path / 'app.db'}") as backend:
+            assert isinstance(backend, flowy.storage.BaseBackend)
+            with pytest.raises(RuntimeError, match="not a scratch store"):
+                await backend.drop_scratch()
+        assert (tmp_path / "app.db").exists()
+
+    asyncio.run(main())
+
+
+def test_flowy_check_refuses_a_store_that_cannot_be_namespaced() -> None:
+    proc = run_flowy(
+        "check",
+        "noscratch_store:graph",
+        "--scenario",
+        "noscratch_store:scenario",
+        "--backend",
+        "noscratch://app:hunter2@db/shop",
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "cannot be namespaced" in proc.stderr, proc.stderr
+    assert "hunter2" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX")
+def test_ctrl_c_during_flowy_check_removes_its_scratch_store(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR), "PYTHONIOENCODING": "utf-8"}
+    env.pop("FLOWY_BACKEND", None)
+    store = f"sqlite:///{tmp_path / 'app.db'}"
+    command = [sys.executable, "-m", "flowy.cli", "check", "check_graphs:safe_shop"]
+    options = ["--scenario", "check_graphs:shop_scenario", "--seeds", "100000", "--backend", store]
+    proc = subprocess.Popen(
+        [*command, *options],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not any(tmp_path.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(tmp_path.iterdir()), "the check never opened its scratch store"
+        time.sleep(0.5)  # well into the runs
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert err == "flowy check: error: interrupted\n"
+    assert list(tmp_path.iterdir()) == []  # the scratch file is gone; app.db never existed
 
 
 def test_timers_race_signals() -> None:

@@ -56,6 +56,8 @@ RANK = {
     "cli": 13,
     "testing": 13,
     "__init__": 14,
+    "checkpoint": 14,
+    "_demo": 14,
 }
 
 
@@ -189,6 +191,7 @@ def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:
     public = {n for n in dir(flowy) if not n.startswith("_")}
     modules = {
         "annotations",
+        "checkpoint",
         "cli",
         "errors",
         "lifecycle",
@@ -229,6 +232,72 @@ def test_names_of_0_1_still_resolve_with_a_deprecation_warning() -> None:
     lease = storage.Lease("t", "o", 3, 0.0)
     with pytest.warns(DeprecationWarning, match="fencing_token"):
         assert lease.token == 3
+
+
+# Every rename the changelog promises (flowy-core 0.2, "Renamed and moved"): old name,
+# new home.
+NAMES_0_1: dict[str, str] = vars(flowy)["_MOVED"]
+MODULES_0_1 = {"flowy.checkpoint": "flowy.storage", "flowy._demo": "flowy.cli.demo"}
+
+
+@pytest.mark.parametrize("old", sorted(MODULES_0_1))
+def test_modules_of_0_1_still_import_with_a_deprecation_warning(old: str) -> None:
+    new = importlib.import_module(MODULES_0_1[old])
+    sys.modules.pop(old, None)
+    parent, _, name = old.rpartition(".")
+    if name in vars(package := importlib.import_module(parent)):
+        delattr(package, name)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {MODULES_0_1[old]}"):
+        module = importlib.import_module(old)
+    assert getattr(importlib.import_module(parent), name) is module
+    public = [n for n in getattr(new, "__all__", []) if not n.startswith("_")]
+    assert public
+    for attr in public:
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to"):
+            assert getattr(module, attr) is getattr(new, attr)
+    with pytest.raises(AttributeError):
+        _ = module.NoSuchName
+    assert name not in flowy.__all__
+
+
+def test_from_flowy_import_checkpoint() -> None:
+    sys.modules.pop("flowy.checkpoint", None)
+    if "checkpoint" in vars(flowy):
+        delattr(flowy, "checkpoint")
+    with pytest.warns(DeprecationWarning, match="flowy.checkpoint moved to flowy.storage"):
+        from flowy import checkpoint
+    with pytest.warns(DeprecationWarning, match="flowy.checkpoint moved to flowy.storage"):
+        from flowy.checkpoint import JSONCodec, Snapshot
+    assert (JSONCodec, Snapshot) == (storage.JSONCodec, storage.Snapshot)
+    assert checkpoint.__name__ == "flowy.checkpoint"
+
+
+@pytest.mark.parametrize("name", sorted(NAMES_0_1))
+def test_every_moved_name_of_0_1_resolves_with_a_deprecation_warning(name: str) -> None:
+    home = importlib.import_module(NAMES_0_1[name])
+    with pytest.warns(DeprecationWarning, match=f"flowy.{name} moved to {home.__name__}"):
+        assert getattr(flowy, name) is getattr(home, name)
+    assert name not in flowy.__all__
+
+
+@pytest.mark.anyio
+async def test_renamed_attributes_and_methods_of_0_1_warn() -> None:
+    decision = flowy.ResumeDecision(
+        flowy.ResumeDecisionKind.NOT_FOUND, "t", flowy.ResumeToken("t", 2), None
+    )
+    with pytest.warns(DeprecationWarning, match="resume_token"):
+        assert decision.token == flowy.ResumeToken("t", 2)
+    recovery = flowy.HandoffRecoveryResult(
+        decision, None, 2, flowy.HandoffStatus.ENQUEUED, flowy.HandoffStatus.ORPHANED
+    )
+    with pytest.warns(DeprecationWarning, match="handoff_status"):
+        assert recovery.recovered is True
+    for url in ("memory://", "sqlite:///:memory:"):
+        backend = await flowy.connect(url)
+        assert isinstance(backend, storage.BaseBackend)
+        with pytest.warns(DeprecationWarning, match=r"close\(\) is deprecated; use aclose"):
+            await backend.close()
+        assert backend.closed
 
 
 def test_version_comes_from_the_installed_metadata() -> None:

@@ -519,6 +519,79 @@ async def test_a_typed_graph_never_receives_plain_json() -> None:
     assert untyped.state == {"order_id": "o-1", "amount": 0, "approved": True}
 
 
+class InstrumentedCheckpointer:
+    """A delegating wrapper as 0.1 taught to write one: no ``codec``, no ``with_codec``."""
+
+    def __init__(self, inner: MemoryCheckpointer[Any]) -> None:
+        self.inner = inner
+        self.saves = 0
+
+    async def save(
+        self,
+        expected_revision: int,
+        snapshot: storage.Snapshot[Any],
+        *,
+        lease: storage.Lease | None = None,
+    ) -> int:
+        self.saves += 1
+        return await self.inner.save(expected_revision, snapshot, lease=lease)
+
+    async def load(self, thread_id: str) -> tuple[storage.Snapshot[Any], int]:
+        return await self.inner.load(thread_id)
+
+    async def get_history(self, thread_id: str, limit: int = 100) -> list[storage.Snapshot[Any]]:
+        return await self.inner.get_history(thread_id, limit)
+
+    async def prune(self, thread_id: str, retain: int) -> None:
+        await self.inner.prune(thread_id, retain)
+
+    async def delete(self, thread_id: str) -> None:
+        await self.inner.delete(thread_id)
+
+
+class Loose(TypedDict, total=False):
+    order_id: str
+    approved: bool
+    notes: list[dict[str, Any]]
+
+
+@pytest.mark.parametrize(
+    "state_type",
+    [
+        dict[str, Any],
+        dict,
+        Loose,
+        ApprovalDict,
+        dict[str, str | bool | list[dict[str, int]] | None],
+    ],
+)
+async def test_a_codec_less_wrapper_runs_a_graph_whose_state_is_plain_json(
+    state_type: Any,
+) -> None:
+    cp = InstrumentedCheckpointer(MemoryCheckpointer[Any]())
+    # The same run, step for step, as on a store that decodes into the state type.
+    states: list[list[Any]] = []
+    for checkpointer in (cp, MemoryCheckpointer[Any]()):
+        runner = flowy.Runner(typed_approval_graph(state_type), checkpointer)  # pyright: ignore[reportArgumentType]
+        first = await runner.start("t", {"order_id": "o-1", "notes": [{"n": 1}]})
+        assert first.status is flowy.RunStatus.SUSPENDED and first.resume_token is not None
+        done = await runner.resume(first.resume_token, state_overlay={"approved": True})
+        assert done.status is flowy.RunStatus.COMPLETED
+        assert done.state["approved"] is True
+        states.append([first.state, done.state, (await runner.head("t"))[0].state])
+    assert states[0] == states[1]
+    assert cp.saves >= 2
+
+
+@pytest.mark.parametrize("state_type", [Approval, dict[str, Approval], list[tuple[int, int]]])
+def test_a_codec_less_wrapper_is_refused_for_a_state_plain_json_cannot_hand_back(
+    state_type: Any,
+) -> None:
+    cp = InstrumentedCheckpointer(MemoryCheckpointer[Any]())
+    with pytest.raises(TypeError, match="would hand this graph plain JSON"):
+        flowy.Runner(typed_approval_graph(state_type), cp)  # pyright: ignore[reportArgumentType]
+
+
 async def test_head_is_the_typed_latest_snapshot_and_its_token() -> None:
     runner = flowy.Runner(typed_approval_graph(Approval), MemoryCheckpointer[Any]())
     first = await runner.start("t", Approval("o-1"))

@@ -238,6 +238,22 @@ async def test_request_local_handoff_matrix() -> None:
     with pytest.raises(errors.CheckpointSkippedError):
         await h2.wait()  # the stream mirrors the same error
 
+    # 2b. the default policy and a failing save → that save error, not "ended on its own"
+    for phase in (Phase.COMMIT, Phase.SAVE_PENDING):
+        mem2b: MemoryBackend[State] = MemoryBackend()
+        cp2b = FaultyCheckpointer(mem2b.checkpointer)
+        cp2b.arm(phase, times=10, error=lambda: flowy.StorageError("disk full"))
+        outbox2b = mem2b.outbox if phase is Phase.COMMIT else PlainOutbox(mem2b.outbox)
+        h2b = await flowy.Runner(blocking_graph(gate), cp2b, handoff_outbox=outbox2b).stream(
+            "t", {}
+        )
+        await until_started(gate)
+        with pytest.raises(flowy.StorageError, match="disk full"):
+            await h2b.request_local_handoff()
+        failed = await h2b.wait_result()
+        assert failed.reason == flowy.Reason.HANDOFF_SAVE_FAILED
+        assert cp2b.struck == [phase]
+
     # 3. enqueue failure after persist → HandoffEnqueueFailedError with a retry token
     mem3: MemoryBackend[State] = MemoryBackend()
     failing = FaultyOutbox(PlainOutbox(mem3.outbox))

@@ -37,6 +37,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
@@ -56,6 +57,7 @@ from flowy.memory import (
     MemoryOutbox,
     MemoryStore,
 )
+from flowy.memory import _named as memory_named  # pyright: ignore[reportPrivateUsage]
 from flowy.sqlite import (
     SQLiteBackend,
     SQLiteCheckpointer,
@@ -78,16 +80,18 @@ from flowy.storage import (
     Refused,
     RunStatus,
     Snapshot,
+    StoreURL,
     Timer,
     Write,
     decode_intent,
     decode_snapshot,
     encode_snapshot,
+    register_backend,
 )
 
 # The suite is imported as a module: a suite class bound to a name in a test module is
 # collected and run there (that is how stores opt in), which is not wanted here.
-from flowy.testing import corrupt_head, suite
+from flowy.testing import corrupt_head, dump_store, suite
 
 pytestmark = pytest.mark.anyio
 
@@ -1243,6 +1247,49 @@ def test_suite_runs_through_pytest_like_a_store(tmp_path: Path) -> None:
     assert sum(1 for key in outcomes if key.startswith("HistorySuite.")) == len(
         [n for n in dir(suite.HistorySuite) if n.startswith("test_")]
     )
+
+
+class SelfScratchBackend(MemoryBackend[Any]):
+    """A store whose scratch store is itself: the bug a tool that writes test data must
+    never have."""
+
+    def scratch_url(self, name: str) -> str | None:
+        return self.url
+
+    async def _drop_scratch(self) -> None:
+        return None
+
+
+async def _open_self_scratch(url: StoreURL, *, codec: Any) -> SelfScratchBackend:
+    store = memory_named.setdefault(url.netloc, MemoryStore())
+    return SelfScratchBackend(store, codec=codec, max_attempts=3, url=url.raw)
+
+
+register_backend("selfscratch", _open_self_scratch)
+
+
+async def _dump_self_scratch(url: str) -> object:
+    return await dump_store("memory://" + urllib.parse.urlsplit(url).netloc)
+
+
+@pytest.mark.parametrize("broken", [True, False], ids=["scratch-is-itself", "control"])
+async def test_a_store_whose_scratch_store_is_itself_fails_the_scratch_suite(
+    broken: bool,
+) -> None:
+    name = f"scratch-{uuid.uuid4().hex}"
+    url = f"selfscratch://{name}" if broken else f"memory://{name}?max_attempts=3"
+    backend = await connect(url)
+    try:
+        test = S.ScratchSuite().test_a_check_leaves_the_store_it_ran_on_as_it_was
+        try:
+            await test(flowy_url=url, flowy_backend=backend, flowy_dump=_dump_self_scratch)
+        except (Exception, pytest.fail.Exception) as exc:  # noqa: BLE001 - the outcome
+            error: BaseException | None = exc
+        else:
+            error = None
+    finally:
+        await backend.aclose()
+    assert (error is not None) is broken, error
 
 
 def test_every_suite_class_is_exported() -> None:

@@ -9,6 +9,7 @@ boto3's chain would find real ones. Each test's ``flowy_url`` names its own tabl
 
 from __future__ import annotations
 
+import asyncio
 import os
 import urllib.parse
 import uuid
@@ -21,6 +22,7 @@ from moto_server import SerializedMotoServer
 
 from flowy.errors import ThreadNotFoundError
 from flowy.storage import Backend
+from flowy.testing import Dump
 from flowy.testing.backends import backend_missing, docker_available
 from flowy_dynamodb import DynamoBackend, make_client, thread_key
 
@@ -153,3 +155,35 @@ def flowy_corrupt() -> Callable[[Backend[Any], str], Any]:
         corrupt_thread(table.client, table.name, thread_id)
 
     return corrupt
+
+
+def _scan(url: str) -> object:
+    parts = urllib.parse.urlsplit(url)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    client: Any = make_client(
+        region=options.get("region"), endpoint_url=options.get("endpoint_url")
+    )
+    try:
+        items: list[str] = []
+        pages: Any = client.get_paginator("scan").paginate(
+            TableName=parts.netloc, ConsistentRead=True
+        )
+        for page in pages:
+            found: list[dict[str, Any]] = page["Items"]
+            items.extend(repr(sorted(item.items())) for item in found)
+        return sorted(items)
+    except client.exceptions.ResourceNotFoundException:
+        return []
+    finally:
+        client.close()
+
+
+async def dump_store(url: str) -> object:
+    """Every item of the URL's table, as stored (none when the table does not exist)."""
+    return await asyncio.to_thread(_scan, url)
+
+
+@pytest.fixture
+def flowy_dump() -> Dump:
+    """Everything a DynamoDB store holds in its table, as stored."""
+    return dump_store

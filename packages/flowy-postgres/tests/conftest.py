@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ import pytest
 import flowy
 from flowy.errors import ThreadNotFoundError
 from flowy.storage import Backend
-from flowy.testing import Corrupt
+from flowy.testing import Corrupt, Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
 from flowy_postgres import PostgresBackend, migrate
 from flowy_postgres._schema import TableNames, thread_key
@@ -164,3 +165,34 @@ async def shared(pg_pool: asyncpg.Pool, pg_schema: str) -> AsyncIterator[Postgre
     """A backend over the application's ``pg_pool`` (``from_pool``)."""
     async with PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema, max_attempts=3) as made:
         yield made
+
+
+async def dump_store(url: str) -> object:
+    """Every row of the flowy tables of the URL's schema and prefix, as stored (none
+    when the schema does not exist)."""
+    parts = urllib.parse.urlsplit(url)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    schema, prefix = options.get("schema", "public"), options.get("prefix", "flowy_")
+    conn = await connect(urllib.parse.urlunsplit(parts._replace(query="")))
+    try:
+        like = prefix.replace("\\", "\\\\").replace("_", "\\_").replace("%", "\\%") + "%"
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1 "
+            "AND table_name LIKE $2 ORDER BY table_name",
+            schema,
+            like,
+        )
+        dumped: dict[str, list[str]] = {}
+        for row in tables:
+            name: str = row["table_name"]
+            rows = await conn.fetch(f'SELECT * FROM "{schema}"."{name}"')
+            dumped[name] = sorted(repr(tuple(r.values())) for r in rows)
+        return dumped
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def flowy_dump() -> Dump:
+    """Everything a PostgreSQL store holds in its schema, as stored."""
+    return dump_store

@@ -8,7 +8,7 @@ import urllib.parse
 from typing import Any
 
 import pytest
-from pg_support import sql, with_options
+from pg_support import connect, sql, with_options
 
 import flowy
 from flowy.errors import BackendURLError, StorageUnavailableError
@@ -133,3 +133,40 @@ async def test_peers_reach_the_same_store(backend: PostgresBackend[Any]) -> None
         assert peer.checkpointer.fences(backend.leases)  # one database, schema and prefix
         lease = await backend.leases.acquire("shared", "owner", 30)
         assert await peer.leases.holder("shared") == lease
+
+
+async def test_flowy_check_runs_in_a_scratch_schema_and_masks_the_password(
+    postgres_dsn: str, pg_schema: str
+) -> None:
+    from flowy.testing import Scenario, acheck
+
+    async def work(s: dict[str, Any]) -> Any:
+        return {"done": True}, flowy.handoff("finish", resume_at="finish")
+
+    async def finish(s: dict[str, Any]) -> Any:
+        return {}, flowy.completed()
+
+    builder: flowy.GraphBuilder[dict[str, Any], Any] = flowy.GraphBuilder(lambda a, b: {**a, **b})
+    graph = (
+        builder.add_node("work", work)
+        .add_node("finish", finish)
+        .add_edge("work", "finish")
+        .allow_no_outgoing_route("finish")
+        .compile()
+    )
+    url = with_options(with_password(postgres_dsn, "hunter2"), schema=pg_schema)
+    report = await acheck(graph, lambda: Scenario(state={}), store=url, seeds=2)
+    assert report.ok, str(report)
+    assert "hunter2" not in str(report) and "postgres:***@" in str(report)
+    assert report.scratch is not None and "hunter2" not in report.scratch
+    scratch = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(report.scratch).query))["schema"]
+    assert scratch.startswith("flowy_scratch_") and scratch != pg_schema
+    conn = await connect(postgres_dsn)
+    try:
+        schemas = await conn.fetch(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name = ANY($1)",
+            [scratch, pg_schema],
+        )
+        assert schemas == []  # the scratch schema was dropped; the store's was never made
+    finally:
+        await conn.close()

@@ -29,9 +29,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from redis_support import BackendFactory, RedisTarget, client_for, corrupt_head, new_namespace
 
-from flowy.storage import Backend
+from flowy.storage import Backend, StoreURL
+from flowy.testing import Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
 from flowy_redis import RedisBackend, purge_namespace
+from flowy_redis._backend import open_backend
 
 
 @pytest.fixture(scope="session")
@@ -259,3 +261,27 @@ async def _factory(target: RedisTarget) -> AsyncIterator[BackendFactory]:
         finally:
             for backend in made:
                 await backend.aclose()
+
+
+async def dump_store(url: str) -> object:
+    """Every key of the URL's namespace with its ``DUMP`` (the value as stored)."""
+    backend = await open_backend(StoreURL.parse(url), codec=None)  # not opened: no writes
+    store = backend.store
+    try:
+        keys = [key async for key in store.scan(store.layout.pattern())]
+        keys.append(store.layout.meta)
+        dumped: dict[bytes, bytes] = {}
+        for key in keys:
+            client: Any = backend.client
+            value: bytes | None = await client.execute_command("DUMP", key)
+            if value is not None:
+                dumped[key] = value
+        return dumped
+    finally:
+        await store.aclose()
+
+
+@pytest.fixture
+def flowy_dump() -> Dump:
+    """Everything a Redis store holds in its namespace, as stored."""
+    return dump_store

@@ -227,6 +227,21 @@ async def activity(
                     attempts=record.attempts,
                     started_at=record.started_at,
                 )
+    deadline = None if retry.deadline is None else started_at + retry.deadline
+    if record is not None and deadline is not None and now > deadline:
+        # A timer fired late (no worker looked in time): the deadline holds when an
+        # attempt would start, not only when the retry was scheduled.
+        await journal.put_activity(
+            thread_id, _entry(record, ActivityStatus.FAILED, now, error=record.error)
+        )
+        raise ActivityFailedError(
+            f"activity {key!r:.200} failed after {record.attempts} attempt(s): its retry "
+            f"deadline ({retry.deadline} s after the first attempt) passed before attempt "
+            f"{attempt} could start; the last error: {record.error or 'unknown'}",
+            key=key,
+            attempts=record.attempts,
+            error=record.error,
+        )
     started = ActivityRecord(
         key=key,
         status=ActivityStatus.STARTED,
@@ -244,7 +259,6 @@ async def activity(
         later = scope.clock()
         error = _describe(exc)
         retry_at = later + retry.delay(attempt)
-        deadline = None if retry.deadline is None else started_at + retry.deadline
         if attempt < retry.attempts and (deadline is None or retry_at <= deadline):
             await journal.put_activity(
                 thread_id,

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import Any, Generic, Literal, Protocol
 
 from ._errors import CheckpointSkippedError, NoActiveExecutionError
-from ._results import RunResult
+from ._results import Reason, RunResult
 from ._types import E, ResumeToken, RunStatus, S
 from .storage import Snapshot
 
@@ -273,6 +273,10 @@ class StreamHandle(Generic[S, E]):
             )
         self._control.interrupt("handoff")
         result = await self.wait_result()
+        if result.reason == Reason.HANDOFF_SAVE_FAILED:
+            # The hand-off was attempted and its save failed: that error, not "ended on
+            # its own", is what the caller must see.
+            result.raise_for_error()
         if result.status is not RunStatus.HANDOFF:
             # The run ended on its own (suspended, completed, failed) before it reached a
             # point where it could hand off: nothing was handed off.

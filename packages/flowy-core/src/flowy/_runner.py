@@ -54,6 +54,7 @@ from .storage import (
     new_write_id,
     validate_thread_id,
 )
+from .storage._codecs import is_plain_json_type
 
 __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
@@ -206,10 +207,16 @@ class Runner(RunPreparation[S, E]):
 
     @staticmethod
     def _typed(checkpointer: Checkpointer[S], graph: Graph[S, E]) -> Checkpointer[S]:
-        """The checkpointer decoding into the graph's state type when it has no codec."""
+        """The checkpointer decoding into the graph's state type when it has no codec.
+
+        A checkpointer without a codec and without ``with_codec`` (a 0.1 wrapper) hands
+        back plain JSON: fine for a state type plain JSON already is (``dict[str, Any]``,
+        a TypedDict, …), refused for one it cannot hand back (a dataclass, …)."""
         if graph.state_type is None or getattr(checkpointer, "codec", None) is not None:
             return checkpointer
         with_codec = getattr(checkpointer, "with_codec", None)
+        if with_codec is None and is_plain_json_type(graph.state_type):
+            return checkpointer
         if with_codec is None:
             raise TypeError(
                 f"{type(checkpointer).__name__} has no codec, so it would hand this graph "

@@ -477,6 +477,13 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
     async def _close(self) -> None:
         return None
 
+    def scratch_url(self, name: str) -> str | None:
+        """A new private store (``memory://``): nothing is shared with this one."""
+        return "memory://"
+
+    async def _drop_scratch(self) -> None:
+        self.store = MemoryStore()  # a private store: nothing else refers to its data
+
 
 _named: dict[str, MemoryStore] = {}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowy.testing import Corrupt, corrupt_head
+from flowy.testing import Corrupt, Dump, corrupt_head, dump_store
 
 
 @pytest.fixture
@@ -23,3 +23,9 @@ def flowy_url(tmp_path: Path) -> str:
 def flowy_corrupt() -> Corrupt:
     """Flips a byte of a thread's head record in the SQLite file."""
     return corrupt_head
+
+
+@pytest.fixture
+def flowy_dump() -> Dump:
+    """Everything a SQLite store holds, as stored."""
+    return dump_store

@@ -7,14 +7,16 @@ set ``pytest_plugins``.
 
 from __future__ import annotations
 
+import copy
+import urllib.parse
 import uuid
 from typing import Any
 
 import pytest
-from toy_store.toy import ToyBackend, open_backend
+from toy_store.toy import _STORES, ToyBackend, open_backend  # pyright: ignore[reportPrivateUsage]
 
 from flowy.storage import Backend, register_backend
-from flowy.testing import Corrupt
+from flowy.testing import Corrupt, Dump
 
 register_backend("toy", open_backend)
 
@@ -40,3 +42,18 @@ async def corrupt_head(backend: Backend[Any], thread_id: str) -> None:
 def flowy_corrupt() -> Corrupt:
     """Corrupts a head record of the toy store."""
     return corrupt_head
+
+
+async def dump_store(url: str) -> object:
+    """Everything the named toy store at ``url`` holds."""
+    store = _STORES.get(urllib.parse.urlsplit(url).netloc)
+    if store is None:
+        return {}
+    kept = ("heads", "history", "tokens", "leases", "messages", "message_ids", "inboxes")
+    return {name: copy.deepcopy(getattr(store, name)) for name in (*kept, "journals")}
+
+
+@pytest.fixture
+def flowy_dump() -> Dump:
+    """Everything a toy store holds."""
+    return dump_store

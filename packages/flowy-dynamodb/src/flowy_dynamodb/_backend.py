@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import BotoCoreError
 
 from flowy.errors import BackendURLError
-from flowy.storage import BaseBackend, RunStatus, StateCodec, StoreURL
+from flowy.storage import SCRATCH_PREFIX, BaseBackend, RunStatus, StateCodec, StoreURL, sibling_url
 
 from ._schema import check_version, make_client, migrate, schema_version
 from ._store import DynamoCheckpointer, DynamoConsumer, DynamoLeaseManager, DynamoOutbox
@@ -123,6 +123,20 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         self.table.close()
         if self.owns_client:
             self.table.client.close()
+
+    def scratch_url(self, name: str) -> str | None:
+        """The same region, endpoint and options with table ``name`` (created)."""
+        parts = urllib.parse.urlsplit(self.url)
+        return sibling_url(
+            urllib.parse.urlunsplit(parts._replace(netloc=name)),
+            options={"create_table": "true"},
+        )
+
+    async def _drop_scratch(self) -> None:
+        name = self.table.name
+        if not name.startswith(SCRATCH_PREFIX):  # never an app's table
+            raise RuntimeError(f"table {name!r} is not a scratch table")
+        await self.table.call("delete_table", TableName=name)
 
     async def close(self) -> None:
         """Deprecated alias of :meth:`aclose` (removed in 0.3)."""

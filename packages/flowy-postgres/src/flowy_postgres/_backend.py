@@ -11,7 +11,14 @@ from typing import Any, Generic, TypeVar, cast
 import asyncpg
 
 from flowy.errors import BackendURLError
-from flowy.storage import BaseBackend, StateCodec, StoreURL, redact_url
+from flowy.storage import (
+    SCRATCH_PREFIX,
+    BaseBackend,
+    StateCodec,
+    StoreURL,
+    redact_url,
+    sibling_url,
+)
 
 from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool
@@ -166,6 +173,20 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
                 self._dsn, pooler_mode=self._pooler_mode, max_size=self._pool_size
             )
         return self.connector.pool
+
+    def scratch_url(self, name: str) -> str | None:
+        """The same database and options with ``schema=name`` (``None`` for a backend
+        on the application's pool: no URL reaches it)."""
+        if self._dsn is None:
+            return None
+        return sibling_url(self.url, options={"schema": name})
+
+    async def _drop_scratch(self) -> None:
+        schema = self.names.schema
+        if not schema.startswith(SCRATCH_PREFIX):  # never a schema an application uses
+            raise RuntimeError(f"schema {schema!r} is not a scratch schema")
+        pool: Any = await self._pool()  # asyncpg's own signatures are untyped
+        await pool.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
     async def _open(self) -> None:
         await prepare(await self._pool(), self.names, upgrade=False)

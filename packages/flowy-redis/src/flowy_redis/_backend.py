@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import BackendURLError
-from flowy.storage import BaseBackend, StateCodec, StoreURL
+from flowy.storage import SCRATCH_PREFIX, BaseBackend, StateCodec, StoreURL, sibling_url
 
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, KeyLayout
@@ -143,6 +143,15 @@ class RedisBackend(BaseBackend[S], Generic[S]):
 
     async def _close(self) -> None:
         await self.store.aclose()
+
+    def scratch_url(self, name: str) -> str | None:
+        """The same server and options with ``namespace=name``."""
+        return sibling_url(self.url, options={"namespace": name})
+
+    async def _drop_scratch(self) -> None:
+        if not self.namespace.startswith(SCRATCH_PREFIX):  # never an application's keys
+            raise RuntimeError(f"namespace {self.namespace!r} is not a scratch namespace")
+        await self.purge()
 
     async def purge(self) -> int:
         """Delete every key of the namespace (tests, decommissioning); the count deleted."""

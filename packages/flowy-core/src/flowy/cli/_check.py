@@ -16,7 +16,7 @@ __all__ = ["cmd_check"]
 
 async def cmd_check(args: argparse.Namespace, out: Console) -> int:
     """``flowy check``: 0 when every seed passed, 1 with the shrunk counterexample."""
-    from ..testing.checking import Scenario, check, parse_schedule
+    from ..testing.checking import Scenario, acheck, check, parse_schedule
 
     load_graph(args.spec)  # a graph that cannot be loaded is a usage error
     scenario = load_object(args.scenario, "--scenario")
@@ -32,18 +32,24 @@ async def cmd_check(args: argparse.Namespace, out: Console) -> int:
             replay = parse_schedule(args.replay)
         except ValueError as exc:
             raise CliError(f"--replay: {one_line(str(exc))}", 2) from None
-    try:  # in a thread of its own: check() runs its loop on a clock that skips waits
-        report = await asyncio.to_thread(
-            check,
-            args.spec,
-            cast(Callable[[], Scenario[Any]], scenario),
-            seeds=args.seeds,
-            store=args.backend,
-            max_faults=args.max_faults,
-            replay=replay,
-            seed=args.seed,
-            first_seed=args.seed,
-        )
+    options: dict[str, Any] = {
+        "seeds": args.seeds,
+        "store": args.backend,
+        "max_faults": args.max_faults,
+        "replay": replay,
+        "seed": args.seed,
+        "first_seed": args.seed,
+    }
+    made = cast(Callable[[], Scenario[Any]], scenario)
+    try:
+        if args.backend is None:
+            # In a thread of its own: on fresh memory stores check() runs its loop on a
+            # clock that skips waits.
+            report = await asyncio.to_thread(check, args.spec, made, **options)
+        else:
+            # In this loop: Ctrl-C cancels the check here, and it removes its scratch
+            # store before the command ends.
+            report = await acheck(args.spec, made, **options)
     except TypeError as exc:  # the scenario function returned something else
         raise CliError(f"--scenario {args.scenario!r}: {one_line(str(exc))}", 2) from None
     for line in str(report).splitlines():

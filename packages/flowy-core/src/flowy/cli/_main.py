@@ -220,7 +220,9 @@ def _add_inspect(sub: _Subcommands) -> None:
     p.add_argument(
         "--backend",
         metavar="URL",
-        help="a scratch store to run on (default: a fresh memory store per run; "
+        help="a store to run on: the check writes only in a scratch namespace of its own "
+        "there (a schema, key namespace, table or file), removed afterwards; a store "
+        "that cannot be namespaced is refused (default: a fresh memory store per run; "
         f"${ENV_VAR} is not used)",
     )
     p.add_argument(

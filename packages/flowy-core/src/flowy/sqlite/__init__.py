@@ -90,6 +90,21 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
     async def _close(self) -> None:
         await self.database.aclose()
 
+    def scratch_url(self, name: str) -> str | None:
+        """A file ``<stem>.<name>.db`` next to this store's file (a new in-memory
+        database for ``:memory:``)."""
+        if self.path == ":memory:":
+            return "sqlite:///:memory:"
+        here = Path(self.path)
+        scratch = here.with_name(f"{here.stem}.{name}.db")
+        return "sqlite:///" + urllib.parse.quote(str(scratch))
+
+    async def _drop_scratch(self) -> None:
+        await self.aclose()
+        if self.path != ":memory:":
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(self.path + suffix).unlink(missing_ok=True)  # noqa: ASYNC240 - after close
+
 
 OPTIONS = {
     "max_attempts": "deliveries before a hand-off is dead-lettered (default 5)",

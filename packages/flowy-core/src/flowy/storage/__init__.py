@@ -78,12 +78,16 @@ from ._records import encode_record as encode_record
 from ._records import encode_snapshot as encode_snapshot
 from ._saving import confirm_save as confirm_save
 from ._saving import durable_save as durable_save
+from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
+from ._scratch import open_scratch as open_scratch
+from ._scratch import sibling_url as sibling_url
 
 __all__ = [
     "BACKLOG_STATUSES",
     "ENTRY_POINT_GROUP",
     "FORMAT_VERSION",
     "MAX_THREAD_ID_BYTES",
+    "SCRATCH_PREFIX",
     "SYSTEM_LEASE_PREFIX",
     "ActivityRecord",
     "ActivityStatus",
@@ -139,10 +143,12 @@ __all__ = [
     "encode_snapshot",
     "new_write_id",
     "next_fencing_token",
+    "open_scratch",
     "redact_url",
     "register_backend",
     "schemes",
     "show_id",
+    "sibling_url",
     "validate_thread_id",
 ]
 

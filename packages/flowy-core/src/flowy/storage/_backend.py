@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import math
 import urllib.parse
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -198,6 +199,7 @@ class BaseBackend(abc.ABC, Generic[S]):
 
     _closed: bool = False
     _opened: bool = False
+    _scratch: bool = False
 
     @abc.abstractmethod
     async def _open(self) -> None:
@@ -234,6 +236,45 @@ class BaseBackend(abc.ABC, Generic[S]):
             return
         self._closed = True
         await self._close()
+
+    async def close(self) -> None:
+        """Deprecated alias of :meth:`aclose` (removed in 0.3)."""
+        warnings.warn(
+            f"{type(self).__name__}.close() is deprecated; use aclose()", DeprecationWarning, 2
+        )
+        await self.aclose()
+
+    def scratch_url(self, name: str) -> str | None:
+        """The URL of a sibling store in a namespace of its own called ``name`` (a
+        schema, key namespace, table or file next to this store's), or ``None`` if this
+        store cannot make one. Makes no connection and touches nothing.
+
+        ``name`` is lowercase letters, digits and ``_`` (``flowy.storage.open_scratch``
+        draws it from a random run id). Tools that write test data
+        (``flowy check --backend``) run there, never in this store's own namespace.
+        """
+        return None
+
+    async def drop_scratch(self) -> None:
+        """Remove everything of this scratch store's namespace, then close it.
+
+        Refused (``RuntimeError``) on a store not opened by
+        ``flowy.storage.open_scratch``: it never removes a store an application uses.
+        """
+        if not self._scratch:
+            raise RuntimeError(
+                f"{redact_url(self.url)!r} is not a scratch store; drop_scratch() removes "
+                "only stores opened by flowy.storage.open_scratch"
+            )
+        try:
+            await self._drop_scratch()
+        finally:
+            await self.aclose()
+
+    async def _drop_scratch(self) -> None:
+        """Remove everything of this (scratch) store's namespace: a store whose
+        :meth:`scratch_url` gives a URL implements it."""
+        raise NotImplementedError(f"{type(self).__name__} has no scratch stores")
 
     @property
     def closed(self) -> bool:

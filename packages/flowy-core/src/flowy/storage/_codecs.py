@@ -8,6 +8,7 @@ and decodes back into the declared types (TypedDicts are plain dicts). ``Msgspec
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import datetime as dt
 import enum
@@ -173,6 +174,32 @@ def _from_json(tp: Any, value: Any, path: str = "") -> Any:
                 raise _Mismatch(path, f"expected {tp.__name__}, got {value!r:.80}")
             return value
     return value
+
+
+_JSON_SCALARS: tuple[Any, ...] = (str, int, float, bool, type(None), None)
+
+
+def is_plain_json_type(tp: Any) -> bool:
+    """True if plain JSON values already are ``tp`` (decoding into it changes nothing):
+    ``Any``, ``object``, JSON scalars, ``dict``/``Mapping`` with string keys, ``list``,
+    TypedDicts, literals, and unions of these, with plain JSON inside. A dataclass, a
+    tuple, a set, an enum or a date is not: plain JSON cannot hand it back."""
+    if tp is Any or tp is object or tp in _JSON_SCALARS:
+        return True
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return all(is_plain_json_type(arg) for arg in args)
+    if origin is typing.Literal:
+        return all(type(arg) in (str, int, bool) or arg is None for arg in args)
+    if origin is list or tp is list:
+        return all(is_plain_json_type(arg) for arg in args)
+    if origin in (dict, typing.Mapping, collections.abc.Mapping) or tp in (dict, typing.Mapping):
+        return not args or (args[0] is str and is_plain_json_type(args[1]))
+    if isinstance(tp, type) and typing.is_typeddict(cast(Any, tp)):
+        hints = typing.get_type_hints(cast(Any, tp))
+        return all(is_plain_json_type(hint) for hint in hints.values())
+    return False
 
 
 class JSONCodec(Generic[S]):

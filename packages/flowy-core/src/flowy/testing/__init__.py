@@ -23,6 +23,17 @@ from .checking import Scenario as Scenario
 from .checking import acheck as acheck
 from .checking import check as check
 from .hooks import Corrupt as Corrupt
+from .hooks import Dump as Dump
 from .hooks import corrupt_head as corrupt_head
+from .hooks import dump_store as dump_store
 
-__all__ = ["CheckReport", "Corrupt", "Scenario", "acheck", "check", "corrupt_head"]
+__all__ = [
+    "CheckReport",
+    "Corrupt",
+    "Dump",
+    "Scenario",
+    "acheck",
+    "check",
+    "corrupt_head",
+    "dump_store",
+]

@@ -34,7 +34,9 @@ will send. Then the checker verifies:
 A failing run is shrunk to the fewest faults that still fail, and printed with its seed,
 its schedule in words, the thread's history and a command that replays it. The memory
 store is the default (a fresh one per run, on a simulated clock); ``store=URL`` runs the
-same schedules on a real store (use a scratch one). See ``docs/checking.md``.
+same schedules on a real store, in a scratch store of its own next to the one ``URL``
+names (``flowy.storage.open_scratch``), removed when the check ends. See
+``docs/checking.md``.
 """
 
 from __future__ import annotations
@@ -67,12 +69,14 @@ from ..memory import MemoryBackend, MemoryStore
 from ..storage import (
     ActivityStatus,
     Backend,
+    BaseBackend,
     DurableCheckpointer,
     HandoffIntent,
     Lease,
     OutboxMessage,
     Snapshot,
-    connect,
+    open_scratch,
+    redact_url,
 )
 
 __all__ = [
@@ -233,6 +237,9 @@ class CheckReport:
     """Wall time."""
     failure: Counterexample | None = None
     """The first failure, shrunk (``None``: every seed passed)."""
+    scratch: str | None = None
+    """On a store URL: the scratch store the runs used (its URL, password masked),
+    removed when the check ended; ``None`` otherwise."""
 
     @property
     def ok(self) -> bool:
@@ -242,12 +249,17 @@ class CheckReport:
     def __str__(self) -> str:
         rate = self.runs / self.seconds * 60 if self.seconds else 0.0
         head = f"flowy check {self.graph} on {self.store}"
+        scratch = [f"  ran in the scratch store {self.scratch} (removed)"] if self.scratch else []
         if self.failure is None:
-            return (
-                f"{head}: passed {self.seeds} seeds ({self.seconds:.1f}s, {rate:,.0f} "
-                f"runs/min)\n  faults injected: {sum(self.faults.values())} ("
-                + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items()))
-                + ")"
+            return "\n".join(
+                [
+                    f"{head}: passed {self.seeds} seeds ({self.seconds:.1f}s, {rate:,.0f} "
+                    f"runs/min)",
+                    f"  faults injected: {sum(self.faults.values())} ("
+                    + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items()))
+                    + ")",
+                    *scratch,
+                ]
             )
         f = self.failure
         noun = "fault" if len(f.schedule) == 1 else "faults"
@@ -260,6 +272,7 @@ class CheckReport:
             "  history:",
             *(f"    {h}" for h in f.history),
             f"  replay: {f.replay}",
+            *scratch,
         ]
         return "\n".join(lines)
 
@@ -406,8 +419,10 @@ class _Run(Generic[S]):
         faults: Mapping[int, FaultKind],
         invariants: Sequence[Callable[[Any], object]],
         by_words: Sequence[tuple[str, FaultKind]] = (),
+        created: Collection[str] = (),
     ) -> None:
         self.by_words = list(by_words)
+        self.created = created  # the threads of this check (their messages are its own)
         self.graph = graph
         self.scenario = scenario
         self.base = base
@@ -687,10 +702,19 @@ class _Run(Generic[S]):
         claimed = await self.current.worker.consumer.claim(1, _VISIBILITY, 0.0)
         if claimed:
             message = claimed[0]
-            if message.intent.thread_id != tid:  # left over from an earlier run
-                await self.base.consumer.ack(message)
+            if message.intent.thread_id != tid:
                 self.current.claimed.pop(message.message_id, None)
-                return True
+                if message.intent.thread_id in self.created:  # left over from an earlier run
+                    await self.base.consumer.ack(message)
+                    return True
+                # Not this check's: give it back untouched by an ack, and stop.
+                await self.base.consumer.release(message, error="not a message of flowy check")
+                self.problems.append(
+                    f"the store holds a hand-off of thread {message.intent.thread_id!r:.200} "
+                    "that this check did not create; it was left alone (run the check on a "
+                    "store of its own)"
+                )
+                return False
             await self.attempt(lambda p: p.worker.process(message))
             return True
         token = (await self.current.runner.head(tid))[1]
@@ -976,7 +1000,8 @@ class _Checker(Generic[S]):
         self.store = store
         self.invariants = invariants
         self.runs = 0
-        self.backend: Backend[Any] | None = None
+        self.backend: BaseBackend[Any] | None = None
+        self.created: set[str] = set()
 
     async def run(
         self,
@@ -1005,10 +1030,22 @@ class _Checker(Generic[S]):
         else:
             clock = _Clock(time.time())
             if self.backend is None:
-                self.backend = await connect(self.store)
-            base = self.backend
+                # Never the store the URL names: a namespace of this check's own.
+                self.backend = await open_scratch(self.store)
+            base = cast(Backend[Any], self.backend)  # every store is both
             thread_id = f"{story.thread_id}-{uuid.uuid4().hex[:12]}"  # a fresh thread
-        run = _Run(self.graph, story, base, clock, thread_id, faults, self.invariants, by_words)
+        self.created.add(thread_id)
+        run = _Run(
+            self.graph,
+            story,
+            base,
+            clock,
+            thread_id,
+            faults,
+            self.invariants,
+            by_words,
+            self.created,
+        )
         try:
             await run.play()
             return await run.verify()
@@ -1016,9 +1053,15 @@ class _Checker(Generic[S]):
             if fresh is not None:
                 await fresh.aclose()
 
+    @property
+    def scratch(self) -> str | None:
+        """The scratch store's URL, password masked (``None`` before one was opened)."""
+        return None if self.backend is None else redact_url(self.backend.url)
+
     async def aclose(self) -> None:
+        """Remove the scratch store (everything the check wrote) and close it."""
         if self.backend is not None:
-            await self.backend.aclose()
+            await self.backend.drop_scratch()
 
     async def shrink(self, seed: int, outcome: _Outcome) -> _Outcome:
         """The fewest faults of ``outcome``'s schedule that still fail."""
@@ -1046,12 +1089,12 @@ def _replay_line(
 ) -> str:
     spec = f"{getattr(scenario, '__module__', '?')}:{getattr(scenario, '__qualname__', '?')}"
     if graph_spec is None:
-        where = f"store={store!r}, " if store else ""
+        where = f"store={redact_url(store)!r}, " if store else ""
         return (
             f"flowy.testing.check(graph, {spec.split(':')[-1]}, {where}seed={seed}, "
             f"replay={schedule!r})"
         )
-    store_option = f" --backend {store}" if store else ""
+    store_option = f" --backend {redact_url(store)}" if store else ""
     return (
         f"flowy check {graph_spec} --scenario {spec}{store_option} --seed {seed} "
         f"--replay {schedule}"
@@ -1104,7 +1147,7 @@ async def acheck(
     where = (
         "memory://"
         if store is None
-        else store
+        else redact_url(store)
         if isinstance(store, str)
         else getattr(store, "__name__", "a store")
     )
@@ -1116,13 +1159,27 @@ async def acheck(
             injected.update(f.kind.value for f, _, _ in outcome.fired)
             failure = _failure(outcome, seed, len(outcome.fired), graph_spec, scenario, store)
             return CheckReport(
-                name, where, 1, checker.runs, injected, time.perf_counter() - started, failure
+                name,
+                where,
+                1,
+                checker.runs,
+                injected,
+                time.perf_counter() - started,
+                failure,
+                checker.scratch,
             )
         clean = await checker.run(first_seed, {})
         if clean.violations:
             failure = _failure(clean, first_seed, 0, graph_spec, scenario, store)
             return CheckReport(
-                name, where, 0, checker.runs, injected, time.perf_counter() - started, failure
+                name,
+                where,
+                0,
+                checker.runs,
+                injected,
+                time.perf_counter() - started,
+                failure,
+                checker.scratch,
             )
         for n in range(first_seed, first_seed + seeds):
             rng = random.Random(n)
@@ -1140,9 +1197,16 @@ async def acheck(
                     injected,
                     time.perf_counter() - started,
                     failure,
+                    checker.scratch,
                 )
         return CheckReport(
-            name, where, seeds, checker.runs, injected, time.perf_counter() - started
+            name,
+            where,
+            seeds,
+            checker.runs,
+            injected,
+            time.perf_counter() - started,
+            scratch=checker.scratch,
         )
     finally:
         await checker.aclose()
@@ -1197,9 +1261,12 @@ def check(
             it); with a name, the report's replay command is a ``flowy check`` line.
         scenario: a function returning a fresh :class:`Scenario` for each run.
         seeds: how many schedules to try.
-        store: a store URL to run on (use a scratch store: each run adds a thread), or
-            a function returning a fresh ``Backend`` for each run (default: a fresh
-            memory store per run, on the simulated clock).
+        store: a store URL: the runs write only in a scratch store of their own next
+            to the one it names (a schema, key namespace, table or file), removed when
+            the check ends, also on failure; a store that cannot be namespaced raises
+            ``BackendURLError`` before anything is written. Or a function returning a
+            fresh ``Backend`` for each run (default: a fresh memory store per run, on
+            the simulated clock).
         max_faults: the most faults in one schedule.
         invariants: invariants over every saved state, besides those of the scenario's
             module and ``Scenario.invariants``.
@@ -1213,6 +1280,7 @@ def check(
 
     Raises:
         RuntimeError: called inside a running event loop (``await acheck(...)`` there).
+        BackendURLError: ``store`` is a URL of a store that cannot be namespaced.
     """
     try:
         asyncio.get_running_loop()

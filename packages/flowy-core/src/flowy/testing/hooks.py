@@ -2,24 +2,64 @@
 
 ``corrupt_head(backend, thread_id)`` flips one byte of a thread's stored head record in
 a memory or SQLite store: the ``flowy_corrupt`` hook of their conformance runs.
+``dump_store(url)`` reads everything a memory or SQLite store holds, as stored: their
+``flowy_dump`` hook.
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import sqlite3
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import ThreadNotFoundError
 from ..memory import MemoryBackend
-from ..sqlite import SQLiteBackend
+from ..memory import _named as named_memory_stores  # pyright: ignore[reportPrivateUsage]
+from ..sqlite import SQLiteBackend, path_of
 from ..sqlite._db import immediate
-from ..storage import Backend
+from ..storage import Backend, StoreURL
 
-__all__ = ["Corrupt", "corrupt_head", "flip"]
+__all__ = ["Corrupt", "Dump", "corrupt_head", "dump_store", "flip"]
 
 Corrupt = Callable[[Backend[Any], str], Awaitable[None]]
 """``await corrupt(backend, thread_id)``: flip one byte of the thread's stored head."""
+
+Dump = Callable[[str], Awaitable[object]]
+"""``await dump(url)``: everything the store at ``url`` holds in its namespace, as
+stored (rows, keys, items), comparable with ``==``; empty (falsy) when the namespace
+does not exist, which reading it never creates."""
+
+
+async def dump_store(url: str) -> object:
+    """Everything the memory (``memory://NAME``) or SQLite store at ``url`` holds, as
+    stored: a private ``memory://`` and a missing file are empty."""
+    parsed = StoreURL.parse(url)
+    if parsed.scheme == "memory":
+        store = named_memory_stores.get(parsed.netloc + parsed.path.rstrip("/"))
+        if store is None:
+            return {}
+        fields = ("threads", "leases", "timers", "inboxes", "journals", "messages", "dead")
+        return {name: copy.deepcopy(getattr(store, name)) for name in fields}
+    if parsed.scheme == "sqlite":
+        path = path_of(parsed)
+        if path == ":memory:" or not os.path.exists(path):  # noqa: ASYNC240 - a test hook
+            return {}
+        conn = sqlite3.connect(f"file:{urllib.parse.quote(path)}?mode=ro", uri=True)
+        try:
+            tables = [
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            ]
+            return {
+                table: sorted(map(repr, conn.execute(f'SELECT * FROM "{table}"')))
+                for table in sorted(tables)
+            }
+        finally:
+            conn.close()
+    raise TypeError(f"dump_store knows memory and SQLite stores, not {parsed.scheme}://")
 
 
 def flip(data: bytes) -> bytes:

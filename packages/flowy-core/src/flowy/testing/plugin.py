@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ..storage import Backend, connect
-from .hooks import Corrupt
+from .hooks import Corrupt, Dump
 
 __all__ = ["anyio_backend", "flowy_backend", "flowy_corrupt", "flowy_url"]
 
@@ -63,6 +63,14 @@ async def flowy_backend(flowy_url: str) -> AsyncGenerator[Backend[Any]]:
     """The store at ``flowy_url``, opened with ``flowy.connect`` and closed afterwards."""
     async with connect(flowy_url) as backend:
         yield backend
+
+
+@pytest.fixture
+def flowy_dump() -> Dump | None:
+    """Override to return ``async def dump(url)``: everything the store at ``url`` holds
+    in its namespace, as stored (see ``flowy.testing.Dump``); the scratch tests skip
+    without it."""
+    return None
 
 
 @pytest.fixture

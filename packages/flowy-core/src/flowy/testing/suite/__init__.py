@@ -31,6 +31,7 @@ from ._fork import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
+from ._scratch import *  # noqa: F403
 from ._subgraph import *  # noqa: F403
 from ._waits import *  # noqa: F403
 
@@ -50,6 +51,7 @@ __all__ = [
     "LeaseSuite",
     "LineageSuite",
     "OutboxSuite",
+    "ScratchSuite",
     "SignalSuite",
     "SubgraphSuite",
     "ThreadIdSuite",

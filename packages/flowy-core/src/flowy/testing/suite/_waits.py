@@ -459,6 +459,32 @@ class ActivitySuite(Suite):
             3,
         )
 
+    async def test_no_attempt_starts_after_the_retry_deadline(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        gateway = _Gateway(failures=5)
+        policy = ActivityRetry(attempts=5, initial=0.2, jitter=0.0, deadline=0.5)
+        runner = Runner(_pay_graph(gateway, key="charge", retry=policy), flowy_backend)
+        tid = new_thread_id("deadline")
+        first = await runner.start(tid, {"order": "o-1"})
+        assert first.status is RunStatus.WAITING and first.reason == "activity_retry"
+        await asyncio.sleep(1.0)  # no worker looks until well past the deadline
+        worker = _worker(runner)
+        await worker.fire_timers()
+        head, _ = await runner.head(tid)
+        for _ in range(40):
+            if head.status is not RunStatus.WAITING:
+                break
+            await asyncio.sleep(0.05)
+            await worker.fire_timers()
+            head, _ = await runner.head(tid)
+        assert head.status is RunStatus.COMPLETED and head.state["error"] == "ActivityFailedError"
+        assert gateway.calls == ["o-1"]  # attempt 2 never started
+        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        assert record is not None
+        assert (record.status, record.attempts) == (ActivityStatus.FAILED, 1)
+        assert record.error == "ConnectionError: gateway down (call 1)"
+
     async def test_the_last_failure_is_recorded_and_replayed(
         self, flowy_backend: Backend[Any]
     ) -> None:
