@@ -484,8 +484,12 @@ class StaleTimerCheckpointer(MemoryCheckpointer[Any]):
 class RepeatedSignalCheckpointer(MemoryCheckpointer[Any]):
     """Stores a signal again when its id comes again."""
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
-        return await super()._append_signal(thread_id, f"{signal_id}-{uuid.uuid4().hex}", data)
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
+        return await super()._append_signal(
+            thread_id, f"{signal_id}-{uuid.uuid4().hex}", data, max_seq
+        )
 
 
 class KeptInboxCheckpointer(MemoryCheckpointer[Any]):
@@ -560,7 +564,9 @@ class FirstWriteJournalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
 class RacySignalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
     """Numbers a signal from a read made before its write, in another transaction."""
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         last = await self.database.run(
             lambda conn: conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM flowy_signals WHERE thread_id = ?",
