@@ -14,9 +14,9 @@ re-enqueue that resets a live message, a dead-letter retry that keeps the attemp
 non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, argument
 checks that drifted, timers listed before they are due or left behind by a head that
 moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
-thread, a journal that drops outcomes, listings without graph versions, a backlog that
-loses the messages in flight, and an index of parked threads that keeps those that moved
-on. The suite's
+thread, an inbox without a limit, a journal that drops outcomes, listings without graph
+versions, a backlog that loses the messages in flight, and an index of parked threads
+that keeps those that moved on. The suite's
 test methods are called directly with the broken backend; two more tests run the suite
 through pytest in a subprocess the way a store's own tests do.
 """
@@ -492,6 +492,15 @@ class RepeatedSignalCheckpointer(MemoryCheckpointer[Any]):
         )
 
 
+class UnboundedInboxCheckpointer(MemoryCheckpointer[Any]):
+    """Ignores the inbox limit: every signal is stored."""
+
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
+        return await super()._append_signal(thread_id, signal_id, data, 2**62)
+
+
 class KeptInboxCheckpointer(MemoryCheckpointer[Any]):
     """Deletes a thread but keeps its inbox."""
 
@@ -882,6 +891,12 @@ CASES = [
         ((S.SignalSuite, "test_racing_senders_get_distinct_numbers"),),
     ),
     Case(
+        "the inbox limit is ignored (a thread's inbox grows without end)",
+        "memory",
+        {"checkpointer": UnboundedInboxCheckpointer},
+        ((S.LimitsSuite, "test_pending_signals"),),
+    ),
+    Case(
         "a prune touches other threads",
         "sqlite",
         {"checkpointer": PruneEverywhereSQLiteCheckpointer},
@@ -956,7 +971,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 35
+    assert len(CASES) == 36
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

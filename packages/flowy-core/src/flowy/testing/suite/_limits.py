@@ -26,6 +26,7 @@ from ...storage import (
     ActivityRecord,
     ActivityStatus,
     Backend,
+    BaseBackend,
     Limits,
     RunStatus,
     Signal,
@@ -45,6 +46,13 @@ def nested(depth: int) -> Any:
     for i in range(depth):
         value = [value] if i % 2 else {"k": value}
     return value
+
+
+def set_limits(backend: Backend[Any], limits: Limits) -> None:
+    """Give ``backend`` these limits (``BaseBackend.limits``)."""
+    if not isinstance(backend, BaseBackend):
+        pytest.fail(f"{type(backend).__name__} must be a flowy.storage.BaseBackend")
+    backend.limits = limits
 
 
 def _record(key: str, result: Any = None, **kw: Any) -> ActivityRecord:
@@ -163,7 +171,7 @@ class LimitsSuite(Suite):
     async def test_signal_payload(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend)
         limit = 16 * 1024
-        flowy_backend.limits = Limits(max_signal_bytes=limit)
+        set_limits(flowy_backend, Limits(max_signal_bytes=limit))
         tid = new_thread_id("payload")
         deepest = Signal(tid, "go", nested(MAX_DEPTH), "deep", sent_at=MAX_TIMESTAMP)
         empty = Signal(tid, "go", "", "full", sent_at=0.0)
@@ -195,7 +203,7 @@ class LimitsSuite(Suite):
     async def test_activity_result(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend)
         limit = 16 * 1024
-        flowy_backend.limits = Limits(max_activity_bytes=limit)
+        set_limits(flowy_backend, Limits(max_activity_bytes=limit))
         tid = new_thread_id("result")
         deepest = _record("deep", nested(MAX_DEPTH), retry_at=MAX_TIMESTAMP)
         fill = limit - len(encode_activity(replace(deepest, key="full", result="")))
@@ -224,7 +232,7 @@ class LimitsSuite(Suite):
 
     async def test_pending_signals(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend)
-        flowy_backend.limits = Limits(max_pending_signals=3)
+        set_limits(flowy_backend, Limits(max_pending_signals=3))
         tid = new_thread_id("inbox")
 
         def signal(i: int) -> Signal:
@@ -247,7 +255,7 @@ class LimitsSuite(Suite):
         assert (await cp.append_signal(replace(signal(1), thread_id=other))).seq == 1
 
     async def test_sleep(self, flowy_backend: Backend[Any]) -> None:
-        flowy_backend.limits = Limits(max_sleep=3600.0)
+        set_limits(flowy_backend, Limits(max_sleep=3600.0))
         asked: list[float] = []
 
         async def nap(s: State) -> tuple[State, Directive[Any]]:
