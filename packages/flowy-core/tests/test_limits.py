@@ -324,3 +324,24 @@ def test_a_signal_or_activity_past_the_limits_is_refused_at_read() -> None:
     ):
         with pytest.raises(SnapshotEnvelopeInvalidError):
             decode_activity(json.dumps({**record, **change}).encode())
+
+
+@pytest.mark.parametrize(
+    "bad", [math.nan, math.inf, -math.inf, pytest.param(10**4300, id="4301-digits")]
+)
+async def test_codecs_refuse_numbers_that_would_not_read_back(bad: Any) -> None:
+    from flowy.storage import JSONCodec, MsgspecCodec, StateCodec
+
+    codecs: list[StateCodec[Any]] = [JSONCodec[Any](), MsgspecCodec[Any]()]
+    async with flowy.connect("memory://") as backend:
+        for codec in codecs:
+            cp = backend.checkpointer
+            assert isinstance(cp, BaseCheckpointer)
+            view = cp.with_codec(codec)
+            snap = Snapshot(thread_id="t", state={"x": [1.5, bad]}, execution_pointer="a")
+            with pytest.raises(LimitError, match="state"):
+                await view.save(0, snap)
+            with pytest.raises(ThreadNotFoundError):
+                await view.load("t")
+    msgspec_codec = MsgspecCodec[Any]()
+    assert msgspec_codec.decode(msgspec_codec.encode({"x": None})) == {"x": None}
