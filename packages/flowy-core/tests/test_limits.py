@@ -12,6 +12,7 @@ import json
 import math
 import struct
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -345,3 +346,23 @@ async def test_codecs_refuse_numbers_that_would_not_read_back(bad: Any) -> None:
                 await view.load("t")
     msgspec_codec = MsgspecCodec[Any]()
     assert msgspec_codec.decode(msgspec_codec.encode({"x": None})) == {"x": None}
+
+
+async def test_values_thousands_of_levels_deep_are_refused_as_too_deep() -> None:
+    deep = nested(5000)
+    plain: Snapshot[Any] = Snapshot(thread_id="t", state=None, execution_pointer="a")
+    async with flowy.connect("memory://") as backend:
+        cp = backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        cases: list[tuple[str, Snapshot[Any]]] = [
+            ("state", replace(plain, state=deep)),
+            ("effect", replace(plain, effects=(deep,))),
+            ("metadata", replace(plain, metadata={"m": deep})),
+        ]
+        for field, snap in cases:
+            with pytest.raises(LimitError, match=field):
+                await cp.save(0, snap)
+        with pytest.raises(LimitError, match="payload"):
+            await cp.append_signal(Signal("t", "go", deep, "s"))
+        with pytest.raises(ThreadNotFoundError):
+            await cp.load("t")

@@ -230,7 +230,12 @@ def _encode_state(snapshot: Snapshot[S], codec: StateCodec[S] | None) -> tuple[s
     c: StateCodec[Any] = codec if codec is not None else JSONCodec()
     try:
         state = c.encode(snapshot.state)
-    except (TypeError, RecursionError) as exc:
+    except RecursionError:
+        raise LimitError(
+            f"the state of thread {snapshot.thread_id!r:.200} is nested too deeply to encode; "
+            f"flowy stores at most {MAX_DEPTH} levels"
+        ) from None
+    except TypeError as exc:
         raise TypeError(
             f"cannot encode the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
         ) from exc
@@ -258,10 +263,6 @@ def _envelope(
         check_time(f"the handoff_pending_at of {thread}", source.handoff_pending_at)
     if source.wake_at is not None:
         check_time(f"the wake_at of {thread}", source.wake_at)
-    check_depth(f"the run metadata of {thread}", dict(source.metadata))
-    for effect in source.effects:
-        check_depth(f"an effect of {thread}", effect)
-    check_depth(f"the subgraph position of {thread}", dict(source.nested))
     fields: dict[str, object] = {
         "thread_id": source.thread_id,
         "revision": revision,
@@ -302,11 +303,14 @@ def _envelope(
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
     except (TypeError, RecursionError) as exc:
+        _check_header_depth(source, thread)
         raise TypeError(
             f"cannot encode the run metadata or effects of {thread} as JSON: {exc}"
         ) from exc
     except ValueError as exc:  # NaN, an infinity, an integer too long to read back
         raise LimitError(f"cannot store the run metadata or effects of {thread}: {exc}") from None
+    if header.count(b"[") + header.count(b"{") > MAX_DEPTH:  # only then can one be too deep
+        _check_header_depth(source, thread)
     if len(header) > MAX_HEADER_BYTES:
         raise LimitError(
             f"the run metadata and effects of {thread} are {len(header)} bytes encoded; "
@@ -316,6 +320,14 @@ def _envelope(
         (_MAGIC, bytes((version,)), _U32.pack(len(header)), header, _U32.pack(len(state)), state)
     )
     return body + _digest(body)
+
+
+def _check_header_depth(source: Record | Snapshot[Any], thread: str) -> None:
+    """``LimitError`` naming the header value nested more than ``MAX_DEPTH`` levels."""
+    check_depth(f"the run metadata of {thread}", dict(source.metadata))
+    for effect in source.effects:
+        check_depth(f"an effect of {thread}", effect)
+    check_depth(f"the subgraph position of {thread}", dict(source.nested))
 
 
 def _invalid(msg: str) -> SnapshotEnvelopeInvalidError:
