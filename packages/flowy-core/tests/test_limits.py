@@ -366,3 +366,25 @@ async def test_values_thousands_of_levels_deep_are_refused_as_too_deep() -> None
             await cp.append_signal(Signal("t", "go", deep, "s"))
         with pytest.raises(ThreadNotFoundError):
             await cp.load("t")
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        {"updated_at": "-1"},
+        {"updated_at": "inf"},
+        {"wake_at": "1e300"},
+        {"wake_at": "nan"},
+        {"handoff_pending_at": str(MAX_TIMESTAMP + 1)},
+    ],
+)
+def test_head_columns_with_a_time_out_of_range_are_invalid(times: dict[str, str]) -> None:
+    columns: dict[str, object] = {
+        "handoff_pending_at": None,
+        "updated_at": "1.5",
+        "wake_at": str(MAX_TIMESTAMP),
+        **times,
+    }
+    with pytest.raises(SnapshotEnvelopeInvalidError, match="head columns"):
+        BaseCheckpointer.summary("t", 1, "a", "waiting", "", "none", **columns)
+    assert BaseCheckpointer.summary("t", 1, "a", "waiting", "", "none", None, "0", "0").wake_at == 0

@@ -385,8 +385,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         wake_at: object = None,
         graph_version: object = "",
     ) -> ThreadSummary:
-        """A :class:`ThreadSummary` from raw stored columns; an unknown status raises
-        ``SnapshotEnvelopeInvalidError``.
+        """A :class:`ThreadSummary` from raw stored columns; an unknown status or a time
+        outside 0 .. ``MAX_TIMESTAMP`` raises ``SnapshotEnvelopeInvalidError``.
 
         Args:
             thread_id: the thread.
@@ -411,13 +411,15 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 reason=str(reason),
                 handoff_status=HandoffStatus(str(handoff_status)),
                 handoff_pending_at=(
-                    None if handoff_pending_at is None else float(str(handoff_pending_at))
+                    None
+                    if handoff_pending_at is None
+                    else check_time("handoff_pending_at", float(str(handoff_pending_at)))
                 ),
-                updated_at=float(str(updated_at)),
-                wake_at=None if wake_at is None else float(str(wake_at)),
+                updated_at=check_time("updated_at", float(str(updated_at))),
+                wake_at=None if wake_at is None else check_time("wake_at", float(str(wake_at))),
                 graph_version="" if graph_version is None else str(graph_version),
             )
-        except ValueError as exc:
+        except ValueError as exc:  # LimitError too: a time out of the stored range
             raise SnapshotEnvelopeInvalidError(
                 f"the head columns of thread {show_id(thread_id)} are invalid: {exc}"
             ) from exc
