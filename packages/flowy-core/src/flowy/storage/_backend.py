@@ -244,8 +244,8 @@ class BaseBackend(abc.ABC, Generic[S]):
     @property
     def limits(self) -> Limits:
         """The limits of what the store keeps (``flowy.storage.Limits``): its
-        checkpointer's. Set it (or pass ``flowy.connect(url, limits=...)``) to change
-        them for everything that uses this backend from then on."""
+        checkpointer's. Pass ``flowy.connect(url, limits=...)``, or set it before
+        building runners and workers on the backend (they use the limits it had then)."""
         return cast(Any, self).checkpointer.limits
 
     @limits.setter
