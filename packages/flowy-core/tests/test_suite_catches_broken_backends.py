@@ -14,7 +14,7 @@ re-enqueue that resets a live message, a dead-letter retry that keeps the attemp
 non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, argument
 checks that drifted, timers listed before they are due or left behind by a head that
 moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
-thread, a journal that drops outcomes, listings without graph versions, a backlog that
+thread, an inbox without a limit, a journal that drops outcomes, listings without graph versions, a backlog that
 loses the messages in flight, an index of parked threads that keeps those that moved
 on, a fork that copies its parent's inbox, journal entries written behind the call,
 wake-up times read back in the wrong unit, ``list_threads`` paging from ``after``
@@ -624,8 +624,21 @@ class StaleTimerCheckpointer(MemoryCheckpointer[Any]):
 class RepeatedSignalCheckpointer(MemoryCheckpointer[Any]):
     """Stores a signal again when its id comes again."""
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
-        return await super()._append_signal(thread_id, f"{signal_id}-{uuid.uuid4().hex}", data)
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
+        return await super()._append_signal(
+            thread_id, f"{signal_id}-{uuid.uuid4().hex}", data, max_seq
+        )
+
+
+class UnboundedInboxCheckpointer(MemoryCheckpointer[Any]):
+    """Ignores the inbox limit: every signal is stored."""
+
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
+        return await super()._append_signal(thread_id, signal_id, data, 2**62)
 
 
 class KeptInboxCheckpointer(MemoryCheckpointer[Any]):
@@ -700,7 +713,9 @@ class FirstWriteJournalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
 class RacySignalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
     """Numbers a signal from a read made before its write, in another transaction."""
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         last = await self.database.run(
             lambda conn: conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM flowy_signals WHERE thread_id = ?",
@@ -1069,6 +1084,12 @@ CASES = [
         ((S.OutboxSuite, "test_a_release_of_a_dead_letter_changes_nothing"),),
     ),
     Case(
+        "the inbox limit is ignored (a thread's inbox grows without end)",
+        "memory",
+        {"checkpointer": UnboundedInboxCheckpointer},
+        ((S.LimitsSuite, "test_pending_signals"),),
+    ),
+    Case(
         "a prune touches other threads",
         "sqlite",
         {"checkpointer": PruneEverywhereSQLiteCheckpointer},
@@ -1143,7 +1164,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 43
+    assert len(CASES) == 44
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

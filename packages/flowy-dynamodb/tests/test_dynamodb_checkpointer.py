@@ -27,6 +27,7 @@ from flowy.errors import (
 )
 from flowy.memory import MemoryLeaseManager
 from flowy.storage import (
+    MAX_TIMESTAMP,
     ActivityRecord,
     ActivityStatus,
     HandoffIntent,
@@ -499,20 +500,26 @@ async def test_timers_at_the_edges_of_dynamodbs_numbers(backend: DynamoBackend[A
     cp = backend.checkpointer
     zero, early, late = (f"{n}-{uuid.uuid4().hex}" for n in ("zero", "early", "late"))
     await cp.save(0, waiting(zero, 0.0))
-    await cp.save(0, waiting(early, -5e-100))
-    await cp.save(0, waiting(late, 9.5e37))
-    assert await timers_of(backend, zero, early, late, before=1e-300) == [
-        Timer(early, -5e-100),
+    await cp.save(0, waiting(early, 5e-100))
+    await cp.save(0, waiting(late, MAX_TIMESTAMP))
+    assert await timers_of(backend, zero, early, late, before=1e-300) == [Timer(zero, 0.0)]
+    assert await timers_of(backend, zero, early, late, before=1e-99) == [
         Timer(zero, 0.0),
+        Timer(early, 5e-100),
     ]
-    assert await timers_of(backend, zero, early, late, before=-1e-300) == [Timer(early, -5e-100)]
+    assert await timers_of(backend, zero, early, late, before=-1e-300) == []
     assert await timers_of(backend, zero, early, late, before=-1e300) == []
-    everything = [Timer(early, -5e-100), Timer(zero, 0.0), Timer(late, 9.5e37)]
+    everything = [Timer(zero, 0.0), Timer(early, 5e-100), Timer(late, MAX_TIMESTAMP)]
     assert await timers_of(backend, zero, early, late, before=1e300) == everything
     assert await timers_of(backend, zero, early, late) == everything
-    for unstorable in (1e38, -1e200, 1e-200):
+    # Past flowy's range (any store refuses it), and within it but not a DynamoDB number.
+    for unstorable, message in (
+        (1e38, "a stored time"),
+        (-5e-100, "a stored time"),
+        (1e-200, "cannot store"),
+    ):
         tid = f"unstorable-{uuid.uuid4().hex}"
-        with pytest.raises(ValueError, match="cannot store"):
+        with pytest.raises(ValueError, match=message):
             await cp.save(0, waiting(tid, unstorable))
         with pytest.raises(ThreadNotFoundError):
             await cp.load(tid)

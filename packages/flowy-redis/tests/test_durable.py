@@ -22,6 +22,7 @@ from flowy.errors import StorageUnavailableError
 from flowy.storage import (
     ActivityRecord,
     ActivityStatus,
+    Limits,
     RunStatus,
     Signal,
     Snapshot,
@@ -59,10 +60,10 @@ def record(key: str) -> ActivityRecord:
         1_700_000_000.25,
         1_700_000_000.1,
         0.1 + 0.2,
-        2**53 + 2.0,
-        -12.5,
+        253402300799.0,  # MAX_TIMESTAMP, the latest time stored
+        253402300798.99997,
+        12.5,
         5e-324,
-        1.7976931348623157e308,
     ],
 )
 async def test_wake_at_is_stored_exactly(make_backend: BackendFactory, wake_at: float) -> None:
@@ -147,7 +148,9 @@ async def test_a_signal_to_a_missing_thread_is_kept(make_backend: BackendFactory
 
 
 async def test_long_inboxes_are_read_in_batches(make_backend: BackendFactory) -> None:
-    cp = make_backend().checkpointer
+    backend = make_backend()
+    backend.limits = Limits(max_pending_signals=2000)
+    cp = backend.checkpointer
     tid = _tid()
     for index in range(1205):
         await cp.append_signal(signal(tid, f"s{index}", index))

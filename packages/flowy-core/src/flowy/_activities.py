@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ActivityFailedError, ActivityOutcomeUnknown, NoRunContextError
+from ._errors import ActivityFailedError, ActivityOutcomeUnknown, LimitError, NoRunContextError
 from ._segment import maybe_await
 from .storage import ActivityRecord, ActivityStatus, DurableCheckpointer
 
@@ -134,7 +134,7 @@ def _as_json(value: object, key: str) -> Any:
     """``value`` as it loads back from the journal (tuples become lists, …)."""
     try:
         return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise TypeError(
             f"activity {key!r:.200} returned {type(value).__name__}, which the journal "
             f"cannot keep: return a JSON value (dict, list, str, number, bool, None): {exc}"
@@ -276,14 +276,14 @@ async def activity(
         ) from exc
     try:
         value = _as_json(result, key)
-    except TypeError as exc:
+        await journal.put_activity(
+            thread_id, _entry(started, ActivityStatus.SUCCEEDED, scope.clock(), result=value)
+        )
+    except (TypeError, LimitError) as exc:  # not JSON, or past a limit: it cannot be kept
         await journal.put_activity(
             thread_id, _entry(started, ActivityStatus.FAILED, scope.clock(), error=str(exc))
         )
         raise
-    await journal.put_activity(
-        thread_id, _entry(started, ActivityStatus.SUCCEEDED, scope.clock(), result=value)
-    )
     return value
 
 

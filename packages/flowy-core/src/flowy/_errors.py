@@ -6,6 +6,7 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
 
     FlowyError
     ├── BackendURLError                 connect(): a bad URL, unknown scheme or missing adapter
+    ├── LimitError                      (also a ValueError) a value past a limit of what is stored
     ├── GraphValidationError            compile() found problems (all listed at once)
     ├── UnknownNodeError                a node name that is not in the graph
     ├── InvalidResumeTokenError         empty thread id, malformed token (also a ValueError)
@@ -75,6 +76,7 @@ __all__ = [
     "LeaseError",
     "LeaseLostError",
     "LeaseRequiredError",
+    "LimitError",
     "MissingBindingError",
     "NoActiveExecutionError",
     "NoRunContextError",
@@ -101,6 +103,12 @@ class BackendURLError(FlowyError, ValueError):
     """``flowy.connect(url)`` cannot open ``url``: it is malformed, names an unknown
     scheme or option, or needs an adapter package that is not installed (the message
     names the ``pip install`` to run). Passwords never appear in the message."""
+
+
+class LimitError(FlowyError, ValueError):
+    """A value to store is past one of the limits of what flowy keeps (nested too deeply,
+    too large, a time out of range, a number JSON cannot carry, an inbox full): nothing
+    was stored. The message names the field and the limit (``flowy.storage.Limits``)."""
 
 
 class GraphValidationError(FlowyError):

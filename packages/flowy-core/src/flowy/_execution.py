@@ -19,7 +19,7 @@ from . import _tracing
 from ._activities import ActivityScope, RetryLater, current_scope
 from ._context import current_run
 from ._directives import Directive, DirectiveKind
-from ._errors import LeaseLostError, UnknownNodeError
+from ._errors import LeaseLostError, LimitError, UnknownNodeError
 from ._events import EventType, InterruptKind
 from ._fanout import SAME_STATE, Branch, journal_of, run_branches
 from ._graph import Graph
@@ -28,8 +28,9 @@ from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
-from ._waits import durable_of, journal_store, next_signal, take_signal
+from ._waits import durable_of, journal_store, limits_of, next_signal, take_signal
 from .storage import (
+    MAX_TIMESTAMP,
     JSONCodec,
     RunStatus,
 )
@@ -714,6 +715,19 @@ class Execution(HandoffSegment[S, E]):
             if emit:
                 self._emit_wait(result)
             return result
+        if wake_at is not None:
+            longest = limits_of(self.cp).max_sleep
+            now = self.clock()
+            if not 0 <= wake_at <= MAX_TIMESTAMP or wake_at - now > longest:
+                return self._fail_unsaved(
+                    Reason.NODE_ERROR,
+                    LimitError(
+                        f"the wait of thread {self.thread_id!r:.200} at node {self.pointer!r} "
+                        f"would end at {wake_at!r}, {wake_at - now:.0f} seconds from now; the "
+                        f"longest sleep or deadline is {longest:.0f} seconds "
+                        "(Limits.max_sleep)"
+                    ),
+                )
         snap = self._snapshot(
             RunStatus.WAITING, reason, wake_at=wake_at, waiting_for=signal, on_timeout=on_timeout
         )

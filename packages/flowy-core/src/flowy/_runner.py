@@ -442,8 +442,10 @@ class Runner(RunPreparation[S, E]):
 
         Raises ``ThreadNotFoundError`` (no such thread), ``ThreadCompletedError`` (it
         completed or failed), ``ValueError`` / ``TypeError`` for a bad name, id or
-        payload (a JSON value of at most 256 KiB encoded), ``TypeError`` when the store
-        keeps no signals.
+        payload (a JSON value of at most ``Limits.max_signal_bytes`` encoded, 256 KiB by
+        default, and 100 levels deep), ``LimitError`` (a ``ValueError``) when the
+        thread's inbox is full (``Limits.max_pending_signals``), ``TypeError`` when the
+        store keeps no signals.
 
         Returns:
             The signal as stored, with its ``seq`` in the thread's inbox.

@@ -22,12 +22,14 @@ from ._graph import Graph
 from ._segment import maybe_await
 from ._types import JSON, ResumeToken, S
 from .storage import (
+    BaseCheckpointer,
     Checkpointer,
     DurableCheckpointer,
     HandoffIntent,
     HandoffOutbox,
     HandoffStatus,
     LeaseGuardCheckpointer,
+    Limits,
     RunStatus,
     Signal,
     Snapshot,
@@ -39,6 +41,7 @@ __all__ = [
     "Wake",
     "durable_of",
     "journal_store",
+    "limits_of",
     "merge_update",
     "next_signal",
     "send_signal",
@@ -88,6 +91,13 @@ def merge_update(graph: Graph[S, Any], state: S, update: object) -> S:
             return cast(S, dataclasses.replace(state, **updates))
         return cast(S, {**cast(Mapping[str, Any], state), **updates})
     return graph.reducer(state, cast(S, update))
+
+
+def limits_of(cp: Checkpointer[Any] | None) -> Limits:
+    """The limits of the checkpointer's store (the defaults for a store without a
+    ``BaseCheckpointer``)."""
+    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
+    return inner.limits if isinstance(inner, BaseCheckpointer) else Limits()
 
 
 def journal_store(cp: Checkpointer[Any] | None) -> DurableCheckpointer[Any] | None:
@@ -178,7 +188,8 @@ async def send_signal(
             f"{snap.reason!r:.80}); a signal to it would never be delivered"
         )
     signal = Signal(thread_id, name, payload, signal_id or uuid.uuid4().hex, sent_at=now)
-    stored = await durable.append_signal(signal)
+    taken = max(snap.signal_cursors.values(), default=0)
+    stored = await durable.append_signal(signal, taken=taken)
     snap, revision = await durable.load(thread_id)
     if (
         outbox is not None

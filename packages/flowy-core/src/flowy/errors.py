@@ -26,6 +26,7 @@ from ._errors import InvalidThreadIdError as InvalidThreadIdError
 from ._errors import LeaseError as LeaseError
 from ._errors import LeaseLostError as LeaseLostError
 from ._errors import LeaseRequiredError as LeaseRequiredError
+from ._errors import LimitError as LimitError
 from ._errors import MissingBindingError as MissingBindingError
 from ._errors import NoActiveExecutionError as NoActiveExecutionError
 from ._errors import NoRunContextError as NoRunContextError
@@ -65,6 +66,7 @@ __all__ = [
     "LeaseError",
     "LeaseLostError",
     "LeaseRequiredError",
+    "LimitError",
     "MissingBindingError",
     "NoActiveExecutionError",
     "NoRunContextError",

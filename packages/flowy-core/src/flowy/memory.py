@@ -284,11 +284,15 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         end = bisect.bisect_right(timers, (before, "\U0010ffff" * 2))
         return [Timer(thread_id, at) for at, thread_id in timers[: min(end, limit)]]
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         inbox = self.store.inboxes.setdefault(thread_id, _Inbox())
         seq = inbox.ids.get(signal_id)
         if seq is not None:
             return seq, False
+        if len(inbox.signals) >= max_seq:
+            return None
         inbox.signals.append(data)
         seq = inbox.ids[signal_id] = len(inbox.signals)
         return seq, True

@@ -207,12 +207,16 @@ class ToyCheckpointer(BaseCheckpointer[S]):
             )
             return [Timer(thread_id, at) for at, thread_id in due[:limit]]
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         async with self.store.atomic():
             inbox = self.store.inboxes.setdefault(thread_id, [])
             for seq, (stored_id, _) in enumerate(inbox, start=1):
                 if stored_id == signal_id:
                     return seq, False
+            if len(inbox) >= max_seq:
+                return None
             await self.store.round_trip()
             inbox.append((signal_id, data))
             return len(inbox), True

@@ -862,7 +862,9 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
         )
         return [Timer(thread_id, float(at)) for at, thread_id in timers[:limit]]
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         table = self.table
         seen_key = named_key(thread_id, SIGNAL_IDS, signal_id)
         named = {A.THREAD_ID: s(thread_id), A.SIGNAL_ID: s(signal_id)}
@@ -880,6 +882,8 @@ class DynamoCheckpointer(BaseCheckpointer[S], Generic[S]):
             if seen is not None:
                 return self._seen_seq(thread_id, signal_id, seen), False
             seq = (_seq_of(last[0]) if last else 0) + 1
+            if seq > max_seq:  # the transaction below fails if another took this number
+                return None
             if seq > MAX_SEQ:
                 raise StorageError(f"the inbox of thread {show_id(thread_id)} is full")
             signal = {PK: seen_key[PK], SK: s(_signal_sk(seq)), **named, A.DATA: {"B": data}}

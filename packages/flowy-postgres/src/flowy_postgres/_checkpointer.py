@@ -219,20 +219,24 @@ WHERE status IN ('suspended', 'waiting') AND status = ANY($1::text[])
 GROUP BY status
 """
         # Either the signal already there (added = false), or the new one numbered after
-        # the thread's last; no row when a racing sender took that number or id first.
+        # the thread's last, or (added = null) the last when the next would pass $6 (the
+        # inbox is full); no row when a racing sender took that number or id first.
         self.append_signal = f"""
 WITH found AS (
     SELECT seq FROM {n.signals}
     WHERE thread_key = $1 AND id_key = $3 AND thread_id = $2::text AND signal_id = $4::text
+), last AS (
+    SELECT coalesce(max(seq), 0) AS seq FROM {n.signals} WHERE thread_key = $1
 ), added AS (
     INSERT INTO {n.signals} (thread_key, seq, id_key, thread_id, signal_id, data)
     SELECT $1, last.seq + 1, $3, $2::text, $4::text, $5::bytea
-    FROM (SELECT coalesce(max(seq), 0) AS seq FROM {n.signals} WHERE thread_key = $1) AS last
-    WHERE NOT EXISTS (SELECT FROM found)
+    FROM last WHERE NOT EXISTS (SELECT FROM found) AND last.seq < $6::bigint
     ON CONFLICT DO NOTHING
     RETURNING seq
 )
 SELECT seq, true AS added FROM added UNION ALL SELECT seq, false FROM found
+UNION ALL SELECT seq, NULL FROM last
+WHERE NOT EXISTS (SELECT FROM found) AND last.seq >= $6::bigint
 """
         self.signals = f"""
 SELECT seq, data FROM {n.signals} WHERE thread_key = $1 AND thread_id = $2::text
@@ -389,13 +393,15 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         rows = await self.connector.fetch("list timers", self._sql.timers, before, limit, read=True)
         return [Timer(str(row[0]), float(row[1])) for row in rows]
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
-        args = (thread_key(thread_id), thread_id, text_key(signal_id), signal_id, data)
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
+        args = (thread_key(thread_id), thread_id, text_key(signal_id), signal_id, data, max_seq)
         action = f"signal thread {show_id(thread_id)}"
         while True:  # each empty answer means a racing signal committed: the next one sees it
             row = await self.connector.fetchrow(action, self._sql.append_signal, *args)
             if row is not None:
-                return int(row[0]), bool(row[1])
+                return None if row[1] is None else (int(row[0]), bool(row[1]))
 
     async def _read_signals(
         self, thread_id: str, after: int, limit: int

@@ -287,15 +287,17 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         )
         return [Timer(thread_id, wake_at) for wake_at, thread_id in due[:limit]]
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         keys = self.store.layout.thread(thread_id)
         seq, added = await self.store.run(
             SIGNAL,
             [keys.inbox, keys.sigids, keys.head],
-            [signal_id, data],
+            [signal_id, data, max_seq],
             lambda: f"signalling thread {show_id(thread_id)}",
         )
-        return int(seq), bool(added)
+        return None if int(added) < 0 else (int(seq), bool(added))
 
     async def _read_signals(
         self, thread_id: str, after: int, limit: int

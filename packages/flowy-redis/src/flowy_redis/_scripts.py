@@ -399,12 +399,14 @@ end
 SIGNAL = LuaScript(
     _ALIGN
     + """
--- KEYS: inbox, sigids, head.  ARGV: signal id, data.
--- Returns {seq, 1} once stored as the next signal, or {seq, 0} of the signal stored
--- before under this id (nothing written).
+-- KEYS: inbox, sigids, head.  ARGV: signal id, data, max seq.
+-- Returns {seq, 1} once stored as the next signal, {seq, 0} of the signal stored
+-- before under this id, or {last seq, -1} when the next would pass max seq (the
+-- inbox is full); the last two write nothing.
 local seq = redis.call('HGET', KEYS[2], ARGV[1])
 if seq then return {tonumber(seq), 0} end
 seq = redis.call('HLEN', KEYS[1]) + 1
+if seq > tonumber(ARGV[3]) then return {seq - 1, -1} end
 redis.call('HSET', KEYS[1], seq, ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], seq)
 align(KEYS[3], KEYS[1], KEYS[2])

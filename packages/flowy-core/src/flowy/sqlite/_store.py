@@ -283,8 +283,10 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
         )
         return [Timer(str(thread_id), float(at)) for thread_id, at in rows]
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
-        def body(conn: sqlite3.Connection) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
+        def body(conn: sqlite3.Connection) -> tuple[int, bool] | None:
             row = conn.execute(
                 "SELECT seq FROM flowy_signals WHERE thread_id = ? AND signal_id = ?",
                 (thread_id, signal_id),
@@ -296,6 +298,8 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
                 (thread_id,),
             ).fetchone()
             seq = int(last) + 1
+            if seq > max_seq:
+                return None
             conn.execute(
                 "INSERT INTO flowy_signals (thread_id, seq, signal_id, data) VALUES (?, ?, ?, ?)",
                 (thread_id, seq, signal_id, data),

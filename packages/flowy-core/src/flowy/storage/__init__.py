@@ -42,6 +42,9 @@ from ._durable import Timer as Timer
 from ._guard import LeaseGuardCheckpointer as LeaseGuardCheckpointer
 from ._intents import decode_intent as decode_intent
 from ._intents import encode_intent as encode_intent
+from ._limits import MAX_DEPTH as MAX_DEPTH
+from ._limits import MAX_TIMESTAMP as MAX_TIMESTAMP
+from ._limits import Limits as Limits
 from ._model import MAX_THREAD_ID_BYTES as MAX_THREAD_ID_BYTES
 from ._model import SYSTEM_LEASE_PREFIX as SYSTEM_LEASE_PREFIX
 from ._model import DeadLetter as DeadLetter
@@ -86,7 +89,9 @@ __all__ = [
     "BACKLOG_STATUSES",
     "ENTRY_POINT_GROUP",
     "FORMAT_VERSION",
+    "MAX_DEPTH",
     "MAX_THREAD_ID_BYTES",
+    "MAX_TIMESTAMP",
     "SCRATCH_PREFIX",
     "SYSTEM_LEASE_PREFIX",
     "ActivityRecord",
@@ -111,6 +116,7 @@ __all__ = [
     "JSONCodec",
     "Lease",
     "LeaseGuardCheckpointer",
+    "Limits",
     "LeaseManager",
     "MsgspecCodec",
     "OutboxConsumer",

@@ -16,10 +16,11 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 from .._errors import BackendURLError
 from .._types import S
+from ._limits import Limits
 
 __all__ = ["BaseBackend", "StoreURL", "redact_url"]
 
@@ -280,6 +281,19 @@ class BaseBackend(abc.ABC, Generic[S]):
     def closed(self) -> bool:
         """True once :meth:`aclose` was called."""
         return self._closed
+
+    @property
+    def limits(self) -> Limits:
+        """The limits of what the store keeps (``flowy.storage.Limits``): its
+        checkpointer's. Pass ``flowy.connect(url, limits=...)``, or set it before
+        building runners and workers on the backend (they use the limits it had then)."""
+        return cast(Any, self).checkpointer.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        if not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"limits must be a flowy.storage.Limits, got {limits!r:.80}")
+        cast(Any, self).checkpointer.limits = limits
 
     async def __aenter__(self) -> Self:
         return await self.open()

@@ -21,6 +21,7 @@ from .._errors import (
     ConcurrencyConflictError,
     FlowyError,
     LeaseLostError,
+    LimitError,
     SnapshotEnvelopeInvalidError,
     SnapshotTooLargeError,
     StorageError,
@@ -42,13 +43,13 @@ from ._durable import (
     Signal,
     Timer,
     check_key,
-    check_wake_at,
     decode_activity,
     decode_signal,
     encode_activity,
     encode_signal,
 )
 from ._intents import encode_intent
+from ._limits import Limits, check_time
 from ._model import (
     HandoffIntent,
     HandoffStatus,
@@ -237,14 +238,20 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
     Subclasses set ``domain`` (equal for every component of one store, so the runner
     knows this checkpointer fences that store's leases) and may set
     ``max_record_bytes``. ``codec`` encodes states (JSON when ``None``; the runner gives
-    a typed graph's state type).
+    a typed graph's state type); ``limits`` are the limits of what it stores
+    (``Limits()`` when ``None``).
     """
 
     domain: Hashable = None
     max_record_bytes: int | None = None
+    limits: Limits = Limits()
 
-    def __init__(self, *, codec: StateCodec[S] | None = None) -> None:
+    def __init__(self, *, codec: StateCodec[S] | None = None, limits: Limits | None = None) -> None:
         self.codec: StateCodec[S] | None = codec
+        if limits is not None:
+            if not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
+                raise TypeError(f"limits must be a flowy.storage.Limits, got {limits!r:.80}")
+            self.limits = limits
 
     # -- the primitives a store implements ---------------------------------------------
     @abc.abstractmethod
@@ -296,14 +303,18 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         never a scan of every thread."""
         raise self._missing("_timers", "timers")
 
-    async def _append_signal(self, thread_id: str, signal_id: str, data: bytes) -> tuple[int, bool]:
+    async def _append_signal(
+        self, thread_id: str, signal_id: str, data: bytes, max_seq: int
+    ) -> tuple[int, bool] | None:
         """Atomically add ``data`` to the thread's inbox as its next signal, unless one
-        with ``signal_id`` is there already.
+        with ``signal_id`` is there already, or the next number would be above
+        ``max_seq`` (the inbox is full).
 
         Signals of a thread are numbered 1, 2, 3, … in the order they are stored; a
         number is never reused while the thread exists, and signal ``n + 1`` is never
-        readable before signal ``n``. Returns ``(seq, True)`` once added, or the
-        existing signal's ``(seq, False)``, writing nothing.
+        readable before signal ``n``. Returns ``(seq, True)`` once added, the existing
+        signal's ``(seq, False)`` (even when full), or ``None`` when full; the last two
+        write nothing.
         """
         raise self._missing("_append_signal", "signals")
 
@@ -374,8 +385,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         wake_at: object = None,
         graph_version: object = "",
     ) -> ThreadSummary:
-        """A :class:`ThreadSummary` from raw stored columns; an unknown status raises
-        ``SnapshotEnvelopeInvalidError``.
+        """A :class:`ThreadSummary` from raw stored columns; an unknown status or a time
+        outside 0 .. ``MAX_TIMESTAMP`` raises ``SnapshotEnvelopeInvalidError``.
 
         Args:
             thread_id: the thread.
@@ -400,13 +411,15 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 reason=str(reason),
                 handoff_status=HandoffStatus(str(handoff_status)),
                 handoff_pending_at=(
-                    None if handoff_pending_at is None else float(str(handoff_pending_at))
+                    None
+                    if handoff_pending_at is None
+                    else check_time("handoff_pending_at", float(str(handoff_pending_at)))
                 ),
-                updated_at=float(str(updated_at)),
-                wake_at=None if wake_at is None else float(str(wake_at)),
+                updated_at=check_time("updated_at", float(str(updated_at))),
+                wake_at=None if wake_at is None else check_time("wake_at", float(str(wake_at))),
                 graph_version="" if graph_version is None else str(graph_version),
             )
-        except ValueError as exc:
+        except ValueError as exc:  # LimitError too: a time out of the stored range
             raise SnapshotEnvelopeInvalidError(
                 f"the head columns of thread {show_id(thread_id)} are invalid: {exc}"
             ) from exc
@@ -438,7 +451,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 "pointer; a stored head must name the node to resume at"
             )
         if snapshot.wake_at is not None:
-            check_wake_at(snapshot.wake_at, "the snapshot's wake_at")
+            check_time("the snapshot's wake_at", snapshot.wake_at)
         if lease is not None:
             check_lease(lease)
             if lease.thread_id != thread_id:
@@ -625,15 +638,29 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 )
         return {status: oldest[status] for status in sorted(oldest)}
 
-    async def append_signal(self, signal: Signal) -> Signal:
+    async def append_signal(self, signal: Signal, *, taken: int = 0) -> Signal:
         """Store ``signal`` in its thread's inbox, once per ``signal_id``: the signal as
-        stored (with its ``seq``), the first one's when the id was sent before."""
+        stored (with its ``seq``), the first one's when the id was sent before.
+
+        ``taken`` is the number of the newest signal the thread has taken (its highest
+        signal cursor): past it, the inbox holds at most ``limits.max_pending_signals``
+        signals, and another one is a :class:`flowy.errors.LimitError` (nothing stored).
+        """
         thread_id = validate_thread_id(signal.thread_id)
         check_key(signal.name, "signal name")
         check_key(signal.signal_id, "signal id")
-        check_wake_at(signal.sent_at, "sent_at")
-        data = encode_signal(signal)
-        seq, added = await self._append_signal(thread_id, signal.signal_id, data)
+        check_revision(taken, "taken")
+        limits = self.limits
+        data = encode_signal(signal, limits.max_signal_bytes)
+        max_seq = taken + limits.max_pending_signals
+        appended = await self._append_signal(thread_id, signal.signal_id, data, max_seq)
+        if appended is None:
+            raise LimitError(
+                f"the inbox of thread {show_id(thread_id)} is full: it holds "
+                f"{limits.max_pending_signals} signals the thread has not taken "
+                f"(Limits.max_pending_signals); signal {signal.name!r:.80} was not stored"
+            )
+        seq, added = appended
         if added:
             return Signal(
                 thread_id, signal.name, signal.payload, signal.signal_id, seq, signal.sent_at
@@ -660,7 +687,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Store ``record`` as the journal entry of ``thread_id`` under ``record.key``."""
         validate_thread_id(thread_id)
         check_key(record.key, "activity key")
-        await self._put_activity(thread_id, record.key, encode_activity(record))
+        data = encode_activity(record, self.limits.max_activity_bytes)
+        await self._put_activity(thread_id, record.key, data)
 
     async def get_activity(self, thread_id: str, key: str) -> ActivityRecord | None:
         """The journal entry ``key`` of ``thread_id``, or ``None``."""

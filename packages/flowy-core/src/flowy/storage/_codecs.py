@@ -55,9 +55,30 @@ def json_default(value: Any) -> Any:
     )
 
 
-JSON_ENCODER = json.JSONEncoder(default=json_default, separators=(",", ":"), ensure_ascii=False)
+JSON_ENCODER = json.JSONEncoder(
+    default=json_default, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
 """Compact JSON with :func:`json_default` (one instance: ``json.dumps`` with arguments
-builds a new encoder on every call)."""
+builds a new encoder on every call). NaN and infinities are refused (``ValueError``):
+standard JSON has no such numbers, so they would not load back as they were given."""
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_finite(value: object) -> None:
+    """``ValueError`` if the plain value ``value`` holds a NaN or an infinity."""
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                raise ValueError(f"{item!r} is not a JSON number; store only finite numbers")
+        elif isinstance(item, dict):
+            stack.extend(cast(dict[object, object], item).values())
+        elif isinstance(item, list | tuple):
+            stack.extend(cast(list[object], item))
 
 
 class _Mismatch(ValueError):
@@ -221,14 +242,15 @@ class JSONCodec(Generic[S]):
         self.state_type: Any = state_type
 
     def encode(self, state: S) -> bytes:
-        """Encode ``state`` as compact UTF-8 JSON; ``TypeError`` if a value is not encodable."""
+        """Encode ``state`` as compact UTF-8 JSON; ``TypeError`` if a value is not
+        encodable, ``ValueError`` for NaN, an infinity or an integer too long to read back."""
         return JSON_ENCODER.encode(state).encode()
 
     def decode(self, data: bytes) -> S:
         """Decode the JSON ``data`` (into ``state_type`` if given); ``ValueError`` if it is
         malformed or does not fit ``state_type``."""
         try:
-            value = json.loads(data)
+            value = json.loads(data, parse_constant=_no_constant)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"state is not valid JSON: {exc}") from exc
         if self.state_type is None:
@@ -271,11 +293,16 @@ class MsgspecCodec(Generic[S]):
         self.state_type: Any = state_type
 
     def encode(self, state: S) -> bytes:
-        """Encode ``state`` with msgspec; ``TypeError`` if a value is not encodable."""
+        """Encode ``state`` with msgspec; ``TypeError`` if a value is not encodable,
+        ``ValueError`` for NaN, an infinity (msgspec would write ``null``) or an integer
+        too long to read back."""
         try:
-            return cast(bytes, self._encoder.encode(state))
+            data = cast(bytes, self._encoder.encode(state))
+            if b"null" in data:  # a NaN or infinity is written as null: look for one
+                _check_finite(self._msgspec.to_builtins(state))
         except self._msgspec.EncodeError as exc:
             raise TypeError(str(exc)) from exc
+        return data
 
     def decode(self, data: bytes) -> S:
         """Decode ``data`` and validate it against ``state_type``; ``ValueError`` if it does

@@ -17,6 +17,7 @@ from typing import Any, cast
 from .._errors import BackendURLError
 from ._backend import BaseBackend, StoreURL
 from ._codecs import StateCodec
+from ._limits import Limits
 from ._protocols import Backend
 
 __all__ = ["ENTRY_POINT_GROUP", "Connecting", "connect", "register_backend", "schemes"]
@@ -114,9 +115,11 @@ def _parse(url: str) -> StoreURL:
     return StoreURL.parse(url)
 
 
-async def _open(url: str, codec: StateCodec[Any] | None) -> Backend[Any]:
+async def _open(url: str, codec: StateCodec[Any] | None, limits: Limits | None) -> Backend[Any]:
     parsed = _parse(url)
     backend = await _opener(parsed)(parsed, codec=codec)
+    if limits is not None:
+        backend.limits = limits
     await backend.open()
     return cast(Backend[Any], backend)
 
@@ -128,18 +131,24 @@ class Connecting:
     Args:
         url: the store URL (see :func:`connect`).
         codec: the state codec the backend is opened with.
+        limits: the limits of what the backend stores (``None``: the defaults).
     """
 
-    def __init__(self, url: str, codec: StateCodec[Any] | None) -> None:
+    def __init__(
+        self, url: str, codec: StateCodec[Any] | None, limits: Limits | None = None
+    ) -> None:
+        if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"limits must be a flowy.storage.Limits, got {limits!r:.80}")
         self._url = url
         self._codec = codec
+        self._limits = limits
         self._backend: Backend[Any] | None = None
 
     def __await__(self) -> Generator[Any, None, Backend[Any]]:
-        return _open(self._url, self._codec).__await__()
+        return _open(self._url, self._codec, self._limits).__await__()
 
     async def __aenter__(self) -> Backend[Any]:
-        self._backend = await _open(self._url, self._codec)
+        self._backend = await _open(self._url, self._codec, self._limits)
         return self._backend
 
     async def __aexit__(
@@ -152,7 +161,9 @@ class Connecting:
             await self._backend.aclose()
 
 
-def connect(url: str, *, codec: StateCodec[Any] | None = None) -> Connecting:
+def connect(
+    url: str, *, codec: StateCodec[Any] | None = None, limits: Limits | None = None
+) -> Connecting:
     """Open the store at ``url``.
 
     ::
@@ -167,11 +178,13 @@ def connect(url: str, *, codec: StateCodec[Any] | None = None) -> Connecting:
     (flowy-redis), ``dynamodb://TABLE?region=…`` (flowy-dynamodb). Store options are
     query parameters, documented per store in ``docs/storage.md``; an unknown one is an
     error. ``codec`` encodes states (by default the runner uses a typed graph's state
-    type). A new store gets its schema; an older schema needs ``await
+    type); ``limits`` sets the limits of what it stores (``flowy.storage.Limits``: the
+    longest sleep, pending signals per thread, the size of a signal and of an activity
+    result). A new store gets its schema; an older schema needs ``await
     backend.migrate()``.
 
     Raises ``BackendURLError`` for a malformed URL, an unknown scheme or option, or an
     adapter that is not installed (naming the ``pip install`` to run); passwords never
     appear in its message.
     """
-    return Connecting(url, codec)
+    return Connecting(url, codec, limits)

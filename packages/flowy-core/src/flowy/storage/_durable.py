@@ -10,24 +10,20 @@ every field and never executes anything.
 from __future__ import annotations
 
 import enum
-import json
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._errors import SnapshotEnvelopeInvalidError
 from .._types import JSON
 from ._intents import loads_bounded
+from ._limits import MAX_DEPTH, MAX_TIMESTAMP, MAX_VALUE_BYTES, check_depth, check_time, dump_json
 
 __all__ = [
     "MAX_KEY_BYTES",
-    "MAX_PAYLOAD_BYTES",
     "ActivityRecord",
     "ActivityStatus",
     "Signal",
     "Timer",
     "check_key",
-    "check_wake_at",
     "decode_activity",
     "decode_signal",
     "encode_activity",
@@ -37,12 +33,9 @@ __all__ = [
 MAX_KEY_BYTES = 1024
 """The longest signal name, signal id or activity key accepted, in UTF-8 bytes."""
 
-MAX_PAYLOAD_BYTES = 256 * 1024
-"""The largest encoded signal or activity record (its payload or result included)."""
-
-_MAX_DEPTH = 64
-# Plain JSON only (no conversions, no NaN): what is stored must load back as it was given.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_READ_BYTES = MAX_VALUE_BYTES + 64 * 1024
+# A stored document wraps its value (a payload, a result) in one object: one level more.
+_READ_DEPTH = MAX_DEPTH + 1
 
 
 def check_key(value: object, what: str) -> str:
@@ -61,15 +54,6 @@ def check_key(value: object, what: str) -> str:
     if size > MAX_KEY_BYTES:
         raise ValueError(f"{what} is {size} bytes long; the limit is {MAX_KEY_BYTES} bytes")
     return value
-
-
-def check_wake_at(value: object, what: str = "wake-up time") -> float:
-    """A finite time in seconds since the epoch."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{what} must be seconds since the epoch, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,29 +140,30 @@ class ActivityRecord:
         }
 
 
-def _dumps(document: Mapping[str, object], what: str) -> bytes:
-    try:
-        data = _ENCODER.encode(document).encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise TypeError(f"{what} is not JSON-encodable: {exc}") from exc
-    if len(data) > MAX_PAYLOAD_BYTES:
-        raise ValueError(
-            f"{what} is {len(data)} bytes encoded; the limit is {MAX_PAYLOAD_BYTES} bytes "
-            "(keep large data outside and send a reference)"
-        )
-    return data
-
-
 def _loads(data: bytes, what: str) -> dict[str, object]:
     try:
         document = loads_bounded(
-            bytes(data), max_bytes=MAX_PAYLOAD_BYTES + 1024, max_depth=_MAX_DEPTH, what=what
+            bytes(data), max_bytes=_READ_BYTES, max_depth=_READ_DEPTH, what=what
         )
     except ValueError as exc:
         raise SnapshotEnvelopeInvalidError(f"invalid stored {what}: {exc}") from None
     if not isinstance(document, dict):
         raise SnapshotEnvelopeInvalidError(f"invalid stored {what}: not a JSON object")
     return document  # pyright: ignore[reportUnknownVariableType]
+
+
+def _time(document: dict[str, object], name: str, what: str) -> float:
+    value = document.get(name)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= value <= MAX_TIMESTAMP
+    ):
+        raise SnapshotEnvelopeInvalidError(
+            f"invalid stored {what}: field {name!r} is not a time between 0 and "
+            f"{MAX_TIMESTAMP:.0f} ({value!r:.80})"
+        )
+    return float(value)
 
 
 def _get(
@@ -193,16 +178,26 @@ def _get(
     return value
 
 
-def encode_signal(signal: Signal) -> bytes:
-    """The bytes a store keeps for ``signal`` (its thread and seq are the store's keys)."""
-    return _dumps(
+def encode_signal(signal: Signal, max_bytes: int = MAX_VALUE_BYTES) -> bytes:
+    """The bytes a store keeps for ``signal`` (its thread and seq are the store's keys).
+
+    Raises ``TypeError`` if the payload is not JSON, :class:`flowy.errors.LimitError`
+    if it is nested more than ``MAX_DEPTH`` levels, holds NaN, an infinity or an
+    integer too long to read back, if ``sent_at`` is out of range, or if the encoded
+    signal is over ``max_bytes``.
+    """
+    what = f"the payload of signal {signal.name!r:.80}"
+    check_time("the signal's sent_at", signal.sent_at)
+    check_depth(what, signal.payload)
+    return dump_json(
+        what,
         {
             "name": signal.name,
             "signal_id": signal.signal_id,
             "payload": signal.payload,
             "sent_at": signal.sent_at,
         },
-        f"the payload of signal {signal.name!r:.80}",
+        max_bytes,
     )
 
 
@@ -216,13 +211,25 @@ def decode_signal(thread_id: str, seq: int, data: bytes) -> Signal:
         payload=doc.get("payload"),  # pyright: ignore[reportArgumentType]
         signal_id=str(_get(doc, "signal_id", str, "signal")),
         seq=seq,
-        sent_at=float(_get(doc, "sent_at", (int, float), "signal")),  # pyright: ignore[reportArgumentType]
+        sent_at=_time(doc, "sent_at", "signal"),
     )
 
 
-def encode_activity(record: ActivityRecord) -> bytes:
-    """The bytes a store keeps for ``record`` under its thread and key."""
-    return _dumps(record.as_json(), f"the record of activity {record.key!r:.80}")
+def encode_activity(record: ActivityRecord, max_bytes: int = MAX_VALUE_BYTES) -> bytes:
+    """The bytes a store keeps for ``record`` under its thread and key.
+
+    Raises ``TypeError`` if the result is not JSON, :class:`flowy.errors.LimitError`
+    if it is nested more than ``MAX_DEPTH`` levels, holds NaN, an infinity or an
+    integer too long to read back, if a time is out of range, or if the encoded record
+    is over ``max_bytes``.
+    """
+    what = f"the result of activity {record.key!r:.80}"
+    check_time("the activity's started_at", record.started_at)
+    check_time("the activity's updated_at", record.updated_at)
+    if record.retry_at is not None:
+        check_time("the activity's retry_at", record.retry_at)
+    check_depth(what, record.result)
+    return dump_json(what, record.as_json(), max_bytes)
 
 
 def decode_activity(data: bytes, *, key: str | None = None) -> ActivityRecord:
@@ -240,11 +247,7 @@ def decode_activity(data: bytes, *, key: str | None = None) -> ActivityRecord:
         status = ActivityStatus(str(_get(doc, "status", str, what)))
     except ValueError as exc:
         raise SnapshotEnvelopeInvalidError(f"invalid stored activity record: {exc}") from None
-    retry_at = doc.get("retry_at")
-    if retry_at is not None and (
-        isinstance(retry_at, bool) or not isinstance(retry_at, int | float)
-    ):
-        raise SnapshotEnvelopeInvalidError("invalid stored activity record: bad retry_at")
+    retry_at = None if doc.get("retry_at") is None else _time(doc, "retry_at", what)
     return ActivityRecord(
         key=stored_key,
         status=status,
@@ -252,7 +255,7 @@ def decode_activity(data: bytes, *, key: str | None = None) -> ActivityRecord:
         attempts=int(_get(doc, "attempts", int, what)),  # pyright: ignore[reportArgumentType]
         result=doc.get("result"),  # pyright: ignore[reportArgumentType]
         error=str(_get(doc, "error", str, what)),
-        started_at=float(_get(doc, "started_at", (int, float), what)),  # pyright: ignore[reportArgumentType]
-        updated_at=float(_get(doc, "updated_at", (int, float), what)),  # pyright: ignore[reportArgumentType]
-        retry_at=None if retry_at is None else float(retry_at),
+        started_at=_time(doc, "started_at", what),
+        updated_at=_time(doc, "updated_at", what),
+        retry_at=retry_at,
     )

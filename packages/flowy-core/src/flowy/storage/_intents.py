@@ -12,6 +12,7 @@ import time
 from typing import Any, cast
 
 from .._types import ResumeToken
+from ._limits import value_depth
 from ._model import HandoffIntent, HandoffStatus
 
 __all__ = ["MAX_INTENT_BYTES", "decode_intent", "encode_intent", "json_depth", "loads_bounded"]
@@ -21,23 +22,6 @@ MAX_INTENT_BYTES = 64 * 1024
 most 16 KiB)."""
 
 _MAX_DEPTH = 32
-
-
-def _depth(value: object, limit: int) -> int:
-    """Nesting depth of a decoded JSON value, stopping at ``limit`` (iterative)."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if level > deepest:
-            deepest = level
-            if deepest > limit:
-                return deepest
-        if isinstance(item, dict):
-            stack.extend((v, level + 1) for v in cast(dict[str, object], item).values())
-        elif isinstance(item, list):
-            stack.extend((v, level + 1) for v in cast(list[object], item))
-    return deepest
 
 
 _STRUCTURE = bytes(range(256)).translate(None, b'[]{}"\\')
@@ -75,18 +59,23 @@ def json_depth(data: bytes, limit: int) -> int:
     return deepest
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int, what: str) -> Any:
-    """``json.loads`` for untrusted bytes: size and nesting bounded, every failure a
+    """``json.loads`` for untrusted bytes: size and nesting bounded (``max_depth`` levels
+    of lists and objects), ``NaN`` and ``Infinity`` refused, every failure a
     ``ValueError`` naming ``what``."""
     if len(data) > max_bytes:
         raise ValueError(f"{what} is {len(data)} bytes; at most {max_bytes} are read")
     try:
-        value = json.loads(data)
+        value = json.loads(data, parse_constant=_no_constant)
     except RecursionError:
         raise ValueError(f"{what} is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, int digit limit
         raise ValueError(f"{what} is not valid JSON: {exc}") from None
-    if _depth(value, max_depth) > max_depth:
+    if value_depth(value, max_depth) > max_depth:
         raise ValueError(f"{what} is nested more than {max_depth} levels deep")
     return value
 

@@ -144,11 +144,13 @@ class DurableCheckpointer(Checkpointer[S], Protocol[S]):
         saved with the head, in the same write."""
         ...
 
-    async def append_signal(self, signal: Signal) -> Signal:
+    async def append_signal(self, signal: Signal, *, taken: int = 0) -> Signal:
         """Store ``signal`` in its thread's inbox, numbered after the thread's earlier
         signals; a second signal with the same ``signal_id`` stores nothing and returns
         the first as stored. Numbers run 1, 2, 3, … per thread, never repeat while the
-        thread exists, and number ``n + 1`` is never readable before ``n``."""
+        thread exists, and number ``n + 1`` is never readable before ``n``. Past
+        ``taken`` (the newest signal the thread took) the inbox holds at most
+        ``limits.max_pending_signals``: another is a ``LimitError``, storing nothing."""
         ...
 
     async def signals(self, thread_id: str, *, after: int = 0, limit: int = 100) -> list[Signal]:

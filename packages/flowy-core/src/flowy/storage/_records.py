@@ -17,17 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .._errors import SnapshotEnvelopeInvalidError
+from .._errors import LimitError, SnapshotEnvelopeInvalidError
 from .._types import JSON, S
 from ._codecs import JSON_ENCODER, JSONCodec, StateCodec
 from ._intents import json_depth, loads_bounded
+from ._limits import MAX_DEPTH, MAX_TIMESTAMP, check_depth, check_time
 from ._model import HandoffStatus, RunStatus, Snapshot
 
 __all__ = [
     "FORMAT_VERSION",
     "MAX_HEADER_BYTES",
-    "MAX_HEADER_DEPTH",
-    "MAX_STATE_DEPTH",
     "DecodeRecordOptions",
     "Record",
     "decode_record",
@@ -40,13 +39,10 @@ FORMAT_VERSION = 1
 """The envelope format this code writes and reads (a record's fifth byte)."""
 _JSON_CODECS = frozenset({"json", "msgspec-json"})
 MAX_HEADER_BYTES = 1024 * 1024
-"""The largest record header decoded (thread id, pointer, metadata, effects)."""
-MAX_HEADER_DEPTH = 64
-"""The deepest nesting a record header may have (metadata and effects included)."""
-MAX_STATE_DEPTH = 100
-"""The deepest nesting a JSON-encoded state may have. A deeper state is refused at save
-time: it could be written, but decoding it later (deep in a worker's call stack) would
-fail, leaving a thread that can never be loaded again."""
+"""The largest record header written and read (thread id, pointer, metadata, effects)."""
+# The header object holds the effects list, which holds each effect (of at most
+# MAX_DEPTH levels): two levels of envelope.
+_HEADER_DEPTH = MAX_DEPTH + 2
 _MAGIC = b"FLWY"
 _DIGEST = 16
 _U32 = struct.Struct(">I")
@@ -159,6 +155,11 @@ class Record:
                 f"record of thread {self.thread_id!r} rev {self.revision} was written with "
                 f"codec {self.codec!r} but is read with {c.name!r}; configure the same codec"
             )
+        if c.name in _JSON_CODECS and json_depth(self.state, MAX_DEPTH) > MAX_DEPTH:
+            raise SnapshotEnvelopeInvalidError(
+                f"state of thread {self.thread_id!r:.200} rev {self.revision} is nested more "
+                f"than {MAX_DEPTH} levels deep"
+            )
         try:
             state = c.decode(self.state)
         except RecursionError:
@@ -215,25 +216,37 @@ class DecodeRecordOptions:
 def encode_record(record: Record) -> bytes:
     """Encode ``record`` into envelope bytes.
 
-    Raises ``TypeError`` if its metadata or effects are not JSON-encodable.
+    Raises ``TypeError`` if its metadata or effects are not JSON-encodable, and
+    :class:`flowy.errors.LimitError` if one is past a limit (``flowy.storage.Limits``:
+    nesting, size, NaN, a time out of range).
     """
     return _envelope(record, record.revision, record.codec, record.state, record.format_version)
 
 
 def _encode_state(snapshot: Snapshot[S], codec: StateCodec[S] | None) -> tuple[str, bytes]:
     """``(codec name, encoded state)`` of ``snapshot``; ``TypeError`` if the codec cannot
-    encode it, ``ValueError`` if a JSON state is nested too deeply to load back."""
+    encode it, :class:`LimitError` if it holds a value that would not load back (NaN, an
+    infinity, an integer too long) or a JSON state is nested too deeply to load back."""
     c: StateCodec[Any] = codec if codec is not None else JSONCodec()
     try:
         state = c.encode(snapshot.state)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise LimitError(
+            f"the state of thread {snapshot.thread_id!r:.200} is nested too deeply to encode; "
+            f"flowy stores at most {MAX_DEPTH} levels"
+        ) from None
+    except TypeError as exc:
         raise TypeError(
             f"cannot encode the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
         ) from exc
-    if c.name in _JSON_CODECS and json_depth(state, MAX_STATE_DEPTH) > MAX_STATE_DEPTH:
-        raise ValueError(
+    except ValueError as exc:
+        raise LimitError(
+            f"cannot store the state of thread {snapshot.thread_id!r:.200} with {c!r}: {exc}"
+        ) from None
+    if c.name in _JSON_CODECS and json_depth(state, MAX_DEPTH) > MAX_DEPTH:
+        raise LimitError(
             f"the state of thread {snapshot.thread_id!r:.200} is nested more than "
-            f"{MAX_STATE_DEPTH} levels deep; it could not be loaded back reliably. "
+            f"{MAX_DEPTH} levels deep; it could not be loaded back reliably. "
             "Flatten it, or keep the deep part outside the state"
         )
     return c.name, state
@@ -244,6 +257,12 @@ def _envelope(
 ) -> bytes:
     """The record bytes of ``source``'s header fields (those a :class:`Record` and a
     :class:`Snapshot` share) at ``revision``, with ``state`` encoded by ``codec``."""
+    thread = f"thread {source.thread_id!r:.200}"
+    check_time(f"the updated_at of {thread}", source.updated_at)
+    if source.handoff_pending_at is not None:
+        check_time(f"the handoff_pending_at of {thread}", source.handoff_pending_at)
+    if source.wake_at is not None:
+        check_time(f"the wake_at of {thread}", source.wake_at)
     fields: dict[str, object] = {
         "thread_id": source.thread_id,
         "revision": revision,
@@ -283,15 +302,32 @@ def _envelope(
         fields["nested"] = dict(source.nested)
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
+    except (TypeError, RecursionError) as exc:
+        _check_header_depth(source, thread)
         raise TypeError(
-            f"cannot encode the run metadata or effects of thread {fields['thread_id']!r:.200} "
-            f"as JSON: {exc}"
+            f"cannot encode the run metadata or effects of {thread} as JSON: {exc}"
         ) from exc
+    except ValueError as exc:  # NaN, an infinity, an integer too long to read back
+        raise LimitError(f"cannot store the run metadata or effects of {thread}: {exc}") from None
+    if header.count(b"[") + header.count(b"{") > MAX_DEPTH:  # only then can one be too deep
+        _check_header_depth(source, thread)
+    if len(header) > MAX_HEADER_BYTES:
+        raise LimitError(
+            f"the run metadata and effects of {thread} are {len(header)} bytes encoded; "
+            f"a record stores at most {MAX_HEADER_BYTES} (keep large data outside)"
+        )
     body = b"".join(
         (_MAGIC, bytes((version,)), _U32.pack(len(header)), header, _U32.pack(len(state)), state)
     )
     return body + _digest(body)
+
+
+def _check_header_depth(source: Record | Snapshot[Any], thread: str) -> None:
+    """``LimitError`` naming the header value nested more than ``MAX_DEPTH`` levels."""
+    check_depth(f"the run metadata of {thread}", dict(source.metadata))
+    for effect in source.effects:
+        check_depth(f"an effect of {thread}", effect)
+    check_depth(f"the subgraph position of {thread}", dict(source.nested))
 
 
 def _invalid(msg: str) -> SnapshotEnvelopeInvalidError:
@@ -303,6 +339,17 @@ def _field(header: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise _invalid(f"header field {name!r} is missing or has the wrong type ({value!r})")
     return value
+
+
+def _time(header: dict[str, Any], name: str, *, optional: bool = True) -> float | None:
+    value = header.get(name)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _invalid(f"{name} must be a number{' or null' if optional else ''}")
+    if not 0 <= value <= MAX_TIMESTAMP:
+        raise _invalid(f"{name} {value!r} is not a time between 0 and {MAX_TIMESTAMP:.0f}")
+    return float(value)
 
 
 def decode_record(
@@ -332,7 +379,7 @@ def decode_record(
         raise _invalid("state length does not match the record size")
     try:
         header = loads_bounded(
-            buf[9:hend], max_bytes=MAX_HEADER_BYTES, max_depth=MAX_HEADER_DEPTH, what="header"
+            buf[9:hend], max_bytes=MAX_HEADER_BYTES, max_depth=_HEADER_DEPTH, what="header"
         )
     except ValueError as exc:
         raise _invalid(str(exc)) from None
@@ -365,12 +412,9 @@ def decode_record(
         for v in cast(dict[str, Any], retry_counts).values()
     ):
         raise _invalid("retry_counts must map node names to integers")
-    pending_at = h.get("handoff_pending_at")
-    if pending_at is not None and not isinstance(pending_at, int | float):
-        raise _invalid("handoff_pending_at must be a number or null")
-    wake_at = h.get("wake_at")
-    if wake_at is not None and (isinstance(wake_at, bool) or not isinstance(wake_at, int | float)):
-        raise _invalid("wake_at must be a number or null")
+    pending_at = _time(h, "handoff_pending_at")
+    wake_at = _time(h, "wake_at")
+    updated_at = _time(h, "updated_at", optional=False)
     waiting_for = h.get("waiting_for", "")
     on_timeout = h.get("on_timeout", "")
     if not isinstance(waiting_for, str) or not isinstance(on_timeout, str):
@@ -419,12 +463,12 @@ def decode_record(
         budget_counts=cast(dict[str, int], budget_counts),
         metadata=_field(h, "metadata", dict),
         handoff_status=handoff_status,
-        handoff_pending_at=None if pending_at is None else float(pending_at),
-        updated_at=float(_field(h, "updated_at", (int, float))),
+        handoff_pending_at=pending_at,
+        updated_at=updated_at if updated_at is not None else 0.0,
         write_id=_field(h, "write_id", str),
         effects=tuple(cast(list[JSON], effects)),
         retry_counts=cast(dict[str, int], retry_counts),
-        wake_at=None if wake_at is None else float(wake_at),
+        wake_at=wake_at,
         waiting_for=waiting_for,
         on_timeout=on_timeout,
         signal_cursors=cast(dict[str, int], cursors),
@@ -448,7 +492,10 @@ def encode_snapshot(
 
     Raises:
         TypeError: the state, metadata or effects cannot be encoded.
-        ValueError: a JSON state is nested more than ``MAX_STATE_DEPTH`` levels deep.
+        flowy.errors.LimitError: a value is past a limit (also a ``ValueError``): a JSON
+            state, the metadata or an effect nested more than ``MAX_DEPTH`` levels
+            deep, NaN, an infinity or an integer too long to read back, a time out of
+            range, or metadata and effects over ``MAX_HEADER_BYTES``.
     """
     name, state = _encode_state(snapshot, codec)
     return _envelope(snapshot, revision, name, state, FORMAT_VERSION)

@@ -29,6 +29,7 @@ from ._durable import *  # noqa: F403
 from ._fanout import *  # noqa: F403
 from ._fork import *  # noqa: F403
 from ._leases import *  # noqa: F403
+from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
 from ._scratch import *  # noqa: F403
@@ -49,6 +50,7 @@ __all__ = [
     "HistorySuite",
     "JournalSuite",
     "LeaseSuite",
+    "LimitsSuite",
     "LineageSuite",
     "OutboxSuite",
     "ScratchSuite",
