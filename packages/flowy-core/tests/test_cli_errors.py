@@ -180,6 +180,11 @@ def test_a_missing_adapter_names_its_install(url: str, needles: list[str]) -> No
         ("nosuch://u:s3cr3t-pw@host/x", ["unknown store scheme 'nosuch'"]),
         ("sqlite://u:s3cr3t-pw@host/x.db", ["a SQLite URL names a local file"]),
         ("memory://?max_attempts=0&x=1", ["unknown option(s) x"]),
+        ("redis:6379", ["'redis:6379' is not a store URL", "redis: needs //"]),
+        ("localhost", ["'localhost' is not a store URL"]),
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:99999/db", ["port '99999'", "from 1 to 65535"]),
+        ("redis://:s3cr3t-pw@127.0.0.1:70000/0", ["port '70000'", "from 1 to 65535"]),
+        ("memory://?max_attempts=" + "9" * 5000, ["max_attempts", "from 1 to 2147483647"]),
     ],
 )
 def test_a_malformed_backend_url_is_a_usage_error(url: str, needles: list[str]) -> None:

@@ -151,8 +151,8 @@ def _choice(text: str) -> str:
 
 def _skew(text: str) -> float:
     value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    if not 0 <= value <= 3600:
+        raise ValueError(f"expected a number of seconds from 0 to 3600, got {text[:40]!r}")
     return value
 
 
@@ -191,7 +191,8 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Dynam
         "max_attempts": url.count("max_attempts", 5),
         "max_workers": workers,
         "clock_skew": url.option("clock_skew", _skew, 2.0),
-        "expire_after": url.seconds("expire_after", 0.0) or None,
+        "expire_after": url.seconds("expire_after", 0.0, maximum=StoreURL.MAX_RETENTION_SECONDS)
+        or None,
         "poll_interval": url.seconds("poll_interval", 0.5),
     }
     try:
