@@ -201,6 +201,8 @@ async def test_a_bare_path_ending_in_db_or_sqlite_is_a_sqlite_file(
         "redis://127.0.0.1:" + "9" * 5000,
         "redis://127.0.0.1:port",
         "redis+cluster://[::1]:99999",
+        "postgresql://app:s3cr3t-pw@127.0.0.1/app?port=99999",
+        "postgresql://app@/app?host=h1,h2&port=5432,0",
     ],
 )
 async def test_an_out_of_range_port_is_a_backend_url_error(url: str) -> None:
@@ -249,3 +251,20 @@ def test_contention_errors_share_a_base() -> None:
         assert issubclass(error, flowy.ThreadContentionError)
     assert issubclass(flowy.ThreadLeaseBusyError, flowy.LeaseError)
     assert issubclass(flowy.errors.InvalidThreadIdError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [
+        ("postgresql://postgres@127.0.0.1:5432/test?pool_size=1001", "pool_size"),
+        ("postgresql://postgres@127.0.0.1:5432/test?pool_size=2147483647", "pool_size"),
+        ("dynamodb://jobs?region=eu-west-1&max_workers=1001", "max_workers"),
+        ("dynamodb://jobs?region=eu-west-1&clock_skew=1e300", "clock_skew"),
+        ("dynamodb://jobs?region=eu-west-1&expire_after=1e300", "expire_after"),
+        ("redis://127.0.0.1:6379/0?completed_ttl=1e300", "completed_ttl"),
+    ],
+)
+async def test_adapter_options_are_bounded(url: str, option: str) -> None:
+    # Refused while parsing the URL: nothing is opened (a pool of 2**31 connections was).
+    with pytest.raises(BackendURLError, match=f"option {option}="):
+        await flowy.connect(url)

@@ -177,7 +177,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Dynam
             f"{url.redacted!r} names no DynamoDB table; use dynamodb://TABLE?region=... "
             "(3-255 letters, digits, '_', '-', '.')"
         )
-    workers = url.count("max_workers", 16)
+    workers = url.count("max_workers", 16, maximum=1000)
     settings: dict[str, Any] = {
         "region": url.options.get("region"),
         "endpoint_url": url.options.get("endpoint_url"),

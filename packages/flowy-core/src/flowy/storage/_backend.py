@@ -89,10 +89,10 @@ def _seconds(text: str, maximum: float = MAX_OPTION_SECONDS) -> float:
     return value
 
 
-def _count(text: str) -> int:
+def _count(text: str, maximum: int = MAX_OPTION_COUNT) -> int:
     stripped = text.strip()
-    if len(stripped) > 12 or not (stripped.isdecimal() and 1 <= int(stripped) <= MAX_OPTION_COUNT):
-        raise ValueError(f"expected a whole number from 1 to {MAX_OPTION_COUNT}, got {text[:40]!r}")
+    if len(stripped) > 12 or not (stripped.isdecimal() and 1 <= int(stripped) <= maximum):
+        raise ValueError(f"expected a whole number from 1 to {maximum}, got {text[:40]!r}")
     return int(stripped)
 
 
@@ -164,6 +164,8 @@ class StoreURL:
             if name in options:
                 raise BackendURLError(f"option {name!r} is given twice in {redact_url(url)!r}")
             options[name] = value
+        if "port" in options:  # a driver's own option (PostgreSQL): host:port pairs too
+            _check_ports(url, ",".join(":" + p for p in options["port"].split(",")))
         return cls(url, parts.scheme.lower(), parts.netloc, parts.path, options)
 
     @property
@@ -215,10 +217,10 @@ class StoreURL:
         days unless given), or ``default``; any other text is a ``BackendURLError``."""
         return self.option(name, lambda text: _seconds(text, maximum), default)
 
-    def count(self, name: str, default: int) -> int:
-        """The option ``name`` as a whole number >= 1, or ``default``; any other text is
-        a ``BackendURLError``."""
-        return self.option(name, _count, default)
+    def count(self, name: str, default: int, *, maximum: int = MAX_OPTION_COUNT) -> int:
+        """The option ``name`` as a whole number from 1 to ``maximum`` (2**31 - 1 unless
+        given), or ``default``; any other text is a ``BackendURLError``."""
+        return self.option(name, lambda text: _count(text, maximum), default)
 
 
 class BaseBackend(abc.ABC, Generic[S]):
