@@ -316,6 +316,18 @@ def test_no_command_prints_the_store_password(store_with_password: Store) -> Non
     assert runs[0].returncode == 0, runs[0].stderr
     assert "dl" in runs[0].stdout
     assert [run.returncode for run in runs[-5:]] == [1, 1, 2, 2, 2]
+    checked = store.flowy(
+        *("check", "check_graphs:unsafe_shop", "--scenario", "check_graphs:shop_scenario"),
+        *("--seeds", "50"),
+        timeout=300,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "on postgresql://postgres:***@" in checked.stdout
+    assert (
+        "replay: flowy check" in checked.stdout
+        and "--backend postgresql://postgres:***@" in checked.stdout
+    )
+    runs.append(checked)
     for run in runs:
         assert PLANTED not in run.stdout + run.stderr, (run.args, run.stdout, run.stderr)
         assert urllib.parse.quote(PLANTED) not in run.stdout + run.stderr

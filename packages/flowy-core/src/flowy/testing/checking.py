@@ -73,6 +73,7 @@ from ..storage import (
     OutboxMessage,
     Snapshot,
     connect,
+    redact_url,
 )
 
 __all__ = [
@@ -1104,7 +1105,7 @@ async def acheck(
     where = (
         "memory://"
         if store is None
-        else store
+        else redact_url(store)
         if isinstance(store, str)
         else getattr(store, "__name__", "a store")
     )
@@ -1167,7 +1168,7 @@ def _failure(
         violations=tuple(outcome.violations),
         history=tuple(outcome.history),
         replay=_replay_line(
-            graph_spec, scenario, store if isinstance(store, str) else None, text, seed
+            graph_spec, scenario, redact_url(store) if isinstance(store, str) else None, text, seed
         ),
         found_with=max(found_with, len(schedule)),
     )
