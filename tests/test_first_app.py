@@ -308,6 +308,27 @@ async def test_bad_input_is_a_400_and_an_unusable_thread_id_a_404(
     assert too_long.status_code == 400, too_long.text
 
 
+async def test_the_worker_never_prints_the_store_password(tmp_path: Path) -> None:
+    # PostgreSQL here trusts local connections, so a URL with any password connects.
+    planted = "pl4nted-Secret-9x"
+    dsn = os.environ.get("FLOWY_POSTGRES_DSN") or POSTGRES_DSN
+    if not os.environ.get("FLOWY_POSTGRES_DSN") and not port_open("127.0.0.1", 5432):
+        backend_missing("PostgreSQL is not on 127.0.0.1:5432 and FLOWY_POSTGRES_DSN is unset")
+    schema = f"approvals_{uuid.uuid4().hex[:12]}"
+    url = f"{dsn}{'&' if '?' in dsn else '?'}schema={schema}".replace(
+        "postgres@", f"postgres:{planted}@", 1
+    )
+    assert planted in url
+    process = WorkerProcess(url, tmp_path / "payments.db", tmp_path / "worker.log")
+    try:
+        await process.start()
+        output = await process.stop()
+    finally:
+        await drop_schema(dsn, schema)
+    assert "waiting for payments" in output and "postgres:***@" in output, output
+    assert planted not in output, output
+
+
 # -- the guide is the app ------------------------------------------------------------
 
 SECTION_OR_BLOCK = re.compile(r"^(##[^#\n][^\n]*)$|^```(\w*)\n(.*?)^```$", re.M | re.S)

@@ -12,7 +12,7 @@ import os
 import signal
 
 import flowy
-from flowy.storage import HandoffIntent
+from flowy.storage import HandoffIntent, redact_url
 
 from .graph import PAYMENTS, Expense, Payments, graph, store_url
 
@@ -47,7 +47,8 @@ async def serve(backend_url: str, payments_path: str, owner: str | None = None) 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)  # stop claiming, drain, return
-        print(f"worker {worker.owner} on {backend.url}: waiting for payments", flush=True)
+        where = redact_url(backend.url)  # never print a password
+        print(f"worker {worker.owner} on {where}: waiting for payments", flush=True)
         await worker.run()
         print(f"worker {worker.owner} stopped", flush=True)
 

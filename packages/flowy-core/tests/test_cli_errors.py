@@ -43,6 +43,14 @@ def _files(directory: Path) -> dict[str, str]:
 
 # ---------------------------------------------------------------- one-line mistakes
 
+_HUGE = "9" * 5000
+_OUT_OF_RANGE = [
+    (_HUGE, ["--overlay holds a number out of range", "an integer of 5000 digits"]),
+    ("Infinity", ["--overlay holds a number out of range", "Infinity"]),
+    ("NaN", ["--overlay holds a number out of range", "NaN"]),
+    ("1e999", ["--overlay holds a number out of range", "1e999"]),
+]
+
 
 @pytest.mark.parametrize(
     ("args", "code", "needles"),
@@ -96,6 +104,31 @@ def _files(directory: Path) -> dict[str, str]:
         (["worker", "--graph", GRAPH, "--poll-interval", "0"], 2, ["--poll-interval"]),
         (["worker", "--graph", GRAPH, "--concurrency", "1e3"], 2, ["--concurrency"]),
         (["recover", "--stale-after", "NaN"], 2, ["--stale-after"]),
+        *[
+            (["resume", "susp@2", "--graph", GRAPH, "--overlay", f'{{"n": {number}}}'], 2, needles)
+            for number, needles in _OUT_OF_RANGE
+        ],
+        *[
+            (["signal", "susp", "go", "--json", f"[{number}]"], 2, ["--json", *needles[1:]])
+            for number, needles in _OUT_OF_RANGE
+        ],
+        (
+            [
+                *("fork", "susp", "--revision", "2", "--new-thread", "f", "--graph", GRAPH),
+                *("--overlay", f'{{"n": -{_HUGE}}}'),
+            ],
+            2,
+            ["--overlay holds a number out of range", "5000 digits"],
+        ),
+        (["threads", "--limit", _HUGE], 2, ["--limit", "from 1 to 1000000"]),
+        (["history", "susp", "--limit", "-" + _HUGE], 2, ["--limit", "from 1 to 1000000"]),
+        (["worker", "--graph", GRAPH, "--concurrency", _HUGE], 2, ["--concurrency", "1 to 1000"]),
+        (["worker", "--graph", GRAPH, "--idle-wait", _HUGE], 2, ["--idle-wait", "at most"]),
+        (["worker", "--graph", GRAPH, "--lease-ttl", "1e400"], 2, ["--lease-ttl", "at most"]),
+        (["resume", "susp", "--revision", _HUGE, "--graph", GRAPH], 2, ["--revision", "from 1"]),
+        (["ui", "--port", _HUGE], 2, ["--port"]),
+        (["ui", "--port", "99999"], 2, ["--port", "from 0 to 65535"]),
+        (["check", GRAPH, "--seed", _HUGE], 2, ["--seed", "from 0 to 1000000"]),
         (["show", "susp", "--codec", "core_graphs:merge"], 2, ["--codec"]),
         (["show", "susp", "--codec", "json:dumps"], 2, ["--codec"]),
     ],
@@ -180,6 +213,11 @@ def test_a_missing_adapter_names_its_install(url: str, needles: list[str]) -> No
         ("nosuch://u:s3cr3t-pw@host/x", ["unknown store scheme 'nosuch'"]),
         ("sqlite://u:s3cr3t-pw@host/x.db", ["a SQLite URL names a local file"]),
         ("memory://?max_attempts=0&x=1", ["unknown option(s) x"]),
+        ("redis:6379", ["'redis:6379' is not a store URL", "redis: needs //"]),
+        ("localhost", ["'localhost' is not a store URL"]),
+        ("postgresql://u:s3cr3t-pw@127.0.0.1:99999/db", ["port '99999'", "from 1 to 65535"]),
+        ("redis://:s3cr3t-pw@127.0.0.1:70000/0", ["port '70000'", "from 1 to 65535"]),
+        ("memory://?max_attempts=" + "9" * 5000, ["max_attempts", "from 1 to 2147483647"]),
     ],
 )
 def test_a_malformed_backend_url_is_a_usage_error(url: str, needles: list[str]) -> None:
@@ -187,6 +225,17 @@ def test_a_malformed_backend_url_is_a_usage_error(url: str, needles: list[str]) 
         proc = run_flowy("threads", *args, env=env)
         assert_one_line_error(proc, 2, *needles)
         assert "s3cr3t-pw" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["threads"], ["show", "t"], ["history", "t"], ["timers"], ["dead-letters"]]
+)
+def test_an_unreachable_store_on_a_read_speaks_of_reading(args: list[str]) -> None:
+    # Nothing listens on port 1: the read fails, and its message says nothing of saves.
+    proc = run_flowy(*args, "--backend", "redis://127.0.0.1:1/0", timeout=120)
+    assert_one_line_error(proc, 1, "Redis was unavailable", "nothing was read")
+    for wrong in ("save", "durable_save", "outcome may be unknown"):
+        assert wrong not in proc.stderr, proc.stderr
 
 
 def test_sqlite_options_in_the_url(db: str) -> None:

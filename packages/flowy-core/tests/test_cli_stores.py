@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from cli_support import (
     load,
     park_two,
     populate,
+    run_flowy,
 )
 from stores_support import SHARED_STORES, Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
@@ -273,3 +275,59 @@ def test_fork_history_diff_and_threads_by_version(store: Store, threads: Threads
     diff = json.loads(store.flowy("history", "susp", "--diff", "--json").stdout)
     assert [row["revision"] for row in diff] == list(range(2, threads.susp_revision + 1))
     assert store.flowy("history", "susp", "--diff").returncode == 0
+
+
+# ------------------------------------------------------------------------- secrets
+
+PLANTED = "pl4nted-Secret-9x"
+"""A password in the store URL (PostgreSQL here trusts local connections, so any
+password connects); no command may print it."""
+
+
+@pytest.fixture(params=["postgres"])
+def store_with_password(request: pytest.FixtureRequest) -> Iterator[Store]:
+    with fresh_store(request, "secret") as made:
+        parts = urllib.parse.urlsplit(made.url)
+        netloc = f"{parts.username or 'postgres'}:{PLANTED}@{parts.hostname}:{parts.port or 5432}"
+        yield Store(made.name, urllib.parse.urlunsplit(parts._replace(netloc=netloc)), made.env)
+
+
+def test_no_command_prints_the_store_password(store_with_password: Store) -> None:
+    store = store_with_password
+    with environment(store):
+        asyncio.run(populate(store.url))
+    unreachable = store.url.replace(":5432/", ":1/")
+    runs = [
+        store.flowy("threads"),
+        store.flowy("threads", "--json"),
+        store.flowy("show", "dl"),
+        store.flowy("show", "ho", "--json"),
+        store.flowy("history", "ho"),
+        store.flowy("dead-letters"),
+        store.flowy("timers"),
+        store.flowy("recover", "--thread", "orph"),
+        store.flowy("worker", "--graph", GRAPH, "--once"),
+        store.flowy("show", "nope"),
+        run_flowy("threads", "--backend", unreachable, timeout=120),
+        run_flowy("threads", "--backend", store.url + "&bogus=1"),
+        run_flowy("threads", "--backend", store.url.replace(":5432/", ":99999/")),
+        run_flowy("threads", env={"FLOWY_BACKEND": store.url + "&pool_size=0"}),
+    ]
+    assert runs[0].returncode == 0, runs[0].stderr
+    assert "dl" in runs[0].stdout
+    assert [run.returncode for run in runs[-5:]] == [1, 1, 2, 2, 2]
+    checked = store.flowy(
+        *("check", "check_graphs:unsafe_shop", "--scenario", "check_graphs:shop_scenario"),
+        *("--seeds", "50"),
+        timeout=300,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "on postgresql://postgres:***@" in checked.stdout
+    assert (
+        "replay: flowy check" in checked.stdout
+        and "--backend postgresql://postgres:***@" in checked.stdout
+    )
+    runs.append(checked)
+    for run in runs:
+        assert PLANTED not in run.stdout + run.stderr, (run.args, run.stdout, run.stderr)
+        assert urllib.parse.quote(PLANTED) not in run.stdout + run.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +151,88 @@ def test_store_url_option_helpers() -> None:
         url.count("huge", 1)
     with pytest.raises(BackendURLError, match="positive"):
         StoreURL.parse("x://h?s=0").seconds("s", 1.0)
-    with pytest.raises(BackendURLError, match=">= 1"):
+    with pytest.raises(BackendURLError, match="from 1 to"):
         StoreURL.parse("x://h?n=0").count("n", 1)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis:6379",
+        "localhost",
+        "flowy",
+        "data/notes.txt",
+        "sqlite:flowy.db",
+        "postgresql:app.db",
+    ],
+)
+async def test_a_string_that_is_not_a_url_opens_nothing(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BackendURLError, match="is not a store URL") as caught:
+        await flowy.connect(url)
+    assert "scheme://" in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert os.listdir(tmp_path) == []  # no SQLite file named after the typo
+
+
+async def test_a_bare_path_ending_in_db_or_sqlite_is_a_sqlite_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.db", "b.sqlite", str(tmp_path / "c.DB")):
+        async with flowy.connect(name) as backend:
+            assert isinstance(backend, SQLiteBackend)
+    assert sorted(name for name in os.listdir(tmp_path) if "-" not in name) == [
+        "a.db",
+        "b.sqlite",
+        "c.DB",
+    ]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:s3cr3t-pw@127.0.0.1:99999/app",
+        "postgres://app:s3cr3t-pw@h1:5432,h2:70000/app",
+        "redis://:s3cr3t-pw@127.0.0.1:65536/0",
+        "rediss://127.0.0.1:0",
+        "redis://127.0.0.1:" + "9" * 5000,
+        "redis://127.0.0.1:port",
+        "redis+cluster://[::1]:99999",
+        "postgresql://app:s3cr3t-pw@127.0.0.1/app?port=99999",
+        "postgresql://app@/app?host=h1,h2&port=5432,0",
+    ],
+)
+async def test_an_out_of_range_port_is_a_backend_url_error(url: str) -> None:
+    with pytest.raises(BackendURLError, match="a port is a number from 1 to 65535") as caught:
+        await flowy.connect(url)
+    assert "s3cr3t-pw" not in str(caught.value)
+    assert len(str(caught.value)) < 400
+
+
+async def test_ports_in_range_parse() -> None:
+    for url in ("redis://h:1", "redis://h:65535/0", "postgresql://u:p@h1:5432,h2/app", "redis://h"):
+        StoreURL.parse(url)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("busy_timeout", "1e300"),
+        ("busy_timeout", "inf"),
+        ("poll_interval", "31622401"),
+        ("max_attempts", "9" * 30),
+        ("max_attempts", "2147483648"),
+        ("max_attempts", "1e3"),
+    ],
+)
+async def test_numeric_options_are_bounded(option: str, value: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}?{option}={value}"
+    with pytest.raises(BackendURLError, match=option):
+        await flowy.connect(url)
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_resume_token_parse_bounds_the_revision() -> None:
@@ -170,3 +251,20 @@ def test_contention_errors_share_a_base() -> None:
         assert issubclass(error, flowy.ThreadContentionError)
     assert issubclass(flowy.ThreadLeaseBusyError, flowy.LeaseError)
     assert issubclass(flowy.errors.InvalidThreadIdError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [
+        ("postgresql://postgres@127.0.0.1:5432/test?pool_size=1001", "pool_size"),
+        ("postgresql://postgres@127.0.0.1:5432/test?pool_size=2147483647", "pool_size"),
+        ("dynamodb://jobs?region=eu-west-1&max_workers=1001", "max_workers"),
+        ("dynamodb://jobs?region=eu-west-1&clock_skew=1e300", "clock_skew"),
+        ("dynamodb://jobs?region=eu-west-1&expire_after=1e300", "expire_after"),
+        ("redis://127.0.0.1:6379/0?completed_ttl=1e300", "completed_ttl"),
+    ],
+)
+async def test_adapter_options_are_bounded(url: str, option: str) -> None:
+    # Refused while parsing the URL: nothing is opened (a pool of 2**31 connections was).
+    with pytest.raises(BackendURLError, match=f"option {option}="):
+        await flowy.connect(url)

@@ -1,23 +1,23 @@
 """The conformance suite can fail: deliberately broken stores must fail the suite tests
 that guard the broken contract (and those tests pass on the unbroken store).
 
-Each broken store is the memory or SQLite store with one realistic bug in one
-primitive (or one public method that skips the base): no OCC, a check-then-write race,
-corruption read as "missing", truncated keys, history in the wrong order, a prune that
-drops the head or touches other threads, tokens that restart after release or delete,
-re-entrant leases, a ``holder()`` that extends the lease, a save that ignores its
-lease, a lease released after it expired, owners compared case-insensitively, a
-``delete_if_idle`` refusing for an expired lease, transactional saves that lose
-updates, a cancelled transactional save that leaves its transaction open, an outbox
-without visibility timeout, an ack that removes the thread's other messages, a
-re-enqueue that resets a live message, a dead-letter retry that keeps the attempts, a
-non-atomic ``save_with_outbox``, a consumer that stalls on a poison message, argument
-checks that drifted, timers listed before they are due or left behind by a head that
-moved on, signal ids not deduplicated, signal numbers raced, an inbox that survives its
-thread, an inbox without a limit, a journal that drops outcomes, listings without graph versions, a backlog that
-loses the messages in flight, an index of parked threads that keeps those that moved
-on, a fork that copies its parent's inbox, journal entries written behind the call,
-wake-up times read back in the wrong unit, ``list_threads`` paging from ``after``
+Each broken store is the memory or SQLite store with one realistic bug in one primitive
+(or one public method that skips the base): no OCC, a check-then-write race, corruption
+read as "missing", truncated keys, history in the wrong order, a prune that drops the
+head or touches other threads, tokens that restart after release or delete, re-entrant
+leases, a ``holder()`` that extends the lease, a save that ignores its lease, a lease
+released after it expired, owners compared case-insensitively, a ``delete_if_idle``
+refusing for an expired lease, transactional saves that lose updates, a cancelled
+transactional save that leaves its transaction open, an outbox without visibility
+timeout, an ack that removes the thread's other messages, a re-enqueue that resets a
+live message, a dead-letter retry that keeps the attempts, a non-atomic
+``save_with_outbox``, a consumer that stalls on a poison message, argument checks that
+drifted, timers listed before they are due or left behind by a head that moved on,
+signal ids not deduplicated, signal numbers raced, an inbox that survives its thread, an
+inbox without a limit, a journal that drops outcomes, listings without graph versions, a
+backlog that loses the messages in flight, an index of parked threads that keeps those
+that moved on, a fork that copies its parent's inbox, journal entries written behind the
+call, wake-up times read back in the wrong unit, ``list_threads`` paging from ``after``
 included, a dead letter revived with its old payload, signal ids kept past a delete, and
 an ack or a release that touches a dead letter. The suite's test methods are called
 directly with the broken backend; two more tests run the suite through pytest in a

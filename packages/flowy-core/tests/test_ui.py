@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import re
 import sys
+import urllib.parse
 import warnings
 from collections.abc import Generator, Iterator
 from dataclasses import replace
@@ -32,12 +33,16 @@ with warnings.catch_warnings():
 
 import flowy
 from flowy.cli import main
-from flowy.cli._ui import COOKIE, build_app
+from flowy.cli._ui import _in, _when, build_app, cookie_name
+from flowy.testing import corrupt_head
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
 TOKEN = "test-token-123"
+PORT = 8765
+COOKIE = cookie_name(PORT)
+BASE = f"http://127.0.0.1:{PORT}"
 HOSTILE = "<script>alert(1)</script>"
 
 
@@ -111,7 +116,7 @@ def _inspector(url: str, graph: flowy.Graph[Any, Any]) -> ASGIApp:
             return
         await receive()  # lifespan.startup
         async with flowy.connect(url) as backend:
-            app.append(build_app(backend, graph, token=TOKEN))
+            app.append(build_app(backend, graph, token=TOKEN, host="127.0.0.1", port=PORT))
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown
         await send({"type": "lifespan.shutdown.complete"})
@@ -126,7 +131,7 @@ def _client(
     """A client of the inspector over ``url`` for threads of ``graph`` (the approval graph
     by default), with the token's cookie when ``token``."""
     app = _inspector(url, graph or approval_graph())
-    with TestClient(app, follow_redirects=False) as c:
+    with TestClient(app, base_url=BASE, follow_redirects=False) as c:
         if token:
             c.cookies.set(COOKIE, TOKEN)
         yield c
@@ -333,3 +338,120 @@ def test_missing_starlette_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and 'pip install "flowy-core[ui]"' in err
+
+
+# ------------------------------------------------------------ hosts, cookies, failures
+
+
+def test_the_cookie_is_named_after_the_port(db: Path) -> None:
+    with _client(f"sqlite:///{db}", token=False) as c:
+        r = c.get(f"/?token={TOKEN}")
+        cookie = r.headers["set-cookie"]
+        assert cookie.startswith(f"flowy_ui_token_{PORT}={TOKEN};"), cookie
+        assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
+        # Another inspector's cookie (another port) opens nothing here.
+        c.cookies.clear()
+        c.cookies.set(cookie_name(PORT + 1), TOKEN)
+        assert c.get("/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        (f"127.0.0.1:{PORT}", 200),
+        (f"localhost:{PORT}", 200),
+        (f"LOCALHOST:{PORT}", 200),
+        (f"evil.example:{PORT}", 400),
+        ("127.0.0.1:9999", 400),
+        ("127.0.0.1", 400),
+        (f"127.0.0.2:{PORT}", 400),
+        ("", 400),
+        ("[::1", 400),
+    ],
+)
+def test_a_request_for_another_host_is_refused(db: Path, host: str, status: int) -> None:
+    with _client(f"sqlite:///{db}") as c:
+        assert c.get("/", headers={"host": host}).status_code == status
+        csrf = _csrf(c.get("/threads/susp").text)
+        data = {"thread": "susp", "revision": "2", "overlay": "{}", "csrf": csrf}
+        posted = c.post("/actions/resume", data=data, headers={"host": host})
+        assert posted.status_code == (303 if status == 200 else 400)
+
+
+def test_an_inspector_on_every_interface_checks_only_the_port(db: Path) -> None:
+    async def opened(scope: Scope, receive: Receive, send: Send) -> None:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            app = build_app(backend, approval_graph(), token=TOKEN, host="0.0.0.0", port=PORT)
+            await app(scope, receive, send)
+
+    with TestClient(opened, base_url=BASE) as c:
+        c.cookies.set(COOKIE, TOKEN)
+        assert c.get("/", headers={"host": f"box.lan:{PORT}"}).status_code == 200
+        assert c.get("/", headers={"host": "box.lan:80"}).status_code == 400
+
+
+def test_a_page_that_fails_shows_one_line_and_logs_the_traceback_at_debug(
+    db: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    async def corrupt() -> None:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            await corrupt_head(backend, "susp")
+
+    asyncio.run(corrupt())
+    with caplog.at_level("DEBUG", logger="flowy.cli.ui"), _client(f"sqlite:///{db}") as c:
+        r = c.get("/threads/susp")
+    assert r.status_code == 500
+    assert "SnapshotEnvelopeInvalidError" in r.text and "Traceback" not in r.text
+    assert "id='err'" in r.text
+    [record] = [rec for rec in caplog.records if rec.name == "flowy.cli.ui"]
+    assert record.levelname == "DEBUG" and record.exc_info is not None
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_far_future_times_are_shown_without_failing() -> None:
+    assert _when(253402300799.0).startswith("9999-12-31") or _when(253402300799.0).startswith(
+        "10000"
+    )
+    for far in (1e30, float("inf"), float("nan"), -1e30):
+        assert isinstance(_when(far), str)
+        assert isinstance(_in(far), str)
+    assert _in(90.0) == "in 90s"
+
+
+BIDI = "\u202eevil\u202c"
+CONTROL = "bell\x07esc\x1b[31mred"
+
+
+def test_control_and_bidi_characters_are_shown_escaped(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'bidi.db'}"
+
+    async def fill() -> None:
+        async with flowy.connect(url) as backend:
+            runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
+            await runner.start(BIDI, {"note": CONTROL, BIDI: 1})
+            dead = await runner.start(CONTROL, {})
+            assert dead.resume_token is not None
+            await runner.resume(dead.resume_token, state_overlay={"approved": True})
+            for _ in range(100):
+                if await backend.consumer.dead_letters():
+                    break
+                for message in await backend.consumer.claim(10, 30.0):
+                    await backend.consumer.release(message, error=f"failed {BIDI} {CONTROL}")
+
+    asyncio.run(fill())
+    with _client(url) as c:
+        pages = [
+            c.get("/"),
+            c.get("/threads/" + urllib.parse.quote(BIDI, safe="")),
+            c.get("/threads/" + urllib.parse.quote(CONTROL, safe="")),
+            c.get("/dead-letters"),
+            c.get("/threads/" + urllib.parse.quote("nope" + BIDI, safe="")),
+            c.get("/?" + urllib.parse.urlencode({"node": BIDI, "err": BIDI, "msg": CONTROL})),
+        ]
+    assert [p.status_code for p in pages] == [200, 200, 200, 200, 404, 200]
+    for page in pages:
+        for raw in ("\u202e", "\u202c", "\x07", "\x1b"):
+            assert raw not in page.text, (page.url, repr(raw))
+    assert "\\u202eevil" in pages[0].text and "\\u202eevil" in pages[1].text
+    assert "\\x1b[31mred" in pages[2].text or "\\u001b[31mred" in pages[2].text
+    assert "\\u202eevil" in pages[3].text

@@ -144,7 +144,9 @@ def served(tmp_path: Path) -> Iterator[Served]:
 
     async def serve() -> None:
         async with flowy.connect(store) as backend:
-            config.app = build_app(backend, approval_graph(), token=TOKEN)
+            config.app = build_app(
+                backend, approval_graph(), token=TOKEN, host="127.0.0.1", port=port
+            )
             await server.serve()
 
     thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
@@ -176,7 +178,8 @@ def test_threads_list_shows_the_threads(browser: webdriver.Chrome, served: Serve
     link = browser.find_element(By.LINK_TEXT, "susp")
     row = link.find_element(By.XPATH, "./ancestor::tr").text
     assert "suspended" in row and "awaiting_approval" in row and "ask" in row
-    assert browser.get_cookie("flowy_ui_token") is not None
+    port = served.url.rsplit(":", 1)[1]
+    assert browser.get_cookie(f"flowy_ui_token_{port}") is not None
     _screenshot(browser, "ui-threads.png")
     link.click()
     WebDriverWait(browser, 10).until(expected_conditions.url_contains("/threads/susp"))

@@ -165,8 +165,8 @@ def _choice(text: str) -> str:
 
 def _skew(text: str) -> float:
     value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"expected a number of seconds >= 0, got {text!r}")
+    if not 0 <= value <= 3600:
+        raise ValueError(f"expected a number of seconds from 0 to 3600, got {text[:40]!r}")
     return value
 
 
@@ -191,7 +191,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Dynam
             f"{url.redacted!r} names no DynamoDB table; use dynamodb://TABLE?region=... "
             "(3-255 letters, digits, '_', '-', '.')"
         )
-    workers = url.count("max_workers", 16)
+    workers = url.count("max_workers", 16, maximum=1000)
     settings: dict[str, Any] = {
         "region": url.options.get("region"),
         "endpoint_url": url.options.get("endpoint_url"),
@@ -205,7 +205,8 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Dynam
         "max_attempts": url.count("max_attempts", 5),
         "max_workers": workers,
         "clock_skew": url.option("clock_skew", _skew, 2.0),
-        "expire_after": url.seconds("expire_after", 0.0) or None,
+        "expire_after": url.seconds("expire_after", 0.0, maximum=StoreURL.MAX_RETENTION_SECONDS)
+        or None,
         "poll_interval": url.seconds("poll_interval", 0.5),
     }
     try:

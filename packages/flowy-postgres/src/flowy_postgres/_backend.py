@@ -219,7 +219,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Postg
         "prefix": url.options.get("prefix", DEFAULT_PREFIX),
         "pooler_mode": pooler_mode,
         "max_attempts": url.count("max_attempts", 5),
-        "pool_size": url.count("pool_size", 10),
+        "pool_size": url.count("pool_size", 10, maximum=1000),
         "acquire_timeout": url.seconds("acquire_timeout", 10.0),
         "listen": url.flag("listen", not pooler_mode),
         "poll_interval": url.seconds("poll_interval", 0.1),

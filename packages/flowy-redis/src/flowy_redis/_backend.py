@@ -180,8 +180,11 @@ def _url_of(client: RedisClient, options: dict[str, object]) -> str:
 
 def _completed_ttl(text: str) -> float:
     value = float(text)
-    if not value >= 0.001 or value == float("inf"):
-        raise ValueError(f"expected a number of seconds >= 0.001, got {text!r}")
+    if not 0.001 <= value <= StoreURL.MAX_RETENTION_SECONDS:
+        raise ValueError(
+            f"expected a number of seconds from 0.001 to {StoreURL.MAX_RETENTION_SECONDS:.0f}, "
+            f"got {text[:40]!r}"
+        )
     return value
 
 

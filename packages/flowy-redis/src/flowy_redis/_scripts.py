@@ -46,6 +46,7 @@ __all__ = [
     "RELEASE",
     "RELEASE_MESSAGE",
     "RENEW",
+    "READS",
     "RETRY_DEAD",
     "SIGNAL",
     "SIGNALS",
@@ -627,3 +628,7 @@ local did = redis.call('HGET', k.deadix, ARGV[1])
 if not did then return 0 end
 return revive(k, ARGV[1], did, false)
 """)
+
+READS = frozenset({HISTORY, LIST, HEADS, TIMERS, SIGNALS, HOLDER, DEAD_LIST, STATS})
+"""The scripts that only read (the clean-up of stale index entries some do is
+idempotent): when one fails, nothing is in doubt, and its error says so."""

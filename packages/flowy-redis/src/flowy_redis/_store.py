@@ -17,7 +17,7 @@ from redis.asyncio import Redis, RedisCluster
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
 
 from ._keys import STATUS_DIGITS, KeyLayout
-from ._scripts import LAYOUT, LuaScript
+from ._scripts import LAYOUT, READS, LuaScript
 
 __all__ = ["LAYOUT_VERSION", "RedisClient", "Store", "purge_namespace"]
 
@@ -49,10 +49,22 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 _DRIVER_ERRORS = (rexc.RedisError, rexc.RedisClusterException, OSError)
 
 
-def translate(exc: BaseException, action: Action) -> StorageError:
-    """The flowy error for a driver error raised while doing ``action``."""
+_READ_COMMANDS = frozenset({"GET", "HGET", "HMGET", "HVALS", "XREAD", "ZRANGE", "ZRANGEBYLEX"})
+"""The commands ``Store.execute`` runs that change nothing."""
+
+
+def translate(exc: BaseException, action: Action, *, reads: bool = False) -> StorageError:
+    """The flowy error for a driver error raised while doing ``action``; ``reads``: the
+    action changes nothing, so no outcome is in doubt."""
     what = action if isinstance(action, str) else action()
     if isinstance(exc, _UNAVAILABLE) or str(exc).startswith("BUSY"):
+        if reads:
+            return StorageUnavailableError(
+                f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); nothing "
+                "was read and nothing changed, so nothing is in doubt. Check that the "
+                "server is running and that the URL (host, port, database) is right, then "
+                "try again."
+            )
         return StorageUnavailableError(
             f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); the outcome "
             "may be unknown. Check that the server is reachable; a save's outcome is "
@@ -107,7 +119,7 @@ class Store:
         try:
             return await self._commands.execute_command(*args, **options)
         except _DRIVER_ERRORS as exc:
-            raise translate(exc, action) from exc
+            raise translate(exc, action, reads=str(args[0]).upper() in _READ_COMMANDS) from exc
 
     async def run(
         self, script: LuaScript, keys: Sequence[bytes], args: Sequence[Arg], action: Action
@@ -128,7 +140,7 @@ class Store:
                     await call("SCRIPT LOAD", script.source)
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
         except _DRIVER_ERRORS as exc:
-            raise translate(exc, action) from exc
+            raise translate(exc, action, reads=script in READS) from exc
 
     async def run_sharded(
         self,
@@ -175,7 +187,10 @@ class Store:
                 "EVAL", LAYOUT.source, 1, layout.meta, layout.shards, LAYOUT_VERSION
             )
         except _DRIVER_ERRORS as exc:
-            raise translate(exc, f"checking the layout of namespace {layout.namespace!r}") from exc
+            # Recording a new namespace's layout is idempotent: nothing is in doubt.
+            raise translate(
+                exc, f"checking the layout of namespace {layout.namespace!r}", reads=True
+            ) from exc
         shards, version = int(got[0]), int(got[1])
         if shards != layout.shards:
             raise SchemaVersionError(

@@ -83,6 +83,11 @@ def quote(value: object) -> str:
 
 
 def _whole(text: str, low: int, high: int, what: str) -> int:
+    digits = text.strip().removeprefix("-").removeprefix("+")
+    if digits.isdecimal() and len(digits) > len(str(high)):  # too long to convert, too
+        raise argparse.ArgumentTypeError(
+            f"expected {what} from {low} to {high}, got {clean(text, 40)!r}"
+        )
     try:
         value = int(text.strip())
     except ValueError:
@@ -179,12 +184,41 @@ def _depth(value: object, limit: int) -> int:
     return deepest
 
 
+def _json_int(text: str) -> int:
+    limit = sys.get_int_max_str_digits() or None
+    digits = len(text.lstrip("-"))
+    if limit is not None and digits > limit:
+        raise _OutOfRange(f"an integer of {digits} digits (at most {limit})")
+    return int(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _OutOfRange(f"the number {clean(text, 40)} (too large for a float)")
+    return value
+
+
+def _json_constant(name: str) -> Any:
+    raise _OutOfRange(f"{name} (not a JSON number)")
+
+
+class _OutOfRange(ValueError):
+    """A number JSON allows but no store can hold: refused while parsing."""
+
+
 def parse_json(text: str, option: str) -> Any:
-    """The JSON value of a command-line ``option`` (a usage error if it is not one)."""
+    """The JSON value of a command-line ``option`` (a usage error if it is not one, or
+    if it holds a number out of range: NaN, an infinity, a float too large, an integer
+    of more digits than Python converts)."""
     try:
-        value = json.loads(text)
+        value = json.loads(
+            text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant
+        )
     except json.JSONDecodeError as exc:
         raise CliError(f"{option} is not valid JSON ({exc}): {clean(text, 60)!r}", 2) from None
+    except _OutOfRange as exc:
+        raise CliError(f"{option} holds a number out of range: {exc}", 2) from None
     except RecursionError:
         raise CliError(
             f"{option} nests too deeply (at most {MAX_OVERLAY_DEPTH} levels)", 2

@@ -27,10 +27,10 @@ from ..storage import (
     JSONCodec,
     OutboxConsumer,
     StateCodec,
-    StoreURL,
     connect,
     redact_url,
 )
+from ..storage._connect import parse_url
 from ._options import CliError, load_codec, quote
 
 __all__ = [
@@ -107,14 +107,13 @@ def _sqlite_url(path: str) -> str:
 
 def _sqlite_path(url: str, source: str) -> str | None:
     """The file of a SQLite URL (or bare path), ``None`` for other stores."""
-    if "://" not in url:
-        path: str | None = url.strip() or None
-    else:
-        try:
-            parsed = StoreURL.parse(url)
-            path = path_of(parsed) if parsed.scheme == "sqlite" else None
-        except BackendURLError as exc:
-            raise CliError(f"{source}: {scrub(str(exc), [url])}", 2) from None
+    if not url.strip():
+        return None
+    try:
+        parsed = parse_url(url)
+        path = path_of(parsed) if parsed.scheme == "sqlite" else None
+    except BackendURLError as exc:
+        raise CliError(f"{source}: {scrub(str(exc), [url])}", 2) from None
     if path is not None and path.startswith("~"):
         path = str(Path(path).expanduser())
     return path

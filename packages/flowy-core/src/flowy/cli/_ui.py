@@ -1,15 +1,20 @@
-"""``flowy ui``: a small local web inspector of a store's threads.
+r"""``flowy ui``: a small local web inspector of a store's threads.
 
 Server-rendered HTML (no JavaScript) on Starlette, served by uvicorn: the optional
 ``ui`` extra (``pip install "flowy-core[ui]"``). Both are imported only when the command
 runs or :func:`build_app` is called, so the core still needs the standard library alone.
 
-Safety: it binds to 127.0.0.1 by default; every request needs the random token printed
-at start (as ``?token=`` once, then an HttpOnly SameSite=Strict cookie); every action (a
-POST) also needs the per-process CSRF value of its form. Everything a store holds is
-escaped with ``html.escape``. Actions go through the same public API as the other
-commands (``Runner.resume``, ``recover_stale_handoff``, ``fork``, the consumer's
-``retry_dead_letter``), and an action's failure is shown as one line, never a traceback.
+Safety: it binds to 127.0.0.1 by default; a request whose ``Host`` is not the bound
+address or ``localhost`` (with the port) is refused (400), against DNS rebinding; every
+request needs the random token printed at start (as ``?token=`` once, then an HttpOnly
+SameSite=Strict cookie named after the port, so two inspectors never share one); every
+action (a POST) also needs the per-process CSRF value of its form. Everything a store
+holds is escaped with ``html.escape``, control and bidi characters as ``\uXXXX``.
+Actions go through the same public API as the other commands (``Runner.resume``,
+``recover_stale_handoff``, ``fork``, the consumer's ``retry_dead_letter``). A page or
+action that fails (a missing thread, an undecodable record, an unreachable store) shows
+one line on the page with a 4xx/5xx status; the traceback goes to the ``flowy.cli.ui``
+logger at debug level, never to the terminal.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import hmac
 import html
 import ipaddress
 import json
+import logging
 import secrets
 import socket
 import time
@@ -26,7 +32,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from .._errors import InvalidThreadIdError, ThreadNotFoundError
+from .._errors import InvalidThreadIdError, StorageUnavailableError, ThreadNotFoundError
 from .._graph import Graph
 from .._runner import DEFAULT_LEASE_TTL, Runner, default_owner
 from ..storage import (
@@ -48,10 +54,12 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import Response
 
-__all__ = ["COOKIE", "build_app", "cmd_ui", "port"]
+__all__ = ["COOKIE", "build_app", "cmd_ui", "cookie_name", "port"]
 
 COOKIE = "flowy_ui_token"
-"""The cookie that carries the access token after the first request."""
+"""The prefix of the cookie that carries the access token (see :func:`cookie_name`)."""
+
+log = logging.getLogger("flowy.cli.ui")
 
 MAX_FORM = 1_000_000
 """The largest action form body accepted, in bytes."""
@@ -100,12 +108,37 @@ def port(text: str) -> int:
     return value
 
 
+def cookie_name(port: int) -> str:
+    """The token's cookie for an inspector on ``port``: cookies are not scoped to a port,
+    so each inspector on one host needs a name of its own."""
+    return f"{COOKIE}_{port}"
+
+
 # ------------------------------------------------------------------------------ html
 
 
 def e(value: object) -> str:
-    """``value`` as escaped HTML text."""
-    return html.escape(str(value), quote=True)
+    r"""``value`` as escaped HTML text; control, format (bidi) and other non-printable
+    characters but newlines shown as ``\uXXXX`` escapes, so stored text cannot
+    reorder or hide what the page shows."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+    return html.escape(text, quote=True)
+
+
+def _when(timestamp: float) -> str:
+    """``timestamp`` as local time; a time the platform cannot show as a date (past the
+    year 9999, or NaN) as its number of seconds."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+    except (OverflowError, OSError, ValueError):
+        return f"{timestamp:.6g} s since the epoch"
+
+
+def _in(seconds: float) -> str:
+    """``seconds`` from now, for a person."""
+    return f"in {seconds:.0f}s" if seconds < 1e12 else f"in {seconds:.3g}s"
 
 
 def _href(path: str, **params: str) -> str:
@@ -276,7 +309,7 @@ class _Inspector:
             wait = f"for signal {snap.waiting_for!r}" if snap.waiting_for else "asleep"
             if snap.wake_at is not None:
                 left = snap.wake_at - now
-                wait += ", due now" if left <= 0 else f", wakes in {left:.0f}s"
+                wait += ", due now" if left <= 0 else f", wakes {_in(left)}"
             head.append(("waiting", e(wait)))
         facts = "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in head) + "</dl>"
         sections = [
@@ -315,8 +348,8 @@ class _Inspector:
                 ["wake at", "when"],
                 (
                     [
-                        e(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w))),
-                        e("due" if w <= now else f"in {w - now:.0f}s"),
+                        e(_when(w)),
+                        e("due" if w <= now else _in(w - now)),
                     ]
                     for w in timers
                 ),
@@ -503,12 +536,35 @@ def _same(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
-def build_app(backend: Backend[Any], graph: Graph[Any, Any], *, token: str) -> Starlette:
-    """The inspector's ASGI app over an opened ``backend``, for threads of ``graph``.
+def _hosts(host: str, port: int) -> Callable[[str], bool]:
+    """Whether a request's ``Host`` header names this inspector: the bound address or
+    ``localhost``, with ``port`` (any name when bound to every interface)."""
+    names = {host.lower(), "localhost"}
+    anywhere = host in ("0.0.0.0", "::", "")
 
-    Every request must carry ``token`` (``?token=`` once, which sets an HttpOnly
-    SameSite=Strict cookie, or that cookie); every POST also the form's CSRF value.
-    Needs Starlette (the ``ui`` extra).
+    def allowed(header: str) -> bool:
+        try:
+            parts = urllib.parse.urlsplit("//" + header)
+            given = parts.port or 80
+            name = (parts.hostname or "").lower()
+        except ValueError:
+            return False
+        return given == port and bool(name) and (anywhere or name in names)
+
+    return allowed
+
+
+def build_app(
+    backend: Backend[Any], graph: Graph[Any, Any], *, token: str, host: str, port: int
+) -> Starlette:
+    """The inspector's ASGI app over an opened ``backend``, for threads of ``graph``,
+    served on ``host``:``port``.
+
+    A request whose ``Host`` header is not ``host`` or ``localhost`` with ``port`` gets
+    400. Every request must carry ``token`` (``?token=`` once, which sets an HttpOnly
+    SameSite=Strict cookie named :func:`cookie_name` of ``port``, or that cookie); every
+    POST also the form's CSRF value. A page that fails shows one line with a 4xx/5xx
+    status and logs its traceback at debug level. Needs Starlette (the ``ui`` extra).
     """
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse
@@ -517,32 +573,58 @@ def build_app(backend: Backend[Any], graph: Graph[Any, Any], *, token: str) -> S
     if not token:
         raise ValueError("the access token must not be empty")
     ui = _Inspector(backend, graph, token)
+    cookie = cookie_name(port)
+    host_allowed = _hosts(host, port)
 
     def refuse(why: str) -> Response:
         return PlainTextResponse(f"403 forbidden: {why}", status_code=403, headers=_HEADERS)
+
+    def foreign(request: Request) -> Response | None:
+        """400 for a request addressed to another host (a DNS-rebinding page)."""
+        if host_allowed(request.headers.get("host", "")):
+            return None
+        return PlainTextResponse(
+            f"400 bad request: this inspector answers only at {host}:{port} or localhost:{port}",
+            status_code=400,
+            headers=_HEADERS,
+        )
+
+    def failed(request: Request, exc: Exception) -> Response:
+        """The page of a render that raised: one line, never a traceback."""
+        if isinstance(exc, (ThreadNotFoundError, InvalidThreadIdError)):
+            title, status = "Not found", 404
+        elif isinstance(exc, StorageUnavailableError):
+            title, status = "Store unavailable", 503
+        else:
+            title, status = "Cannot show this page", 500
+        log.debug("flowy ui: %s %s failed", request.method, request.url.path, exc_info=exc)
+        message = f"{type(exc).__name__}: {one_line(str(exc))}"[:1000]
+        try:
+            text = ui.page(title, f"<p class='err' id='err'>{e(message)}</p>", request)
+        except Exception:  # noqa: BLE001 - the page around the message must not fail too
+            text = f"<!doctype html><title>{e(title)}</title><p>{e(message)}</p>"
+        return HTMLResponse(text, status_code=status, headers=_HEADERS)
 
     def guarded(
         render: Callable[[Request], Awaitable[str]],
     ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
+            if (refused := foreign(request)) is not None:
+                return refused
             query = request.query_params.get("token")
             if _same(query, token):
                 # Trade the token in the URL for a cookie, and drop it from the address.
                 rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
                 url = request.url.path + ("?" + urllib.parse.urlencode(rest) if rest else "")
                 response = RedirectResponse(url, status_code=303, headers=_HEADERS)
-                response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+                response.set_cookie(cookie, token, httponly=True, samesite="strict", path="/")
                 return response
-            if not _same(request.cookies.get(COOKIE), token):
+            if not _same(request.cookies.get(cookie), token):
                 return refuse("open the URL with the token that flowy ui printed")
             try:
                 text = await render(request)
-            except (ThreadNotFoundError, InvalidThreadIdError) as exc:
-                return HTMLResponse(
-                    ui.page("Not found", f"<p>{e(one_line(str(exc)))}</p>", request),
-                    status_code=404,
-                    headers=_HEADERS,
-                )
+            except Exception as exc:  # noqa: BLE001 - every failure is a message on the page
+                return failed(request, exc)
             return HTMLResponse(text, headers=_HEADERS)
 
         return endpoint
@@ -551,8 +633,10 @@ def build_app(backend: Backend[Any], graph: Graph[Any, Any], *, token: str) -> S
         return await ui.thread(request, cast(str, request.path_params["thread"]))
 
     async def action(request: Request) -> Response:
+        if (refused := foreign(request)) is not None:
+            return refused
         if not (
-            _same(request.cookies.get(COOKIE), token)
+            _same(request.cookies.get(cookie), token)
             or _same(request.query_params.get("token"), token)
         ):
             return refuse("open the URL with the token that flowy ui printed")
@@ -570,7 +654,8 @@ def build_app(backend: Backend[Any], graph: Graph[Any, Any], *, token: str) -> S
         try:
             back, message = await ui.act(name, form)
             key = "msg"
-        except Exception as exc:  # noqa: BLE001 - an action's failure is one line on the page
+        except Exception as exc:  # an action's failure is one line on the page
+            log.debug("flowy ui: the action %r failed", name, exc_info=exc)
             back, key = fallback, "err"
             message = f"{name} failed: {type(exc).__name__}: {one_line(str(exc))}"
         url = back + "?" + urllib.parse.urlencode({key: message[:500]})
@@ -618,8 +703,8 @@ async def cmd_ui(args: argparse.Namespace, out: Console) -> int:
     try:
         async with open_store(store, codec_for(args.codec, graph)) as backend:
             token = secrets.token_urlsafe(32)
-            app = build_app(backend, graph, token=token)
             bound = sock.getsockname()[1]
+            app = build_app(backend, graph, token=token, host=host, port=bound)
             shown = f"[{host}]" if ":" in host else host
             out.line(f"flowy ui on {store.label}: open http://{shown}:{bound}/?token={token}")
             if not _loopback(host):

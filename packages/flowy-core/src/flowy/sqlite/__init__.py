@@ -1,9 +1,10 @@
 """The embedded durable store: one SQLite file (standard library ``sqlite3`` only).
 
-``flowy.connect("sqlite:///path/to/flowy.db")`` (or a bare path) opens it. The file is
-one coordination domain: "revision matches AND lease is mine" and "checkpoint + outbox
-message" are each one ``BEGIN IMMEDIATE`` transaction. Several processes on one
-machine may share the file; SQLite's locks keep one history chain per thread.
+``flowy.connect("sqlite:///path/to/flowy.db")`` (or a bare path ending in ``.db``) opens
+it. The file is one coordination domain: "revision matches AND lease is mine" and
+"checkpoint + outbox message" are each one ``BEGIN IMMEDIATE`` transaction. Several
+processes on one machine may share the file; SQLite's locks keep one history chain per
+thread.
 """
 
 from __future__ import annotations

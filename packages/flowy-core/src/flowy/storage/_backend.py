@@ -10,13 +10,12 @@ checks options the same way for every store.
 from __future__ import annotations
 
 import abc
-import math
 import urllib.parse
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from .._errors import BackendURLError
 from .._types import S
@@ -72,18 +71,49 @@ def _flag(text: str) -> bool:
     raise ValueError(f"expected true/false, got {text!r}")
 
 
-def _seconds(text: str) -> float:
+MAX_OPTION_SECONDS = 366 * 24 * 3600.0
+"""The largest number of seconds a URL option takes (366 days)."""
+MAX_OPTION_COUNT = 2**31 - 1
+"""The largest whole number a URL option takes."""
+
+
+MAX_RETENTION_SECONDS = 100 * 365.25 * 24 * 3600
+"""The largest number of seconds a retention option (how long a finished thread is
+kept) takes: 100 years."""
+
+
+def _seconds(text: str, maximum: float = MAX_OPTION_SECONDS) -> float:
     value = float(text)
-    if math.isnan(value) or math.isinf(value) or value <= 0:
-        raise ValueError(f"expected a positive number of seconds, got {text!r}")
+    if not 0 < value <= maximum:  # NaN and infinities fail too
+        raise ValueError(
+            f"expected a positive number of seconds up to {maximum:.0f}, got {text[:40]!r}"
+        )
     return value
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"expected a whole number >= 1, got {text!r}")
-    return value
+def _count(text: str, maximum: int = MAX_OPTION_COUNT) -> int:
+    stripped = text.strip()
+    if len(stripped) > 12 or not (stripped.isdecimal() and 1 <= int(stripped) <= maximum):
+        raise ValueError(f"expected a whole number from 1 to {maximum}, got {text[:40]!r}")
+    return int(stripped)
+
+
+def _check_ports(url: str, netloc: str) -> None:
+    """``BackendURLError`` unless every host's port (``host:port``, comma-separated for
+    several hosts) is a number from 1 to 65535."""
+    hosts = netloc.rpartition("@")[2]
+    for host in hosts.split(","):
+        port = host.rpartition("]")[2] if host.startswith("[") else host
+        if ":" not in port:
+            continue
+        text = port.rpartition(":")[2]
+        if text == "":
+            continue
+        if not (text.isdecimal() and len(text) <= 5 and 1 <= int(text) <= 65535):
+            raise BackendURLError(
+                f"{redact_url(url)!r:.200} has the port {text[:20]!r}; a port is a number "
+                "from 1 to 65535"
+            )
 
 
 @dataclass(frozen=True)
@@ -102,6 +132,13 @@ class StoreURL:
     path: str
     """The path, still percent-encoded (``/flowy.db``)."""
     options: Mapping[str, str]
+
+    MAX_SECONDS: ClassVar[float] = MAX_OPTION_SECONDS
+    """The largest number of seconds :meth:`seconds` takes unless told (366 days)."""
+    MAX_RETENTION_SECONDS: ClassVar[float] = MAX_RETENTION_SECONDS
+    """The bound of an option saying how long a finished thread is kept (100 years)."""
+    MAX_COUNT: ClassVar[int] = MAX_OPTION_COUNT
+    """The largest whole number :meth:`count` takes (2**31 - 1)."""
 
     @classmethod
     def parse(cls, url: str) -> StoreURL:
@@ -123,11 +160,14 @@ class StoreURL:
                 "memory://, sqlite:///flowy.db, postgresql://host/db, redis://host, "
                 "dynamodb://TABLE?region=..."
             )
+        _check_ports(url, parts.netloc)
         options: dict[str, str] = {}
         for name, value in query:
             if name in options:
                 raise BackendURLError(f"option {name!r} is given twice in {redact_url(url)!r}")
             options[name] = value
+        if "port" in options:  # a driver's own option (PostgreSQL): host:port pairs too
+            _check_ports(url, ",".join(":" + p for p in options["port"].split(",")))
         return cls(url, parts.scheme.lower(), parts.netloc, parts.path, options)
 
     @property
@@ -174,15 +214,15 @@ class StoreURL:
         any other text is a ``BackendURLError``."""
         return self.option(name, _flag, default)
 
-    def seconds(self, name: str, default: float) -> float:
-        """The option ``name`` as a positive, finite number of seconds, or ``default``;
-        any other text is a ``BackendURLError``."""
-        return self.option(name, _seconds, default)
+    def seconds(self, name: str, default: float, *, maximum: float = MAX_OPTION_SECONDS) -> float:
+        """The option ``name`` as a positive number of seconds up to ``maximum`` (366
+        days unless given), or ``default``; any other text is a ``BackendURLError``."""
+        return self.option(name, lambda text: _seconds(text, maximum), default)
 
-    def count(self, name: str, default: int) -> int:
-        """The option ``name`` as a whole number >= 1, or ``default``; any other text is
-        a ``BackendURLError``."""
-        return self.option(name, _count, default)
+    def count(self, name: str, default: int, *, maximum: int = MAX_OPTION_COUNT) -> int:
+        """The option ``name`` as a whole number from 1 to ``maximum`` (2**31 - 1 unless
+        given), or ``default``; any other text is a ``BackendURLError``."""
+        return self.option(name, lambda text: _count(text, maximum), default)
 
 
 class BaseBackend(abc.ABC, Generic[S]):

@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import re
 from collections.abc import Awaitable, Callable, Generator
 from types import TracebackType
 from typing import Any, cast
 
 from .._errors import BackendURLError
-from ._backend import BaseBackend, StoreURL
+from ._backend import BaseBackend, StoreURL, redact_url
 from ._codecs import StateCodec
 from ._limits import Limits
 from ._protocols import Backend
 
-__all__ = ["ENTRY_POINT_GROUP", "Connecting", "connect", "register_backend", "schemes"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "SQLITE_SUFFIXES",
+    "Connecting",
+    "connect",
+    "parse_url",
+    "register_backend",
+    "schemes",
+]
 
 ENTRY_POINT_GROUP = "flowy.backends"
 """The entry-point group adapters register their openers in (name: the URL scheme)."""
@@ -108,15 +117,40 @@ def _opener(url: StoreURL) -> Opener:
     )
 
 
-def _parse(url: str) -> StoreURL:
+SQLITE_SUFFIXES = (".db", ".sqlite")
+"""The endings that make a bare path (no ``scheme://``) a SQLite file for ``connect``."""
+
+_SCHEME_PREFIX = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def parse_url(url: str) -> StoreURL:
+    """``url`` parsed as :func:`connect` reads it: ``scheme://…``, or a bare path ending
+    in ``.db`` or ``.sqlite`` (a SQLite file).
+
+    Raises:
+        BackendURLError: anything else (``redis:6379``, ``localhost``, an out-of-range
+            port, …); the message masks the password.
+    """
     if isinstance(url, str) and "://" not in url and url.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
-        # A bare path is a SQLite file.
-        return StoreURL("sqlite:///" + url, "sqlite", "", "/" + url, {})
+        prefix = _SCHEME_PREFIX.match(url)
+        scheme = prefix.group(1).lower() if prefix and len(prefix.group(1)) > 1 else None
+        if scheme is None and url.lower().endswith(SQLITE_SUFFIXES):
+            return StoreURL("sqlite:///" + url, "sqlite", "", "/" + url, {})
+        hint = (
+            f"{scheme}: needs // ({scheme}://...); "
+            if scheme in set(_BUILTIN) | set(_EXTRAS) | set(_registered_here)
+            else ""
+        )
+        raise BackendURLError(
+            f"{redact_url(url)!r} is not a store URL: {hint}give scheme://... (memory://, "
+            "sqlite:///flowy.db, postgresql://host/db, redis://host:6379, "
+            "dynamodb://TABLE?region=...) or a SQLite file path ending in .db or .sqlite"
+        )
     return StoreURL.parse(url)
 
 
 async def _open(url: str, codec: StateCodec[Any] | None, limits: Limits | None) -> Backend[Any]:
-    parsed = _parse(url)
+    parsed = parse_url(url)
     backend = await _opener(parsed)(parsed, codec=codec)
     if limits is not None:
         backend.limits = limits
@@ -173,18 +207,19 @@ def connect(
             runner = flowy.Runner(graph, backend)
 
     Schemes: ``memory://`` (``memory://NAME`` shares a store by name in this process),
-    ``sqlite:///path.db`` or a bare path, ``postgresql://…`` / ``postgres://…``
-    (flowy-postgres), ``redis://…``, ``rediss://…``, ``redis+cluster://…``
-    (flowy-redis), ``dynamodb://TABLE?region=…`` (flowy-dynamodb). Store options are
-    query parameters, documented per store in ``docs/storage.md``; an unknown one is an
-    error. ``codec`` encodes states (by default the runner uses a typed graph's state
-    type); ``limits`` sets the limits of what it stores (``flowy.storage.Limits``: the
-    longest sleep, pending signals per thread, the size of a signal and of an activity
-    result). A new store gets its schema; an older schema needs ``await
-    backend.migrate()``.
+    ``sqlite:///path.db`` or a bare path ending in ``.db`` or ``.sqlite``,
+    ``postgresql://…`` / ``postgres://…`` (flowy-postgres), ``redis://…``,
+    ``rediss://…``, ``redis+cluster://…`` (flowy-redis), ``dynamodb://TABLE?region=…``
+    (flowy-dynamodb). Store options are query parameters, documented per store in
+    ``docs/storage.md``; an unknown one is an error. ``codec`` encodes states (by
+    default the runner uses a typed graph's state type); ``limits`` sets the limits of
+    what it stores (``flowy.storage.Limits``: the longest sleep, pending signals per
+    thread, the size of a signal and of an activity result). A new store gets its
+    schema; an older schema needs ``await backend.migrate()``.
 
-    Raises ``BackendURLError`` for a malformed URL, an unknown scheme or option, or an
-    adapter that is not installed (naming the ``pip install`` to run); passwords never
-    appear in its message.
+    Raises ``BackendURLError`` for a malformed URL (a string that is neither
+    ``scheme://…`` nor a ``.db``/``.sqlite`` path, a port outside 1-65535), an unknown
+    scheme, an unknown or out-of-range option, or an adapter that is not installed
+    (naming the ``pip install`` to run); passwords never appear in its message.
     """
     return Connecting(url, codec, limits)

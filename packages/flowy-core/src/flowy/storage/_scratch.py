@@ -20,8 +20,7 @@ from .._errors import BackendURLError
 from ._backend import BaseBackend
 from ._codecs import StateCodec
 from ._connect import _opener as opener_of  # pyright: ignore[reportPrivateUsage]
-from ._connect import _parse as parse_url  # pyright: ignore[reportPrivateUsage]
-from ._connect import connect
+from ._connect import connect, parse_url
 
 __all__ = ["SCRATCH_PREFIX", "open_scratch", "sibling_url"]
 
