@@ -32,9 +32,11 @@ from ._errors import (
     ConcurrencyConflictError,
     HandoffPendingError,
     LeaseError,
+    SnapshotEnvelopeInvalidError,
     ThreadAlreadyRunningError,
     ThreadLeaseBusyError,
     ThreadNotFoundError,
+    UnknownNodeError,
 )
 from ._results import ResumeDecisionKind, RunResult
 from ._runner import Runner, default_owner
@@ -50,13 +52,20 @@ from .storage import (
     Timer,
 )
 
-__all__ = ["RECOVERY_LEADER", "Failure", "Outcome", "Worker", "WorkerStats"]
+__all__ = ["PERMANENT_ERRORS", "RECOVERY_LEADER", "Failure", "Outcome", "Worker", "WorkerStats"]
 
 logger = logging.getLogger("flowy.worker")
 
 RECOVERY_LEADER = "recovery-leader"
 """The system lease the recovery loop's leader election uses (a namespace no thread id
 can reach: ``BaseLeaseManager.acquire_system``)."""
+
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (SnapshotEnvelopeInvalidError, UnknownNodeError)
+"""Failures no later delivery can cure: the thread's stored record does not decode, or
+it resumes at a node this graph does not have. A message that fails with one is
+dead-lettered at once, with the reason. (A ``GraphVersionMismatchError`` is not one of
+them: a worker of the thread's own version can run it, so a rolling deploy gives the
+message back for that worker to take.)"""
 
 
 class Outcome(enum.StrEnum):
@@ -74,7 +83,8 @@ class Outcome(enum.StrEnum):
     """Released for another delivery after a backoff (lease busy, transient error, node
     error)."""
     DEAD_LETTERED = "dead_lettered"
-    """Failed on its last allowed delivery: moved to the dead letters."""
+    """Failed on its last allowed delivery, or with an error no delivery can cure
+    (:data:`PERMANENT_ERRORS`): moved to the dead letters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +128,9 @@ class Worker(Generic[S, E]):
     A message that fails (a node raised, the thread is busy, the store failed) is logged
     with its traceback on the ``flowy.worker`` logger, released with ``"Type: message"``
     as its error, and redelivered after an exponential backoff with jitter; after the
-    consumer's ``max_attempts`` deliveries it is dead-lettered. A thread another run
+    consumer's ``max_attempts`` deliveries it is dead-lettered. A failure no delivery can
+    cure (a thread record that does not decode, a resume at a node this graph does not
+    have) is dead-lettered at once, with the reason. A thread another run
     holds is tried again for ``busy_grace`` seconds (the run that handed off lets go of
     it a moment after its hand-off committed); if it is still held, the message comes
     back once the holder's lease would have run out (a dead worker's lease lasts its
@@ -327,10 +339,11 @@ class Worker(Generic[S, E]):
         at_least: float = 0.0,
     ) -> Outcome:
         """Give ``message`` back after a backoff of at least ``at_least`` seconds (or
-        dead-letter it on its last delivery), with the error stored on it, logged with its
-        traceback, and reported."""
+        dead-letter it on its last delivery, or at once if ``exc`` is permanent), with the
+        error stored on it, logged with its traceback, and reported."""
         error = f"{what}: {type(exc).__name__}: {exc}" if exc is not None else what
-        dead = message.attempts >= self.consumer.max_attempts
+        permanent = isinstance(exc, PERMANENT_ERRORS)
+        dead = permanent or message.attempts >= self.consumer.max_attempts
         delay = 0.0 if dead else max(self.backoff(message.attempts), at_least)
         thread = message.intent.thread_id
         level = logging.ERROR if dead else logging.WARNING
@@ -341,12 +354,17 @@ class Worker(Generic[S, E]):
             thread,
             message.attempts,
             self.consumer.max_attempts,
-            "dead-lettered" if dead else f"retried in {delay:.1f}s",
+            ("dead-lettered (no delivery can cure it)" if permanent else "dead-lettered")
+            if dead
+            else f"retried in {delay:.1f}s",
             error,
             exc_info=exc,
         )
         try:
-            await self.consumer.release(message, error=error, delay=delay)
+            if permanent:
+                await self.consumer.release(message, error=error, dead=True)
+            else:
+                await self.consumer.release(message, error=error, delay=delay)
         except Exception:
             logger.exception("flowy worker %r: releasing thread %r failed", self.owner, thread)
         self._notify(Failure(message, error, exc, dead, delay))

@@ -79,17 +79,23 @@ class WatchedConsumer:
         self.resumed.discard(key)
         out.line(f"{out.paint(out.sym('ok'), 'green')} acked: {what}{self._suffix(message)}")
 
-    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+    async def release(
+        self, message: OutboxMessage, *, error: str = "", delay: float = 0.0, dead: bool = False
+    ) -> None:
         """Release, and say whether the message will come back or is now a dead letter."""
-        await self.inner.release(message, error=error, delay=delay)
+        if dead:
+            await self.inner.release(message, error=error, delay=delay, dead=True)
+        else:  # an inner consumer written before ``dead`` existed still works here
+            await self.inner.release(message, error=error, delay=delay)
         out = self.out
         self.resumed.discard(message.intent.intent_id)
         reason = clean(" ".join(error.split()), 160) or "no error recorded"
-        if message.attempts >= self.inner.max_attempts:
+        if dead or message.attempts >= self.inner.max_attempts:
             self.dead.add(message.message_id)
+            after = "at once" if dead else f"after {message.attempts} deliveries"
             out.line(
                 out.paint(f"{out.sym('fail')} dead-lettered", "red", "bold")
-                + f" after {message.attempts} deliveries{self._suffix(message)}: {reason}"
+                + f" {after}{self._suffix(message)}: {reason}"
             )
             retry = self.store.command("dead-letters", "--retry", quote(message.message_id))
             out.line(f"  requeue it once the cause is fixed: {clean(retry)}")
