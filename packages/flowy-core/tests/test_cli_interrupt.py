@@ -170,3 +170,24 @@ def test_ctrl_c_in_demo_saves_and_lets_go(tmp_path: Path) -> None:
     )
     assert proc.returncode == 130, proc
     _assert_let_go(store, "refund-A1001", proc, pointer=None)
+
+
+async def _redelivered(url: str) -> list[int]:
+    async with flowy.connect(url) as backend:
+        return [m.attempts for m in await backend.consumer.claim(10, 30.0)]
+
+
+def test_ctrl_c_twice_in_worker_stops_the_run_and_gives_the_message_back(
+    store: Store, tmp_path: Path
+) -> None:
+    with environment(store):
+        asyncio.run(_start(store.url, "t1", suspend=False))
+    proc = _interrupt(
+        store, tmp_path / "marker", "worker", "--graph", GRAPH, "--poll-interval", "0.1",
+        signals=2,
+    )  # fmt: skip
+    assert proc.returncode == 130, proc
+    assert "Ctrl-C again stops them now" in proc.stdout
+    _assert_let_go(store, "t1", proc)
+    with environment(store):
+        assert asyncio.run(_redelivered(store.url)) == [2]  # at once, not after the timeout

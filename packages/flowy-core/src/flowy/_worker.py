@@ -266,7 +266,12 @@ class Worker(Generic[S, E]):
         self._stopping.set()
 
     async def run(self) -> None:
-        """Claim and process messages until ``stop()``; then drain in-flight runs."""
+        """Claim and process messages until ``stop()``; then drain in-flight runs.
+
+        Cancelled, it cancels the runs in flight instead of draining them: each saves
+        its cancel snapshot and lets go of its lease, and its message is given back at
+        once for the next delivery to continue it.
+        """
         loops: list[asyncio.Task[None]] = []
         if self.recovery_interval is not None:
             loops.append(asyncio.ensure_future(self._recovery_loop(self.recovery_interval)))
@@ -291,6 +296,10 @@ class Worker(Generic[S, E]):
             if loops:
                 await asyncio.wait(loops)  # unlike awaiting them, never hides our own cancel
             if self._inflight:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    for task in self._inflight:
+                        task.cancel()
                 await asyncio.gather(*self._inflight, return_exceptions=True)
             await self._release_leader()
 
@@ -388,12 +397,22 @@ class Worker(Generic[S, E]):
         Messages of one thread are handled one at a time: a second delivery of a thread
         this worker is running (its visibility timeout ran out, or a recovery
         re-enqueued it) waits for the first to end, then finds it already resumed.
+        Cancelled, it gives the message back for another delivery at once.
         """
         thread_id = message.intent.thread_id
         lock = self._threads.setdefault(thread_id, asyncio.Lock())
         try:
             async with lock:
                 return await self._process(message)
+        except asyncio.CancelledError:
+            # Stopped mid-run (the run saved its cancel snapshot): give the message back
+            # now, so the next delivery continues the thread without waiting out the
+            # visibility timeout.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(
+                    self.consumer.release(message, error="the worker stopped during the run")
+                )
+            raise
         finally:
             if not lock.locked() and self._threads.get(thread_id) is lock:
                 del self._threads[thread_id]
