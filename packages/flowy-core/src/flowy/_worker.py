@@ -33,6 +33,7 @@ from ._errors import (
     HandoffPendingError,
     LeaseError,
     SnapshotEnvelopeInvalidError,
+    StorageUnavailableError,
     ThreadAlreadyRunningError,
     ThreadLeaseBusyError,
     ThreadNotFoundError,
@@ -40,6 +41,7 @@ from ._errors import (
 )
 from ._results import ResumeDecisionKind, RunResult
 from ._runner import Runner, default_owner
+from ._segment import running_here
 from ._types import E, ResumeToken, S
 from ._waits import durable_of, wake
 from .storage import (
@@ -136,7 +138,10 @@ class Worker(Generic[S, E]):
     back once the holder's lease would have run out (a dead worker's lease lasts its
     TTL). A run that failed without saving its end (its lease was lost, the store failed)
     is retried and resumes where it stopped; a failure it saved (a node raised) is
-    acknowledged.
+    acknowledged. An ack or release that fails because the store is unavailable is
+    tried again with a backoff (up to a second apart) while the message stays hidden, so
+    it goes through once the store answers again instead of waiting out the visibility
+    timeout.
 
     Args:
         runner: the runner that resumes the runs.
@@ -331,8 +336,47 @@ class Worker(Generic[S, E]):
         return outcome
 
     async def _ack(self, message: OutboxMessage, outcome: Outcome) -> Outcome:
-        await self.consumer.ack(message)
+        await self._settle("acknowledging", message, lambda: self.consumer.ack(message))
         return self._count(outcome)
+
+    async def _settle(
+        self, what: str, message: OutboxMessage, call: Callable[[], Awaitable[None]]
+    ) -> None:
+        """``call()`` (the ack or release of ``message``), tried again with a backoff while
+        the store is unavailable, for as long as the message stays hidden: once the store
+        answers again it goes through, instead of the message waiting out its visibility
+        timeout. Any other failure is raised at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.visibility_timeout
+        pause, failures = 0.05, 0
+        while True:
+            try:
+                await call()
+            except StorageUnavailableError as exc:
+                failures += 1
+                if loop.time() + pause > deadline:
+                    raise
+                if failures == 1:
+                    logger.warning(
+                        "flowy worker %r: %s thread %r failed, the store is unavailable; "
+                        "trying again until it answers (%s)",
+                        self.owner,
+                        what,
+                        message.intent.thread_id,
+                        exc,
+                    )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            if failures:
+                logger.info(
+                    "flowy worker %r: %s thread %r went through after %d failed attempt(s)",
+                    self.owner,
+                    what,
+                    message.intent.thread_id,
+                    failures,
+                )
+            return
 
     def backoff(self, attempts: int) -> float:
         """Seconds before the next delivery of a message that failed ``attempts`` times."""
@@ -371,9 +415,17 @@ class Worker(Generic[S, E]):
         )
         try:
             if permanent:
-                await self.consumer.release(message, error=error, dead=True)
+                await self._settle(
+                    "dead-lettering",
+                    message,
+                    lambda: self.consumer.release(message, error=error, dead=True),
+                )
             else:
-                await self.consumer.release(message, error=error, delay=delay)
+                await self._settle(
+                    "releasing",
+                    message,
+                    lambda: self.consumer.release(message, error=error, delay=delay),
+                )
         except Exception:
             logger.exception("flowy worker %r: releasing thread %r failed", self.owner, thread)
         self._notify(Failure(message, error, exc, dead, delay))
@@ -495,11 +547,39 @@ class Worker(Generic[S, E]):
         while True:
             try:
                 return await runner.resume(token, run_lease=lease, **extra)
-            except (ThreadLeaseBusyError, ThreadAlreadyRunningError):
+            except ThreadLeaseBusyError:
+                if await self._release_stale_own_lease(token.thread_id):
+                    continue
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    raise
+            except ThreadAlreadyRunningError:
                 if asyncio.get_running_loop().time() + pause > deadline:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+    async def _release_stale_own_lease(self, thread_id: str) -> bool:
+        """Release a lease on ``thread_id`` in this worker's own name that no run of this
+        process holds: left by a run whose store went away mid-call (an acquire whose
+        reply was lost, a release that failed). Whether one was released."""
+        leases = self.runner.lease_manager
+        if leases is None:
+            return False
+        try:
+            holder = await leases.holder(thread_id)
+            store = self.runner._store_key  # pyright: ignore[reportPrivateUsage]
+            if holder is None or holder.owner != self.owner or running_here((store, thread_id)):
+                return False
+            await leases.release(holder)
+        except Exception:  # noqa: BLE001 - then it is busy as before: wait for it to expire
+            return False
+        logger.info(
+            "flowy worker %r: released its own lease on thread %r, left by a run that "
+            "lost its store mid-call",
+            self.owner,
+            thread_id,
+        )
+        return True
 
     async def _lease_remaining(self, thread_id: str) -> float:
         """Seconds until the lease now holding ``thread_id`` runs out unless renewed
