@@ -10,13 +10,19 @@ by ``BLOCK_MARKER`` and then waits for ever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +93,12 @@ def _interrupt(
     signals: int = 1,
     ready: str = "",
     backend: bool = True,
+    then: Callable[[str], object] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``flowy ARGS --backend URL``; once ``marker`` exists (or, with ``ready``, once
     that text is on standard output), send SIGINT ``signals`` times (a second apart) and
-    wait for the process to end."""
+    wait for the process to end. With ``then``, once ``ready`` is printed, ``then(output)``
+    runs in a thread of its own and the marker is waited for after all."""
     env = {
         **os.environ,
         **store.env,
@@ -118,9 +126,15 @@ def _interrupt(
         try:
             deadline = time.monotonic() + 30
             while not (ready in "".join(lines) if ready else marker.exists()):
-                assert proc.poll() is None, "".join(lines)
+                assert proc.poll() is None, "".join(lines) + "".join(errors)
                 assert time.monotonic() < deadline, "the node never started"
                 time.sleep(0.02)
+            if then is not None:
+                threading.Thread(target=then, args=("".join(lines),), daemon=True).start()
+                while not marker.exists():
+                    assert proc.poll() is None, "".join(lines)
+                    assert time.monotonic() < deadline, "the node never started"
+                    time.sleep(0.02)
             for i in range(signals):
                 if i:
                     time.sleep(1.0)
@@ -191,3 +205,41 @@ def test_ctrl_c_twice_in_worker_stops_the_run_and_gives_the_message_back(
     _assert_let_go(store, "t1", proc)
     with environment(store):
         assert asyncio.run(_redelivered(store.url)) == [2]  # at once, not after the timeout
+
+
+def _resume_through_the_ui(thread: str, revision: int) -> Callable[[str], object]:
+    """Open the page of ``thread`` with the printed URL, then post its resume form (the
+    request stays open while the resumed node blocks)."""
+
+    def post(output: str) -> None:
+        match = re.search(r"open (http://\S+)/\?token=(\S+)", output)
+        assert match is not None, output
+        base, token = match[1], match[2]
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(CookieJar()))
+        for _ in range(100):  # the server listens a moment after it printed the URL
+            try:
+                page = opener.open(f"{base}/threads/{thread}?token={token}", timeout=10).read()
+                break
+            except urllib.error.URLError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("the inspector never answered")
+        csrf = re.search(rb"name='csrf' value='([^']+)'", page)
+        assert csrf is not None, page[:2000]
+        form = {"thread": thread, "revision": str(revision), "csrf": csrf[1].decode()}
+        with contextlib.suppress(OSError):  # the server goes away before it answers
+            opener.open(f"{base}/actions/resume", urllib.parse.urlencode(form).encode(), 60)
+
+    return post
+
+
+def test_ctrl_c_in_ui_stops_a_resume_it_runs(store: Store, tmp_path: Path) -> None:
+    pytest.importorskip("uvicorn", reason="flowy ui needs the ui extra")
+    with environment(store):
+        asyncio.run(_start(store.url, "t1", suspend=True))
+    proc = _interrupt(
+        store, tmp_path / "marker", "ui", "--graph", GRAPH, "--port", "0",
+        ready="Ctrl-C stops it", then=_resume_through_the_ui("t1", 1),
+    )  # fmt: skip
+    assert proc.returncode == 130, proc
+    _assert_let_go(store, "t1", proc)
