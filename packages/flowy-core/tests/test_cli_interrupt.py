@@ -32,6 +32,7 @@ from stores_support import Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
 import flowy
+from flowy.testing import Scenario
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
@@ -53,7 +54,7 @@ def blocking_graph() -> flowy.Graph[State, Any]:
 
     async def stall(s: State) -> tuple[State, flowy.Directive[Any]]:
         await asyncio.to_thread(Path(os.environ["BLOCK_MARKER"]).touch)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # not a sleep: the checker's clock skips those
         return {}, flowy.end()
 
     builder: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(_merge)
@@ -243,3 +244,20 @@ def test_ctrl_c_in_ui_stops_a_resume_it_runs(store: Store, tmp_path: Path) -> No
     )  # fmt: skip
     assert proc.returncode == 130, proc
     _assert_let_go(store, "t1", proc)
+
+
+def blocking_scenario() -> Scenario[State]:
+    """The crash-safety checker's story of ``blocking_graph``: it hands off to a node
+    that never ends."""
+    return Scenario(state={})
+
+
+def test_ctrl_c_in_check_stops_its_runs(tmp_path: Path) -> None:
+    store = Store("sqlite", f"sqlite:///{tmp_path / 'unused.db'}")
+    proc = _interrupt(
+        store, tmp_path / "marker", "check", GRAPH, "--scenario",
+        "test_cli_interrupt:blocking_scenario", "--seeds", "3", backend=False,
+    )  # fmt: skip
+    assert proc.returncode == 130, proc
+    assert "failed" not in proc.stderr + proc.stdout, proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
