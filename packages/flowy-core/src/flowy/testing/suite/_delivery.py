@@ -1,10 +1,12 @@
 """How a ``flowy.Worker`` on a real store ends a delivery that failed: a failure no
 delivery can cure is dead-lettered at once with its reason, a passing one is given
-back with a backoff for another delivery.
+back with a backoff for another delivery; and a lease left in the worker's own name by
+a run that lost its store is released, while one a run of its process holds is not.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ..._directives import Directive, end, handoff
@@ -41,6 +43,10 @@ def _handing_off(*, publish: bool = True) -> Graph[State, Any]:
     else:
         builder.allow_no_outgoing_route("hand")
     return builder.compile(version="v1")
+
+
+async def _published(s: State) -> tuple[State, Directive[Any]]:
+    return {"published": True}, end()
 
 
 async def _claim(backend: Backend[Any]) -> OutboxMessage:
@@ -114,3 +120,47 @@ class DeliverySuite(Suite):
             assert await flowy_backend.consumer.dead_letters() == []
         finally:
             await flowy_backend.leases.release(holder)
+
+    async def test_a_stale_lease_in_the_workers_own_name_is_released(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        # An acquire that went through while its reply was lost (the store went away):
+        # the lease is the worker's own, and no run of its process holds it.
+        tid = await self._handed_off(flowy_backend, "own-lease")
+        await flowy_backend.leases.acquire(tid, "worker-1", 30.0)
+        worker = Worker(Runner(_handing_off(), flowy_backend), owner="worker-1", busy_grace=0.0)
+        assert await worker.process(await _claim(flowy_backend)) is Outcome.RESUMED
+        head, _ = await flowy_backend.checkpointer.load(tid)
+        assert head.status is RunStatus.COMPLETED
+        assert await flowy_backend.leases.holder(tid) is None
+
+    async def test_a_lease_a_run_of_this_process_holds_is_left_alone(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        tid = new_thread_id("own-run")
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def hand(s: State) -> tuple[State, Directive[Any]]:
+            started.set()
+            await release.wait()
+            return {}, handoff("to_worker", resume_at="publish")
+
+        builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+        builder.add_node("hand", hand).add_node("publish", _published)
+        builder.add_edge("hand", "publish").allow_no_outgoing_route("publish")
+        graph = builder.compile(version="v1")
+        # A run of this process, in the worker's name, holds the thread; a stale message
+        # of an earlier hand-off of it comes in meanwhile.
+        await self._handed_off(flowy_backend, "own-run-earlier")
+        app = Runner(graph, flowy_backend, run_lease=("worker-1", 30.0))
+        running = asyncio.ensure_future(app.start(tid, {}))
+        try:
+            await asyncio.wait_for(started.wait(), 10)
+            holder = await flowy_backend.leases.holder(tid)
+            assert holder is not None and holder.owner == "worker-1"
+            worker = Worker(Runner(_handing_off(), flowy_backend), owner="worker-1", busy_grace=0.0)
+            assert not await worker._release_stale_own_lease(tid)  # pyright: ignore[reportPrivateUsage]
+            assert await flowy_backend.leases.holder(tid) == holder
+        finally:
+            release.set()
+            assert (await running).status is RunStatus.HANDOFF
