@@ -544,11 +544,13 @@ class Worker(Generic[S, E]):
         lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
         deadline = asyncio.get_running_loop().time() + self.busy_grace
         pause = 0.01
+        stale_released = False
         while True:
             try:
                 return await runner.resume(token, run_lease=lease, **extra)
             except ThreadLeaseBusyError:
-                if await self._release_stale_own_lease(token.thread_id):
+                if not stale_released and await self._release_stale_own_lease(token.thread_id):
+                    stale_released = True
                     continue
                 if asyncio.get_running_loop().time() + pause > deadline:
                     raise
