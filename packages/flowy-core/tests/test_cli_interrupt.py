@@ -261,3 +261,15 @@ def test_ctrl_c_in_check_stops_its_runs(tmp_path: Path) -> None:
     assert proc.returncode == 130, proc
     assert "failed" not in proc.stderr + proc.stdout, proc.stderr + proc.stdout
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_ctrl_c_in_worker_once_stops_the_run_and_gives_the_message_back(
+    store: Store, tmp_path: Path
+) -> None:
+    with environment(store):
+        asyncio.run(_start(store.url, "t1", suspend=False))
+    proc = _interrupt(store, tmp_path / "marker", "worker", "--graph", GRAPH, "--once")
+    assert proc.returncode == 130, proc
+    _assert_let_go(store, "t1", proc)
+    with environment(store):
+        assert asyncio.run(_redelivered(store.url)) == [2]
