@@ -300,13 +300,16 @@ class Worker(Generic[S, E]):
                 loop.cancel()
             if loops:
                 await asyncio.wait(loops)  # unlike awaiting them, never hides our own cancel
-            if self._inflight:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    for task in self._inflight:
-                        task.cancel()
-                await asyncio.gather(*self._inflight, return_exceptions=True)
-            await self._release_leader()
+            try:
+                if self._inflight:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        for task in self._inflight:
+                            task.cancel()
+                    # Cancelled while draining, the gather cancels them all the same.
+                    await asyncio.gather(*self._inflight, return_exceptions=True)
+            finally:
+                await self._release_leader()
 
     async def run_until_idle(self, idle_wait: float = 0.2) -> int:
         """Process messages (and fire due timers, unless ``timer_interval`` is ``None``)
