@@ -329,10 +329,20 @@ class Worker(Generic[S, E]):
     async def _claim(self, limit: int, wait: float) -> list[OutboxMessage]:
         try:
             return await self.consumer.claim(limit, self.visibility_timeout, wait)
-        except Exception:
-            logger.exception("flowy worker %r: claim failed", self.owner)
+        except Exception as exc:  # noqa: BLE001 - logged; the next claim tries again
+            self._log_failure("claim failed", exc)
             await asyncio.sleep(min(wait, 1.0) or 0.1)
             return []
+
+    def _log_failure(self, what: str, exc: Exception) -> None:
+        """Log a failed store call: while the store is unavailable (tried again every
+        second or so), one warning line each time, with the traceback at debug level;
+        anything else with its traceback."""
+        if isinstance(exc, StorageUnavailableError):
+            logger.warning("flowy worker %r: %s: %s", self.owner, what, exc)
+            logger.debug("flowy worker %r: %s", self.owner, what, exc_info=exc)
+        else:
+            logger.error("flowy worker %r: %s", self.owner, what, exc_info=exc)
 
     def _count(self, outcome: Outcome) -> Outcome:
         self._outcomes[outcome.value] += 1
@@ -640,8 +650,8 @@ class Worker(Generic[S, E]):
         try:
             durable = durable_of(runner.checkpointer, "firing timers")
             due = await durable.timers(before=runner.clock(), limit=limit)
-        except Exception:
-            logger.exception("flowy worker %r: listing due timers failed", self.owner)
+        except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
+            self._log_failure("listing due timers failed", exc)
             return 0
         now = time.monotonic()
         listed = {t.thread_id for t in due}
