@@ -78,12 +78,15 @@ STRESS_COUNT ?= 20
 STRESS_STORES ?= sqlite,postgres,redis,dynamodb
 STRESS_HANDOFFS ?= 10000
 STRESS_DYNAMODB_HANDOFFS ?= 300
+STRESS_OUTAGE_HANDOFFS ?= 2000
 
 # The hand-off/resume/orphan/lease/stream contract tests, STRESS_COUNT times in a row; a
 # randomised in-process run of thousands of hand-offs with faults at every phase; then,
 # on every store of STRESS_STORES, STRESS_HANDOFFS hand-offs through worker processes with
 # faults at every phase and workers SIGKILLed mid-segment (one summary line per store).
 # DynamoDB runs on moto here, which serves about ten saves a second: fewer hand-offs.
+# Last, STRESS_OUTAGE_HANDOFFS hand-offs drained by a worker process while PostgreSQL and
+# Redis go away three times (every connection cut through a proxy).
 verify-stress: setup
 	@for i in $$(seq 1 $(STRESS_COUNT)); do \
 		echo "verify-stress: round $$i/$(STRESS_COUNT)"; \
@@ -93,6 +96,8 @@ verify-stress: setup
 	$(RUN) python -m flowy.testing.stress --handoffs 2000 --seed 7 --fault-rate 0.3 $(STRESS_ARGS)
 	$(RUN) python scripts/stress_stores.py --stores $(STRESS_STORES) \
 		--handoffs $(STRESS_HANDOFFS) --dynamodb-handoffs $(STRESS_DYNAMODB_HANDOFFS)
+	FLOWY_OUTAGE_HANDOFFS=$(STRESS_OUTAGE_HANDOFFS) FLOWY_OUTAGES=3 \
+		$(RUN) pytest -q -p no:cacheprovider tests/test_store_outage.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .tools .pytest_cache .ruff_cache

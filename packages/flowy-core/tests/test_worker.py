@@ -197,7 +197,7 @@ async def test_cancelling_run_while_recovery_winds_down_is_not_swallowed() -> No
             await let_go.wait()  # a recovery pass finishing its save
             raise
 
-    worker._recovery_loop = slow_to_stop  # pyright: ignore[reportAttributeAccessIssue]
+    worker._recovery_loop = slow_to_stop  # pyright: ignore[reportPrivateUsage]
     task = asyncio.ensure_future(worker.run())
     await asyncio.sleep(0.05)
     worker.stop()
@@ -470,3 +470,23 @@ async def test_a_thread_still_held_comes_back_when_the_lease_would_run_out() -> 
     assert runs == []
     assert 2.0 < failures[0].retry_in <= 3.0 + 0.1
     assert "thread busy" in failures[0].error
+
+
+async def test_an_unavailable_store_is_one_warning_line_per_look(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A closed SQLite store answers every call with StorageUnavailableError, as a store
+    # that went away does.
+    backend = await flowy.connect(f"sqlite:///{tmp_path / 'gone.db'}")
+    worker = flowy.Worker(flowy.Runner(linear_graph(), backend))
+    await backend.aclose()
+    caplog.set_level(logging.DEBUG, logger="flowy.worker")
+    assert await worker.run_until_idle(0.0) == 0
+    records = [r for r in caplog.records if r.name == "flowy.worker"]
+    warnings = [r for r in records if r.levelno >= logging.WARNING]
+    assert {r.getMessage().split(": ")[1] for r in warnings} == {
+        "claim failed",
+        "listing due timers failed",
+    }
+    assert all(r.levelno == logging.WARNING and r.exc_info is None for r in warnings)
+    assert len([r for r in records if r.levelno == logging.DEBUG and r.exc_info]) == 2

@@ -5,6 +5,7 @@ the commit, an exhausted pool, and two worker processes racing on one thread."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 from dataclasses import replace
@@ -356,3 +357,30 @@ async def test_two_processes_race_into_one_history_chain(
     assert writers.count("left") == writers.count("right") == saves
     assert (await cp.load("raced"))[1] == 2 * saves
     assert conflicts > 0, "the two processes never raced; the test proved nothing"
+
+
+async def test_pool_reconnect_warnings_are_one_line(
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncpg logs each failed reconnect of its pool's connection floor (the server
+    restarting) as a warning with a traceback: a pool of flowy's keeps the warning to one
+    line naming the error, and the traceback goes to debug on ``flowy_postgres``."""
+    pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
+    try:
+        caplog.set_level(logging.DEBUG)
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError:
+            logging.getLogger("asyncpg.pool").warning(
+                "Failed to restore the pool connection floor; retrying", exc_info=True
+            )
+    finally:
+        await pool.close()
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.exc_info is None and "\n" not in warning.getMessage()
+    assert warning.getMessage() == (
+        "Failed to restore the pool connection floor; retrying "
+        "(ConnectionResetError: [Errno 104] Connection reset by peer)"
+    )
+    (debug,) = [r for r in caplog.records if r.name == "flowy_postgres" and r.exc_info]
+    assert debug.levelno == logging.DEBUG

@@ -39,6 +39,7 @@ __all__ = [
     "Stop",
     "maybe_await",
     "register_run",
+    "running_here",
     "unregister_run",
 ]
 
@@ -57,6 +58,11 @@ def register_run(key: tuple[object, str]) -> bool:
         return False
     _running.add(key)
     return True
+
+
+def running_here(key: tuple[object, str]) -> bool:
+    """Whether a run of that thread is in progress in this process."""
+    return key in _running
 
 
 def unregister_run(key: tuple[object, str]) -> None:

@@ -32,12 +32,16 @@ from ._errors import (
     ConcurrencyConflictError,
     HandoffPendingError,
     LeaseError,
+    SnapshotEnvelopeInvalidError,
+    StorageUnavailableError,
     ThreadAlreadyRunningError,
     ThreadLeaseBusyError,
     ThreadNotFoundError,
+    UnknownNodeError,
 )
 from ._results import ResumeDecisionKind, RunResult
 from ._runner import Runner, default_owner
+from ._segment import running_here
 from ._types import E, ResumeToken, S
 from ._waits import durable_of, wake
 from .storage import (
@@ -50,13 +54,20 @@ from .storage import (
     Timer,
 )
 
-__all__ = ["RECOVERY_LEADER", "Failure", "Outcome", "Worker", "WorkerStats"]
+__all__ = ["PERMANENT_ERRORS", "RECOVERY_LEADER", "Failure", "Outcome", "Worker", "WorkerStats"]
 
 logger = logging.getLogger("flowy.worker")
 
 RECOVERY_LEADER = "recovery-leader"
 """The system lease the recovery loop's leader election uses (a namespace no thread id
 can reach: ``BaseLeaseManager.acquire_system``)."""
+
+PERMANENT_ERRORS: tuple[type[Exception], ...] = (SnapshotEnvelopeInvalidError, UnknownNodeError)
+"""Failures no later delivery can cure: the thread's stored record does not decode, or
+it resumes at a node this graph does not have. A message that fails with one is
+dead-lettered at once, with the reason. (A ``GraphVersionMismatchError`` is not one of
+them: a worker of the thread's own version can run it, so a rolling deploy gives the
+message back for that worker to take.)"""
 
 
 class Outcome(enum.StrEnum):
@@ -74,7 +85,8 @@ class Outcome(enum.StrEnum):
     """Released for another delivery after a backoff (lease busy, transient error, node
     error)."""
     DEAD_LETTERED = "dead_lettered"
-    """Failed on its last allowed delivery: moved to the dead letters."""
+    """Failed on its last allowed delivery, or with an error no delivery can cure
+    (:data:`PERMANENT_ERRORS`): moved to the dead letters."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +130,18 @@ class Worker(Generic[S, E]):
     A message that fails (a node raised, the thread is busy, the store failed) is logged
     with its traceback on the ``flowy.worker`` logger, released with ``"Type: message"``
     as its error, and redelivered after an exponential backoff with jitter; after the
-    consumer's ``max_attempts`` deliveries it is dead-lettered. A thread another run
+    consumer's ``max_attempts`` deliveries it is dead-lettered. A failure no delivery can
+    cure (a thread record that does not decode, a resume at a node this graph does not
+    have) is dead-lettered at once, with the reason. A thread another run
     holds is tried again for ``busy_grace`` seconds (the run that handed off lets go of
     it a moment after its hand-off committed); if it is still held, the message comes
     back once the holder's lease would have run out (a dead worker's lease lasts its
     TTL). A run that failed without saving its end (its lease was lost, the store failed)
     is retried and resumes where it stopped; a failure it saved (a node raised) is
-    acknowledged.
+    acknowledged. An ack or release that fails because the store is unavailable is
+    tried again with a backoff (up to a second apart) while the message stays hidden, so
+    it goes through once the store answers again instead of waiting out the visibility
+    timeout.
 
     Args:
         runner: the runner that resumes the runs.
@@ -254,7 +271,12 @@ class Worker(Generic[S, E]):
         self._stopping.set()
 
     async def run(self) -> None:
-        """Claim and process messages until ``stop()``; then drain in-flight runs."""
+        """Claim and process messages until ``stop()``; then drain in-flight runs.
+
+        Cancelled, it cancels the runs in flight instead of draining them: each saves
+        its cancel snapshot and lets go of its lease, and its message is given back at
+        once for the next delivery to continue it.
+        """
         loops: list[asyncio.Task[None]] = []
         if self.recovery_interval is not None:
             loops.append(asyncio.ensure_future(self._recovery_loop(self.recovery_interval)))
@@ -278,9 +300,16 @@ class Worker(Generic[S, E]):
                 loop.cancel()
             if loops:
                 await asyncio.wait(loops)  # unlike awaiting them, never hides our own cancel
-            if self._inflight:
-                await asyncio.gather(*self._inflight, return_exceptions=True)
-            await self._release_leader()
+            try:
+                if self._inflight:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        for task in self._inflight:
+                            task.cancel()
+                    # Cancelled while draining, the gather cancels them all the same.
+                    await asyncio.gather(*self._inflight, return_exceptions=True)
+            finally:
+                await self._release_leader()
 
     async def run_until_idle(self, idle_wait: float = 0.2) -> int:
         """Process messages (and fire due timers, unless ``timer_interval`` is ``None``)
@@ -300,18 +329,67 @@ class Worker(Generic[S, E]):
     async def _claim(self, limit: int, wait: float) -> list[OutboxMessage]:
         try:
             return await self.consumer.claim(limit, self.visibility_timeout, wait)
-        except Exception:
-            logger.exception("flowy worker %r: claim failed", self.owner)
+        except Exception as exc:  # noqa: BLE001 - logged; the next claim tries again
+            self._log_failure("claim failed", exc)
             await asyncio.sleep(min(wait, 1.0) or 0.1)
             return []
+
+    def _log_failure(self, what: str, exc: Exception) -> None:
+        """Log a failed store call: while the store is unavailable (tried again every
+        second or so), one warning line each time, with the traceback at debug level;
+        anything else with its traceback."""
+        if isinstance(exc, StorageUnavailableError):
+            logger.warning("flowy worker %r: %s: %s", self.owner, what, exc)
+            logger.debug("flowy worker %r: %s", self.owner, what, exc_info=exc)
+        else:
+            logger.error("flowy worker %r: %s", self.owner, what, exc_info=exc)
 
     def _count(self, outcome: Outcome) -> Outcome:
         self._outcomes[outcome.value] += 1
         return outcome
 
     async def _ack(self, message: OutboxMessage, outcome: Outcome) -> Outcome:
-        await self.consumer.ack(message)
+        await self._settle("acknowledging", message, lambda: self.consumer.ack(message))
         return self._count(outcome)
+
+    async def _settle(
+        self, what: str, message: OutboxMessage, call: Callable[[], Awaitable[None]]
+    ) -> None:
+        """``call()`` (the ack or release of ``message``), tried again with a backoff while
+        the store is unavailable, for as long as the message stays hidden: once the store
+        answers again it goes through, instead of the message waiting out its visibility
+        timeout. Any other failure is raised at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.visibility_timeout
+        pause, failures = 0.05, 0
+        while True:
+            try:
+                await call()
+            except StorageUnavailableError as exc:
+                failures += 1
+                if loop.time() + pause > deadline:
+                    raise
+                if failures == 1:
+                    logger.warning(
+                        "flowy worker %r: %s thread %r failed, the store is unavailable; "
+                        "trying again until it answers (%s)",
+                        self.owner,
+                        what,
+                        message.intent.thread_id,
+                        exc,
+                    )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            if failures:
+                logger.info(
+                    "flowy worker %r: %s thread %r went through after %d failed attempt(s)",
+                    self.owner,
+                    what,
+                    message.intent.thread_id,
+                    failures,
+                )
+            return
 
     def backoff(self, attempts: int) -> float:
         """Seconds before the next delivery of a message that failed ``attempts`` times."""
@@ -327,10 +405,11 @@ class Worker(Generic[S, E]):
         at_least: float = 0.0,
     ) -> Outcome:
         """Give ``message`` back after a backoff of at least ``at_least`` seconds (or
-        dead-letter it on its last delivery), with the error stored on it, logged with its
-        traceback, and reported."""
+        dead-letter it on its last delivery, or at once if ``exc`` is permanent), with the
+        error stored on it, logged with its traceback, and reported."""
         error = f"{what}: {type(exc).__name__}: {exc}" if exc is not None else what
-        dead = message.attempts >= self.consumer.max_attempts
+        permanent = isinstance(exc, PERMANENT_ERRORS)
+        dead = permanent or message.attempts >= self.consumer.max_attempts
         delay = 0.0 if dead else max(self.backoff(message.attempts), at_least)
         thread = message.intent.thread_id
         level = logging.ERROR if dead else logging.WARNING
@@ -341,12 +420,25 @@ class Worker(Generic[S, E]):
             thread,
             message.attempts,
             self.consumer.max_attempts,
-            "dead-lettered" if dead else f"retried in {delay:.1f}s",
+            ("dead-lettered (no delivery can cure it)" if permanent else "dead-lettered")
+            if dead
+            else f"retried in {delay:.1f}s",
             error,
             exc_info=exc,
         )
         try:
-            await self.consumer.release(message, error=error, delay=delay)
+            if permanent:
+                await self._settle(
+                    "dead-lettering",
+                    message,
+                    lambda: self.consumer.release(message, error=error, dead=True),
+                )
+            else:
+                await self._settle(
+                    "releasing",
+                    message,
+                    lambda: self.consumer.release(message, error=error, delay=delay),
+                )
         except Exception:
             logger.exception("flowy worker %r: releasing thread %r failed", self.owner, thread)
         self._notify(Failure(message, error, exc, dead, delay))
@@ -370,12 +462,22 @@ class Worker(Generic[S, E]):
         Messages of one thread are handled one at a time: a second delivery of a thread
         this worker is running (its visibility timeout ran out, or a recovery
         re-enqueued it) waits for the first to end, then finds it already resumed.
+        Cancelled, it gives the message back for another delivery at once.
         """
         thread_id = message.intent.thread_id
         lock = self._threads.setdefault(thread_id, asyncio.Lock())
         try:
             async with lock:
                 return await self._process(message)
+        except asyncio.CancelledError:
+            # Stopped mid-run (the run saved its cancel snapshot): give the message back
+            # now, so the next delivery continues the thread without waiting out the
+            # visibility timeout.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(
+                    self.consumer.release(message, error="the worker stopped during the run")
+                )
+            raise
         finally:
             if not lock.locked() and self._threads.get(thread_id) is lock:
                 del self._threads[thread_id]
@@ -455,14 +557,44 @@ class Worker(Generic[S, E]):
         lease = (self.owner, self.lease_ttl) if runner.lease_manager is not None else None
         deadline = asyncio.get_running_loop().time() + self.busy_grace
         pause = 0.01
+        stale_released = False
         while True:
             try:
                 return await runner.resume(token, run_lease=lease, **extra)
-            except (ThreadLeaseBusyError, ThreadAlreadyRunningError):
+            except ThreadLeaseBusyError:
+                if not stale_released and await self._release_stale_own_lease(token.thread_id):
+                    stale_released = True
+                    continue
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    raise
+            except ThreadAlreadyRunningError:
                 if asyncio.get_running_loop().time() + pause > deadline:
                     raise
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
+
+    async def _release_stale_own_lease(self, thread_id: str) -> bool:
+        """Release a lease on ``thread_id`` in this worker's own name that no run of this
+        process holds: left by a run whose store went away mid-call (an acquire whose
+        reply was lost, a release that failed). Whether one was released."""
+        leases = self.runner.lease_manager
+        if leases is None:
+            return False
+        try:
+            holder = await leases.holder(thread_id)
+            store = self.runner._store_key  # pyright: ignore[reportPrivateUsage]
+            if holder is None or holder.owner != self.owner or running_here((store, thread_id)):
+                return False
+            await leases.release(holder)
+        except Exception:  # noqa: BLE001 - then it is busy as before: wait for it to expire
+            return False
+        logger.info(
+            "flowy worker %r: released its own lease on thread %r, left by a run that "
+            "lost its store mid-call",
+            self.owner,
+            thread_id,
+        )
+        return True
 
     async def _lease_remaining(self, thread_id: str) -> float:
         """Seconds until the lease now holding ``thread_id`` runs out unless renewed
@@ -518,8 +650,8 @@ class Worker(Generic[S, E]):
         try:
             durable = durable_of(runner.checkpointer, "firing timers")
             due = await durable.timers(before=runner.clock(), limit=limit)
-        except Exception:
-            logger.exception("flowy worker %r: listing due timers failed", self.owner)
+        except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
+            self._log_failure("listing due timers failed", exc)
             return 0
         now = time.monotonic()
         listed = {t.thread_id for t in due}

@@ -285,6 +285,27 @@ async def _keep_session(connection: object) -> None:
     """A pool ``reset`` that sends nothing: flowy leaves no session state behind."""
 
 
+class _OneLineWarnings(logging.Filter):
+    """asyncpg's pool logs each failed attempt to reconnect its connection floor (the
+    server restarting, say) as a warning with a traceback: keep the warning to one line
+    naming the error, and log the traceback at debug level on ``flowy_postgres``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and record.levelno >= logging.WARNING:
+            text = record.getMessage()
+            _log.debug("asyncpg: %s", text, exc_info=record.exc_info)
+            record.msg, record.args = f"{text} ({type(error).__name__}: {error})", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _one_line_driver_warnings() -> None:
+    pool_log = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, _OneLineWarnings) for f in pool_log.filters):
+        pool_log.addFilter(_OneLineWarnings())
+
+
 async def create_pool(
     dsn: str, *, pooler_mode: bool = False, min_size: int = 1, max_size: int = 10, **options: Any
 ) -> asyncpg.Pool:
@@ -296,6 +317,8 @@ async def create_pool(
     leaves session state on this pool). ``pooler_mode=True`` is for a transaction-mode
     pooler such as PgBouncer: ``statement_cache_size=0``, so asyncpg uses only unnamed
     statements, which do not outlive a transaction. Errors never show the password.
+    asyncpg's warnings about reconnecting the pool are one line each (the traceback at
+    debug level on the ``flowy_postgres`` logger).
     """
     if options.get("reset", _keep_session) is None:
         del options["reset"]
@@ -303,6 +326,7 @@ async def create_pool(
         options.setdefault("reset", _keep_session)
     if pooler_mode:
         options["statement_cache_size"] = 0
+    _one_line_driver_warnings()
     try:
         return await _driver.create_pool(dsn, min_size=min_size, max_size=max_size, **options)
     except Exception as exc:

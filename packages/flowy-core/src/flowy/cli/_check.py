@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -12,6 +15,38 @@ from ._options import CliError, load_graph, load_object, one_line
 from ._render import Console
 
 __all__ = ["cmd_check"]
+
+
+class _Stoppable:
+    """The scenario function, called by the check inside its own event loop (in another
+    thread): each call notes that loop's current task, which ``stop()`` cancels."""
+
+    def __init__(self, scenario: Callable[[], Any]) -> None:
+        functools.update_wrapper(self, scenario)  # the check reads its module and name
+        self._scenario = scenario
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._task: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = None
+
+    def __call__(self) -> Any:
+        task = asyncio.current_task()
+        if task is not None:
+            with self._lock:
+                self._task = (task.get_loop(), task)
+                stopped = self._stopped
+            if stopped:
+                task.cancel()
+        return self._scenario()
+
+    def stop(self) -> None:
+        """Cancel the check's task (from any thread)."""
+        with self._lock:
+            self._stopped = True
+            noted = self._task
+        if noted is not None:
+            loop, task = noted
+            with contextlib.suppress(RuntimeError):  # its loop is closed: it ended
+                loop.call_soon_threadsafe(task.cancel)
 
 
 async def cmd_check(args: argparse.Namespace, out: Console) -> int:
@@ -42,14 +77,24 @@ async def cmd_check(args: argparse.Namespace, out: Console) -> int:
     }
     made = cast(Callable[[], Scenario[Any]], scenario)
     try:
-        if args.backend is None:
-            # In a thread of its own: on fresh memory stores check() runs its loop on a
-            # clock that skips waits.
-            report = await asyncio.to_thread(check, args.spec, made, **options)
-        else:
+        if args.backend is not None:
             # In this loop: Ctrl-C cancels the check here, and it removes its scratch
             # store before the command ends.
             report = await acheck(args.spec, made, **options)
+        else:
+            # In a thread of its own: on fresh memory stores check() runs its loop on a
+            # clock that skips waits.
+            stoppable = _Stoppable(made)
+            done = asyncio.ensure_future(asyncio.to_thread(check, args.spec, stoppable, **options))
+            try:
+                report = await asyncio.shield(done)
+            except asyncio.CancelledError:
+                # Ctrl-C: stop the check's runs and wait for them to save where they
+                # were and let go of their leases, before its stores close.
+                stoppable.stop()
+                with contextlib.suppress(BaseException):
+                    await done
+                raise
     except TypeError as exc:  # the scenario function returned something else
         raise CliError(f"--scenario {args.scenario!r}: {one_line(str(exc))}", 2) from None
     for line in str(report).splitlines():

@@ -240,10 +240,13 @@ async def cmd_resume(args: argparse.Namespace, out: Console) -> int:
         except ThreadLeaseBusyError as exc:
             raise CliError(f"{one_line(str(exc))}; try again when it is free") from None
         printer = EventPrinter(out, path=main_path(graph))
-        async for event in handle:
-            if not args.json:
-                printer.event(event)
-        result = await handle.wait_result()
+        # On Ctrl-C the handle stops the run and waits for its cancel save and lease
+        # release, before the store closes.
+        async with handle:
+            async for event in handle:
+                if not args.json:
+                    printer.event(event)
+            result = await handle.wait_result()
     if args.json:
         print_json(out, result_json(result))
     else:

@@ -21,7 +21,7 @@ from .._results import RunResult
 from .._runner import Runner, default_owner
 from .._worker import Worker
 from ..storage import DeadLetter, HandoffIntent, OutboxConsumer, OutboxMessage, RunStatus
-from ._options import load_graph, quote
+from ._options import CliError, load_graph, quote
 from ._render import Console, clean, effect_text, result_line
 from ._store import DEAD_LETTER_SCAN, Store, codec_for, locate, open_store
 
@@ -79,17 +79,23 @@ class WatchedConsumer:
         self.resumed.discard(key)
         out.line(f"{out.paint(out.sym('ok'), 'green')} acked: {what}{self._suffix(message)}")
 
-    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+    async def release(
+        self, message: OutboxMessage, *, error: str = "", delay: float = 0.0, dead: bool = False
+    ) -> None:
         """Release, and say whether the message will come back or is now a dead letter."""
-        await self.inner.release(message, error=error, delay=delay)
+        if dead:
+            await self.inner.release(message, error=error, delay=delay, dead=True)
+        else:  # an inner consumer written before ``dead`` existed still works here
+            await self.inner.release(message, error=error, delay=delay)
         out = self.out
         self.resumed.discard(message.intent.intent_id)
         reason = clean(" ".join(error.split()), 160) or "no error recorded"
-        if message.attempts >= self.inner.max_attempts:
+        if dead or message.attempts >= self.inner.max_attempts:
             self.dead.add(message.message_id)
+            after = "at once" if dead else f"after {message.attempts} deliveries"
             out.line(
                 out.paint(f"{out.sym('fail')} dead-lettered", "red", "bold")
-                + f" after {message.attempts} deliveries{self._suffix(message)}: {reason}"
+                + f" {after}{self._suffix(message)}: {reason}"
             )
             retry = self.store.command("dead-letters", "--retry", quote(message.message_id))
             out.line(f"  requeue it once the cause is fixed: {clean(retry)}")
@@ -155,12 +161,27 @@ def _logs_on(out: Console) -> Generator[None]:
 
 
 async def _run_until_signal(worker: Worker[Any, Any], out: Console) -> None:
+    """``worker.run()`` until SIGINT or SIGTERM: the first lets the runs in flight
+    finish; a second stops them now (each saves its cancel snapshot and lets go of its
+    lease before the store closes) and ends the command as interrupted."""
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
     installed: list[int] = []
+    signals = 0
 
     def stopping() -> None:
-        out.line(out.paint("stopping: finishing the runs in flight", "dim"))
-        worker.stop()
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            out.line(
+                out.paint(
+                    "stopping: finishing the runs in flight (Ctrl-C again stops them now)", "dim"
+                )
+            )
+            worker.stop()
+        elif signals == 2 and task is not None:
+            out.line(out.paint("stopping the runs in flight: each saves where it is", "dim"))
+            task.cancel()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -168,6 +189,11 @@ async def _run_until_signal(worker: Worker[Any, Any], out: Console) -> None:
             installed.append(sig)
     try:
         await worker.run()
+    except asyncio.CancelledError:
+        if signals < 2 or task is None:
+            raise
+        task.uncancel()
+        raise CliError("interrupted", 130) from None
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)

@@ -255,9 +255,10 @@ class _Story:
     async def follow(
         self, handle: StreamHandle[RefundState, DemoEffect]
     ) -> RunResult[RefundState, DemoEffect]:
-        async for event in handle:
-            self.printer.event(event)
-        result = await handle.wait_result()
+        async with handle:  # Ctrl-C: the run's cancel save and lease release come first
+            async for event in handle:
+                self.printer.event(event)
+            result = await handle.wait_result()
         self.note(result_line(self.out, result))
         return result
 

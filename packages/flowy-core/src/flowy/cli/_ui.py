@@ -20,16 +20,19 @@ logger at debug level, never to the terminal.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import hmac
 import html
 import ipaddress
 import json
 import logging
 import secrets
+import signal
 import socket
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from .._errors import InvalidThreadIdError, StorageUnavailableError, ThreadNotFoundError
@@ -65,6 +68,7 @@ MAX_FORM = 1_000_000
 """The largest action form body accepted, in bytes."""
 
 _LIMIT = 500
+_STOP_ACTIONS_TIMEOUT = 15.0  # a cancelled resume's save is bounded at 10 s
 _STUCK = frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED})
 _RESUMABLE = frozenset(
     {RunStatus.SUSPENDED, RunStatus.CANCELED, RunStatus.WAITING, RunStatus.FAILED}
@@ -202,6 +206,19 @@ class _Inspector:
         self.runner: Runner[Any, Any] = Runner(
             graph, backend, run_lease=(default_owner(), DEFAULT_LEASE_TTL)
         )
+        self.acting: set[asyncio.Task[Any]] = set()  # the requests running an action
+        self.stopping = False
+
+    async def stop_actions(self) -> None:
+        """Cancel the actions in flight and wait for them: a resume saves its cancel
+        snapshot and lets go of its lease while the store is still open, and its request
+        is answered with 503."""
+        self.stopping = True
+        tasks = {t for t in self.acting if not t.done()}
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_STOP_ACTIONS_TIMEOUT)
 
     # -- layout
 
@@ -651,13 +668,27 @@ def build_app(
         name = cast(str, request.path_params["name"])
         thread = form.get("thread", "")
         fallback = _thread_href_raw(thread) if thread else "/dead-letters"
+        task = asyncio.current_task()
+        if task is not None:
+            ui.acting.add(task)
         try:
             back, message = await ui.act(name, form)
             key = "msg"
+        except asyncio.CancelledError:
+            if not ui.stopping or task is None:
+                raise
+            task.uncancel()  # stop_actions cancelled it: the run saved where it was
+            return PlainTextResponse(
+                f"503 the inspector is stopping: {name} was stopped where it was",
+                status_code=503,
+                headers=_HEADERS,
+            )
         except Exception as exc:  # an action's failure is one line on the page
             log.debug("flowy ui: the action %r failed", name, exc_info=exc)
             back, key = fallback, "err"
             message = f"{name} failed: {type(exc).__name__}: {one_line(str(exc))}"
+        finally:
+            ui.acting.discard(cast("asyncio.Task[Any]", task))
         url = back + "?" + urllib.parse.urlencode({key: message[:500]})
         return RedirectResponse(url, status_code=303, headers=_HEADERS)
 
@@ -667,7 +698,9 @@ def build_app(
         Route("/threads/{thread:path}", guarded(thread_page), methods=["GET"]),
         Route("/actions/{name}", action, methods=["POST"]),
     ]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    app.state.inspector = ui
+    return app
 
 
 # --------------------------------------------------------------------------- command
@@ -714,7 +747,61 @@ async def cmd_ui(args: argparse.Namespace, out: Console) -> int:
                 )
             out.line("(Ctrl-C stops it)")
             config = uvicorn.Config(app, log_level="warning", lifespan="off")
-            await uvicorn.Server(config).serve(sockets=[sock])
+            inspector = cast(_Inspector, app.state.inspector)
+            stopped = await _serve_until_signal(
+                uvicorn.Server, config, sock, inspector.stop_actions
+            )
+            # Before the store closes: an action still running (a resume) saves its
+            # cancel snapshot and lets go of its lease.
+            await inspector.stop_actions()
     finally:
         sock.close()
+    if stopped:
+        raise CliError("interrupted", 130)
     return 0
+
+
+async def _serve_until_signal(
+    server_type: Any,
+    config: Any,
+    sock: socket.socket,
+    on_stop: Callable[[], Awaitable[None]],
+) -> bool:
+    """Serve until SIGINT or SIGTERM, which also starts ``on_stop()`` (a second one
+    stops waiting for the requests in flight); whether a signal stopped it. The server's
+    own signal handling is off: it would raise the signal again once it stopped,
+    cancelling what comes after."""
+
+    class Server(server_type):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None]:
+            yield
+
+    server = Server(config)
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    stops: list[asyncio.Future[None]] = []
+
+    def stopping() -> None:
+        nonlocal signals
+        signals += 1
+        server.should_exit = True
+        if signals == 1:
+            stops.append(asyncio.ensure_future(on_stop()))
+        else:
+            server.force_exit = True
+
+    installed: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stopping)
+            installed.append(sig)
+    try:
+        await server.serve(sockets=[sock])
+        if stops:
+            await stops[0]
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    return signals > 0

@@ -191,9 +191,12 @@ class BaseConsumer(abc.ABC):
         """Remove the delivered ``message`` for good."""
         await self._ack(self._message_id(message))
 
-    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+    async def release(
+        self, message: OutboxMessage, *, error: str = "", delay: float = 0.0, dead: bool = False
+    ) -> None:
         """Give ``message`` back for another delivery after ``delay`` seconds, recording
-        ``error``; dead-letter it once it was delivered ``max_attempts`` times."""
+        ``error``; dead-letter it once it was delivered ``max_attempts`` times, or at once
+        with ``dead`` (a failure no delivery can cure)."""
         message_id = self._message_id(message)
         if not isinstance(error, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"error must be a str, got {type(error).__name__}")
@@ -202,7 +205,7 @@ class BaseConsumer(abc.ABC):
             message_id,
             error=_clip(error),
             delay=seconds,
-            dead=message.attempts >= self.max_attempts,
+            dead=dead or message.attempts >= self.max_attempts,
         )
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

@@ -241,10 +241,12 @@ class OutboxConsumer(Protocol):
         """Remove the delivered ``message`` for good (and no other)."""
         ...
 
-    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
+    async def release(
+        self, message: OutboxMessage, *, error: str = "", delay: float = 0.0, dead: bool = False
+    ) -> None:
         """Give the claimed ``message`` back for another delivery after ``delay`` seconds,
-        recording ``error``; after ``max_attempts`` deliveries it moves to the dead
-        letters instead."""
+        recording ``error``; after ``max_attempts`` deliveries, or at once with ``dead``
+        (a failure no delivery can cure), it moves to the dead letters instead."""
         ...
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:

@@ -109,8 +109,10 @@ class _CrashingConsumer:
             return  # crashed before the ack: redelivered after the visibility timeout
         await self.inner.ack(message)
 
-    async def release(self, message: OutboxMessage, *, error: str = "", delay: float = 0.0) -> None:
-        await self.inner.release(message, error=error, delay=delay)
+    async def release(
+        self, message: OutboxMessage, *, error: str = "", delay: float = 0.0, dead: bool = False
+    ) -> None:
+        await self.inner.release(message, error=error, delay=delay, dead=dead)
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         return await self.inner.dead_letters(limit)
