@@ -181,7 +181,7 @@ def test_the_cycle_check_sees_type_only_and_subpackage_imports(tmp_path: Path) -
 
 
 def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:
-    assert len(flowy.__all__) <= 61, len(flowy.__all__)
+    assert len(flowy.__all__) <= 60, len(flowy.__all__)
     assert flowy.__all__ == sorted(flowy.__all__)
     for name in flowy.__all__:
         obj = getattr(flowy, name)
@@ -278,6 +278,13 @@ def test_every_moved_name_of_0_1_resolves_with_a_deprecation_warning(name: str) 
     with pytest.warns(DeprecationWarning, match=f"flowy.{name} moved to {home.__name__}"):
         assert getattr(flowy, name) is getattr(home, name)
     assert name not in flowy.__all__
+
+
+def test_names_moved_after_0_2_resolve_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"flowy.HandoffError moved to flowy.errors.*0\.4"):
+        assert flowy.HandoffError is errors.HandoffError
+    assert "HandoffError" not in flowy.__all__
+    assert "HandoffError" not in vars(flowy)
 
 
 @pytest.mark.anyio

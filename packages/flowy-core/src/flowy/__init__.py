@@ -54,7 +54,6 @@ from ._errors import ConcurrencyConflictError as ConcurrencyConflictError
 from ._errors import FlowyError as FlowyError
 from ._errors import GraphValidationError as GraphValidationError
 from ._errors import HandoffEnqueueFailedError as HandoffEnqueueFailedError
-from ._errors import HandoffError as HandoffError
 from ._errors import InvalidResumeTokenError as InvalidResumeTokenError
 from ._errors import LeaseError as LeaseError
 from ._errors import LeaseLostError as LeaseLostError
@@ -103,7 +102,6 @@ __all__ = [
     "GraphBuilder",
     "GraphValidationError",
     "HandoffEnqueueFailedError",
-    "HandoffError",
     "HandoffRecoveryResult",
     "HandoffStatus",
     "InvalidResumeTokenError",
@@ -216,14 +214,22 @@ _MOVED = {
     "consume_events_and_wait": "flowy.stream_helpers",
 }
 
+# Names moved out of here after 0.2 (``flowy.__all__`` stays at 60 names or fewer).
+# Importing one still works (with a DeprecationWarning) until 0.4.
+_MOVED_AFTER_0_2 = {
+    "HandoffError": "flowy.errors",
+}
+
 
 def __getattr__(name: str) -> _Any:
-    """Resolve a name flowy 0.1 exported here, with a DeprecationWarning."""
-    module = _MOVED.get(name)
+    """Resolve a name flowy exported here before, with a DeprecationWarning."""
+    module, until = _MOVED.get(name), "0.3"
+    if module is None:
+        module, until = _MOVED_AFTER_0_2.get(name), "0.4"
     if module is None:
         raise AttributeError(f"module 'flowy' has no attribute {name!r}")
     _warnings.warn(
-        f"flowy.{name} moved to {module}.{name}; the old name goes away in flowy 0.3",
+        f"flowy.{name} moved to {module}.{name}; the old name goes away in flowy {until}",
         DeprecationWarning,
         stacklevel=2,
     )
