@@ -105,3 +105,15 @@ def test_every_store_option_is_documented() -> None:
         if f"| `{name}` |" not in sections.get(heading, "")
     ]
     assert not missing, f"options without a row in docs/storage.md: {missing}"
+
+
+def test_every_suite_class_has_a_row_in_the_store_authors_guide() -> None:
+    """docs/adapters.md gives each class of ``flowy.testing.suite`` a row saying what it
+    pins, and names no suite class that does not exist."""
+    from flowy.testing import suite
+
+    text = (ROOT / "docs" / "adapters.md").read_text()
+    rows = set(re.findall(r"^\| `(\w+Suite)` \|", text, re.M))
+    named = set(re.findall(r"`(\w+Suite)\b", text))
+    assert set(suite.__all__) - rows == set(), "suite classes without a row in docs/adapters.md"
+    assert named - set(suite.__all__) == set(), "docs/adapters.md names unknown suite classes"

@@ -361,6 +361,19 @@ class StalePayloadOutbox(MemoryOutbox):
         await super()._append(row)
 
 
+class NewIdReviveOutbox(MemoryOutbox):
+    """Revives a dead letter written again as a new message, under a new id."""
+
+    async def _append(self, row: OutboxRow) -> None:
+        for message_id, entry in list(self.store.dead.items()):
+            if (entry.thread_id, entry.committed_revision) == (
+                row.thread_id,
+                row.committed_revision,
+            ):
+                del self.store.dead[message_id]
+        await super()._append(row)
+
+
 class KeptSignalIdsCheckpointer(MemoryCheckpointer[Any]):
     """Deletes a thread's signals but keeps its index of signal ids."""
 
@@ -1066,6 +1079,12 @@ CASES = [
         ((S.OutboxSuite, "test_enqueue_again_revives_only_a_dead_letter"),),
     ),
     Case(
+        "a dead letter written again comes back under a new message id",
+        "memory",
+        {"outbox": NewIdReviveOutbox},
+        ((S.OutboxSuite, "test_enqueue_again_revives_only_a_dead_letter"),),
+    ),
+    Case(
         "a deleted thread keeps its signal ids",
         "memory",
         {"checkpointer": KeptSignalIdsCheckpointer},
@@ -1164,7 +1183,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 44
+    assert len(CASES) == 45
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

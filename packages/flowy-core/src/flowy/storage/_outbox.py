@@ -57,8 +57,8 @@ class BaseOutbox(abc.ABC):
     async def _append(self, row: OutboxRow) -> None:
         """Durably add ``row`` unless a message of the same (thread, committed revision)
         exists: a live one is left exactly as it is (payload, claims, attempts and
-        all); a dead-lettered one comes back to life with ``row``'s payload, its attempts
-        and error reset, visible now."""
+        all); a dead-lettered one comes back to life under its message id, with
+        ``row``'s payload, its attempts and error reset, visible now."""
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """Durably enqueue ``intent`` (``HandoffOutbox.enqueue_intent``)."""
@@ -122,8 +122,8 @@ class BaseConsumer(abc.ABC):
 
     @abc.abstractmethod
     async def _retry_dead_letter(self, message_id: str) -> bool:
-        """Move that dead letter back to the live messages, visible now, attempts and
-        error reset; ``False`` if there is no such dead letter."""
+        """Move that dead letter back to the live messages under the same id, visible
+        now, attempts and error reset; ``False`` if there is no such dead letter."""
 
     async def _wait(self, seconds: float) -> None:
         """Wait up to ``seconds`` for new messages (default: a poll interval's sleep)."""

@@ -259,8 +259,8 @@ class OutboxSuite(Suite):
         self, flowy_backend: Backend[Any]
     ) -> None:
         """A row written again for the same (thread, revision) leaves a live message as
-        it is, payload included; a dead letter comes back with the new payload, its
-        attempts and error reset."""
+        it is, payload included; a dead letter comes back under its message id, with the
+        new payload, its attempts and error reset."""
         outbox, consumer = require_consumer(flowy_backend)
         tid = new_thread_id("revive")
         first, later = make_intent(tid, 1, reason="first"), make_intent(tid, 1, reason="later")
@@ -281,6 +281,7 @@ class OutboxSuite(Suite):
         assert await consumer.dead_letters() == []
         back = await _claim_one(consumer, self.long_ttl)
         assert (back.intent, back.attempts, back.last_error) == (later, 1, "")
+        assert back.message_id == dead.message_id
 
     async def test_an_ack_never_removes_a_dead_letter(self, flowy_backend: Backend[Any]) -> None:
         """An ack that comes after its message was dead-lettered (a late worker) deletes
