@@ -117,3 +117,42 @@ def test_every_suite_class_has_a_row_in_the_store_authors_guide() -> None:
     named = set(re.findall(r"`(\w+Suite)\b", text))
     assert set(suite.__all__) - rows == set(), "suite classes without a row in docs/adapters.md"
     assert named - set(suite.__all__) == set(), "docs/adapters.md names unknown suite classes"
+
+
+def test_the_readme_map_names_modules_and_functions_that_exist() -> None:
+    """Every path in the README's "Where things are" exists (core paths are relative to
+    the ``flowy`` package, an adapter's to its package), and every ``Class.method`` it
+    names, or any name on the lines that say where something happens, is defined there."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\n## Where things are\n")
+    section = readme[start : readme.index("\n## ", start + 1)]
+    core = ROOT / "packages" / "flowy-core" / "src" / "flowy"
+    sources = {
+        p: p.read_text() for p in (ROOT / "packages").glob("*/src/**/*.py") if ".venv" not in str(p)
+    }
+    lines = [line for line in section.splitlines() if line.startswith("- ")]
+    assert len(lines) >= 15, "the map lost its lines"
+    anchors = [line for line in lines if "**where " in line]
+    assert len(anchors) == 4, anchors  # a resume decision, a hand-off, a timer, an action
+    missing: list[str] = []
+    for line in lines:
+        names = [n for n in re.findall(r"`([^`]+)`", line) if "://" not in n]
+        base = ROOT / names[0] if names[0].startswith("packages/") else core
+        for name in names:
+            if name.endswith((".py", "/")):
+                if not (ROOT / name if name.startswith("packages/") else base / name).exists():
+                    missing.append(name)
+            elif re.fullmatch(r"[A-Z_]\w*\.\w+", name):
+                cls, method = name.split(".")
+                homes = [t for t in sources.values() if re.search(rf"^class {cls}\b", t, re.M)]
+                if not any(re.search(rf"^    (async )?def {method}\(", t, re.M) for t in homes):
+                    missing.append(name)
+            elif (
+                line in anchors
+                and re.fullmatch(r"[a-z]+(_[a-z]+)+", name)
+                and not any(
+                    re.search(rf"^ *(async )?def {name}\(", t, re.M) for t in sources.values()
+                )
+            ):
+                missing.append(name)
+    assert not missing, f"README 'Where things are' names what does not exist: {missing}"
