@@ -38,6 +38,8 @@ __all__ = [
 FORMAT_VERSION = 1
 """The envelope format this code writes and reads (a record's fifth byte)."""
 _JSON_CODECS = frozenset({"json", "msgspec-json"})
+_JSON: JSONCodec[Any] = JSONCodec()
+"""The codec of plain JSON states (``codec=None``): one instance, it holds no state."""
 MAX_HEADER_BYTES = 1024 * 1024
 """The largest record header written and read (thread id, pointer, metadata, effects)."""
 # The header object holds the effects list, which holds each effect (of at most
@@ -149,7 +151,7 @@ class Record:
     def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
         """Decode the state with ``codec``; a codec mismatch or bad state bytes raise
         ``SnapshotEnvelopeInvalidError``."""
-        c: StateCodec[Any] = codec if codec is not None else JSONCodec()
+        c: StateCodec[Any] = codec if codec is not None else _JSON
         if c.name != self.codec:
             raise SnapshotEnvelopeInvalidError(
                 f"record of thread {self.thread_id!r} rev {self.revision} was written with "
@@ -227,7 +229,7 @@ def _encode_state(snapshot: Snapshot[S], codec: StateCodec[S] | None) -> tuple[s
     """``(codec name, encoded state)`` of ``snapshot``; ``TypeError`` if the codec cannot
     encode it, :class:`LimitError` if it holds a value that would not load back (NaN, an
     infinity, an integer too long) or a JSON state is nested too deeply to load back."""
-    c: StateCodec[Any] = codec if codec is not None else JSONCodec()
+    c: StateCodec[Any] = codec if codec is not None else _JSON
     try:
         state = c.encode(snapshot.state)
     except RecursionError:
