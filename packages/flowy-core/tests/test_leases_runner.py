@@ -136,3 +136,22 @@ async def test_delete_on_success_runs_after_lease_release() -> None:
     assert r.status is flowy.RunStatus.COMPLETED
     with pytest.raises(flowy.ThreadNotFoundError):
         await cp.load("t")
+
+
+async def test_a_fenced_save_validates_its_thread_id_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The lease names the thread the save already validated: it is not validated again.
+    from flowy.storage import _base, _checks
+
+    checked: list[object] = []
+
+    def counting(thread_id: object) -> str:
+        checked.append(thread_id)
+        return storage.validate_thread_id(thread_id)
+
+    mem: MemoryBackend[State] = MemoryBackend()
+    lease = await mem.leases.acquire("t", "w1", 30)
+    snap: storage.Snapshot[State] = storage.Snapshot("t", {}, "a", updated_at=1.0)
+    monkeypatch.setattr(_base, "validate_thread_id", counting)
+    monkeypatch.setattr(_checks, "validate_thread_id", counting)
+    assert await mem.checkpointer.save(0, snap, lease=lease) == 1
+    assert checked == ["t"]

@@ -70,6 +70,11 @@ _DEFAULT: Any = object()
 
 
 def snap(state: Any = _DEFAULT, **kw: Any) -> storage.Snapshot[Any]:
+    fields: dict[str, Any] = {
+        "handoff_pending_at": 1700000000.5,
+        "updated_at": 1700000001.25,
+        **kw,
+    }
     return storage.Snapshot(
         "thread-1",
         {"n": 1} if state is _DEFAULT else state,
@@ -82,10 +87,8 @@ def snap(state: Any = _DEFAULT, **kw: Any) -> storage.Snapshot[Any]:
         budget_counts={"llm": 4},
         metadata={"who": "me", "nested": {"a": [1, 2]}},
         handoff_status=flowy.HandoffStatus.PENDING,
-        handoff_pending_at=1700000000.5,
-        updated_at=1700000001.25,
         write_id="w-1",
-        **kw,
+        **fields,
     )
 
 
@@ -93,6 +96,19 @@ def test_round_trip_keeps_every_field() -> None:
     data = encode_snapshot(snap(), 7)
     back = decode_snapshot(data, thread_id="thread-1", revision=7, execution_pointer="node")
     assert back == dataclasses.replace(snap(), revision=7)
+
+
+@pytest.mark.parametrize("field", ["updated_at", "handoff_pending_at", "wake_at"])
+def test_each_time_of_a_record_is_checked_at_write(field: str) -> None:
+    # The common case (floats in range) is checked without building a message: an int
+    # in range still passes, and every bad value still gets the full diagnosis.
+    assert decode_snapshot(encode_snapshot(snap(**{field: 1700000000}), 1)).revision == 1
+    for bad in (-0.5, 253402300800.0, float("nan"), float("inf")):
+        with pytest.raises(errors.LimitError, match=f"^the {field} of thread 'thread-1' is "):
+            encode_snapshot(snap(**{field: bad}), 1)
+    for wrong in (True, "1.0"):
+        with pytest.raises(TypeError, match=f"^the {field} of thread 'thread-1' must be sec"):
+            encode_snapshot(snap(**{field: wrong}), 1)
 
 
 def test_typed_json_codec_round_trips_dataclasses_enums_datetimes() -> None:

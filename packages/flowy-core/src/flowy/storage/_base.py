@@ -450,16 +450,15 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 f"the snapshot of thread {show_id(thread_id)} has an empty execution "
                 "pointer; a stored head must name the node to resume at"
             )
-        if snapshot.wake_at is not None:
-            check_time("the snapshot's wake_at", snapshot.wake_at)
         if lease is not None:
-            check_lease(lease)
+            check_lease(lease, thread_id=thread_id)
             if lease.thread_id != thread_id:
                 raise LeaseLostError(
                     f"save refused: the lease given is for thread {show_id(lease.thread_id)}"
                     f", not {show_id(thread_id)}"
                 )
         revision = expected_revision + 1
+        # The envelope checks the times and the statuses (enum members) as it encodes.
         record = encode_snapshot(snapshot, revision, self.codec)
         limit = self.max_record_bytes
         if limit is not None and len(record) > limit:
@@ -474,9 +473,9 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             thread_id=thread_id,
             revision=revision,
             execution_pointer=pointer,
-            status=RunStatus(snapshot.status),
+            status=snapshot.status,
             reason=snapshot.reason,
-            handoff_status=HandoffStatus(snapshot.handoff_status),
+            handoff_status=snapshot.handoff_status,
             handoff_pending_at=snapshot.handoff_pending_at,
             updated_at=snapshot.updated_at,
             wake_at=snapshot.wake_at,

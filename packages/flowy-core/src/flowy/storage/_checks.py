@@ -73,15 +73,19 @@ def check_system_name(name: object) -> str:
     return SYSTEM_LEASE_PREFIX + validate_thread_id(name)
 
 
-def check_lease(lease: object) -> Lease:
-    """A ``Lease`` (of a thread, or a system lease) whose fields have the right types."""
+def check_lease(lease: object, *, thread_id: str | None = None) -> Lease:
+    """A ``Lease`` (of a thread, or a system lease) whose fields have the right types.
+
+    ``thread_id`` is a thread id the caller has already validated: a lease of that
+    thread is not validated again."""
     if not isinstance(lease, Lease):
         raise TypeError(f"expected a flowy.storage.Lease, got {type(lease).__name__}")
     key = lease.thread_id
-    if isinstance(key, str) and key.startswith(SYSTEM_LEASE_PREFIX):  # pyright: ignore[reportUnnecessaryIsInstance]
-        validate_thread_id(key[len(SYSTEM_LEASE_PREFIX) :])
-    else:
-        validate_thread_id(key)
+    if thread_id is None or key != thread_id:
+        if isinstance(key, str) and key.startswith(SYSTEM_LEASE_PREFIX):  # pyright: ignore[reportUnnecessaryIsInstance]
+            validate_thread_id(key[len(SYSTEM_LEASE_PREFIX) :])
+        else:
+            validate_thread_id(key)
     check_owner(lease.owner)
     token = lease.fencing_token
     if isinstance(token, bool) or not isinstance(token, int):  # pyright: ignore[reportUnnecessaryIsInstance]

@@ -12,6 +12,7 @@ import collections.abc
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import json
 import types
 import typing
@@ -46,13 +47,20 @@ def json_default(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {name: getattr(value, name) for name in _field_names(type(value))}
     if isinstance(value, set | frozenset):
         return sorted(cast("set[Any]", value), key=repr)
     raise TypeError(
         f"JSONCodec cannot encode {type(value).__name__} {value!r}; use dataclasses, dicts, "
         "lists, enums, datetimes and JSON scalars, or pass another codec"
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of the dataclass ``cls``, in order: looked up once per class, not
+    on every save of a state of that class."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 JSON_ENCODER = json.JSONEncoder(

@@ -38,6 +38,8 @@ __all__ = [
 FORMAT_VERSION = 1
 """The envelope format this code writes and reads (a record's fifth byte)."""
 _JSON_CODECS = frozenset({"json", "msgspec-json"})
+_JSON: JSONCodec[Any] = JSONCodec()
+"""The codec of plain JSON states (``codec=None``): one instance, it holds no state."""
 MAX_HEADER_BYTES = 1024 * 1024
 """The largest record header written and read (thread id, pointer, metadata, effects)."""
 # The header object holds the effects list, which holds each effect (of at most
@@ -149,7 +151,7 @@ class Record:
     def to_snapshot(self, codec: StateCodec[S] | None = None) -> Snapshot[S]:
         """Decode the state with ``codec``; a codec mismatch or bad state bytes raise
         ``SnapshotEnvelopeInvalidError``."""
-        c: StateCodec[Any] = codec if codec is not None else JSONCodec()
+        c: StateCodec[Any] = codec if codec is not None else _JSON
         if c.name != self.codec:
             raise SnapshotEnvelopeInvalidError(
                 f"record of thread {self.thread_id!r} rev {self.revision} was written with "
@@ -227,7 +229,7 @@ def _encode_state(snapshot: Snapshot[S], codec: StateCodec[S] | None) -> tuple[s
     """``(codec name, encoded state)`` of ``snapshot``; ``TypeError`` if the codec cannot
     encode it, :class:`LimitError` if it holds a value that would not load back (NaN, an
     infinity, an integer too long) or a JSON state is nested too deeply to load back."""
-    c: StateCodec[Any] = codec if codec is not None else JSONCodec()
+    c: StateCodec[Any] = codec if codec is not None else _JSON
     try:
         state = c.encode(snapshot.state)
     except RecursionError:
@@ -257,12 +259,8 @@ def _envelope(
 ) -> bytes:
     """The record bytes of ``source``'s header fields (those a :class:`Record` and a
     :class:`Snapshot` share) at ``revision``, with ``state`` encoded by ``codec``."""
-    thread = f"thread {source.thread_id!r:.200}"
-    check_time(f"the updated_at of {thread}", source.updated_at)
-    if source.handoff_pending_at is not None:
-        check_time(f"the handoff_pending_at of {thread}", source.handoff_pending_at)
-    if source.wake_at is not None:
-        check_time(f"the wake_at of {thread}", source.wake_at)
+    if not _plain_times(source):
+        _check_times(source)
     fields: dict[str, object] = {
         "thread_id": source.thread_id,
         "revision": revision,
@@ -303,23 +301,57 @@ def _envelope(
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
     except (TypeError, RecursionError) as exc:
+        thread = _thread(source)
         _check_header_depth(source, thread)
         raise TypeError(
             f"cannot encode the run metadata or effects of {thread} as JSON: {exc}"
         ) from exc
     except ValueError as exc:  # NaN, an infinity, an integer too long to read back
-        raise LimitError(f"cannot store the run metadata or effects of {thread}: {exc}") from None
+        raise LimitError(
+            f"cannot store the run metadata or effects of {_thread(source)}: {exc}"
+        ) from None
     if header.count(b"[") + header.count(b"{") > MAX_DEPTH:  # only then can one be too deep
-        _check_header_depth(source, thread)
+        _check_header_depth(source, _thread(source))
     if len(header) > MAX_HEADER_BYTES:
         raise LimitError(
-            f"the run metadata and effects of {thread} are {len(header)} bytes encoded; "
+            f"the run metadata and effects of {_thread(source)} are {len(header)} bytes encoded; "
             f"a record stores at most {MAX_HEADER_BYTES} (keep large data outside)"
         )
     body = b"".join(
         (_MAGIC, bytes((version,)), _U32.pack(len(header)), header, _U32.pack(len(state)), state)
     )
     return body + _digest(body)
+
+
+def _thread(source: Record | Snapshot[Any]) -> str:
+    """How error messages name ``source``'s thread (built only when one is raised)."""
+    return f"thread {source.thread_id!r:.200}"
+
+
+def _plain_times(source: Record | Snapshot[Any]) -> bool:
+    """True if ``source``'s times are floats in range: the common case, checked without
+    building a message. Anything else goes through :func:`_check_times`."""
+    pending_at, wake_at = source.handoff_pending_at, source.wake_at
+    return (
+        _plain_time(source.updated_at)
+        and (pending_at is None or _plain_time(pending_at))
+        and (wake_at is None or _plain_time(wake_at))
+    )
+
+
+def _plain_time(value: float) -> bool:
+    return type(value) is float and 0.0 <= value <= MAX_TIMESTAMP
+
+
+def _check_times(source: Record | Snapshot[Any]) -> None:
+    """``TypeError`` or :class:`LimitError` naming the first of ``source``'s times that
+    is not a number in 0 .. ``MAX_TIMESTAMP`` (an ``int`` in range passes)."""
+    thread = _thread(source)
+    check_time(f"the updated_at of {thread}", source.updated_at)
+    if source.handoff_pending_at is not None:
+        check_time(f"the handoff_pending_at of {thread}", source.handoff_pending_at)
+    if source.wake_at is not None:
+        check_time(f"the wake_at of {thread}", source.wake_at)
 
 
 def _check_header_depth(source: Record | Snapshot[Any], thread: str) -> None:

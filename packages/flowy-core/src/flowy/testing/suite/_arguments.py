@@ -10,7 +10,12 @@ from typing import Any, cast
 
 import pytest
 
-from ..._errors import ConcurrencyConflictError, LeaseLostError, ThreadLeaseBusyError
+from ..._errors import (
+    ConcurrencyConflictError,
+    InvalidThreadIdError,
+    LeaseLostError,
+    ThreadLeaseBusyError,
+)
 from ...storage import Backend, Lease, OutboxMessage, Snapshot, TransactionalCheckpointer
 from ._support import Suite, make_intent, make_snapshot, new_thread_id, saved_chain, try_load
 
@@ -114,6 +119,21 @@ class ArgumentSuite(Suite):
             if bad is not None:
                 with pytest.raises(TypeError, match="Lease"):
                     await cp.save(0, make_snapshot(tid), lease=cast(Lease, bad))
+        assert await try_load(cp, tid) is None
+
+    async def test_bad_leases_given_to_save(self, flowy_backend: Backend[Any]) -> None:
+        cp = flowy_backend.checkpointer
+        tid = new_thread_id("bad-save-lease")
+        other = new_thread_id("bad-save-lease-other")
+        for bad, error, match in (
+            (Lease("", "owner-1", 1, 1.0), InvalidThreadIdError, "empty"),
+            (Lease("a\x00b", "owner-1", 1, 1.0), InvalidThreadIdError, "NUL"),
+            (Lease(tid, "", 1, 1.0), ValueError, "owner"),
+            (Lease(tid, "owner-1", cast(int, "1"), 1.0), TypeError, "fencing_token"),
+            (Lease(other, "owner-1", 1, 1.0), LeaseLostError, f"is for thread {other!r}"),
+        ):
+            with pytest.raises(error, match=match):
+                await cp.save(0, make_snapshot(tid), lease=bad)
         assert await try_load(cp, tid) is None
 
     async def test_bad_claim_and_release_arguments(self, flowy_backend: Backend[Any]) -> None:
