@@ -4,21 +4,9 @@
 same object in ``flowy.cli.demo``.
 """
 
-from __future__ import annotations
-
-import importlib
-import warnings
+from collections.abc import Callable
 from typing import Any
 
-_MESSAGE = "flowy._demo moved to flowy.cli.demo; the old name goes away in flowy 0.3"
+from ._moved import moved_module
 
-warnings.warn(_MESSAGE, DeprecationWarning, stacklevel=2)
-
-
-def __getattr__(name: str) -> Any:
-    """Resolve ``flowy._demo.<name>`` as ``flowy.cli.demo.<name>``, with a warning."""
-    target = importlib.import_module("flowy.cli.demo")
-    if name.startswith("__") or not hasattr(target, name):
-        raise AttributeError(f"module 'flowy._demo' has no attribute {name!r}")
-    warnings.warn(_MESSAGE, DeprecationWarning, stacklevel=2)
-    return getattr(target, name)
+__getattr__: Callable[[str], Any] = moved_module("flowy._demo", "flowy.cli.demo")

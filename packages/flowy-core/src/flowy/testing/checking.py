@@ -1152,35 +1152,24 @@ async def acheck(
         else getattr(store, "__name__", "a store")
     )
     injected: Counter[str] = Counter()
+
+    def report(seeds_run: int, failure: Counterexample | None = None) -> CheckReport:
+        elapsed = time.perf_counter() - started
+        return CheckReport(
+            name, where, seeds_run, checker.runs, injected, elapsed, failure, checker.scratch
+        )
+
     try:
         if replay is not None:
             faults = parse_schedule(replay) if isinstance(replay, str) else tuple(replay)
             outcome = await checker.run(seed, {f.at: f.kind for f in faults})
             injected.update(f.kind.value for f, _, _ in outcome.fired)
             failure = _failure(outcome, seed, len(outcome.fired), graph_spec, scenario, store)
-            return CheckReport(
-                name,
-                where,
-                1,
-                checker.runs,
-                injected,
-                time.perf_counter() - started,
-                failure,
-                checker.scratch,
-            )
+            return report(1, failure)
         clean = await checker.run(first_seed, {})
         if clean.violations:
             failure = _failure(clean, first_seed, 0, graph_spec, scenario, store)
-            return CheckReport(
-                name,
-                where,
-                0,
-                checker.runs,
-                injected,
-                time.perf_counter() - started,
-                failure,
-                checker.scratch,
-            )
+            return report(0, failure)
         for n in range(first_seed, first_seed + seeds):
             rng = random.Random(n)
             outcome = await checker.run(n, _schedule(rng, clean.operations, max_faults))
@@ -1189,25 +1178,8 @@ async def acheck(
                 found_with = len(outcome.fired)
                 shrunk = await checker.shrink(n, outcome)
                 failure = _failure(shrunk, n, found_with, graph_spec, scenario, store)
-                return CheckReport(
-                    name,
-                    where,
-                    n - first_seed + 1,
-                    checker.runs,
-                    injected,
-                    time.perf_counter() - started,
-                    failure,
-                    checker.scratch,
-                )
-        return CheckReport(
-            name,
-            where,
-            seeds,
-            checker.runs,
-            injected,
-            time.perf_counter() - started,
-            scratch=checker.scratch,
-        )
+                return report(n - first_seed + 1, failure)
+        return report(seeds)
     finally:
         await checker.aclose()
 

@@ -1,0 +1,25 @@
+"""Module names that moved: the old module keeps importing, with a warning, until 0.3."""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+def moved_module(old: str, new: str) -> Callable[[str], Any]:
+    """Warn that module ``old`` moved to ``new`` (called from ``old``'s body, so the
+    warning comes with its import) and return the module ``__getattr__`` that resolves
+    every name of ``old`` in ``new``, warning each time."""
+    message = f"{old} moved to {new}; the old name goes away in flowy 0.3"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+    def __getattr__(name: str) -> Any:
+        target = importlib.import_module(new)
+        if name.startswith("__") or not hasattr(target, name):
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return getattr(target, name)
+
+    return __getattr__
