@@ -199,7 +199,7 @@ class CostSuite(Suite):
         await _save_threads(flowy_backend, self.threads)
         with _counting(cp) as many:
             assert len(await cp.timers(before=due + 10, limit=10)) == 3
-        _no_growth(f"timers(limit=10) with 3 due among {2 * self.threads + 6} threads", few, many)
+        _no_growth(f"timers(limit=10) with 3 due among {2 * self.threads + 9} threads", few, many)
 
     async def test_claim_reads_the_same_for_a_long_backlog(
         self, flowy_backend: Backend[Any]
