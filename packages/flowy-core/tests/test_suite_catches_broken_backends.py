@@ -66,11 +66,15 @@ from flowy.sqlite import (
     SQLiteOutbox,
 )
 from flowy.sqlite._db import immediate
-from flowy.sqlite._store import _row_id  # pyright: ignore[reportPrivateUsage]
+from flowy.sqlite._store import (
+    _SUMMARY_COLUMNS,  # pyright: ignore[reportPrivateUsage]
+    _row_id,  # pyright: ignore[reportPrivateUsage]
+)
 from flowy.storage import (
     BACKLOG_STATUSES,
     Busy,
     EnqueueCallback,
+    HandoffStatus,
     Lease,
     OutboxMessage,
     OutboxRow,
@@ -81,6 +85,7 @@ from flowy.storage import (
     RunStatus,
     Snapshot,
     StoreURL,
+    ThreadSummary,
     Timer,
     Write,
     decode_intent,
@@ -751,6 +756,61 @@ class RacySignalSQLiteCheckpointer(SQLiteCheckpointer[Any]):
         return int(last) + 1, True
 
 
+class HeadFromHistoryCheckpointer(MemoryCheckpointer[Any]):
+    """Reads a thread's whole history to find its head (the newest entry)."""
+
+    async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        history = await self._read_history(thread_id, 1_000_000)
+        return history[0] if history else None
+
+
+class ScannedTimersCheckpointer(MemoryCheckpointer[Any]):
+    """Finds due timers by paging through every head, without an index of wake-ups."""
+
+    async def _timers(self, before: float, limit: int) -> list[Timer]:
+        due: list[Timer] = []
+        after: str | None = None
+        while page := await self._list_heads(None, 20, after):
+            due += [
+                Timer(h.thread_id, h.wake_at)
+                for h in page
+                if h.wake_at is not None and h.wake_at <= before
+            ]
+            after = page[-1].thread_id
+        return sorted(due, key=lambda t: (t.wake_at, t.thread_id))[:limit]
+
+
+class GreedyClaimConsumer(MemoryConsumer):
+    """Claims every visible message and gives back those past the limit."""
+
+    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        taken = await super()._claim(1_000_000, visibility_timeout)
+        for raw in taken[limit:]:
+            await self._release(raw.message_id, error=raw.error, delay=0.0, dead=False)
+        return taken[:limit]
+
+
+class ScanningListSQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Reads every head and pages and filters them in Python."""
+
+    async def _list_heads(
+        self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
+    ) -> list[ThreadSummary]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                f"SELECT {_SUMMARY_COLUMNS} FROM flowy_threads ORDER BY thread_id"
+            ).fetchall(),
+            "list threads",
+        )
+        heads = [self.summary(str(row[0]), *row[1:]) for row in rows]
+        return [
+            h
+            for h in heads
+            if (after is None or h.thread_id > after)
+            and (statuses is None or h.handoff_status in statuses)
+        ][:limit]
+
+
 # --- stores -------------------------------------------------------------------------------
 
 
@@ -1114,6 +1174,30 @@ CASES = [
         {"checkpointer": PruneEverywhereSQLiteCheckpointer},
         ((S.HistorySuite, "test_prune_touches_only_its_thread"),),
     ),
+    Case(
+        "a head read through the whole history",
+        "memory",
+        {"checkpointer": HeadFromHistoryCheckpointer},
+        ((S.CostSuite, "test_load_reads_the_same_for_a_long_history"),),
+    ),
+    Case(
+        "due timers found by paging through every head",
+        "memory",
+        {"checkpointer": ScannedTimersCheckpointer},
+        ((S.CostSuite, "test_due_timers_read_the_same_for_many_waiting_threads"),),
+    ),
+    Case(
+        "a claim that takes the whole backlog and gives back the rest",
+        "memory",
+        {"consumer": GreedyClaimConsumer},
+        ((S.CostSuite, "test_claim_reads_the_same_for_a_long_backlog"),),
+    ),
+    Case(
+        "list_threads reads every head and filters in Python",
+        "sqlite",
+        {"checkpointer": ScanningListSQLiteCheckpointer},
+        ((S.CostSuite, "test_list_threads_page_reads_the_same_for_many_threads"),),
+    ),
 ]
 
 
@@ -1183,7 +1267,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 45
+    assert len(CASES) == 49
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

@@ -25,6 +25,7 @@ from ._arguments import *  # noqa: F403
 from ._backlog import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
+from ._cost import *  # noqa: F403
 from ._delivery import *  # noqa: F403
 from ._durable import *  # noqa: F403
 from ._fanout import *  # noqa: F403
@@ -44,6 +45,7 @@ __all__ = [
     "CheckpointerSuite",
     "ConcurrencySuite",
     "CorruptionSuite",
+    "CostSuite",
     "DeliverySuite",
     "FanOutSuite",
     "FaultSuite",
