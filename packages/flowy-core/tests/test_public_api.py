@@ -34,6 +34,7 @@ RANK = {
     "_plan": 4,
     "_observer": 4,
     "_tracing": 0,
+    "_version": 0,
     "memory": 4,
     "sqlite": 4,
     "_graph": 5,
