@@ -1,9 +1,8 @@
-"""The public facade: exported names, one-way imports with no cycles (type-only imports
-included), a stdlib-only ``import flowy``, deprecated 0.1 names, full typing."""
+"""The public facade: exported names, one-way imports (no cycles: tests/test_import_cycles.py),
+a stdlib-only ``import flowy``, deprecated 0.1 names, full typing."""
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import importlib.util
 import inspect
@@ -13,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import import_graph
 import pytest
 
 import flowy
@@ -35,6 +35,7 @@ RANK = {
     "_observer": 4,
     "_tracing": 0,
     "_moved": 0,
+    "_version": 0,
     "memory": 4,
     "sqlite": 4,
     "_graph": 5,
@@ -62,97 +63,20 @@ RANK = {
 }
 
 
-def module_name(path: Path) -> str:
-    """``storage/_base.py`` → ``storage._base``; ``storage/__init__.py`` → ``storage``."""
-    parts = list(path.relative_to(SRC).with_suffix("").parts)
-    if parts[-1] == "__init__" and len(parts) > 1:
-        parts.pop()
-    return ".".join(parts)
-
-
 def rank_of(module: str) -> int:
     top = module.split(".")[0]
     assert top in RANK, f"module {module!r} has no layer: add it to RANK"
     return RANK[top]
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every flowy module ``path`` imports, ``if TYPE_CHECKING:`` blocks included."""
-    me = module_name(path)
-    if me == "__init__":
-        package = ""
-    elif path.name == "__init__.py":
-        package = me
-    else:
-        package = me.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.ImportFrom):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.name.startswith("flowy."):
-                        found.add(alias.name.removeprefix("flowy."))
-            continue
-        if node.level == 0:
-            if node.module and node.module.startswith("flowy."):
-                found.add(node.module.removeprefix("flowy."))
-            elif node.module == "flowy":
-                found.update(
-                    a.name
-                    if (SRC / a.name).exists() or (SRC / f"{a.name}.py").exists()
-                    else "__init__"
-                    for a in node.names
-                )
-            continue
-        base = package.split(".") if package else []
-        base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-        prefix = ".".join(base)
-        if node.module:
-            found.add(f"{prefix}.{node.module}" if prefix else node.module)
-        else:
-            found.update(f"{prefix}.{a.name}" if prefix else a.name for a in node.names)
-    return {m for m in found if m and m != me}
-
-
 def module_graph() -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in SRC.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        targets: set[str] = set()
-        for imported in imports_of(path):
-            # ``from ..storage import X`` names a package; ``from . import _errors`` a module
-            while imported and imported not in modules:
-                imported = imported.rpartition(".")[0]
-            if imported:
-                targets.add(imported)
-        graph[name] = targets
-    return graph
+    """flowy's import graph with names relative to the package: ``storage._base``, and
+    ``__init__`` for ``flowy`` itself (the cycle test checks the same graph)."""
 
+    def short(name: str) -> str:
+        return "__init__" if name == "flowy" else name.removeprefix("flowy.")
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt) :], nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
+    return {short(m): {short(t) for t in ts} for m, ts in import_graph.module_graph(SRC).items()}
 
 
 def test_imports_are_one_way() -> None:
@@ -166,19 +90,6 @@ def test_imports_are_one_way() -> None:
             elif module != "__init__" and rank_of(target) > mine:
                 problems.append(f"{module} (layer {mine}) imports {target} ({rank_of(target)})")
     assert problems == []
-
-
-def test_no_import_cycles_type_only_ones_included() -> None:
-    assert find_cycle(module_graph()) is None
-
-
-def test_the_cycle_check_sees_type_only_and_subpackage_imports(tmp_path: Path) -> None:
-    graph = module_graph()
-    assert "_results" in graph["_errors"]  # imported only under TYPE_CHECKING
-    assert "storage._model" in graph["storage._base"]
-    assert "storage" in graph["sqlite._store"]
-    cyclic = {**graph, "_types": {*graph["_types"], "_errors"}}
-    assert find_cycle(cyclic) is not None
 
 
 def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:

@@ -18,7 +18,6 @@ stores in core), ``flowy.stream_helpers`` (the stream helpers as free functions)
 from __future__ import annotations
 
 import importlib as _importlib
-import importlib.metadata as _metadata
 import warnings as _warnings
 from typing import Any as _Any
 
@@ -83,11 +82,10 @@ from ._runner import Runner as Runner
 from ._types import HandoffStatus as HandoffStatus
 from ._types import ResumeToken as ResumeToken
 from ._types import RunStatus as RunStatus
+from ._version import __version__ as __version__
 from ._worker import Worker as Worker
 from .storage import Backend as Backend
 from .storage import connect as connect
-
-__version__: str = _metadata.version("flowy-core")
 
 __all__ = [
     "Backend",

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _tracing
+from ._version import __version__
 from .storage import (
     BACKLOG_STATUSES,
     Backend,
@@ -187,8 +188,6 @@ class _OpenTelemetry:
 
     def __init__(self, tracer_provider: Any, meter_provider: Any) -> None:
         from opentelemetry import metrics, trace
-
-        from . import __version__
 
         tracers = tracer_provider or trace.get_tracer_provider()
         meters = meter_provider or metrics.get_meter_provider()

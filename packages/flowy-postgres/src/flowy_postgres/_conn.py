@@ -19,11 +19,10 @@ from asyncpg.pool import PoolConnectionProxy
 from flowy.errors import BackendURLError, StorageUnavailableError
 
 from ._errors import translate
+from ._names import TableNames
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
-
-    from ._schema import TableNames
 
 __all__ = ["Connector", "PgConnection", "PgPool", "Row", "create_pool"]
 

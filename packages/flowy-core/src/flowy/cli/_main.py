@@ -23,6 +23,7 @@ from typing import Any, NoReturn, Protocol, cast
 
 from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
+from .._version import __version__
 from ._check import cmd_check
 from ._inspect import cmd_graph, cmd_history, cmd_show, cmd_threads, cmd_timers
 from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
@@ -400,8 +401,6 @@ def _add_operate(sub: _Subcommands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flowy`` argument parser."""
-    from .. import __version__
-
     parser = _Parser(
         prog="flowy",
         description="Durable, controlled agentic state machines: run the demo, inspect "
