@@ -275,3 +275,22 @@ async def test_request_local_handoff_matrix() -> None:
     with pytest.raises(errors.NoActiveExecutionError):
         await h4.request_local_handoff()
     await h4.wait_result()
+
+
+async def test_a_cancel_that_comes_with_request_stop_still_cancels_the_run() -> None:
+    """``request_stop()`` and ``cancel()`` in the same instant: the stop's own
+    cancellation is absorbed, the caller's is not. The run saves where it was and ends
+    cancelled, as ``cancel()`` promises (a checker or CLI cancelled by Ctrl-C stops)."""
+    gate = Gate()
+    cp: MemoryCheckpointer[State] = MemoryCheckpointer()
+    handle = await flowy.Runner(blocking_graph(gate), cp).stream("t", {})
+    await until_started(gate)
+    handle.request_stop()
+    handle.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(handle.wait_result(), 5)
+    head = await cp.load("t")
+    assert head is not None
+    snapshot, _ = head
+    assert snapshot.reason == flowy.Reason.CONTEXT_CANCELED
+    assert snapshot.execution_pointer == "wait"

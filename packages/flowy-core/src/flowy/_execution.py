@@ -60,16 +60,33 @@ class Execution(HandoffSegment[S, E]):
         self.interrupt_kind = kind
         if self.in_node and self.task is not None:
             self.task.cancel()
+            self.cancels_sent += 1
+
+    def _take_own_cancels(self) -> bool:
+        """Take back the cancellations interrupts sent to the run's task. True if one
+        was sent and no other is pending: a cancellation from outside (the caller's task
+        cancelled, ``handle.cancel()``) is never taken for an interrupt's."""
+        task, sent = self.task, self.cancels_sent
+        self.cancels_sent = 0
+        if task is None or not sent:
+            return False
+        for _ in range(sent):
+            task.uncancel()
+        return task.cancelling() == 0
 
     async def _absorb_cancel(self) -> None:
         """An interrupt cancelled the task just as its node returned: take the pending
-        cancellation here, so it cannot land in the middle of a save."""
-        task = self.task
-        if task is not None and task.cancelling():
-            try:
-                await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                task.uncancel()
+        cancellation here, so it cannot land in the middle of a save (one from outside
+        goes on)."""
+        if not self.cancels_sent:
+            return
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            if not self._take_own_cancels():
+                raise
+        else:
+            self._take_own_cancels()
 
     async def _renew_loop(self) -> None:
         lm = self.services.lease_manager
@@ -115,9 +132,7 @@ class Execution(HandoffSegment[S, E]):
                 result = cast(RunResult[S, E], stop.result)
             except asyncio.CancelledError:
                 kind = self.interrupt_kind
-                task = self.task
-                if kind is not None and task is not None and task.cancelling():
-                    task.uncancel()
+                if kind is not None and self._take_own_cancels():
                     result = await self._on_interrupt(kind)
                 else:
                     await self._on_external_cancel()

@@ -135,6 +135,7 @@ class Segment(Generic[S, E]):
         self.sink = sink
         self.effects: list[E] = []
         self.interrupt_kind = None
+        self.cancels_sent = 0  # cancellations an interrupt sent to the run's own task
         self.attempts: dict[str, int] = meta.retry_counts
         self.signal_cursors: dict[str, int] = signal_cursors if signal_cursors is not None else {}
         self.lineage = lineage

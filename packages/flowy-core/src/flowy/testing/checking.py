@@ -794,6 +794,7 @@ class _Run(Generic[S]):
         try:
             idle = 0
             for _ in range(_MAX_ACTIONS):
+                _raise_if_cancelled()
                 await self.expire()
                 if await self.act_once():
                     idle = 0
@@ -1171,6 +1172,7 @@ async def acheck(
             failure = _failure(clean, first_seed, 0, graph_spec, scenario, store)
             return report(0, failure)
         for n in range(first_seed, first_seed + seeds):
+            _raise_if_cancelled()
             rng = random.Random(n)
             outcome = await checker.run(n, _schedule(rng, clean.operations, max_faults))
             injected.update(f.kind.value for f, _, _ in outcome.fired)
@@ -1182,6 +1184,15 @@ async def acheck(
         return report(seeds)
     finally:
         await checker.aclose()
+
+
+def _raise_if_cancelled() -> None:
+    """Stop if this task was cancelled: the runs played here take their process's
+    cancellation as a crash or a stop of that run (and go on), so a check cancelled from
+    outside (Ctrl-C) looks at it between the steps it plays."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _failure(
