@@ -192,3 +192,50 @@ def test_runner_resume_merges_into_a_msgspec_struct(store: Store) -> None:
     refused, state = asyncio.run(_msgspec_resume(store.url))
     assert isinstance(refused, ValueError) and "$.age" in str(refused)
     assert state == CustomerStruct("ann", AddressStruct("Main St", "Oslo"), 41)
+
+
+# ------------------------------------------------------------------ signal payloads
+
+
+@dataclasses.dataclass
+class Request:
+    who: str
+    approved: bool = False
+    approver: str = ""
+
+
+def _signal_graph() -> flowy.Graph[Request, Any]:
+    async def ask(s: Request) -> tuple[Request, flowy.Directive[Any]]:
+        return s, flowy.wait_for("approval", resume_at="done")
+
+    async def done(s: Request) -> tuple[Request, flowy.Directive[Any]]:
+        return s, flowy.completed()
+
+    b: flowy.GraphBuilder[Request, Any] = flowy.GraphBuilder(state=Request)
+    b.add_node("ask", ask).add_node("done", done).add_edge("ask", "done")
+    return b.allow_no_outgoing_route("done").compile()
+
+
+async def _signalled(url: str, payloads: list[Any]) -> list[Any]:
+    """A thread waits for "approval"; each payload is sent and the thread resumed."""
+    outcomes: list[Any] = []
+    async with flowy.connect(url) as backend:
+        runner = flowy.Runner(_signal_graph(), backend)
+        for i, payload in enumerate(payloads):
+            first = await runner.start(f"r-{i}", Request("ann"))
+            assert first.status is flowy.RunStatus.WAITING and first.resume_token is not None
+            await runner.signal(f"r-{i}", "approval", payload)
+            try:
+                outcomes.append((await runner.resume(first.resume_token)).state)
+            except ValueError as exc:
+                outcomes.append(exc)
+    return outcomes
+
+
+def test_a_signal_payload_is_merged_like_an_overlay(store: Store) -> None:
+    done, wrong = asyncio.run(
+        _signalled(store.url, [{"approved": True, "approver": "bob"}, {"approved": "yes"}])
+    )
+    assert done == Request("ann", approved=True, approver="bob")
+    assert isinstance(wrong, ValueError)
+    assert "does not fit Request: state.approved: expected bool" in str(wrong)
