@@ -215,7 +215,12 @@ def test_resume_overlay_approves_the_first_app_expense(store: Store) -> None:
     assert_one_line_error(unknown, 2, "--overlay", "'aproved', not fields of Expense")
     wrong = store.flowy("resume", token, *app, "--overlay", '{"amount": "lots"}', cwd=ROOT)
     assert_one_line_error(wrong, 2, "--overlay", "does not fit Expense", "state.amount")
+    fork = ("fork", "exp", "--revision", str(revision), "--new-thread", "exp-2", *app)
+    unfit = store.flowy(*fork, "--overlay", '{"approved": 1}', cwd=ROOT)
+    assert_one_line_error(unfit, 2, "--overlay", "state.approved: expected bool")
     overlay = '{"approved": true, "approver": "cli"}'
+    forked = store.flowy(*fork, "--overlay", overlay, "--json", cwd=ROOT)
+    assert forked.returncode == 0, forked.stderr
     proc = store.flowy("resume", token, *app, "--overlay", overlay, "--json", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
