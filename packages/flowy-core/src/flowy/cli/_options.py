@@ -236,8 +236,10 @@ def parse_overlay(text: str | None, codec: StateCodec[Any] | None = None) -> Any
     if text is None:
         return None
     value = parse_json(text, "--overlay")
-    if codec is None or isinstance(value, dict):
+    if codec is None:
         return value
+    if isinstance(value, dict):  # fields: merged into the stored state by the runner
+        return cast(dict[str, Any], value)
     try:
         return codec.decode(text.encode("utf-8", "surrogatepass"))
     except (TypeError, ValueError) as exc:
