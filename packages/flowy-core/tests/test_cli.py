@@ -244,12 +244,24 @@ def test_typed_graph_and_codec_class_decode_states(tmp_path: Path) -> None:
         "--overlay", '{"title": "scanner"}',
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["state"] == {"title": "scanner", "count": 1}
+    # the overlay names one field: the stored count (2) is kept, and the node adds one
+    assert json.loads(resumed.stdout)["state"] == {"title": "scanner", "count": 3}
     misfit = run_flowy(
         "resume", "t@2", "--db", db, "--graph", "cli_support:typed_graph",
-        "--overlay", '{"count": 3}',
+        "--overlay", '{"count": "three"}',
     )  # fmt: skip
-    assert_one_line_error(misfit, 2, "--overlay does not fit the state type", "title")
+    assert_one_line_error(misfit, 2, "--overlay", "does not fit Ticket", "state.count")
+    unknown = run_flowy(
+        "resume", "t@2", "--db", db, "--graph", "cli_support:typed_graph",
+        "--overlay", '{"cuont": 3}',
+    )  # fmt: skip
+    assert_one_line_error(unknown, 2, "--overlay", "'cuont', not fields of Ticket")
+    partial = run_flowy(
+        "resume", "t@2", "--db", db, "--graph", "cli_support:typed_graph", "--json",
+        "--overlay", '{"count": 10}',
+    )  # fmt: skip
+    assert partial.returncode == 0, partial.stderr
+    assert json.loads(partial.stdout)["state"] == {"title": "scanner", "count": 11}
 
 
 # ------------------------------------------------------------------------- history

@@ -12,6 +12,7 @@ import json
 import shlex
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +31,8 @@ from stores_support import SHARED_STORES, Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
 import flowy
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository: examples/ is importable
 
 
 @pytest.fixture(params=SHARED_STORES)
@@ -191,6 +194,46 @@ def test_resume_by_printed_token_and_recover(store: Store, threads: Threads) -> 
     assert f"then resume susp@{threads.susp_revision + 2}" in stale.stderr
     recovered = json.loads(store.flowy("recover", "--graph", GRAPH, "--json").stdout)
     assert [(row["thread_id"], row["recovered"]) for row in recovered] == [("orph", True)]
+
+
+async def _start_expense(url: str) -> int:
+    """The first-app guide's large expense, waiting for a person: its revision."""
+    from examples.approval_app.graph import Expense, graph
+
+    async with flowy.connect(url) as backend:
+        first = await flowy.Runner(graph, backend).start("exp", Expense("ann", 500, "laptop"))
+        assert first.resume_token is not None
+        return first.resume_token.snapshot_revision
+
+
+def test_resume_overlay_approves_the_first_app_expense(store: Store) -> None:
+    with environment(store):
+        revision = asyncio.run(_start_expense(store.url))
+    app = ("--graph", "examples.approval_app.graph:graph")
+    token = f"exp@{revision}"
+    unknown = store.flowy("resume", token, *app, "--overlay", '{"aproved": true}', cwd=ROOT)
+    assert_one_line_error(unknown, 2, "--overlay", "'aproved', not fields of Expense")
+    wrong = store.flowy("resume", token, *app, "--overlay", '{"amount": "lots"}', cwd=ROOT)
+    assert_one_line_error(wrong, 2, "--overlay", "does not fit Expense", "state.amount")
+    fork = ("fork", "exp", "--revision", str(revision), "--new-thread", "exp-2", *app)
+    unfit = store.flowy(*fork, "--overlay", '{"approved": 1}', cwd=ROOT)
+    assert_one_line_error(unfit, 2, "--overlay", "state.approved: expected bool")
+    overlay = '{"approved": true, "approver": "cli"}'
+    forked = store.flowy(*fork, "--overlay", overlay, "--json", cwd=ROOT)
+    assert forked.returncode == 0, forked.stderr
+    proc = store.flowy("resume", token, *app, "--overlay", overlay, "--json", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["status"], result["reason"]) == ("handoff", "payment_queued")
+    assert result["state"] == {
+        "who": "ann",
+        "amount": 500,
+        "reason": "laptop",
+        "summary": "ann asks for 500 for 'laptop'",
+        "approver": "cli",
+        "approved": True,
+        "payment_id": "",
+    }
 
 
 def test_timers_signal_and_a_worker_that_wakes_both(store: Store) -> None:

@@ -26,6 +26,9 @@ from core_graphs import State, approval_graph, merge
 from stores_support import ALL_STORES, Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
+from examples.approval_app.graph import Expense
+from examples.approval_app.graph import graph as expense_graph
+
 with warnings.catch_warnings():
     # Starlette 1.x asks for httpx2 under its TestClient; httpx still works.
     warnings.filterwarnings("ignore", message=".*httpx2", category=UserWarning)
@@ -262,6 +265,37 @@ def test_resume_action_approves_and_redirects_with_the_outcome(
     assert "resumed susp: handoff" in page
     assert "approved: (absent) → true" in page  # the history's state diff
     assert _head(store, "susp").status is flowy.RunStatus.HANDOFF
+
+
+async def _start_expense(url: str) -> None:
+    async with flowy.connect(url) as backend:
+        runner = flowy.Runner(expense_graph, backend)
+        assert (await runner.start("exp", Expense("ann", 500, "laptop"))).resume_token
+
+
+def test_resume_form_approves_the_first_app_expense(store: Store) -> None:
+    asyncio.run(_start_expense(store.url))
+    with _client(store.url, expense_graph) as c:
+        csrf = _csrf(c.get("/threads/exp").text)
+        form = {"thread": "exp", "revision": "2", "csrf": csrf}
+        unknown = c.post("/actions/resume", data={**form, "overlay": '{"aproved": true}'})
+        page = c.get(unknown.headers["location"]).text
+        assert "resume failed: ValueError: the overlay names &#x27;aproved&#x27;" in page
+        wrong = c.post("/actions/resume", data={**form, "overlay": '{"amount": "lots"}'})
+        page = c.get(wrong.headers["location"]).text
+        assert "the overlay does not fit Expense: state.amount: expected int" in page
+        overlay = '{"approved": true, "approver": "cli"}'
+        r = c.post("/actions/resume", data={**form, "overlay": overlay})
+        page = c.get(r.headers["location"]).text
+        assert "resumed exp: handoff (payment_queued)" in page
+
+    async def head() -> Any:
+        async with flowy.connect(store.url) as backend:
+            return (await flowy.Runner(expense_graph, backend).head("exp"))[0].state
+
+    assert asyncio.run(head()) == Expense(
+        "ann", 500, "laptop", "ann asks for 500 for 'laptop'", approver="cli", approved=True
+    )
 
 
 def test_an_action_error_is_one_line_on_the_page(client: TestClient) -> None:

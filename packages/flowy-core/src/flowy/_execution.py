@@ -28,7 +28,7 @@ from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
-from ._waits import durable_of, journal_store, limits_of, next_signal, take_signal
+from ._waits import codec_of, durable_of, journal_store, limits_of, next_signal, take_signal
 from .storage import (
     MAX_TIMESTAMP,
     JSONCodec,
@@ -711,7 +711,9 @@ class Execution(HandoffSegment[S, E]):
         signal = await next_signal(durable, self.thread_id, name, self.signal_cursors)
         if signal is None:
             return False
-        self.state = await take_signal(self.graph, self.state, signal, self.signal_cursors)
+        self.state = await take_signal(
+            self.graph, self.state, signal, self.signal_cursors, codec_of(self.cp)
+        )
         return True
 
     async def _save_wait(

@@ -41,7 +41,7 @@ from ._plan import ResumePlan, ResumeTargetPolicy
 from ._results import ResumeDecision, ResumeDecisionKind
 from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
 from ._types import E, ResumeToken, S
-from ._waits import merge_update, take_signal, wake
+from ._waits import codec_of, merge_update, take_signal, wake
 from .storage import (
     Checkpointer,
     HandoffStatus,
@@ -424,7 +424,9 @@ class RunPreparation(Generic[S, E]):
                     else:
                         pointer = woke.pointer
                         if woke.signal is not None:
-                            state = await take_signal(self.graph, state, woke.signal, cursors)
+                            state = await take_signal(
+                                self.graph, state, woke.signal, cursors, codec_of(self.checkpointer)
+                            )
                 # 4. state overlay
                 if overlay is not None:
                     state = self._overlay(state, overlay, merge)
@@ -471,10 +473,11 @@ class RunPreparation(Generic[S, E]):
 
     def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
         """Step 4: ``merge(state, overlay)`` if given; a mapping of fields into a
-        dataclass or TypedDict state; else the graph's reducer."""
+        dataclass, msgspec Struct or TypedDict state, validated by the store's codec;
+        else the graph's reducer."""
         if merge is not None:
             return merge(state, cast(S, overlay))
-        return merge_update(self.graph, state, overlay)
+        return merge_update(self.graph, state, overlay, codec_of(self.checkpointer))
 
     def _apply_plan(self, plan: object, pointer: str) -> str:
         if not isinstance(plan, ResumePlan) or plan.empty:

@@ -10,8 +10,6 @@ same write as the state it changed (strict OCC).
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,8 +31,10 @@ from .storage import (
     RunStatus,
     Signal,
     Snapshot,
+    StateCodec,
     validate_thread_id,
 )
+from .storage._codecs import merge_fields
 from .storage._durable import check_key
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "durable_of",
     "journal_store",
     "limits_of",
+    "codec_of",
     "merge_update",
     "next_signal",
     "send_signal",
@@ -65,31 +66,29 @@ def durable_of(cp: Checkpointer[Any] | None, what: str) -> DurableCheckpointer[A
     return inner
 
 
-def _field_names(state: object, state_type: Any) -> set[str] | None:
-    """The field names of a dataclass state, or of a TypedDict state type; else None."""
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        return {f.name for f in dataclasses.fields(state)}
-    if state_type is not None and typing.is_typeddict(state_type):
-        return set(typing.get_type_hints(state_type))
-    return None
+def codec_of(cp: Checkpointer[Any] | None) -> StateCodec[Any] | None:
+    """The codec the checkpointer's store encodes states with (``None``: none known)."""
+    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
+    return inner.codec if isinstance(inner, BaseCheckpointer) else None
 
 
-def merge_update(graph: Graph[S, Any], state: S, update: object) -> S:
+def merge_update(
+    graph: Graph[S, Any], state: S, update: object, codec: StateCodec[Any] | None = None
+) -> S:
     """``update`` merged into ``state`` as a ``state_overlay`` is: a mapping of fields
-    into a dataclass or TypedDict state (an unknown field is a ``ValueError``), anything
-    else through the graph's reducer."""
-    fields = _field_names(state, graph.state_type)
-    if isinstance(update, Mapping) and fields is not None:
-        updates = dict(cast(Mapping[str, Any], update))
-        unknown = sorted(set(updates) - fields)
-        if unknown:
-            raise ValueError(
-                f"the update names {', '.join(map(repr, unknown))}, not fields of "
-                f"{type(state).__name__} (fields: {', '.join(sorted(fields))})"
-            )
-        if dataclasses.is_dataclass(state) and not isinstance(state, type):
-            return cast(S, dataclasses.replace(state, **updates))
-        return cast(S, {**cast(Mapping[str, Any], state), **updates})
+    into a dataclass, msgspec Struct or TypedDict state, field by field, the result
+    validated by ``codec`` (its ``merge``, if it has one; an unknown field or a value
+    that does not fit is a ``ValueError`` naming it); anything else through the graph's
+    reducer."""
+    if isinstance(update, Mapping):
+        fields = cast(Mapping[str, Any], update)
+        merge = getattr(codec, "merge", None) if codec is not None else None
+        if merge is not None:
+            merged = cast("S | None", merge(state, fields))
+        else:  # no codec known: the fields are merged, not validated
+            merged = merge_fields(state, fields, graph.state_type)
+        if merged is not None:
+            return merged
     return graph.reducer(state, cast(S, update))
 
 
@@ -121,14 +120,20 @@ async def next_signal(
         after = batch[-1].seq
 
 
-async def take_signal(graph: Graph[S, Any], state: S, signal: Signal, cursors: dict[str, int]) -> S:
+async def take_signal(
+    graph: Graph[S, Any],
+    state: S,
+    signal: Signal,
+    cursors: dict[str, int],
+    codec: StateCodec[Any] | None = None,
+) -> S:
     """``state`` with ``signal``'s payload merged in (the graph's ``on_signal`` handler,
     else :func:`merge_update`), and the signal's cursor moved to it."""
     handler = graph.signal_handlers.get(signal.name)
     if handler is not None:
         state = cast(S, await maybe_await(handler(state, signal.payload)))
     elif signal.payload is not None:
-        state = merge_update(graph, state, signal.payload)
+        state = merge_update(graph, state, signal.payload, codec)
     cursors[signal.name] = signal.seq
     return state
 

@@ -239,6 +239,10 @@ async def cmd_resume(args: argparse.Namespace, out: Console) -> int:
             ) from None
         except ThreadLeaseBusyError as exc:
             raise CliError(f"{one_line(str(exc))}; try again when it is free") from None
+        except ValueError as exc:  # the overlay names an unknown field, or does not fit
+            if overlay is None:
+                raise
+            raise CliError(f"--overlay: {one_line(str(exc))}", 2) from None
         printer = EventPrinter(out, path=main_path(graph))
         # On Ctrl-C the handle stops the run and waits for its cancel save and lease
         # release, before the store closes.
@@ -281,6 +285,10 @@ async def cmd_fork(args: argparse.Namespace, out: Console) -> int:
             raise CliError(
                 f"thread {args.new_thread!r} already exists; fork to a new thread id"
             ) from None
+        except ValueError as exc:  # the overlay names an unknown field, or does not fit
+            if overlay is None:
+                raise
+            raise CliError(f"--overlay: {one_line(str(exc))}", 2) from None
         head, _ = await backend.checkpointer.load(token.thread_id)
     if args.json:
         print_json(

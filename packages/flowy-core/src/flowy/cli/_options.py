@@ -229,13 +229,17 @@ def parse_json(text: str, option: str) -> Any:
 
 
 def parse_overlay(text: str | None, codec: StateCodec[Any] | None = None) -> Any:
-    """The ``--overlay`` JSON value (``None`` when not given), decoded by ``codec`` when
-    states are typed (so the graph's reducer gets a value of its state type)."""
+    """The ``--overlay`` JSON value (``None`` when not given). A JSON object names fields:
+    the runner merges them into the stored state one by one and validates the result. Any
+    other value is decoded by ``codec`` when states are typed (so the graph's reducer gets
+    a value of its state type)."""
     if text is None:
         return None
     value = parse_json(text, "--overlay")
     if codec is None:
         return value
+    if isinstance(value, dict):  # fields: merged into the stored state by the runner
+        return cast(dict[str, Any], value)
     try:
         return codec.decode(text.encode("utf-8", "surrogatepass"))
     except (TypeError, ValueError) as exc:

@@ -20,12 +20,19 @@ from typing import Any, Generic, Protocol, cast, runtime_checkable
 
 from .._types import S
 
-__all__ = ["JSONCodec", "MsgspecCodec", "StateCodec", "json_default"]
+__all__ = ["JSONCodec", "MsgspecCodec", "StateCodec", "json_default", "merge_fields"]
 
 
 @runtime_checkable
 class StateCodec(Protocol[S]):
-    """Encodes states to bytes and back. ``name`` is stored in every record."""
+    """Encodes states to bytes and back. ``name`` is stored in every record.
+
+    A codec may also define ``merge(state, overlay) -> state | None``: the fields of the
+    mapping ``overlay`` merged into ``state`` and the result validated (``ValueError``
+    naming the field that does not fit), or ``None`` if it does not know the state's
+    fields. ``state_overlay`` and signal payloads are merged with it (``JSONCodec`` and
+    ``MsgspecCodec`` define it).
+    """
 
     name: str
 
@@ -87,6 +94,70 @@ def _check_finite(value: object) -> None:
             stack.extend(cast(dict[object, object], item).values())
         elif isinstance(item, list | tuple):
             stack.extend(cast(list[object], item))
+
+
+def _state_fields(state: object, state_type: Any) -> tuple[str, ...] | None:
+    """The top-level field names of a dataclass or msgspec Struct state, or of a
+    TypedDict ``state_type``; ``None`` for any other state."""
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        return _field_names(type(state))
+    struct_fields = getattr(type(state), "__struct_fields__", None)
+    if isinstance(struct_fields, tuple):
+        return cast(tuple[str, ...], struct_fields)
+    if (
+        isinstance(state, dict)
+        and isinstance(state_type, type)
+        and typing.is_typeddict(cast(Any, state_type))
+    ):
+        return tuple(typing.get_type_hints(cast(Any, state_type)))
+    return None
+
+
+def merge_fields(
+    state: S,
+    overlay: collections.abc.Mapping[str, Any],
+    state_type: Any = None,
+    validate: collections.abc.Callable[[S], S] | None = None,
+) -> S | None:
+    """The fields of ``overlay`` merged into ``state``, then validated as a whole.
+
+    A field the overlay names replaces the state's value of it (a nested value is
+    replaced, not merged into); the fields it does not name are kept. Works on dataclass
+    and msgspec Struct states, and on dict states of a TypedDict ``state_type``; returns
+    ``None`` for any other state. ``validate(merged)`` gives the state to use (a codec
+    passes ``decode(encode(merged))``, which also builds nested typed values from plain
+    JSON ones).
+
+    Raises:
+        ValueError: the overlay names a field the state does not have, or the merged
+            state does not fit its type; the message names the field.
+    """
+    fields = _state_fields(state, state_type)
+    if fields is None:
+        return None
+    kind = type(state).__name__ if not isinstance(state, dict) else _name(state_type)
+    unknown = sorted(set(overlay) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"the overlay names {', '.join(map(repr, unknown))}, not fields of {kind} "
+            f"(fields: {', '.join(sorted(fields))})"
+        )
+    updates = dict(overlay)
+    if isinstance(state, dict):
+        merged = cast(S, {**cast(dict[str, Any], state), **updates})
+    elif dataclasses.is_dataclass(state):
+        merged = cast(S, dataclasses.replace(cast(Any, state), **updates))
+    else:  # a msgspec Struct: replace() does not validate, the round trip below does
+        import msgspec
+
+        merged = cast(S, msgspec.structs.replace(cast(Any, state), **updates))
+    if validate is None:
+        return merged
+    try:
+        return validate(merged)
+    except (TypeError, ValueError) as exc:
+        text = " ".join(str(exc).split())
+        raise ValueError(f"the overlay does not fit {kind}: {text:.300}") from None
 
 
 class _Mismatch(ValueError):
@@ -270,6 +341,17 @@ class JSONCodec(Generic[S]):
         except (TypeError, KeyError) as exc:
             raise ValueError(f"state does not match {self.state_type!r}: {exc}") from exc
 
+    def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
+        """The fields of ``overlay`` merged into a dataclass, msgspec Struct or TypedDict
+        ``state`` (each one it names replaces the stored value, a nested one as a whole)
+        and validated by a round trip through this codec; ``None`` for a state without
+        known fields. ``ValueError`` names an unknown field or one that does not fit."""
+        validate = None if self.state_type is None else self._round_trip
+        return merge_fields(state, overlay, self.state_type, validate)
+
+    def _round_trip(self, state: S) -> S:
+        return self.decode(self.encode(state))
+
     def __repr__(self) -> str:
         return f"JSONCodec({self.state_type!r})"
 
@@ -319,6 +401,17 @@ class MsgspecCodec(Generic[S]):
             return cast(S, self._decoder.decode(data))
         except (self._msgspec.DecodeError, self._msgspec.ValidationError) as exc:
             raise ValueError(str(exc)) from exc
+
+    def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
+        """The fields of ``overlay`` merged into a dataclass, msgspec Struct or TypedDict
+        ``state`` (each one it names replaces the stored value, a nested one as a whole)
+        and validated by a round trip through this codec; ``None`` for a state without
+        known fields. ``ValueError`` names an unknown field or one that does not fit."""
+        validate = None if self.state_type is Any else self._round_trip
+        return merge_fields(state, overlay, self.state_type, validate)
+
+    def _round_trip(self, state: S) -> S:
+        return self.decode(self.encode(state))
 
     def __repr__(self) -> str:
         return f"MsgspecCodec({self.state_type!r})"
