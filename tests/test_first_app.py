@@ -329,6 +329,89 @@ async def test_the_worker_never_prints_the_store_password(tmp_path: Path) -> Non
     assert planted not in output, output
 
 
+# -- the CLI worker runs the app ------------------------------------------------------
+
+
+async def flowy_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``flowy ARGS`` from the repository root: its exit status and its output."""
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "flowy.cli", *args),
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE * 2)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_the_cli_worker_pays_with_the_apps_bindings_through_app(
+    client: httpx.AsyncClient, store_url: str, tmp_path: Path
+) -> None:
+    asked = await ask(client, "ben", 40, "taxi")  # small: handed off at once
+    thread_id = asked["thread_id"]
+    payments = tmp_path / "cli-payments.db"
+    env = {"APP_PAYMENTS": str(payments)}
+
+    # `flowy show` names both ways to run a worker: --graph, and --app for bindings.
+    code, shown = await flowy_cli("show", thread_id, "--backend", store_url)
+    assert code == 0, shown
+    assert "flowy worker --graph MODULE:ATTR" in shown, shown
+    assert "--app MODULE:FACTORY" in shown, shown
+
+    # --graph alone cannot give `pay` its ledger: the run fails and is released.
+    code, output = await flowy_cli(
+        *("worker", "--graph", "examples.approval_app.graph:graph", "--backend", store_url),
+        *("--once", "--retry-delay", "1"),
+        env=env,
+    )
+    assert code == 1 and "MissingBindingError" in output, output
+    assert "released for another delivery" in output, output  # back in 1s or so
+
+    # --app takes the app's own worker factory: its runner and its bindings.
+    app = "examples.approval_app.worker:make_worker"
+    code, output = await flowy_cli(
+        *("worker", "--app", app, "--backend", store_url, "--once", "--idle-wait", "5"), env=env
+    )
+    assert code == 0, output
+    assert f"app {app}" in output and "acked: resumed" in output, output
+    done = (await client.get(f"/requests/{thread_id}")).json()
+    assert done["status"] == "completed", done
+    assert done["expense"]["payment_id"] == f"pay-{thread_id}"
+    rows = [row for row in Payments(str(payments)).rows() if row[0] == thread_id]
+    assert rows == [(thread_id, "ben", 40, 1)]
+
+
+@pytest.mark.parametrize(
+    ("app", "error"),
+    [
+        ("examples.approval_app.worker", "must look like 'package.module:attribute'"),
+        ("examples.approval_app.worker:nothing", "has no attribute 'nothing'"),
+        ("examples.approval_app.graph:THRESHOLD", "is a int, not a function"),
+        ("examples.approval_app.graph:store_url", "calling it failed: TypeError"),
+        ("examples.approval_app.graph:Expense", "calling it failed: TypeError"),
+        ("examples.approval_app.web:create_app", "returned a Starlette, not a flowy.Worker"),
+    ],
+)
+async def test_a_bad_app_is_one_clear_line_and_exit_2(app: str, error: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'approvals.db'}"
+    await (await flowy.connect(url)).aclose()  # the store exists: the app is what is wrong
+    code, output = await flowy_cli("worker", "--app", app, "--backend", url, "--once")
+    assert code == 2, output
+    assert error in output, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+
+
+async def test_the_cli_worker_takes_a_graph_or_an_app_not_both(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'approvals.db'}"
+    graph, app = "examples.approval_app.graph:graph", "examples.approval_app.worker:make_worker"
+    code, output = await flowy_cli("worker", "--graph", graph, "--app", app, "--backend", url)
+    assert code == 2 and "not allowed with argument" in output, output
+    code, output = await flowy_cli("worker", "--backend", url)
+    assert code == 2 and "one of the arguments --graph --app is required" in output, output
+
+
 # -- the guide is the app ------------------------------------------------------------
 
 SECTION_OR_BLOCK = re.compile(r"^(##[^#\n][^\n]*)$|^```(\w*)\n(.*?)^```$", re.M | re.S)
