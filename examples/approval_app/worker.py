@@ -1,6 +1,6 @@
 """The worker: pays approved requests, in a process of its own.
 
-    python -m examples.approval_app.worker --backend sqlite:///approvals.db
+    python3 -m examples.approval_app.worker --backend sqlite:///approvals.db
 
 It runs until SIGTERM or Ctrl-C, then finishes the payments in flight and exits.
 """
@@ -20,7 +20,7 @@ ExpenseWorker = flowy.Worker[Expense, flowy.NoEffect]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m examples.approval_app.worker")
+    parser = argparse.ArgumentParser(prog="python3 -m examples.approval_app.worker")
     parser.add_argument("--backend", default=store_url(), help="store URL ($APP_BACKEND)")
     parser.add_argument(
         "--payments",
