@@ -13,6 +13,7 @@ import importlib
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -329,6 +330,89 @@ async def test_the_worker_never_prints_the_store_password(tmp_path: Path) -> Non
     assert planted not in output, output
 
 
+# -- the CLI worker runs the app ------------------------------------------------------
+
+
+async def flowy_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``flowy ARGS`` from the repository root: its exit status and its output."""
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "flowy.cli", *args),
+        cwd=ROOT,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE * 2)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+async def test_the_cli_worker_pays_with_the_apps_bindings_through_app(
+    client: httpx.AsyncClient, store_url: str, tmp_path: Path
+) -> None:
+    asked = await ask(client, "ben", 40, "taxi")  # small: handed off at once
+    thread_id = asked["thread_id"]
+    payments = tmp_path / "cli-payments.db"
+    env = {"APP_PAYMENTS": str(payments)}
+
+    # `flowy show` names both ways to run a worker: --graph, and --app for bindings.
+    code, shown = await flowy_cli("show", thread_id, "--backend", store_url)
+    assert code == 0, shown
+    assert "flowy worker --graph MODULE:ATTR" in shown, shown
+    assert "--app MODULE:FACTORY" in shown, shown
+
+    # --graph alone cannot give `pay` its ledger: the run fails and is released.
+    code, output = await flowy_cli(
+        *("worker", "--graph", "examples.approval_app.graph:graph", "--backend", store_url),
+        *("--once", "--retry-delay", "1"),
+        env=env,
+    )
+    assert code == 1 and "MissingBindingError" in output, output
+    assert "released for another delivery" in output, output  # back in 1s or so
+
+    # --app takes the app's own worker factory: its runner and its bindings.
+    app = "examples.approval_app.worker:make_worker"
+    code, output = await flowy_cli(
+        *("worker", "--app", app, "--backend", store_url, "--once", "--idle-wait", "5"), env=env
+    )
+    assert code == 0, output
+    assert f"app {app}" in output and "acked: resumed" in output, output
+    done = (await client.get(f"/requests/{thread_id}")).json()
+    assert done["status"] == "completed", done
+    assert done["expense"]["payment_id"] == f"pay-{thread_id}"
+    rows = [row for row in Payments(str(payments)).rows() if row[0] == thread_id]
+    assert rows == [(thread_id, "ben", 40, 1)]
+
+
+@pytest.mark.parametrize(
+    ("app", "error"),
+    [
+        ("examples.approval_app.worker", "must look like 'package.module:attribute'"),
+        ("examples.approval_app.worker:nothing", "has no attribute 'nothing'"),
+        ("examples.approval_app.graph:THRESHOLD", "is a int, not a function"),
+        ("examples.approval_app.graph:store_url", "calling it failed: TypeError"),
+        ("examples.approval_app.graph:Expense", "calling it failed: TypeError"),
+        ("examples.approval_app.web:create_app", "returned a Starlette, not a flowy.Worker"),
+    ],
+)
+async def test_a_bad_app_is_one_clear_line_and_exit_2(app: str, error: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'approvals.db'}"
+    await (await flowy.connect(url)).aclose()  # the store exists: the app is what is wrong
+    code, output = await flowy_cli("worker", "--app", app, "--backend", url, "--once")
+    assert code == 2, output
+    assert error in output, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+
+
+async def test_the_cli_worker_takes_a_graph_or_an_app_not_both(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'approvals.db'}"
+    graph, app = "examples.approval_app.graph:graph", "examples.approval_app.worker:make_worker"
+    code, output = await flowy_cli("worker", "--graph", graph, "--app", app, "--backend", url)
+    assert code == 2 and "not allowed with argument" in output, output
+    code, output = await flowy_cli("worker", "--backend", url)
+    assert code == 2 and "one of the arguments --graph --app is required" in output, output
+
+
 # -- the guide is the app ------------------------------------------------------------
 
 SECTION_OR_BLOCK = re.compile(r"^(##[^#\n][^\n]*)$|^```(\w*)\n(.*?)^```$", re.M | re.S)
@@ -381,3 +465,82 @@ def test_the_guide_shows_every_module_of_the_app_line_for_line() -> None:
             )
         )
         assert not diff, f"the guide and the app differ (edit both):\n{diff}"
+
+
+# -- the guide's commands run as written -----------------------------------------------
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELL_BLOCK = re.compile(r"^```(?:text|console|sh|bash)\n(.*?)^```$", re.M | re.S)
+
+
+def commands(text: str) -> list[str]:
+    """The commands of ``text``'s shell blocks (the lines after ``$ ``) and of its
+    inline code spans."""
+    found = [
+        line.removeprefix("$ ")
+        for block in SHELL_BLOCK.findall(text)
+        for line in block.splitlines()
+        if line.startswith("$ ")
+    ]
+    prose = re.sub(r"^```.*?^```$", "", text, flags=re.M | re.S)
+    return found + re.findall(r"`([^`]+)`", " ".join(prose.split()))
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_docs_name_python3_never_python(page: Path) -> None:
+    # Debian and Ubuntu have no `python` command; `python3` is everywhere.
+    bad = [c for c in commands(page.read_text()) if re.search(r"(^|[\s|;&(])python\s", c)]
+    assert not bad, f"{page.name}: say python3: {bad}"
+
+
+def test_the_guide_installs_from_the_clone_names_uv_by_its_path_and_creates_the_database() -> None:
+    guide = GUIDE.read_text()
+    steps = commands(guide)
+    # flowy is not on the package index: it installs from the clone or a built wheel.
+    installs = [c for c in steps if "pip install" in c]
+    assert installs, steps
+    for install in installs:
+        assert not re.search(r"pip install\s+(-e\s+)?[\"']?flowy", install), install
+    assert 'python3 -m pip install -e "./packages/flowy-core[ui]" httpx' in steps
+    assert "python3 -m pip install dist/flowy_core-*.whl starlette uvicorn httpx" in steps
+    # `make` puts uv in .tools/uv-venv/bin when it is not on PATH.
+    uv = [c for c in steps if re.match(r"uv\s", c)]
+    assert not uv, f"name uv by the path make gives it: {uv}"
+    assert any(c.startswith(".tools/uv-venv/bin/uv build --package flowy-core") for c in steps)
+    # The database exists before the first connection.
+    assert guide.index("$ createdb ") < guide.index("export APP_BACKEND='postgresql://")
+
+
+def test_the_wheel_command_of_the_guide_builds_the_wheel_it_installs(tmp_path: Path) -> None:
+    # As the guide runs it: in a fresh venv (`python3 -m venv`), with that venv's pip.
+    venv = tmp_path / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True)
+    assert made.returncode == 0, made.stderr.decode()
+    dist = tmp_path / "dist"
+    pip = (str(venv / "bin" / "python3"), "-m", "pip")
+    package = str(ROOT / "packages" / "flowy-core")
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "-q", "-w", str(dist), package], capture_output=True
+    )
+    assert built.returncode == 0, built.stderr.decode()
+    wheels = [p.name for p in dist.glob("flowy_core-*.whl")]
+    assert len(wheels) == 1 and wheels[0].endswith("-py3-none-any.whl"), wheels
+    assert f"Successfully built dist/{wheels[0]}" in GUIDE.read_text()
+
+
+async def test_the_guides_sample_outputs_have_the_columns_the_commands_print(
+    tmp_path: Path,
+) -> None:
+    store_url = f"sqlite:///{tmp_path / 'approvals.db'}"
+    app = create_app(store_url)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            thread_id = (await ask(http, "ana", 250, "conference ticket"))["thread_id"]
+    guide = GUIDE.read_text()
+    for args in (("threads",), ("history", thread_id)):
+        code, output = await flowy_cli(*args, "--backend", store_url)
+        assert code == 0, output
+        header = output.splitlines()[0].split()
+        shown = guide.split(f"$ flowy {args[0]} --db approvals.db", 1)[1].splitlines()[1]
+        assert shown.split() == header, f"flowy {args[0]}: the guide shows {shown!r}"

@@ -11,7 +11,7 @@ import pytest
 from pg_support import connect, sql, with_options
 
 import flowy
-from flowy.errors import BackendURLError, StorageUnavailableError
+from flowy.errors import BackendURLError, StorageError, StorageUnavailableError
 from flowy_postgres import DRIVER_OPTIONS, OPTIONS, PostgresBackend
 
 pytestmark = pytest.mark.anyio
@@ -170,3 +170,17 @@ async def test_flowy_check_runs_in_a_scratch_schema_and_masks_the_password(
         assert schemas == []  # the scratch schema was dropped; the store's was never made
     finally:
         await conn.close()
+
+
+async def test_a_missing_database_is_one_line_that_says_how_to_create_it(
+    postgres_dsn: str,
+) -> None:
+    parts = urllib.parse.urlsplit(postgres_dsn)
+    url = urllib.parse.urlunsplit(parts._replace(path="/flowy_no_such_database"))
+    with pytest.raises(StorageError) as caught:
+        await flowy.connect(with_options(url, schema="approvals"))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert 'database "flowy_no_such_database" does not exist' in message, message
+    assert "`createdb flowy_no_such_database`" in message, message
+    assert """psql -c 'CREATE DATABASE "flowy_no_such_database"'""" in message, message

@@ -6,6 +6,7 @@ ever see flowy errors::
     connection lost, server shutting down, timeouts,  -> StorageUnavailableError (a write's
     too many connections, deadlock, lock timeout         outcome may be unknown: reload)
     missing table or schema                           -> SchemaVersionError
+    missing database                                  -> StorageError naming createdb
     any other PostgreSQL or driver error              -> StorageError
 
 flowy's own errors, ``asyncio.CancelledError`` and errors that are not the driver's pass
@@ -14,6 +15,7 @@ through unchanged.
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 import asyncpg
@@ -74,6 +76,14 @@ def translate(
             f"could not {action}: the flowy tables are missing ({detail}); run "
             "`await backend.migrate()` (or flowy_postgres.migrate(pool, schema=..., "
             "prefix=...)) with the same schema and prefix first"
+        )
+    if isinstance(exc, pg.InvalidCatalogNameError):
+        found = re.search(r'database "(.+)" does not exist', str(exc))
+        name = found.group(1) if found else "NAME"
+        return StorageError(
+            f"could not {action}: PostgreSQL reported {detail} (SQLSTATE 3D000); flowy "
+            f"creates its schema and tables but not the database: create it first with "
+            f"`createdb {name}` or `psql -c 'CREATE DATABASE \"{name}\"'`"
         )
     if driver:
         sqlstate = getattr(exc, "sqlstate", None)

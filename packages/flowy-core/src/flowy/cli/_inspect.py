@@ -269,9 +269,20 @@ _RESUMABLE = frozenset(
 )
 
 
+_APP_HINT = " (or --app MODULE:FACTORY instead of --graph, for an app whose nodes need bindings)"
+
+
 def _next_step(
-    snap: Snapshot[Any], revision: int, store: Store, graph: str, dead: Sequence[DeadLetter]
+    snap: Snapshot[Any],
+    revision: int,
+    store: Store,
+    graph: str | None,
+    dead: Sequence[DeadLetter],
 ) -> str | None:
+    """The command that moves the thread on; without a known ``graph``, the worker's
+    hint names ``--app`` too (a factory that gives the runs their bindings)."""
+    app = "" if graph else _APP_HINT
+    graph = graph or "MODULE:ATTR"
     stuck = snap.status in (RunStatus.HANDOFF, RunStatus.RUNNING)
     if dead and stuck:
         retry = store.command("dead-letters", "--retry", quote(dead[-1].message_id))
@@ -279,10 +290,10 @@ def _next_step(
     if snap.handoff_status in (HandoffStatus.PENDING, HandoffStatus.ORPHANED):
         return store.command("recover", "--graph", graph)
     if snap.status is RunStatus.HANDOFF:
-        return "a worker resumes it: " + store.command("worker", "--graph", graph)
+        return "a worker resumes it: " + store.command("worker", "--graph", graph) + app
     if snap.status is RunStatus.WAITING:
         how = "when its time comes" if not snap.waiting_for else "when its signal arrives"
-        text = f"a worker resumes it {how}: " + store.command("worker", "--graph", graph)
+        text = f"a worker resumes it {how}: " + store.command("worker", "--graph", graph) + app
         if snap.waiting_for:
             send = store.command(
                 "signal", quote(snap.thread_id), quote(snap.waiting_for), "--json", "'{...}'"
@@ -376,7 +387,7 @@ async def cmd_show(args: argparse.Namespace, out: Console) -> int:
         ("budgets", budgets or "none"),
         ("metadata", compact_json(dict(snap.metadata)) if snap.metadata else "none"),
     ]
-    hint = _next_step(snap, revision, store, quote(args.graph or "MODULE:ATTR"), dead)
+    hint = _next_step(snap, revision, store, args.graph and quote(args.graph), dead)
     if hint is not None:
         fields.append(("next", clean(hint)))
     for key, value in fields:

@@ -286,7 +286,14 @@ def _add_operate(sub: _Subcommands) -> None:
         description="Claim hand-offs from the store's outbox and resume them with the "
         "graph. With --once, the exit status is 1 if a message failed or was dead-lettered.",
     )
-    p.add_argument("--graph", required=True, metavar=_GRAPH, help="the graph to resume with")
+    app = p.add_mutually_exclusive_group(required=True)
+    app.add_argument("--graph", metavar=_GRAPH, help="the graph to resume with")
+    app.add_argument(
+        "--app",
+        metavar="MODULE:FACTORY",
+        help="a function taking the opened backend and returning a flowy.Worker (or "
+        "flowy.Runner): its runner, and the bindings its resume_options give each run",
+    )
     _lease_options(p)
     p.add_argument(
         "--once", action="store_true", help="exit when the outbox is idle (run_until_idle)"

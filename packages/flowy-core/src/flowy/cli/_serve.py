@@ -12,20 +12,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, cast
 
 from .._results import RunResult
 from .._runner import Runner, default_owner
-from .._worker import Worker
+from .._worker import ResumeOptions, Worker
 from ..storage import DeadLetter, HandoffIntent, OutboxConsumer, OutboxMessage, RunStatus
-from ._options import CliError, load_graph, quote
+from ._options import CliError, load_graph, load_object, one_line, quote
 from ._render import Console, clean, effect_text, result_line
 from ._store import DEAD_LETTER_SCAN, Store, codec_for, locate, open_store
 
-__all__ = ["WatchedConsumer", "cmd_worker"]
+__all__ = ["WatchedConsumer", "cmd_worker", "load_app", "make_app"]
 
 
 class WatchedConsumer:
@@ -206,18 +207,70 @@ async def _buried_since(watch: WatchedConsumer, before: set[str]) -> list[DeadLe
     return [d for d in now if d.message_id not in before and d.message_id not in watch.dead]
 
 
+AppFactory = Callable[[Any], object]
+
+
+def load_app(spec: str) -> AppFactory:
+    """The app factory named by ``spec``: a function (or coroutine function) that takes
+    the opened backend and returns a ``flowy.Worker`` or a ``flowy.Runner``."""
+    factory = load_object(spec, "--app")
+    if not callable(factory):
+        raise CliError(
+            f"--app {spec!r} is a {type(factory).__name__}, not a function (give a function "
+            "that takes the opened backend and returns a flowy.Worker or a flowy.Runner)",
+            2,
+        )
+    return cast(AppFactory, factory)
+
+
+async def make_app(
+    spec: str, factory: AppFactory, backend: Any
+) -> tuple[Runner[Any, Any], ResumeOptions | None]:
+    """The runner and ``resume_options`` the app's factory makes on ``backend``: those of
+    the ``flowy.Worker`` it returns (its resume options give each run the app's
+    bindings), or its ``flowy.Runner`` alone. Anything else, or a factory that raises,
+    is a usage error."""
+    try:
+        made: object = factory(backend)
+        if inspect.isawaitable(made):
+            made = await made
+    except Exception as exc:
+        raise CliError(
+            f"--app {spec!r}: calling it failed: {type(exc).__name__}: {one_line(str(exc))}", 2
+        ) from exc
+    if isinstance(made, Worker):
+        app_worker = cast(Worker[Any, Any], made)
+        return app_worker.runner, app_worker.resume_options
+    if isinstance(made, Runner):
+        return cast(Runner[Any, Any], made), None
+    raise CliError(
+        f"--app {spec!r} returned a {type(made).__name__}, not a flowy.Worker or a "
+        "flowy.Runner (give a function that takes the opened backend and returns one)",
+        2,
+    )
+
+
 async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
     """``flowy worker``."""
     store = locate(args.backend, args.db)
-    graph = load_graph(args.graph)
+    factory = load_app(args.app) if args.app else None
+    graph = None if factory else load_graph(args.graph)
     owner = cast(str, args.owner or default_owner())
     async with open_store(store, codec_for(args.codec, graph)) as backend:
+        if factory is not None:
+            runner, resume_options = await make_app(args.app, factory, backend)
+            what = f"app {args.app}"
+        else:
+            assert graph is not None
+            runner, resume_options = Runner(graph, backend), None
+            what = f"graph {args.graph}"
         watch = WatchedConsumer(backend.consumer, out, store, tag=args.concurrency > 1)
         before = {d.message_id for d in await backend.consumer.dead_letters(DEAD_LETTER_SCAN)}
         worker: Worker[Any, Any] = Worker(
-            Runner(graph, backend),
+            runner,
             watch,
             owner=owner,
+            resume_options=resume_options,
             lease_ttl=args.lease_ttl,
             concurrency=args.concurrency,
             visibility_timeout=args.visibility_timeout,
@@ -234,7 +287,7 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
         out.line(
             out.paint(
                 f"{clean(owner)} {dot} claiming hand-offs from {clean(store.label)} {dot} "
-                f"graph {clean(args.graph)}",
+                f"{clean(what)}",
                 "dim",
             )
         )
