@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio.retry import Retry
 from redis.backoff import ConstantBackoff, NoBackoff
 from redis.crc import key_slot
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_support import BackendFactory, RedisTarget, raw_client
 
 from flowy.errors import StorageUnavailableError
@@ -83,6 +84,26 @@ async def _busy(url: str, micros: int) -> None:
         await client.aclose()
 
 
+async def _while_busy(url: str, micros: int) -> asyncio.Task[None]:
+    """Start ``_busy`` and return once the server is running it (a connected client's
+    PING stops answering), so what comes next waits behind it however loaded the
+    machine is."""
+    probe = raw_client(url, socket_timeout=0.02, retry=Retry(NoBackoff(), 0))
+    try:
+        await probe.ping()  # connected while the server still answers
+        busy = asyncio.create_task(_busy(url, micros))
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                await probe.ping()
+            except RedisTimeoutError:
+                return busy
+            await asyncio.sleep(0.005)
+        raise AssertionError("the busy script never started")
+    finally:
+        await probe.aclose()
+
+
 class _Counting(RedisCheckpointer[Any]):
     """Counts the saves, and those that ended in StorageUnavailableError."""
 
@@ -117,8 +138,7 @@ async def test_connection_lost_after_the_save_landed(
         cp = _counting(impatient, backend.namespace)
         await cp.load(tid)  # connects and checks the layout before the server is busy
         _Counting.calls = _Counting.unavailable = 0
-        busy = asyncio.create_task(_busy(standalone.url, 600_000))
-        await asyncio.sleep(0.1)
+        busy = await _while_busy(standalone.url, 600_000)
         mine = snap(tid, ["first", "mine"])
         revision = await durable_save(cp, 1, mine, attempts=6, backoff=0.2)
         await busy
@@ -184,8 +204,7 @@ async def test_a_driver_resend_of_a_landed_save_is_not_a_conflict(
         cp = RedisBackend[Any].from_client(retrying, namespace=backend.namespace).checkpointer
         await cp.load(tid)
         before = await _evalsha_calls(backend.client)
-        busy = asyncio.create_task(_busy(standalone.url, 500_000))
-        await asyncio.sleep(0.1)
+        busy = await _while_busy(standalone.url, 500_000)
         mine = snap(tid, ["first", "mine"])
         assert await cp.save(1, mine) == 2
         await busy
