@@ -41,10 +41,14 @@ async def test_a_crashed_consumers_message_goes_to_another(make_backend: Backend
     crashed = make_backend(consumer="crashed")
     survivor = make_backend(consumer="survivor")
     await crashed.outbox.enqueue_intent(intent(tid := _tid()))
-    [first] = await crashed.consumer.claim(10, 0.3)
+    visibility = 2.0  # long enough that a loaded machine reaches the next claim within it
+    claimed_at = time.monotonic()
+    [first] = await crashed.consumer.claim(10, visibility)
     await crashed.aclose()  # the process dies holding the message
-    assert await survivor.consumer.claim(10, 30) == []
-    await asyncio.sleep(0.5)
+    hidden = await survivor.consumer.claim(10, 30)
+    if time.monotonic() - claimed_at < visibility:
+        assert hidden == []
+    await asyncio.sleep(max(0.0, claimed_at + visibility + 0.2 - time.monotonic()))
     [second] = await survivor.consumer.claim(10, 30)
     assert (second.message_id, second.intent.thread_id, second.attempts) == (
         first.message_id,
