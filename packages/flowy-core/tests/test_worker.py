@@ -197,7 +197,7 @@ async def test_cancelling_run_while_recovery_winds_down_is_not_swallowed() -> No
             await let_go.wait()  # a recovery pass finishing its save
             raise
 
-    worker._recovery_loop = slow_to_stop  # pyright: ignore[reportPrivateUsage]
+    worker._recovery.loop = slow_to_stop  # pyright: ignore[reportPrivateUsage]
     task = asyncio.ensure_future(worker.run())
     await asyncio.sleep(0.05)
     worker.stop()

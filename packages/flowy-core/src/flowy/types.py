@@ -24,6 +24,7 @@ from ._segment import InvariantValidator as InvariantValidator
 from ._types import JSON as JSON
 from ._worker import Failure as Failure
 from ._worker import Outcome as Outcome
+from ._worker import WorkerOptions as WorkerOptions
 from ._worker import WorkerStats as WorkerStats
 
 __all__ = [
@@ -46,5 +47,6 @@ __all__ = [
     "StateMerge",
     "StreamCollectResult",
     "StreamStart",
+    "WorkerOptions",
     "WorkerStats",
 ]

@@ -240,7 +240,7 @@ async def make_app(
         ) from exc
     if isinstance(made, Worker):
         app_worker = cast(Worker[Any, Any], made)
-        return app_worker.runner, app_worker.resume_options
+        return app_worker.runner, app_worker.options.resume_options
     if isinstance(made, Runner):
         return cast(Runner[Any, Any], made), None
     raise CliError(

@@ -159,7 +159,8 @@ class DeliverySuite(Suite):
             holder = await flowy_backend.leases.holder(tid)
             assert holder is not None and holder.owner == "worker-1"
             worker = Worker(Runner(_handing_off(), flowy_backend), owner="worker-1", busy_grace=0.0)
-            assert not await worker._release_stale_own_lease(tid)  # pyright: ignore[reportPrivateUsage]
+            consume = worker._consume  # pyright: ignore[reportPrivateUsage]
+            assert not await consume._release_stale_own_lease(tid)  # pyright: ignore[reportPrivateUsage]
             assert await flowy_backend.leases.holder(tid) == holder
         finally:
             release.set()
