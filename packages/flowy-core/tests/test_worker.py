@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import typing
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -490,3 +492,96 @@ async def test_an_unavailable_store_is_one_warning_line_per_look(
     }
     assert all(r.levelno == logging.WARNING and r.exc_info is None for r in warnings)
     assert len([r for r in records if r.levelno == logging.DEBUG and r.exc_info]) == 2
+
+
+# --- WorkerOptions ------------------------------------------------------------------------
+
+
+async def test_a_worker_runs_with_the_options_it_is_given_as_one_value() -> None:
+    mem: MemoryBackend[State] = MemoryBackend()
+    holders: list[str | None] = []
+
+    async def work(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.handoff("bg", resume_at="side_effect")
+
+    async def side_effect(s: State) -> tuple[State, flowy.Directive[Any]]:
+        lease = await mem.leases.holder(flowy.run_metadata().thread_id)
+        holders.append(None if lease is None else lease.owner)
+        return {"done": True}, flowy.completed()
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("work", work).add_node("side_effect", side_effect)
+    b.add_edge("work", "side_effect").allow_no_outgoing_route("side_effect")
+    runner = flowy.Runner(b.compile(), mem)
+    for i in range(3):
+        await runner.start(f"t{i}", {})
+    results: list[str] = []
+    options = ftypes.WorkerOptions(
+        owner="w-opt",
+        lease_ttl=5,
+        timer_interval=None,
+        on_result=lambda intent, result: results.append(intent.thread_id),
+    )
+    worker = flowy.Worker(runner, options=options)
+    assert worker.options is options and worker.owner == "w-opt"
+    assert await worker.run_until_idle() == 3
+    assert holders == ["w-opt"] * 3
+    assert sorted(results) == ["t0", "t1", "t2"]
+
+
+async def test_keywords_build_the_options_alone_or_on_top_of_a_given_value() -> None:
+    runner, queue = setup([])
+    alone = flowy.Worker(runner, queue, lease_ttl=5, busy_grace=0.5)
+    assert alone.options == ftypes.WorkerOptions(lease_ttl=5, busy_grace=0.5)
+    base = ftypes.WorkerOptions(owner="w1", concurrency=2, retry_delay=0.1)
+    varied = flowy.Worker(runner, queue, options=base, owner="w2")
+    assert varied.options == replace(base, owner="w2") and varied.owner == "w2"
+    assert base.owner == "w1"  # the given value is left as it was
+    assert flowy.Worker(runner, queue).options == ftypes.WorkerOptions()
+
+
+async def test_an_unknown_keyword_names_the_options_there_are() -> None:
+    runner, queue = setup([])
+    with pytest.raises(TypeError, match=r"'lease_tll'.*WorkerOptions: busy_grace, concurrency"):
+        flowy.Worker(runner, queue, lease_tll=5)  # pyright: ignore[reportCallIssue]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("owner", "", "non-empty owner"),
+        ("concurrency", 0, "concurrency must be >= 1, got 0"),
+        ("busy_grace", -1.0, "busy_grace must be >= 0 seconds, got -1.0"),
+        ("busy_grace", float("nan"), "busy_grace must be >= 0 seconds, got nan"),
+        ("retry_delay", 500.0, "0 <= retry_delay <= max_retry_delay"),
+        ("retry_delay", -1.0, "0 <= retry_delay <= max_retry_delay"),
+        ("retry_jitter", 1.5, "0 <= retry_jitter <= 1"),
+    ],
+)
+async def test_options_out_of_range_are_refused_when_made(
+    option: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        ftypes.WorkerOptions(**{option: value})  # pyright: ignore[reportArgumentType]
+    runner, queue = setup([])
+    with pytest.raises(ValueError, match=message):
+        flowy.Worker(runner, queue, **{option: value})  # pyright: ignore[reportArgumentType]
+
+
+def test_the_keywords_of_worker_are_the_fields_of_worker_options() -> None:
+    from flowy._worker import WorkerKeywords
+
+    keywords = typing.get_type_hints(WorkerKeywords)
+    assert keywords == typing.get_type_hints(ftypes.WorkerOptions)
+    assert list(keywords) == [f.name for f in fields(ftypes.WorkerOptions)]
+
+
+async def test_reading_an_option_off_the_worker_still_works_with_a_deprecation_warning() -> None:
+    runner, queue = setup([])
+    worker = flowy.Worker(runner, queue, lease_ttl=5)
+    with pytest.warns(DeprecationWarning, match=r"worker\.options\.lease_ttl"):
+        assert worker.lease_ttl == 5  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.warns(DeprecationWarning, match=r"worker\.options\.visibility_timeout"):
+        assert worker.visibility_timeout == 20  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(AttributeError, match="no attribute 'lease_tll'"):
+        _ = worker.lease_tll  # pyright: ignore[reportAttributeAccessIssue]
