@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from .._results import RunResult
 from .._runner import Runner, default_owner
-from .._worker import ResumeOptions, Worker
+from .._worker import ResumeOptions, Worker, WorkerOptions
 from ..storage import DeadLetter, HandoffIntent, OutboxConsumer, OutboxMessage, RunStatus
 from ._options import CliError, load_graph, load_object, one_line, quote
 from ._render import Console, clean, effect_text, result_line
@@ -266,9 +266,7 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
             what = f"graph {args.graph}"
         watch = WatchedConsumer(backend.consumer, out, store, tag=args.concurrency > 1)
         before = {d.message_id for d in await backend.consumer.dead_letters(DEAD_LETTER_SCAN)}
-        worker: Worker[Any, Any] = Worker(
-            runner,
-            watch,
+        options = WorkerOptions(
             owner=owner,
             resume_options=resume_options,
             lease_ttl=args.lease_ttl,
@@ -283,6 +281,7 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
             retry_delay=args.retry_delay,
             max_retry_delay=max(300.0, args.retry_delay),
         )
+        worker: Worker[Any, Any] = Worker(runner, watch, options=options)
         dot = out.sym("dot")
         out.line(
             out.paint(

@@ -28,7 +28,7 @@ from .._events import StreamHandle
 from .._plan import ResumePlan, resume_to
 from .._results import RunResult
 from .._runner import Runner
-from .._worker import Outcome, Worker
+from .._worker import Outcome, Worker, WorkerOptions
 from ..sqlite import APPLICATION_ID, SQLiteBackend
 from ..storage import (
     ActivityStatus,
@@ -392,11 +392,13 @@ async def run_demo(settings: DemoSettings, out: Console) -> DemoReport:
         # of signals; the hand-off goes to the worker processes.
         app = Worker(
             runner,
-            owner="app-worker",
-            lease_ttl=settings.lease_ttl,
-            visibility_timeout=settings.visibility_timeout,
-            timer_interval=None,
-            on_result=story.on_result,
+            options=WorkerOptions(
+                owner="app-worker",
+                lease_ttl=settings.lease_ttl,
+                visibility_timeout=settings.visibility_timeout,
+                timer_interval=None,
+                on_result=story.on_result,
+            ),
         )
 
         story.title("A customer asks for a refund; the agent starts")
