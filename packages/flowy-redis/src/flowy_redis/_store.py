@@ -15,8 +15,9 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
+from flowy.storage import show_id
 
-from ._keys import STATUS_DIGITS, KeyLayout
+from ._keys import STATUS_DIGITS, KeyLayout, ThreadKeys
 from ._scripts import LAYOUT, READS, LuaScript
 
 __all__ = ["LAYOUT_VERSION", "RedisClient", "Store", "purge_namespace"]
@@ -141,6 +142,24 @@ class Store:
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
         except _DRIVER_ERRORS as exc:
             raise translate(exc, action, reads=script in READS) from exc
+
+    async def call(
+        self,
+        script: LuaScript,
+        thread_id: str,
+        keys: Callable[[ThreadKeys], Sequence[bytes] | bytes],
+        args: Sequence[Arg],
+        what: str,
+    ) -> Any:
+        """Run ``script`` on ``keys`` (picked from the thread's) of ``thread_id``; ``what``
+        it does to the thread (``"loading"``) names the call in errors."""
+        picked = keys(self.layout.thread(thread_id))
+        return await self.run(
+            script,
+            (picked,) if isinstance(picked, bytes) else picked,
+            args,
+            lambda: f"{what} thread {show_id(thread_id)}",
+        )
 
     async def run_sharded(
         self,
