@@ -204,12 +204,8 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             )
             for group, answer in zip(by_shard.values(), answers, strict=True):
                 for (thread_id, _), row in zip(group, answer, strict=True):
-                    if row is not None:
-                        columns = [None if v is None else v.decode("utf-8", "replace") for v in row]
-                        columns[5] = columns[5] or None  # no hand-off pending
-                        columns[7] = columns[7] or None  # no wake-up time
-                        columns[8] = columns[8] or ""  # saved before graph versions
-                        out.append(self.summary(thread_id, *columns))
+                    if row is not None:  # '' or absent: no hand-off pending, no wake-up time
+                        out.append(self.summary(thread_id, *row))
             if len(members) < want:
                 break
             after = members[-1][1:].decode("utf-8")

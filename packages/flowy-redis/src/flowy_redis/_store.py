@@ -58,20 +58,20 @@ def translate(exc: BaseException, action: Action, *, reads: bool = False) -> Sto
     """The flowy error for a driver error raised while doing ``action``; ``reads``: the
     action changes nothing, so no outcome is in doubt."""
     what = action if isinstance(action, str) else action()
-    if isinstance(exc, _UNAVAILABLE) or str(exc).startswith("BUSY"):
-        if reads:
-            return StorageUnavailableError(
-                f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); nothing "
-                "was read and nothing changed, so nothing is in doubt. Check that the "
-                "server is running and that the URL (host, port, database) is right, then "
-                "try again."
-            )
+    detail = f"({type(exc).__name__}: {exc})"
+    if not (isinstance(exc, _UNAVAILABLE) or str(exc).startswith("BUSY")):
+        return StorageError(f"Redis refused {what} {detail}.")
+    if reads:
         return StorageUnavailableError(
-            f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); the outcome "
-            "may be unknown. Check that the server is reachable; a save's outcome is "
-            "resolved by flowy.storage.durable_save, which compares write ids."
+            f"Redis was unavailable while {what} {detail}; nothing was read and nothing "
+            "changed, so nothing is in doubt. Check that the server is running and that the "
+            "URL (host, port, database) is right, then try again."
         )
-    return StorageError(f"Redis refused {what} ({type(exc).__name__}: {exc}).")
+    return StorageUnavailableError(
+        f"Redis was unavailable while {what} {detail}; the outcome may be unknown. Check "
+        "that the server is reachable; a save's outcome is resolved by "
+        "flowy.storage.durable_save, which compares write ids."
+    )
 
 
 class Store:
