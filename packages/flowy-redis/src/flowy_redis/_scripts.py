@@ -4,16 +4,10 @@ Each script reads the clock with ``redis.call('TIME')`` (the server's clock, nev
 client's), declares every key it touches in ``KEYS`` (all of one hash slot, except the
 standalone-only multi-shard reads), and is idempotent under a resend of the same call (a
 driver that retries after a timeout): a save whose exact record is already the head at
-the new revision answers with that revision, and lease calls carry a nonce.
-
-What the scripts keep, and why (fencing tokens from the server's clock, lease records
-that expire with their lease, a shard's timer index, the outbox's ``vis`` set of
-visible-again times): the README's "What is atomic, and how", "Leases and their clock",
-"Key layout" and "Outbox and consumers".
-
-The functions scripts share (the clock, the lease check, the thread index, batched hash
-reads, the outbox's bookkeeping) are written once, in ``_LIBRARY``; each script is
-composed with the ones it calls, and those they call.
+the new revision answers with that revision, and lease calls carry a nonce. Why each
+keeps what it keeps: the README ("What is atomic, and how", "Leases and their clock",
+"Outbox and consumers"). The functions scripts share are written once, in ``_LIBRARY``,
+and each script is composed with those it calls.
 """
 
 from __future__ import annotations
