@@ -153,6 +153,19 @@ def test_store_url_option_helpers() -> None:
         StoreURL.parse("x://h?s=0").seconds("s", 1.0)
     with pytest.raises(BackendURLError, match="from 1 to"):
         StoreURL.parse("x://h?n=0").count("n", 1)
+    short = StoreURL.parse("x://h?s=0.0001")
+    with pytest.raises(BackendURLError, match=r"from 0\.001"):
+        short.seconds("s", None, minimum=0.001)
+    assert short.seconds("s", None) == 0.0001
+    assert StoreURL.parse("x://h").seconds("s", None, minimum=0.001) is None
+
+
+def test_store_url_driver_url_keeps_the_drivers_options_only() -> None:
+    url = StoreURL.parse("a+b://u:pw@h:1/0?mine=1&theirs=2&also=3")
+    assert (
+        url.driver_url(scheme="a", options={"theirs", "also"}) == "a://u:pw@h:1/0?theirs=2&also=3"
+    )
+    assert url.driver_url() == "a+b://u:pw@h:1/0"
 
 
 @pytest.mark.parametrize(

@@ -388,3 +388,19 @@ def test_head_columns_with_a_time_out_of_range_are_invalid(times: dict[str, str]
     with pytest.raises(SnapshotEnvelopeInvalidError, match="head columns"):
         BaseCheckpointer.summary("t", 1, "a", "waiting", "", "none", **columns)
     assert BaseCheckpointer.summary("t", 1, "a", "waiting", "", "none", None, "0", "0").wake_at == 0
+
+
+def test_head_columns_may_be_utf8_bytes_with_empty_text_for_no_time() -> None:
+    """A store keeping text (Redis's hash fields) passes its columns as they are."""
+    columns = (b"3", "n\u00e9".encode(), b"waiting", b"why", b"pending", b"", b"1.5", b"", b"")
+    head = BaseCheckpointer.summary("t", *columns)
+    assert (head.revision, head.execution_pointer, head.status, head.reason) == (
+        3,
+        "n\u00e9",
+        "waiting",
+        "why",
+    )
+    assert (head.handoff_pending_at, head.updated_at, head.wake_at) == (None, 1.5, None)
+    assert head.graph_version == ""
+    timed = BaseCheckpointer.summary("t", *columns[:5], b"2.5", b"1.5", b"7", b"v2")
+    assert (timed.handoff_pending_at, timed.wake_at, timed.graph_version) == (2.5, 7.0, "v2")

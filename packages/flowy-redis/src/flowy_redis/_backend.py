@@ -14,7 +14,7 @@ from flowy.errors import BackendURLError
 from flowy.storage import SCRATCH_PREFIX, BaseBackend, StateCodec, StoreURL, sibling_url
 
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
-from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, KeyLayout
+from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
 from ._lease import RedisLeaseManager
 from ._outbox import RedisConsumer, RedisOutbox
 from ._store import RedisClient, Store, purge_namespace
@@ -178,22 +178,6 @@ def _url_of(client: RedisClient, options: dict[str, object]) -> str:
     return f"{scheme}://{where}{path}?{urllib.parse.urlencode(options)}"
 
 
-def _completed_ttl(text: str) -> float:
-    value = float(text)
-    if not 0.001 <= value <= StoreURL.MAX_RETENTION_SECONDS:
-        raise ValueError(
-            f"expected a number of seconds from 0.001 to {StoreURL.MAX_RETENTION_SECONDS:.0f}, "
-            f"got {text[:40]!r}"
-        )
-    return value
-
-
-def _shards(text: str) -> int:
-    value = int(text)
-    KeyLayout(DEFAULT_NAMESPACE, value)  # checks the range
-    return value
-
-
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> RedisBackend[Any]:
     """The opener of ``redis://``, ``rediss://``, ``redis+cluster://`` and
     ``rediss+cluster://`` URLs (``flowy.connect``).
@@ -208,17 +192,12 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Redis
     except ValueError as exc:
         raise BackendURLError(f"option namespace in {url.redacted!r}: {exc}") from None
     cluster = url.scheme.endswith("+cluster")
-    scheme = url.scheme.removesuffix("+cluster")
-    driver = {name: value for name, value in url.options.items() if name in CLIENT_OPTIONS}
-    parts = urllib.parse.urlsplit(url.raw)
-    client_url = urllib.parse.urlunsplit(
-        (scheme, parts.netloc, parts.path, urllib.parse.urlencode(driver), "")
-    )
-    completed_ttl = url.option("completed_ttl", _completed_ttl, None)
+    client_url = url.driver_url(scheme=url.scheme.removesuffix("+cluster"), options=CLIENT_OPTIONS)
+    retention = StoreURL.MAX_RETENTION_SECONDS
     options: dict[str, Any] = {
         "namespace": namespace,
-        "shards": url.option("shards", _shards, DEFAULT_SHARDS),
-        "completed_ttl": completed_ttl,
+        "shards": url.count("shards", DEFAULT_SHARDS, maximum=MAX_SHARDS),
+        "completed_ttl": url.seconds("completed_ttl", None, minimum=0.001, maximum=retention),
         "max_record_bytes": url.count("max_record_bytes", DEFAULT_MAX_RECORD_BYTES),
         "group": url.options.get("group") or "flowy",
         "consumer": url.options.get("consumer") or None,
@@ -227,7 +206,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Redis
     }
     try:
         if cluster:
-            if parts.path.strip("/") not in ("", "0"):
+            if url.path.strip("/") not in ("", "0"):
                 raise ValueError("a Redis Cluster has database 0 only")
             client: RedisClient = RedisCluster.from_url(client_url)
         else:

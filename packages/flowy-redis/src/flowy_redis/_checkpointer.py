@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Hashable
+from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
@@ -15,7 +16,6 @@ from flowy.storage import (
     HandoffStatus,
     Lease,
     Refused,
-    RunStatus,
     StateCodec,
     ThreadSummary,
     Timer,
@@ -23,7 +23,7 @@ from flowy.storage import (
     show_id,
 )
 
-from ._keys import STATUS_DIGITS, ShardKeys
+from ._keys import STATUS_DIGITS
 from ._scripts import (
     ACTIVITY,
     DELETE,
@@ -44,7 +44,11 @@ DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 """The largest encoded snapshot a save accepts by default (64 MiB)."""
 
 _PRUNE_BATCH = 10_000
-_SCAN_PAGE = 500  # heads read per script while looking for the oldest parked ones
+# The keys of a thread each script takes.
+_HISTORY = attrgetter("head", "hist")
+_CHECKPOINT = attrgetter("checkpoint")
+_SIGNAL = attrgetter("inbox", "sigids", "head")
+_JOURNAL = attrgetter("journal", "head")
 
 S = TypeVar("S")
 
@@ -72,8 +76,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     expire after ``completed_ttl`` seconds when it is set (with their signal inbox and
     activity journal). Appending a signal is one script (numbered by the inbox's
     length, once per signal id); the journal is a hash per thread. No index holds the
-    heads by run status: ``oldest_heads`` scans every shard's thread index, a page at a
-    time.
+    heads by run status: ``oldest_heads`` is the base's scan of ``list_threads``' pages.
     """
 
     def __init__(
@@ -99,18 +102,16 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         args: list[bytes | str | int] = [
             write.expected_revision,
             write.record,
-            head.execution_pointer,
-            head.status,  # str enums: the driver sends their values
-            head.reason,
-            head.handoff_status,
-            "" if pending_at is None else repr(pending_at),
-            repr(head.updated_at),
             # A snapshot with a write id is unique: the same record at the new revision is
             # this save, resent. Without one (an empty id in the envelope) it may not be.
             "0" if b'"write_id":""' in write.record else "1",
             "" if lease is None else lease.owner,
             "" if lease is None else str(lease.fencing_token),
             thread_id,
+            # HEAD_COLUMNS (str enums: the driver sends their values)
+            *(head.execution_pointer, head.status, head.reason, head.handoff_status),
+            "" if pending_at is None else repr(pending_at),
+            repr(head.updated_at),
             "" if wake_at is None else score(wake_at),
             head.graph_version,
         ]
@@ -139,10 +140,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         return Refused(int(reply[0]), holder)
 
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
-        keys = self.store.layout.thread(thread_id)
-        reply: list[Any] = await self.store.run(
-            HISTORY, [keys.head, keys.hist], [1], lambda: f"loading thread {show_id(thread_id)}"
-        )
+        reply: list[Any] = await self.store.call(HISTORY, thread_id, _HISTORY, [1], "loading")
         if reply[0] == 0:
             return None
         if reply[1] is None:
@@ -153,33 +151,20 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         return reply[0], reply[1]
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
-        keys = self.store.layout.thread(thread_id)
-        reply: list[Any] = await self.store.run(
-            HISTORY,
-            [keys.head, keys.hist],
-            [limit],
-            lambda: f"reading the history of thread {show_id(thread_id)}",
+        reply: list[Any] = await self.store.call(
+            HISTORY, thread_id, _HISTORY, [limit], "reading the history of"
         )
         head = int(reply[0])
         return [(head - i, record) for i, record in enumerate(reply[1:]) if record is not None]
 
     async def _prune(self, thread_id: str, keep: int) -> None:
-        keys = self.store.layout.thread(thread_id)
-        while await self.store.run(
-            PRUNE,
-            [keys.head, keys.hist],
-            [keep, _PRUNE_BATCH],
-            lambda: f"pruning the history of thread {show_id(thread_id)}",
-        ):
+        what = "pruning the history of"
+        while await self.store.call(PRUNE, thread_id, _HISTORY, [keep, _PRUNE_BATCH], what):
             pass
 
     async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
-        keys = self.store.layout.thread(thread_id)
-        reply: list[bytes] = await self.store.run(
-            DELETE,
-            keys.checkpoint,
-            ["1" if if_idle else "0", thread_id],
-            lambda: f"deleting thread {show_id(thread_id)}",
+        reply: list[bytes] = await self.store.call(
+            DELETE, thread_id, _CHECKPOINT, ["1" if if_idle else "0", thread_id], "deleting"
         )
         return lease_of(thread_id, *reply) if reply else None
 
@@ -219,57 +204,13 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             )
             for group, answer in zip(by_shard.values(), answers, strict=True):
                 for (thread_id, _), row in zip(group, answer, strict=True):
-                    if row is not None:
-                        columns = [None if v is None else v.decode("utf-8", "replace") for v in row]
-                        columns[5] = columns[5] or None  # no hand-off pending
-                        columns[7] = columns[7] or None  # no wake-up time
-                        columns[8] = columns[8] or ""  # saved before graph versions
-                        out.append(self.summary(thread_id, *columns))
+                    if row is not None:  # '' or absent: no hand-off pending, no wake-up time
+                        out.append(self.summary(thread_id, *row))
             if len(members) < want:
                 break
             after = members[-1][1:].decode("utf-8")
         out.sort(key=lambda summary: summary.thread_id)
         return out[:limit]
-
-    async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:
-        # No index by run status: every shard's thread index is read a page at a time
-        # (one command for the page, one script for its heads' columns), shards at once,
-        # O(threads) in all.
-        store, layout = self.store, self.store.layout
-        wanted = {status.value for status in statuses}
-
-        async def scan(shard: ShardKeys) -> list[tuple[RunStatus, float]]:
-            found: list[tuple[RunStatus, float]] = []
-            start = b"-"
-            while True:
-                members: list[bytes] = await store.execute(
-                    "listing threads",
-                    "ZRANGEBYLEX",
-                    shard.threads,
-                    start,
-                    b"+",
-                    "LIMIT",
-                    0,
-                    _SCAN_PAGE,
-                )
-                if not members:
-                    return found
-                heads = [layout.thread(m[1:].decode("utf-8")).head for m in members]
-                rows = await store.run(
-                    HEADS, [shard.threads, *heads], members, "reading thread heads"
-                )
-                for row in rows:
-                    if row is not None and (status := row[2].decode("utf-8")) in wanted:
-                        found.append((RunStatus(status), float(row[6])))
-                if len(members) < _SCAN_PAGE:
-                    return found
-                start = b"(" + members[-1]
-
-        oldest: dict[RunStatus, float] = {}
-        for part in await asyncio.gather(*(scan(shard) for shard in layout.all_shards())):
-            for status, at in part:
-                oldest[status] = min(at, oldest.get(status, at))
-        return oldest
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:
         # Each shard's timer set is ordered by (wake_at, UTF-8 id), and UTF-8 byte order
@@ -290,35 +231,27 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _append_signal(
         self, thread_id: str, signal_id: str, data: bytes, max_seq: int
     ) -> tuple[int, bool] | None:
-        keys = self.store.layout.thread(thread_id)
-        seq, added = await self.store.run(
-            SIGNAL,
-            [keys.inbox, keys.sigids, keys.head],
-            [signal_id, data, max_seq],
-            lambda: f"signalling thread {show_id(thread_id)}",
+        seq, added = await self.store.call(
+            SIGNAL, thread_id, _SIGNAL, [signal_id, data, max_seq], "signalling"
         )
         return None if int(added) < 0 else (int(seq), bool(added))
 
     async def _read_signals(
         self, thread_id: str, after: int, limit: int
     ) -> list[tuple[int, bytes]]:
-        keys = self.store.layout.thread(thread_id)
-        reply: list[bytes] = await self.store.run(
-            SIGNALS,
-            [keys.inbox],
-            [after, limit],
-            lambda: f"reading the signals of thread {show_id(thread_id)}",
+        reply: list[bytes | None] = await self.store.call(
+            SIGNALS, thread_id, attrgetter("inbox"), [after, limit], "reading the signals of"
         )
-        return [(after + 1 + i, data) for i, data in enumerate(reply)]
+        signals: list[tuple[int, bytes]] = []
+        for data in reply:
+            if data is None:  # a gap: the signals after it are not readable yet
+                break
+            signals.append((after + 1 + len(signals), data))
+        return signals
 
     async def _put_activity(self, thread_id: str, key: str, data: bytes) -> None:
-        keys = self.store.layout.thread(thread_id)
-        await self.store.run(
-            ACTIVITY,
-            [keys.journal, keys.head],
-            [key, data],
-            lambda: f"recording activity {key!r:.80} of thread {show_id(thread_id)}",
-        )
+        what = f"recording activity {key!r:.80} of"
+        await self.store.call(ACTIVITY, thread_id, _JOURNAL, [key, data], what)
 
     async def _get_activity(self, thread_id: str, key: str) -> bytes | None:
         journal = self.store.layout.thread(thread_id).journal

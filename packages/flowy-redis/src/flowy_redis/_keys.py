@@ -2,40 +2,12 @@
 
 Every thread belongs to one of ``shards`` shards, chosen by a stable hash (CRC-32) of
 its UTF-8 id. All keys of a thread and the keys of its shard share the shard's hash tag
-``{<namespace>:<shard>}``, so one Lua script may touch all of them on Redis Cluster::
-
-    <ns>:{<ns>:<shard>}:head:<b64>   hash: revision, pointer, status, reason,
-                                     handoff_status, handoff_pending_at, updated_at,
-                                     wake_at ('' or absent: none), graph_version (the
-                                     version of the graph that saved the head; '' or
-                                     absent: none), oldest (the oldest history entry
-                                     kept)
-    <ns>:{<ns>:<shard>}:hist:<b64>   hash: revision -> record bytes
-    <ns>:{<ns>:<shard>}:lease:<b64>  hash: owner, token, exp (µs, server clock), nonces;
-                                     expires with the lease (PX), see ``_scripts.py``
-    <ns>:{<ns>:<shard>}:inbox:<b64>  hash: seq (1, 2, 3, …) -> signal bytes; its length
-                                     is the last seq
-    <ns>:{<ns>:<shard>}:sigids:<b64> hash: signal id -> seq
-    <ns>:{<ns>:<shard>}:journal:<b64>
-                                     hash: activity key -> activity record bytes
-    <ns>:{<ns>:<shard>}:threads      sorted set, all scores 0, members
-                                     ``<hand-off status digit><UTF-8 id>``: listing by
-                                     status and thread id is a ZRANGEBYLEX
-    <ns>:{<ns>:<shard>}:exp          sorted set: UTF-8 id -> expiry (ms) of a finished
-                                     thread under ``completed_ttl``
-    <ns>:{<ns>:<shard>}:timers       sorted set: UTF-8 id -> the head's wake_at (s)
-    <ns>:{<ns>:<shard>}:outbox       stream of hand-off messages (consumer group)
-    <ns>:{<ns>:<shard>}:vis          sorted set: entry id -> visible-again time (ms)
-    <ns>:{<ns>:<shard>}:dead         stream of dead letters
-    <ns>:{<ns>:<shard>}:deadix       hash: message id -> dead-letter entry id
-    <ns>:{<ns>:<shard>}:errs         hash: message id -> last recorded error
-    <ns>:{<ns>:<shard>}:alias        hash: message id -> current entry id (retried)
-    <ns>:{<ns>:<shard>}:ids          hash: ``<revision>:<thread id>`` -> message id
-    <ns>:meta                        hash: the layout (version, shard count)
-
-``<b64>`` is the URL-safe base64 of the thread id's UTF-8 bytes: an injective encoding
-without ``{``, ``}`` or ``:``. The namespace may not contain ``{`` or ``}``, so the
-shard's tag is always the first braces of every key.
+``{<namespace>:<shard>}``, so one Lua script may touch all of them on Redis Cluster. A
+thread's keys end in ``<b64>``, the URL-safe base64 of its id's UTF-8 bytes: an
+injective encoding without ``{``, ``}`` or ``:``. The namespace may not contain ``{`` or
+``}``, so the shard's tag is always the first braces of every key. Each key and what it
+holds (``<ns>:{<ns>:<shard>}:head:<b64>``, ``…:outbox``, ``<ns>:meta``, …): the README's
+"Key layout".
 """
 
 from __future__ import annotations

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Hashable
+from operator import attrgetter
 from typing import Any
 
-from flowy.storage import BaseLeaseManager, Busy, Lease, show_id
+from flowy.storage import BaseLeaseManager, Busy, Lease
 
 from ._checkpointer import lease_of
 from ._scripts import ACQUIRE, HOLDER, RELEASE, RENEW
 from ._store import Store
 
 __all__ = ["RedisLeaseManager"]
+
+_LEASE = attrgetter("lease")
 
 
 class RedisLeaseManager(BaseLeaseManager):
@@ -32,46 +35,27 @@ class RedisLeaseManager(BaseLeaseManager):
         self.domain: Hashable = store.domain
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
-        reply: list[Any] = await self.store.run(
-            ACQUIRE,
-            [self.store.layout.thread(thread_id).lease],
-            [owner, max(1, round(ttl * 1e6)), uuid.uuid4().hex],
-            lambda: f"acquiring the lease of thread {show_id(thread_id)}",
+        args = [owner, max(1, round(ttl * 1e6)), uuid.uuid4().hex]
+        reply: list[Any] = await self.store.call(
+            ACQUIRE, thread_id, _LEASE, args, "acquiring the lease of"
         )
         if int(reply[0]):
             return Lease(thread_id, owner, int(reply[1]), int(reply[2]) / 1e6)
         return Busy(lease_of(thread_id, *reply[1:4]))
 
     async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
-        thread_id = lease.thread_id
-        exp: bytes | None = await self.store.run(
-            RENEW,
-            [self.store.layout.thread(thread_id).lease],
-            [lease.owner, str(lease.fencing_token), max(1, round(ttl * 1e6))],
-            lambda: f"renewing the lease of thread {show_id(thread_id)}",
-        )
-        return (
-            None
-            if exp is None
-            else Lease(thread_id, lease.owner, lease.fencing_token, int(exp) / 1e6)
-        )
+        thread_id, owner, token = lease.thread_id, lease.owner, lease.fencing_token
+        args = [owner, str(token), max(1, round(ttl * 1e6))]
+        exp = await self.store.call(RENEW, thread_id, _LEASE, args, "renewing the lease of")
+        return None if exp is None else Lease(thread_id, owner, token, int(exp) / 1e6)
 
     async def _release(self, lease: Lease) -> bool:
-        thread_id = lease.thread_id
-        return bool(
-            await self.store.run(
-                RELEASE,
-                [self.store.layout.thread(thread_id).lease],
-                [lease.owner, str(lease.fencing_token), uuid.uuid4().hex],
-                lambda: f"releasing the lease of thread {show_id(thread_id)}",
-            )
-        )
+        args = [lease.owner, str(lease.fencing_token), uuid.uuid4().hex]
+        what = "releasing the lease of"
+        return bool(await self.store.call(RELEASE, lease.thread_id, _LEASE, args, what))
 
     async def _holder(self, thread_id: str) -> Lease | None:
-        reply: list[bytes] = await self.store.run(
-            HOLDER,
-            [self.store.layout.thread(thread_id).lease],
-            [],
-            lambda: f"reading the lease of thread {show_id(thread_id)}",
+        reply: list[bytes] = await self.store.call(
+            HOLDER, thread_id, _LEASE, [], "reading the lease of"
         )
         return lease_of(thread_id, *reply) if reply else None

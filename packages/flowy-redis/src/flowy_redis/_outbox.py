@@ -24,12 +24,7 @@ from ._keys import ShardKeys
 from ._scripts import ACK, APPEND, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD, STATS
 from ._store import Store
 
-__all__ = ["RedisConsumer", "RedisOutbox", "default_consumer_name"]
-
-
-def default_consumer_name() -> str:
-    """A consumer name unique to this process: ``host-pid-random``."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+__all__ = ["RedisConsumer", "RedisOutbox"]
 
 
 class RedisOutbox(BaseOutbox):
@@ -83,7 +78,8 @@ class RedisConsumer(BaseConsumer):
         self.store = store
         self.domain: Hashable = store.domain
         self.group = group
-        self.consumer: str = consumer or default_consumer_name()
+        unique = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.consumer: str = consumer or unique
         self._next_shard = 0
         self._lasts: list[tuple[bytes, bytes]] = []
 
@@ -94,30 +90,19 @@ class RedisConsumer(BaseConsumer):
         return [*shards[start:], *shards[:start]]
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        store = self.store
         shards = self._rotation()
-        args: list[Any] = [
-            self.group,
-            self.consumer,
-            limit,
-            max(1, round(visibility_timeout * 1e3)),
-        ]
+        hide = max(1, round(visibility_timeout * 1e3))
+        args: list[Any] = [self.group, self.consumer, limit, hide]
+        # One script for every shard on a standalone server. On a cluster each shard is
+        # its own script (own slot): shard by shard, so a claim never takes more than
+        # `limit` messages.
         out: list[RawMessage] = []
-        if not store.cluster:
-            delivered, lasts = await store.run(
-                CLAIM,
-                [key for shard in shards for key in shard.outbox],
-                args,
-                "claiming outbox messages",
-            )
-            self._lasts = [(s.stream, last) for s, last in zip(shards, lasts, strict=False)]
-            return self._raw(shards, delivered)
-        # On a cluster each shard is its own script (own slot): shard by shard, so a
-        # claim never takes more than `limit` messages.
-        for shard in shards:
+        for group in [[s] for s in shards] if self.store.cluster else [shards]:
             args[2] = limit - len(out)
-            reply = await store.run(CLAIM, shard.outbox, args, "claiming outbox messages")
-            out += self._raw([shard], reply[0])
+            keys = [key for shard in group for key in shard.outbox]
+            delivered, lasts = await self.store.run(CLAIM, keys, args, "claiming outbox messages")
+            self._lasts = [(s.stream, last) for s, last in zip(group, lasts, strict=False)]
+            out += self._raw(group, delivered)
             if len(out) >= limit:
                 break
         return out

@@ -4,30 +4,19 @@ Each script reads the clock with ``redis.call('TIME')`` (the server's clock, nev
 client's), declares every key it touches in ``KEYS`` (all of one hash slot, except the
 standalone-only multi-shard reads), and is idempotent under a resend of the same call (a
 driver that retries after a timeout): a save whose exact record is already the head at
-the new revision answers with that revision, and lease calls carry a nonce.
-
-Leases: a fencing token is ``max(previous token + 1, TIME in µs)``, so a lease record may
-vanish once its lease is over without tokens ever going back. The record expires (PX)
-when the lease does, never before the server's clock has passed its token; a release
-leaves a short-lived tombstone (so a resent release is recognised); deleting a thread
-removes its lease record unless a live lease holds it.
-
-Durable time: a head's ``wake_at`` is its score in the shard's ``timers`` set, written by
-the save script with the head (as is its ``graph_version``, a field of the head hash). A
-thread's inbox and journal are hashes of its own; under ``completed_ttl`` they expire
-with the head (a terminal save sets their expiry, a later write aligns a new key with
-the head's, a save that revives the thread persists them).
-
-Outbox: a message is a stream entry read by a consumer group. Its delivery count is the
-group's; when it is visible again is its score in the shard's ``vis`` set (a claim hides
-it for the visibility timeout, a release for the delay), so a message held by a consumer
-that died is claimed again (``XCLAIM``) once its time is up.
+the new revision answers with that revision, and lease calls carry a nonce. Why each
+keeps what it keeps: the README ("What is atomic, and how", "Leases and their clock",
+"Outbox and consumers"). The functions scripts share are written once, in ``_LIBRARY``,
+and each script is composed with those it calls.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
+
+from ._keys import STATUS_DIGITS
 
 __all__ = [
     "ACK",
@@ -37,6 +26,7 @@ __all__ = [
     "CLAIM",
     "DEAD_LIST",
     "DELETE",
+    "HEAD_COLUMNS",
     "HEADS",
     "HISTORY",
     "HOLDER",
@@ -44,9 +34,10 @@ __all__ = [
     "LIST",
     "PRUNE",
     "RELEASE",
+    "RELEASED_TTL_MS",
     "RELEASE_MESSAGE",
-    "RENEW",
     "READS",
+    "RENEW",
     "RETRY_DEAD",
     "SIGNAL",
     "SIGNALS",
@@ -59,57 +50,123 @@ __all__ = [
 RELEASED_TTL_MS = 10_000
 """How long the tombstone of a released lease lives (a resent release finds it)."""
 
+HEAD_COLUMNS = (
+    "pointer",
+    "status",
+    "reason",
+    "handoff_status",
+    "handoff_pending_at",
+    "updated_at",
+    "wake_at",
+    "graph_version",
+)
+"""The head hash's columns after ``revision``, in the order the save script takes them
+and ``HEADS`` returns them ('' for no hand-off pending and no wake-up time)."""
 
-@dataclass(frozen=True)
-class LuaScript:
-    """A script's source and its SHA-1 (the EVALSHA handle); ``@CLOCK@`` and
-    ``@OUTBOX@`` in the source stand for the shared functions below."""
-
-    source: str
-    sha: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        source = self.source.replace("@CLOCK@", _CLOCK).replace("@OUTBOX@", _OUTBOX)
-        source = source.replace("@RELEASED@", str(RELEASED_TTL_MS))
-        object.__setattr__(self, "source", source)
-        object.__setattr__(self, "sha", hashlib.sha1(source.encode("utf-8")).hexdigest())
+_DIGITS = ", ".join(
+    f"{status.value} = '{digit.decode()}'" for status, digit in STATUS_DIGITS.items()
+)
 
 
-_CLOCK = """
+def _library(text: str) -> dict[str, str]:
+    """The functions of ``text`` (separated by blank lines) by name."""
+    functions: dict[str, str] = {}
+    for function in text.strip().split("\n\n"):
+        name = re.search(r"^local (?:function )?(\w+)", function, re.MULTILINE)
+        assert name is not None, function
+        functions[name.group(1)] = function + "\n"
+    return functions
+
+
+# The shared functions; each calls only those before it (Lua's locals need that).
+_LIBRARY = _library(
+    """
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
+
+local function now_ms()
+  return math.floor(now_us() / 1000)
+end
+
 local function fmt(n)
   return string.format('%.0f', n)
 end
+
+-- The lease record's fields (owner, token, exp, anonce, rnonce), and whether it is live
+-- at `now` (µs of the server's clock).
 local function live_lease(key, now)
   local l = redis.call('HMGET', key, 'owner', 'token', 'exp', 'anonce', 'rnonce')
   return l, l[3] ~= false and tonumber(l[3]) > now
 end
-"""
 
-# Shared by the save script and the outbox scripts: the keys of a shard's outbox start
-# at KEYS[base + 1] (stream, vis, dead, deadix, errs, alias, ids).
-_OUTBOX = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The fencing check: with a lease (owner, token) it is the live lease; without one
+-- (token ''), no live lease holds the thread.
+local function fenced(l, live, owner, token)
+  if token == '' then return not live end
+  return live and l[1] == owner and l[2] == token
 end
-local function field(fields, name)
-  for i = 1, #fields, 2 do
-    if fields[i] == name then return fields[i + 1] end
+
+-- The lease record lives until the server's clock has passed both `us` and its token,
+-- so the next token (max(token + 1, now)) is larger.
+local function expire_after(key, us, token)
+  redis.call('PEXPIREAT', key, math.floor(math.max(us, tonumber(token)) / 1000) + 1)
+end
+
+local DIGIT = {@DIGITS@}
+
+-- Remove thread `id` from its shard's indexes: threads (every status), exp and timers.
+local function forget(threads, exp, timers, id)
+  redis.call('ZREM', threads, '0' .. id, '1' .. id, '2' .. id, '3' .. id)
+  redis.call('ZREM', exp, id)
+  redis.call('ZREM', timers, id)
+end
+
+-- Under completed_ttl a finished thread's keys expire with its head: a key written
+-- while the head is expiring expires with it.
+local function align(head, ...)
+  local ttl = redis.call('PTTL', head)
+  if ttl > 0 then
+    for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
+  end
+end
+
+-- HMGET or HDEL of fields from, from + step, …, to of hash `key`, 500 a call; returns
+-- the values read, in that order (false for a missing field).
+local function fields(cmd, key, from, to, step)
+  local out = {}
+  for s = from, to, 500 * step do
+    local e = s + 499 * step
+    if (e - to) * step > 0 then e = to end
+    local names = {}
+    for x = s, e, step do names[#names + 1] = x end
+    local got = redis.call(cmd, key, unpack(names))
+    if cmd == 'HMGET' then
+      for i = 1, #got do out[#out + 1] = got[i] end
+    end
+  end
+  return out
+end
+
+local function field(f, name)
+  for i = 1, #f, 2 do
+    if f[i] == name then return f[i + 1] end
   end
   return false
 end
+
+-- The keys of a shard's outbox start at KEYS[base + 1].
 local function outbox_keys(base)
   return {stream = KEYS[base + 1], vis = KEYS[base + 2], dead = KEYS[base + 3],
     deadix = KEYS[base + 4], errs = KEYS[base + 5], alias = KEYS[base + 6],
     ids = KEYS[base + 7]}
 end
+
 local function entry_of(k, mid)
   return redis.call('HGET', k.alias, mid) or mid
 end
+
 -- Bring dead letter `mid` back as a new entry keeping its id; attempts and error reset.
 local function revive(k, mid, did, payload)
   local e = redis.call('XRANGE', k.dead, did, did)
@@ -122,6 +179,7 @@ local function revive(k, mid, did, payload)
   redis.call('XDEL', k.dead, did)
   return 1
 end
+
 -- Add a message unless one for `key` (revision:thread) lives; revive a dead one.
 local function append(k, key, payload)
   local mid = redis.call('HGET', k.ids, key)
@@ -134,6 +192,16 @@ local function append(k, key, payload)
   local id = redis.call('XADD', k.stream, '*', 'intent', payload, 'key', key)
   redis.call('HSET', k.ids, key, id)
 end
+
+-- Remove entry `id` (message `mid`) from the live messages for good.
+local function drop(k, group, id, mid)
+  redis.pcall('XACK', k.stream, group, id)
+  redis.call('XDEL', k.stream, id)
+  redis.call('ZREM', k.vis, id)
+  redis.call('HDEL', k.errs, mid)
+  redis.call('HDEL', k.alias, mid)
+end
+
 -- Move entry `id` (message `mid`) to the dead letters.
 local function bury(k, group, id, mid, err)
   local e = redis.call('XRANGE', k.stream, id, id)
@@ -144,53 +212,55 @@ local function bury(k, group, id, mid, err)
       'key', field(f, 'key') or '', 'attempts', (p[1] and p[1][4]) or 0, 'error', err)
     redis.call('HSET', k.deadix, mid, did)
   end
-  redis.call('XACK', k.stream, group, id)
-  redis.call('XDEL', k.stream, id)
-  redis.call('ZREM', k.vis, id)
-  redis.call('HDEL', k.errs, mid)
-  redis.call('HDEL', k.alias, mid)
+  drop(k, group, id, mid)
 end
-"""
+""".replace("@DIGITS@", _DIGITS)
+)
+
+
+@dataclass(frozen=True)
+class LuaScript:
+    """A script's body composed with the shared functions it calls, and its SHA-1 (the
+    EVALSHA handle)."""
+
+    source: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        text, needed = self.source, set[str]()
+        for name, function in reversed(_LIBRARY.items()):  # a function calls earlier ones only
+            if re.search(rf"\b{name}\b", text):
+                needed.add(name)
+                text += function
+        source = "".join(f for name, f in _LIBRARY.items() if name in needed) + self.source
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "sha", hashlib.sha1(source.encode("utf-8")).hexdigest())
+
 
 _SAVE = """
 -- KEYS: head, hist, lease, threads, exp, timers, inbox, sigids, journal [, the shard's 7
 --       outbox keys].
--- ARGV: expected, record, pointer, status, reason, handoff_status, handoff_pending_at,
---       updated_at, replay ('1': an identical record at the new revision is this very
---       save, resent), lease owner, lease token ('' without a lease), thread id,
---       wake_at ('' for none), graph_version ('' for none), then (key, payload) per
---       outbox row.
+-- ARGV: expected, record, replay ('1': an identical record at the new revision is this
+--       very save, resent), lease owner, lease token ('' without a lease), thread id,
+--       the head's columns (HEAD_COLUMNS, from ARGV[7]), then (key, payload) per outbox
+--       row.
 -- Returns the new revision, or {actual revision[, owner, token, exp of the live lease]}.
 local TTL = @TTL@
-local expected = tonumber(ARGV[1])
+local expected, id = tonumber(ARGV[1]), ARGV[6]
+local status, handoff, wake = ARGV[8], ARGV[10], ARGV[13]
 local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status', 'wake_at')
 local cur = tonumber(h[1]) or 0
-if cur == expected + 1 and ARGV[9] == '1' and redis.call('HGET', KEYS[2], cur) == ARGV[2] then
+if cur == expected + 1 and ARGV[3] == '1' and redis.call('HGET', KEYS[2], cur) == ARGV[2] then
   return cur
 end
-local now = 0
-local l = redis.call('HMGET', KEYS[3], 'owner', 'token', 'exp')
-local live = false
-if l[3] then
-  now = now_us()
-  live = tonumber(l[3]) > now
-end
-local fenced
-if ARGV[11] ~= '' then
-  fenced = live and l[1] == ARGV[10] and l[2] == ARGV[11]
-else
-  fenced = not live
-end
-if cur ~= expected or not fenced then
+local now = now_us()
+local l, live = live_lease(KEYS[3], now)
+if cur ~= expected or not fenced(l, live, ARGV[4], ARGV[5]) then
   if live then return {cur, l[1], l[2], l[3]} end
   return {cur}
 end
 local rev = cur + 1
-local id = ARGV[12]
-local wake = ARGV[13]
-redis.call('HSET', KEYS[1], 'revision', rev, 'pointer', ARGV[3], 'status', ARGV[4],
-  'reason', ARGV[5], 'handoff_status', ARGV[6], 'handoff_pending_at', ARGV[7],
-  'updated_at', ARGV[8], 'wake_at', wake, 'graph_version', ARGV[14])
+redis.call('HSET', KEYS[1], 'revision', rev, @COLUMNS@)
 -- The timer index (a new thread may find the member of an expired one).
 if cur == 0 or (h[4] or '') ~= wake then
   if wake == '' then
@@ -199,30 +269,23 @@ if cur == 0 or (h[4] or '') ~= wake then
     redis.call('ZADD', KEYS[6], wake, id)
   end
 end
-if cur == 0 or h[2] ~= ARGV[6] then
-  local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
+if cur == 0 or h[2] ~= handoff then
   if cur == 0 then
     redis.call('HSET', KEYS[1], 'oldest', rev)
     redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
   else
     redis.call('ZREM', KEYS[4], (DIGIT[h[2]] or '0') .. id)
   end
-  redis.call('ZADD', KEYS[4], 0, DIGIT[ARGV[6]] .. id)
+  redis.call('ZADD', KEYS[4], 0, DIGIT[handoff] .. id)
 end
 redis.call('HSET', KEYS[2], rev, ARGV[2])
-local terminal = TTL > 0 and (ARGV[4] == 'completed' or ARGV[4] == 'failed')
-if terminal then
-  for i = 1, 9 do
-    if i < 3 or i > 6 then redis.call('PEXPIRE', KEYS[i], TTL) end
-  end
-  local t = redis.call('TIME')
-  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZADD', KEYS[5], now_ms + TTL, id)
+if TTL > 0 and (status == 'completed' or status == 'failed') then
+  for _, i in ipairs({1, 2, 7, 8, 9}) do redis.call('PEXPIRE', KEYS[i], TTL) end
+  local ms = math.floor(now / 1000)
+  redis.call('ZADD', KEYS[5], ms + TTL, id)
   -- Forget a few threads whose keys expired (bounded work per save).
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_ms, 'LIMIT', 0, 16)) do
-    redis.call('ZREM', KEYS[4], '0' .. gone, '1' .. gone, '2' .. gone, '3' .. gone)
-    redis.call('ZREM', KEYS[5], gone)
-    redis.call('ZREM', KEYS[6], gone)
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ms, 'LIMIT', 0, 16)) do
+    forget(KEYS[4], KEYS[5], KEYS[6], gone)
   end
 elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   redis.call('PERSIST', KEYS[1])
@@ -233,19 +296,18 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   end
   redis.call('ZREM', KEYS[5], id)
 end
-if #ARGV > 14 then  -- (the outbox functions are defined only when needed)
-@OUTBOX@
+if #ARGV > 14 then
   local k = outbox_keys(9)
   for i = 15, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
 end
 return rev
-"""
+""".replace("@COLUMNS@", ", ".join(f"'{c}', ARGV[{i}]" for i, c in enumerate(HEAD_COLUMNS, 7)))
 
 
 def save_script(ttl_ms: int) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
     (0: never)."""
-    return LuaScript("@CLOCK@" + _SAVE.replace("@TTL@", str(int(ttl_ms))))
+    return LuaScript(_SAVE.replace("@TTL@", str(int(ttl_ms))))
 
 
 HISTORY = LuaScript("""
@@ -255,16 +317,8 @@ local h = redis.call('HMGET', KEYS[1], 'revision', 'oldest')
 local rev = tonumber(h[1])
 if not rev then return {0} end
 local lo = math.max(tonumber(h[2]) or 1, rev - tonumber(ARGV[1]) + 1)
-local out = {rev}
-local r = rev
-while r >= lo do
-  local stop = math.max(lo, r - 499)
-  local fields = {}
-  for x = r, stop, -1 do fields[#fields + 1] = x end
-  local got = redis.call('HMGET', KEYS[2], unpack(fields))
-  for i = 1, #got do out[#out + 1] = got[i] end
-  r = stop - 1
-end
+local out = fields('HMGET', KEYS[2], rev, lo, -1)
+table.insert(out, 1, rev)
 return out
 """)
 
@@ -278,31 +332,20 @@ local oldest = tonumber(h[2]) or 1
 local cutoff = rev - tonumber(ARGV[1]) + 1
 if cutoff <= oldest then return 0 end
 local stop = math.min(cutoff - 1, oldest + tonumber(ARGV[2]) - 1)
-local fields = {}
-for x = oldest, stop do
-  fields[#fields + 1] = x
-  if #fields == 500 then
-    redis.call('HDEL', KEYS[2], unpack(fields))
-    fields = {}
-  end
-end
-if #fields > 0 then redis.call('HDEL', KEYS[2], unpack(fields)) end
+fields('HDEL', KEYS[2], oldest, stop, 1)
 redis.call('HSET', KEYS[1], 'oldest', stop + 1)
 return cutoff - 1 - stop
 """)
 
-DELETE = LuaScript("""@CLOCK@
+DELETE = LuaScript("""
 -- KEYS: head, hist, lease, threads, exp, timers, inbox, sigids, journal.
 -- ARGV: if_idle, thread id.
 -- Returns {} once deleted, or {owner, token, exp} of the live lease that refused it.
 local now = now_us()
 local l, live = live_lease(KEYS[3], now)
 if live and ARGV[1] == '1' then return {l[1], l[2], l[3]} end
-local id = ARGV[2]
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[7], KEYS[8], KEYS[9])
-redis.call('ZREM', KEYS[4], '0' .. id, '1' .. id, '2' .. id, '3' .. id)
-redis.call('ZREM', KEYS[5], id)
-redis.call('ZREM', KEYS[6], id)
+forget(KEYS[4], KEYS[5], KEYS[6], ARGV[2])
 -- A record is dropped only once the clock passed its token: the next is larger.
 if not live and (tonumber(l[2]) or 0) < now then redis.call('DEL', KEYS[3]) end
 return {}
@@ -325,17 +368,15 @@ end
 return out
 """)
 
-HEADS = LuaScript("""
--- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns 9 columns
--- per head (wake_at is false for a head saved before there were timers, graph_version
--- for one saved before there were graph versions), or false for a
--- member whose head is gone or moved on (the member is then removed: an expired thread,
--- or one saved since under another status).
-local DIGIT = {none = '0', pending = '1', enqueued = '2', orphaned = '3'}
+HEADS = LuaScript(
+    """
+-- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns revision
+-- and HEAD_COLUMNS per head (false for a column the head was saved without), or false
+-- for a member whose head is gone or moved on (the member is then removed: an expired
+-- thread, or one saved since under another status).
 local out = {}
 for i = 2, #KEYS do
-  local h = redis.call('HMGET', KEYS[i], 'revision', 'pointer', 'status', 'reason',
-    'handoff_status', 'handoff_pending_at', 'updated_at', 'wake_at', 'graph_version')
+  local h = redis.call('HMGET', KEYS[i], 'revision', @COLUMNS@)
   local member = ARGV[i - 1]
   if not h[1] or DIGIT[h[5]] ~= string.sub(member, 1, 1) then
     redis.call('ZREM', KEYS[1], member)
@@ -345,7 +386,8 @@ for i = 2, #KEYS do
   end
 end
 return out
-""")
+""".replace("@COLUMNS@", ", ".join(f"'{c}'" for c in HEAD_COLUMNS))
+)
 
 LAYOUT = LuaScript("""
 -- KEYS: meta.  ARGV: shards, layout version.  Records the layout once; returns it.
@@ -359,8 +401,7 @@ TIMERS = LuaScript("""
 -- Returns {id, wake_at, ...}: up to `limit` per shard due at or before `before`, in
 -- (wake_at, id) order. A member whose thread expired under completed_ttl (its expiry in
 -- `exp` is past) is removed, not listed.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local limit = tonumber(ARGV[2])
 local out = {}
 for base = 1, #KEYS, 2 do
@@ -386,20 +427,7 @@ end
 return out
 """)
 
-# Under completed_ttl a finished thread's keys expire with its head: a key written
-# while the head is expiring expires with it.
-_ALIGN = """
-local function align(head, ...)
-  local ttl = redis.call('PTTL', head)
-  if ttl > 0 then
-    for _, key in ipairs({...}) do redis.call('PEXPIRE', key, ttl) end
-  end
-end
-"""
-
-SIGNAL = LuaScript(
-    _ALIGN
-    + """
+SIGNAL = LuaScript("""
 -- KEYS: inbox, sigids, head.  ARGV: signal id, data, max seq.
 -- Returns {seq, 1} once stored as the next signal, {seq, 0} of the signal stored
 -- before under this id, or {last seq, -1} when the next would pass max seq (the
@@ -412,41 +440,24 @@ redis.call('HSET', KEYS[1], seq, ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], seq)
 align(KEYS[3], KEYS[1], KEYS[2])
 return {seq, 1}
-"""
-)
+""")
 
 SIGNALS = LuaScript("""
 -- KEYS: inbox.  ARGV: after, limit.  Returns the data of signals after+1, after+2, …
--- (up to `limit`), stopping at the first missing one.
+-- (up to `limit`; false for a missing one).
 local after = tonumber(ARGV[1])
 local last = math.min(redis.call('HLEN', KEYS[1]), after + tonumber(ARGV[2]))
-local out = {}
-local s = after + 1
-while s <= last do
-  local stop = math.min(last, s + 499)
-  local fields = {}
-  for x = s, stop do fields[#fields + 1] = x end
-  local got = redis.call('HMGET', KEYS[1], unpack(fields))
-  for i = 1, #got do
-    if not got[i] then return out end
-    out[#out + 1] = got[i]
-  end
-  s = stop + 1
-end
-return out
+return fields('HMGET', KEYS[1], after + 1, last, 1)
 """)
 
-ACTIVITY = LuaScript(
-    _ALIGN
-    + """
+ACTIVITY = LuaScript("""
 -- KEYS: journal, head.  ARGV: key, data.  Stores (replaces) the journal entry.
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 align(KEYS[2], KEYS[1])
 return 1
-"""
-)
+""")
 
-ACQUIRE = LuaScript("""@CLOCK@
+ACQUIRE = LuaScript("""
 -- KEYS: lease.  ARGV: owner, ttl_us, nonce.  Returns {1, token, exp} or, when a live
 -- lease holds the thread, {0, owner, token, exp}.
 local now = now_us()
@@ -459,54 +470,55 @@ local token = math.max((tonumber(l[2]) or 0) + 1, now)
 local exp = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', fmt(token), 'exp', fmt(exp),
   'anonce', ARGV[3])
-redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(exp, token) / 1000) + 1)
+expire_after(KEYS[1], exp, token)
 return {1, fmt(token), fmt(exp)}
 """)
 
-RENEW = LuaScript("""@CLOCK@
+RENEW = LuaScript("""
 -- KEYS: lease.  ARGV: owner, token, ttl_us.  Returns the new expiry, or false.
 local now = now_us()
 local l, live = live_lease(KEYS[1], now)
-if not live or l[1] ~= ARGV[1] or l[2] ~= ARGV[2] then return false end
+if not fenced(l, live, ARGV[1], ARGV[2]) then return false end
 local exp = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'exp', fmt(exp))
-redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(exp, tonumber(l[2])) / 1000) + 1)
+expire_after(KEYS[1], exp, l[2])
 return fmt(exp)
 """)
 
-RELEASE = LuaScript("""@CLOCK@
+RELEASE = LuaScript(
+    """
 -- KEYS: lease.  ARGV: owner, token, nonce.  Returns 1 once released, else 0.  The
 -- record becomes a tombstone (token and nonce) that expires soon.
 local now = now_us()
 local l, live = live_lease(KEYS[1], now)
 if l[5] == ARGV[3] and l[2] == ARGV[2] then return 1 end
-if not live or l[1] ~= ARGV[1] or l[2] ~= ARGV[2] then return 0 end
+if not fenced(l, live, ARGV[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'exp', '0', 'rnonce', ARGV[3])
-redis.call('PEXPIREAT', KEYS[1], math.floor(math.max(now / 1000 + @RELEASED@,
-  tonumber(l[2]) / 1000)) + 1)
+expire_after(KEYS[1], now + @RELEASED@ * 1000, l[2])
 return 1
-""")
+""".replace("@RELEASED@", str(RELEASED_TTL_MS))
+)
 
-HOLDER = LuaScript("""@CLOCK@
+HOLDER = LuaScript("""
 -- KEYS: lease.  Returns {owner, token, exp} of the live lease, or {}.
 local l, live = live_lease(KEYS[1], now_us())
 if live then return {l[1], l[2], l[3]} end
 return {}
 """)
 
-APPEND = LuaScript("""@OUTBOX@
+APPEND = LuaScript("""
 -- KEYS: 7 outbox keys of one shard.  ARGV: key, payload.
 append(outbox_keys(0), ARGV[1], ARGV[2])
 return 1
 """)
 
-CLAIM = LuaScript("""@OUTBOX@
+CLAIM = LuaScript("""
 -- KEYS: 7 per shard.  ARGV: group, consumer, limit, visibility_ms.
 -- Returns {{shard position, message id, payload, attempts, error}...}, and when nothing
 -- was claimed the last entry id of each shard (where a blocking wait starts).
 local group, consumer = ARGV[1], ARGV[2]
-local limit, deadline = tonumber(ARGV[3]), now_ms() + tonumber(ARGV[4])
 local now = now_ms()
+local limit, deadline = tonumber(ARGV[3]), now + tonumber(ARGV[4])
 local out, lasts = {}, {}
 for base = 0, #KEYS - 1, 7 do
   local k = outbox_keys(base)
@@ -553,7 +565,7 @@ end
 return {out, lasts}
 """)
 
-ACK = LuaScript("""@OUTBOX@
+ACK = LuaScript("""
 -- KEYS: 7 of one shard.  ARGV: group, message id.
 local k = outbox_keys(0)
 local mid = ARGV[2]
@@ -563,15 +575,11 @@ if #e > 0 then
   local key = field(e[1][2], 'key')
   if key and redis.call('HGET', k.ids, key) == mid then redis.call('HDEL', k.ids, key) end
 end
-redis.pcall('XACK', k.stream, ARGV[1], id)
-redis.call('XDEL', k.stream, id)
-redis.call('ZREM', k.vis, id)
-redis.call('HDEL', k.errs, mid)
-redis.call('HDEL', k.alias, mid)
+drop(k, ARGV[1], id, mid)
 return 1
 """)
 
-RELEASE_MESSAGE = LuaScript("""@OUTBOX@
+RELEASE_MESSAGE = LuaScript("""
 -- KEYS: 7 of one shard.  ARGV: group, message id, error, delay_ms, dead ('1'/'0').
 -- Returns 0 when the message is not pending (acked or unknown): nothing to do.
 local k = outbox_keys(0)
@@ -592,7 +600,7 @@ redis.call('ZADD', k.vis, now_ms() + tonumber(ARGV[4]), id)
 return 1
 """)
 
-DEAD_LIST = LuaScript("""@OUTBOX@
+DEAD_LIST = LuaScript("""
 -- KEYS: 7 per shard.  ARGV: limit.  Returns {{shard position, dead entry id, message
 -- id, payload, attempts, error}...}, oldest first within each shard.
 local out = {}
@@ -621,7 +629,7 @@ end
 return out
 """)
 
-RETRY_DEAD = LuaScript("""@OUTBOX@
+RETRY_DEAD = LuaScript("""
 -- KEYS: 7 of one shard.  ARGV: message id.  Returns 0 when it is not a dead letter.
 local k = outbox_keys(0)
 local did = redis.call('HGET', k.deadix, ARGV[1])

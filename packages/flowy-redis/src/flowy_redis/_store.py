@@ -15,8 +15,9 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
+from flowy.storage import show_id
 
-from ._keys import STATUS_DIGITS, KeyLayout
+from ._keys import STATUS_DIGITS, KeyLayout, ThreadKeys
 from ._scripts import LAYOUT, READS, LuaScript
 
 __all__ = ["LAYOUT_VERSION", "RedisClient", "Store", "purge_namespace"]
@@ -49,7 +50,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 _DRIVER_ERRORS = (rexc.RedisError, rexc.RedisClusterException, OSError)
 
 
-_READ_COMMANDS = frozenset({"GET", "HGET", "HMGET", "HVALS", "XREAD", "ZRANGE", "ZRANGEBYLEX"})
+_READ_COMMANDS = frozenset({"HGET", "HMGET", "HVALS", "XREAD", "ZRANGE"})
 """The commands ``Store.execute`` runs that change nothing."""
 
 
@@ -57,20 +58,20 @@ def translate(exc: BaseException, action: Action, *, reads: bool = False) -> Sto
     """The flowy error for a driver error raised while doing ``action``; ``reads``: the
     action changes nothing, so no outcome is in doubt."""
     what = action if isinstance(action, str) else action()
-    if isinstance(exc, _UNAVAILABLE) or str(exc).startswith("BUSY"):
-        if reads:
-            return StorageUnavailableError(
-                f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); nothing "
-                "was read and nothing changed, so nothing is in doubt. Check that the "
-                "server is running and that the URL (host, port, database) is right, then "
-                "try again."
-            )
+    detail = f"({type(exc).__name__}: {exc})"
+    if not (isinstance(exc, _UNAVAILABLE) or str(exc).startswith("BUSY")):
+        return StorageError(f"Redis refused {what} {detail}.")
+    if reads:
         return StorageUnavailableError(
-            f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); the outcome "
-            "may be unknown. Check that the server is reachable; a save's outcome is "
-            "resolved by flowy.storage.durable_save, which compares write ids."
+            f"Redis was unavailable while {what} {detail}; nothing was read and nothing "
+            "changed, so nothing is in doubt. Check that the server is running and that the "
+            "URL (host, port, database) is right, then try again."
         )
-    return StorageError(f"Redis refused {what} ({type(exc).__name__}: {exc}).")
+    return StorageUnavailableError(
+        f"Redis was unavailable while {what} {detail}; the outcome may be unknown. Check "
+        "that the server is reachable; a save's outcome is resolved by "
+        "flowy.storage.durable_save, which compares write ids."
+    )
 
 
 class Store:
@@ -141,6 +142,24 @@ class Store:
                 return await call("EVALSHA", script.sha, len(keys), *keys, *args)
         except _DRIVER_ERRORS as exc:
             raise translate(exc, action, reads=script in READS) from exc
+
+    async def call(
+        self,
+        script: LuaScript,
+        thread_id: str,
+        keys: Callable[[ThreadKeys], Sequence[bytes] | bytes],
+        args: Sequence[Arg],
+        what: str,
+    ) -> Any:
+        """Run ``script`` on ``keys`` (picked from the thread's) of ``thread_id``; ``what``
+        it does to the thread (``"loading"``) names the call in errors."""
+        picked = keys(self.layout.thread(thread_id))
+        return await self.run(
+            script,
+            (picked,) if isinstance(picked, bytes) else picked,
+            args,
+            lambda: f"{what} thread {show_id(thread_id)}",
+        )
 
     async def run_sharded(
         self,

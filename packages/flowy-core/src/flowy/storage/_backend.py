@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import urllib.parse
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
@@ -82,12 +82,12 @@ MAX_RETENTION_SECONDS = 100 * 365.25 * 24 * 3600
 kept) takes: 100 years."""
 
 
-def _seconds(text: str, maximum: float = MAX_OPTION_SECONDS) -> float:
+def _seconds(text: str, maximum: float, minimum: float | None) -> float:
     value = float(text)
-    if not 0 < value <= maximum:  # NaN and infinities fail too
-        raise ValueError(
-            f"expected a positive number of seconds up to {maximum:.0f}, got {text[:40]!r}"
-        )
+    low = value > 0 if minimum is None else value >= minimum
+    if not (low and value <= maximum):  # NaN and infinities fail too
+        least = "a positive number" if minimum is None else f"a number from {minimum:g}"
+        raise ValueError(f"expected {least} of seconds up to {maximum:.0f}, got {text[:40]!r}")
     return value
 
 
@@ -179,6 +179,15 @@ class StoreURL:
         """The URL without its query string (password kept: for the driver only)."""
         return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.raw)._replace(query=""))
 
+    def driver_url(self, *, scheme: str | None = None, options: Iterable[str] = ()) -> str:
+        """The URL as the store's driver takes it (password kept: for the driver only):
+        with ``scheme`` instead of its own if given, and of its query options only those
+        named in ``options`` (the driver's own, passed through)."""
+        keep = set(options)
+        query = urllib.parse.urlencode({k: v for k, v in self.options.items() if k in keep})
+        parts = urllib.parse.urlsplit(self.raw)
+        return urllib.parse.urlunsplit(parts._replace(scheme=scheme or parts.scheme, query=query))
+
     def check_options(self, known: Mapping[str, str]) -> None:
         """``BackendURLError`` naming the unknown options and the known ones
         (``known`` maps each option to a one-line description)."""
@@ -214,10 +223,18 @@ class StoreURL:
         any other text is a ``BackendURLError``."""
         return self.option(name, _flag, default)
 
-    def seconds(self, name: str, default: float, *, maximum: float = MAX_OPTION_SECONDS) -> float:
-        """The option ``name`` as a positive number of seconds up to ``maximum`` (366
-        days unless given), or ``default``; any other text is a ``BackendURLError``."""
-        return self.option(name, lambda text: _seconds(text, maximum), default)
+    def seconds(
+        self,
+        name: str,
+        default: V,
+        *,
+        maximum: float = MAX_OPTION_SECONDS,
+        minimum: float | None = None,
+    ) -> float | V:
+        """The option ``name`` as a positive number of seconds (at least ``minimum`` if
+        given) up to ``maximum`` (366 days unless given), or ``default``; any other text
+        is a ``BackendURLError``."""
+        return self.option(name, lambda text: _seconds(text, maximum, minimum), default)
 
     def count(self, name: str, default: int, *, maximum: int = MAX_OPTION_COUNT) -> int:
         """The option ``name`` as a whole number from 1 to ``maximum`` (2**31 - 1 unless

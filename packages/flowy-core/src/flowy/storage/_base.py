@@ -195,6 +195,18 @@ class OutboxTransaction:
         self.rows.append(row)
 
 
+def _text(column: object) -> str:
+    """A stored column as text (bytes are UTF-8)."""
+    return column.decode("utf-8", "replace") if isinstance(column, bytes) else str(column)
+
+
+def _optional_time(name: str, column: object) -> float | None:
+    """A stored time that may be absent: ``None`` or empty text for none."""
+    if column is None or column in ("", b""):
+        return None
+    return check_time(name, float(_text(column)))
+
+
 def _diagnose(write: Write, refused: Refused, *, final: bool) -> FlowyError | None:
     """The error ``refused`` explains, checking the lease first as stores fence first."""
     thread = show_id(write.thread_id)
@@ -385,8 +397,9 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         wake_at: object = None,
         graph_version: object = "",
     ) -> ThreadSummary:
-        """A :class:`ThreadSummary` from raw stored columns; an unknown status or a time
-        outside 0 .. ``MAX_TIMESTAMP`` raises ``SnapshotEnvelopeInvalidError``.
+        """A :class:`ThreadSummary` from raw stored columns (values, their text, or their
+        UTF-8 bytes); an unknown status or a time outside 0 .. ``MAX_TIMESTAMP`` raises
+        ``SnapshotEnvelopeInvalidError``.
 
         Args:
             thread_id: the thread.
@@ -396,28 +409,25 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             reason: the head's reason.
             handoff_status: a ``HandoffStatus`` value.
             handoff_pending_at: seconds since the epoch (a number or its text), or
-                ``None``.
+                ``None`` (or empty text).
             updated_at: seconds since the epoch (a number or its text).
-            wake_at: the head's wake-up time (a number or its text), or ``None``.
+            wake_at: the head's wake-up time (a number or its text), or ``None`` (or
+                empty text).
             graph_version: the version of the graph that saved the head (``None`` or
                 ``""``: none).
         """
         try:
             return ThreadSummary(
                 thread_id=thread_id,
-                revision=int(str(revision)),
-                execution_pointer=str(execution_pointer),
-                status=RunStatus(str(status)),
-                reason=str(reason),
-                handoff_status=HandoffStatus(str(handoff_status)),
-                handoff_pending_at=(
-                    None
-                    if handoff_pending_at is None
-                    else check_time("handoff_pending_at", float(str(handoff_pending_at)))
-                ),
-                updated_at=check_time("updated_at", float(str(updated_at))),
-                wake_at=None if wake_at is None else check_time("wake_at", float(str(wake_at))),
-                graph_version="" if graph_version is None else str(graph_version),
+                revision=int(_text(revision)),
+                execution_pointer=_text(execution_pointer),
+                status=RunStatus(_text(status)),
+                reason=_text(reason),
+                handoff_status=HandoffStatus(_text(handoff_status)),
+                handoff_pending_at=_optional_time("handoff_pending_at", handoff_pending_at),
+                updated_at=check_time("updated_at", float(_text(updated_at))),
+                wake_at=_optional_time("wake_at", wake_at),
+                graph_version=_text(graph_version or ""),
             )
         except ValueError as exc:  # LimitError too: a time out of the stored range
             raise SnapshotEnvelopeInvalidError(
