@@ -67,6 +67,7 @@ from ._layout import (
     item_size,
     key_of,
     n,
+    number_in,
     s,
     shard_of,
     sort_key,
@@ -316,7 +317,7 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         for item in await self._history(thread_id, limit, A.REVISION, A.RECORD):
-            revision, record = _revision_of(item), get_b(item, A.RECORD)
+            revision, record = number_in(item, HISTORY), get_b(item, A.RECORD)
             if record is None or get_int(item, A.REVISION) != revision:
                 raise SnapshotEnvelopeInvalidError(
                     f"history entry {revision} of thread {show_id(thread_id)} is damaged"
@@ -331,7 +332,7 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
         doomed: list[Item] = []
         kept = 0
         for item in await self._history(thread_id, None):  # newest first
-            revision = _revision_of(item)
+            revision = number_in(item, HISTORY)
             if top is not None and (revision == top or (revision < top and kept < keep)):
                 kept += 1
             else:  # older than the kept ones, or debris beyond the head
@@ -461,11 +462,3 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
 
     def __repr__(self) -> str:
         return f"DynamoCheckpointer(table={self.table.name!r}, codec={self.codec!r})"
-
-
-def _revision_of(item: Item) -> int:
-    sk = get_s(item, SK) or ""
-    try:
-        return int(sk.removeprefix(HISTORY))
-    except ValueError:
-        raise SnapshotEnvelopeInvalidError(f"history entry {sk!r} has no revision") from None

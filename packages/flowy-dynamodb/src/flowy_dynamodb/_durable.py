@@ -36,6 +36,7 @@ from ._layout import (
     get_s,
     n,
     named_key,
+    number_in,
     s,
     storable,
 )
@@ -77,7 +78,7 @@ class DurableTime:
             )
             if seen is not None:
                 return _seen_seq(thread_id, signal_id, seen), False
-            seq = (_seq_of(last[0]) if last else 0) + 1
+            seq = (number_in(last[0], SIGNAL) if last else 0) + 1
             if seq > max_seq:  # the transaction below fails if another took this number
                 return None
             if seq > MAX_SEQ:
@@ -115,7 +116,7 @@ class DurableTime:
         bounds = (_signal_sk(after + 1), _signal_sk(MAX_SEQ))
         out: list[tuple[int, bytes]] = []
         for item in await self.table.thread_items(thread_id, bounds, limit, A.DATA):
-            seq, data = _seq_of(item), get_b(item, A.DATA)
+            seq, data = number_in(item, SIGNAL), get_b(item, A.DATA)
             if data is None:
                 raise SnapshotEnvelopeInvalidError(
                     f"signal {seq} of thread {show_id(thread_id)} has no data"
@@ -142,14 +143,6 @@ class DurableTime:
 
 def _signal_sk(seq: int) -> str:
     return f"{SIGNAL}{seq:020d}"
-
-
-def _seq_of(item: Item) -> int:
-    sk = get_s(item, SK) or ""
-    try:
-        return int(sk.removeprefix(SIGNAL))
-    except ValueError:
-        raise SnapshotEnvelopeInvalidError(f"signal {sk!r} has no number") from None
 
 
 def _seen_seq(thread_id: str, signal_id: str, item: Item) -> int:

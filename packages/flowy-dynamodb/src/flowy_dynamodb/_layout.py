@@ -201,6 +201,18 @@ def check_stored_id(thread_id: str, item: Mapping[str, Any] | None) -> None:
         )
 
 
+def number_in(item: Item, prefix: str) -> int:
+    """The number in ``item``'s sort key after ``prefix`` (a history entry's revision, a
+    signal's number); ``SnapshotEnvelopeInvalidError`` if there is none."""
+    sk = get_s(item, SK) or ""
+    try:
+        return int(sk.removeprefix(prefix))
+    except ValueError:
+        raise SnapshotEnvelopeInvalidError(
+            f"the item {sk!r} has no number after {prefix!r}"
+        ) from None
+
+
 class Expression:
     """The placeholders of one request: names as ``#name``, values as ``:v0``, ``:v1``…;
     nothing is spliced into the expression text."""
