@@ -20,6 +20,7 @@ import pytest
 
 import flowy
 from flowy.errors import LimitError, SnapshotEnvelopeInvalidError, ThreadNotFoundError
+from flowy.memory import MemoryCheckpointer
 from flowy.storage import (
     MAX_DEPTH,
     MAX_TIMESTAMP,
@@ -31,6 +32,7 @@ from flowy.storage import (
     RunStatus,
     Signal,
     Snapshot,
+    Timer,
     decode_record,
 )
 from flowy.storage._durable import decode_activity, decode_signal
@@ -404,3 +406,20 @@ def test_head_columns_may_be_utf8_bytes_with_empty_text_for_no_time() -> None:
     assert head.graph_version == ""
     timed = BaseCheckpointer.summary("t", *columns[:5], b"2.5", b"1.5", b"7", b"v2")
     assert (timed.handoff_pending_at, timed.wake_at, timed.graph_version) == (2.5, 7.0, "v2")
+async def test_timers_ask_the_store_within_the_range_of_stored_times() -> None:
+    """Every stored wake-up time is within 0 .. MAX_TIMESTAMP, so a store's ``_timers``
+    gets a bound in that range: a later one reads every timer, an earlier one none (the
+    store is not asked)."""
+    asked: list[float] = []
+
+    class Recording(MemoryCheckpointer[Any]):
+        async def _timers(self, before: float, limit: int) -> list[Timer]:
+            asked.append(before)
+            return await super()._timers(before, limit)
+
+    cp = Recording()
+    assert await cp.timers(before=-1e-300) == [] and await cp.timers(before=-math.inf) == []
+    for before in (math.inf, 1e300, MAX_TIMESTAMP, -0.0, 1e-300):
+        await cp.timers(before=before)
+    assert asked == [MAX_TIMESTAMP, MAX_TIMESTAMP, MAX_TIMESTAMP, 0.0, 1e-300]
+    assert math.copysign(1.0, asked[3]) == 1.0  # never -0.0

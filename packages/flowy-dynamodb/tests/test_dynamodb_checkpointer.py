@@ -633,3 +633,17 @@ async def test_racing_senders_on_many_clients(dynamo_endpoint: Any, table_name: 
     finally:
         for opened in backends:
             await opened.aclose()
+
+
+async def test_a_journal_entry_copied_under_another_key_is_refused(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    """The record of a journal entry names its key: one read under another is damaged."""
+    cp = backend.checkpointer
+    tid = f"journal-key-{uuid.uuid4().hex}"
+    await cp.put_activity(tid, record("a"))
+    copy = thread_items(raw_client, table_name, tid)["act#a"]
+    copy |= {"sk": {"S": "act#b"}, "activity_key": {"S": "b"}}
+    raw_client.put_item(TableName=table_name, Item=copy)
+    with pytest.raises(SnapshotEnvelopeInvalidError, match="'a'"):
+        await cp.get_activity(tid, "b")

@@ -13,17 +13,17 @@ from importlib import metadata as _metadata
 from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
 from ._backend import open_backend as open_backend
+from ._checkpointer import DynamoCheckpointer as DynamoCheckpointer
+from ._layout import MAX_ITEM_BYTES as MAX_ITEM_BYTES
+from ._layout import thread_key as thread_key
+from ._leases import DynamoLeaseManager as DynamoLeaseManager
+from ._outbox import DynamoConsumer as DynamoConsumer
+from ._outbox import DynamoOutbox as DynamoOutbox
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import create_table as create_table
 from ._schema import make_client as make_client
-from ._store import DynamoCheckpointer as DynamoCheckpointer
-from ._store import DynamoConsumer as DynamoConsumer
-from ._store import DynamoLeaseManager as DynamoLeaseManager
-from ._store import DynamoOutbox as DynamoOutbox
-from ._table import MAX_ITEM_BYTES as MAX_ITEM_BYTES
 from ._table import ClockSkewError as ClockSkewError
 from ._table import DynamoTable as DynamoTable
-from ._table import thread_key as thread_key
 
 __version__: str = _metadata.version("flowy-dynamodb")
 """The installed version of flowy-dynamodb."""

@@ -7,7 +7,6 @@ import asyncio
 import re
 import time
 import urllib.parse
-import warnings
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from botocore.exceptions import BotoCoreError
@@ -15,8 +14,10 @@ from botocore.exceptions import BotoCoreError
 from flowy.errors import BackendURLError
 from flowy.storage import SCRATCH_PREFIX, BaseBackend, RunStatus, StateCodec, StoreURL, sibling_url
 
+from ._checkpointer import DynamoCheckpointer
+from ._leases import DynamoLeaseManager
+from ._outbox import DynamoConsumer, DynamoOutbox
 from ._schema import check_version, make_client, migrate, schema_version
-from ._store import DynamoCheckpointer, DynamoConsumer, DynamoLeaseManager, DynamoOutbox
 from ._table import Clock, DynamoTable
 
 if TYPE_CHECKING:
@@ -137,11 +138,6 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         if not name.startswith(SCRATCH_PREFIX):  # never an app's table
             raise RuntimeError(f"table {name!r} is not a scratch table")
         await self.table.call("delete_table", TableName=name)
-
-    async def close(self) -> None:
-        """Deprecated alias of :meth:`aclose` (removed in 0.3)."""
-        warnings.warn("DynamoBackend.close() is deprecated; use aclose()", DeprecationWarning, 2)
-        await self.aclose()
 
 
 def _url_of(

@@ -31,7 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
 from flowy.storage import decode_intent
 
-from ._table import (
+from ._layout import (
     DEAD_INDEX,
     HEAD_SK,
     MESSAGE,
@@ -43,7 +43,6 @@ from ._table import (
     TIMERS_INDEX,
     TTL,
     A,
-    DynamoTable,
     Expression,
     Item,
     entry_key,
@@ -55,8 +54,8 @@ from ._table import (
     s,
     shard_of,
     sort_key,
-    translate_error,
 )
+from ._table import DynamoTable, translate_error
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient

@@ -1,27 +1,6 @@
-"""The one table every component of a store shares: its layout, value marshalling, the
-translation of botocore's errors, the clock check, and :class:`DynamoTable`.
-
-Items, keyed by the string partition key ``pk`` and sort key ``sk``::
-
-    pk                                  sk                  item
-    thread#<id> or thread-sha256#<hex>  head                a thread's head and its lease
-    (same)                              rev#<20 digits>     one history entry
-    (same)                              outbox#<20 digits>  the hand-off message of that
-                                                            committed revision
-    (same)                              sig#<20 digits>     one signal of the inbox
-    (same)                              sigid#<signal id>   the number of the signal sent
-                                                            with that id
-    (same)                              act#<key>           one activity journal entry
-    flowy#schema                        version             the schema version
-
-A signal id or activity key whose sort key would pass 1 KiB is hashed instead:
-``sigid-sha256#<hex>``, ``act-sha256#<hex>`` (the item keeps it in full).
-
-Four sparse global secondary indexes: ``heads`` (``list_key``: hand-off status and
-shard; ``list_sort``: the thread id) lists heads in thread-id order; ``outbox``
-(``live_key``: shard; ``visible_at``) finds visible messages oldest first;
-``dead_letters`` (``dead_key``, ``dead_at``) lists dead letters oldest first;
-``timers`` (``timer_shard``: shard; ``wake_at``) finds the heads due to wake up.
+"""The table as the components of a store share it: :class:`DynamoTable` (the client,
+its pool of threads, the clock and the store's settings), the translation of botocore's
+errors, and the check of the clock against DynamoDB's.
 """
 
 from __future__ import annotations
@@ -29,78 +8,36 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
-import hashlib
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
 from flowy.errors import (
     LeaseLostError,
-    SnapshotEnvelopeInvalidError,
     SnapshotTooLargeError,
     StorageError,
     StorageUnavailableError,
 )
-from flowy.storage import show_id
+
+from ._layout import MAX_ITEM_BYTES, PK, SK, A, Expression, Item, check_stored_id, s, thread_key
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
-__all__ = ["ClockSkewError", "DynamoTable", "thread_key"]
+__all__ = ["ClockSkewError", "ConditionFailed", "DynamoTable"]
 
-Item = dict[str, Any]
 Clock = Callable[[], float]
-
-PK, SK, HEAD_SK, HISTORY, MESSAGE = "pk", "sk", "head", "rev#", "outbox#"
-SIGNAL, SIGNAL_IDS, ACTIVITIES = "sig#", "sigid", "act"
-"""Sort key prefixes: a signal, and every signal id and journal entry (whose keys are
-``sigid#<id>`` / ``sigid-sha256#<hex>`` and ``act#<key>`` / ``act-sha256#<hex>``)."""
-SCHEMA_KEY: Item = {PK: {"S": "flowy#schema"}, SK: {"S": "version"}}
-TTL = "expires"
-THREADS_INDEX, OUTBOX_INDEX, DEAD_INDEX = "heads", "outbox", "dead_letters"
-TIMERS_INDEX = "timers"
-SHARDS = 8
-MAX_ITEM_BYTES = 400 * 1024
-"""DynamoDB's item size limit (attribute names included)."""
-MAX_KEY_BYTES = 1024
-"""DynamoDB's limit on a sort key (and on an index's sort key), in UTF-8 bytes."""
-MAX_NUMBER, MIN_NUMBER = 1e38, 1e-129
-"""The magnitudes of the floats :func:`n` writes as DynamoDB numbers exactly: zero, or at
-least ``MIN_NUMBER`` (DynamoDB's smallest is 1E-130) and below ``MAX_NUMBER`` (in plain
-notation a larger float has more than DynamoDB's 38 significant digits)."""
-MAX_SEQ = 10**20 - 1
-"""The largest signal number a 20-digit sort key holds."""
-
-
-class A:
-    """Attribute names: of heads and history entries, leases, messages."""
-
-    THREAD_ID, REVISION, RECORD, WRITE_TX = "thread_id", "revision", "record", "write_tx"
-    POINTER, STATUS, REASON, UPDATED = "pointer", "status", "reason", "updated_at"
-    HANDOFF, HANDOFF_AT = "handoff_status", "handoff_pending_at"
-    LIST_KEY, LIST_SORT = "list_key", "list_sort"
-    OWNER, EXPIRES, TOKEN = "lease_owner", "lease_expires_at", "lease_token"
-    PAYLOAD, ATTEMPTS, ERROR, ENQUEUED = "payload", "attempts", "error", "enqueued_at"
-    LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
-    TIMER, WAKE, GRAPH_VERSION = "timer_shard", "wake_at", "graph_version"
-    SEQ, SIGNAL_ID, KEY, DATA = "seq", "signal_id", "activity_key", "data"
-    SUMMARY = (
-        *(THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED, WAKE),
-        GRAPH_VERSION,
-    )
-    """The head attributes a listing reads (the ``heads`` index carries them), in the
-    order of ``BaseCheckpointer.summary``'s arguments."""
-
 
 _UNAVAILABLE = {
     "ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded",
     "InternalServerError", "InternalFailure", "ServiceUnavailable", "LimitExceededException",
     "TransactionInProgressException",
 }  # fmt: skip
+_TRANSIENT = {"TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded"}
+"""Cancellation reasons of a transaction that sending it again may cure."""
 
 
 class ClockSkewError(LeaseLostError):
@@ -111,162 +48,6 @@ class ClockSkewError(LeaseLostError):
     stops as if it lost it). Synchronise the clock (NTP, Amazon Time Sync Service) or
     raise ``clock_skew`` on every client of the table.
     """
-
-
-def thread_key(thread_id: str) -> str:
-    """The partition key of a thread: ``thread#`` + the id up to 1 KiB of UTF-8, else
-    ``thread-sha256#`` + the SHA-256 of the id (every item keeps the full id too)."""
-    raw = thread_id.encode("utf-8")
-    if len(raw) <= 1024:
-        return "thread#" + thread_id
-    return "thread-sha256#" + hashlib.sha256(raw).hexdigest()
-
-
-def sort_key(thread_id: str) -> str:
-    """The id cut to the 1 KiB an index sort key holds. UTF-8 order is code point order
-    and a cut never swaps two ids, so the index order is the id order up to ties."""
-    return thread_id.encode("utf-8")[:1024].decode("utf-8", "ignore")
-
-
-def shard_of(text: str) -> int:
-    """A stable shard in ``range(SHARDS)``."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "big") % SHARDS
-
-
-def head_key(thread_id: str) -> Item:
-    """The key of a thread's head item."""
-    return {PK: {"S": thread_key(thread_id)}, SK: {"S": HEAD_SK}}
-
-
-def entry_key(thread_id: str, prefix: str, revision: int) -> Item:
-    """The key of a thread's history entry (``HISTORY``) or message (``MESSAGE``)."""
-    return {PK: {"S": thread_key(thread_id)}, SK: {"S": f"{prefix}{revision:020d}"}}
-
-
-def named_key(thread_id: str, prefix: str, name: str) -> Item:
-    """The key of a thread's item named ``name`` (a signal id, an activity key):
-    ``<prefix>#<name>`` when that fits a sort key, else ``<prefix>-sha256#`` + the SHA-256
-    of the name (the item keeps the full name). The two forms never alias."""
-    sk = f"{prefix}#{name}"
-    if len(sk.encode("utf-8")) > MAX_KEY_BYTES:
-        sk = f"{prefix}-sha256#{hashlib.sha256(name.encode('utf-8')).hexdigest()}"
-    return {PK: {"S": thread_key(thread_id)}, SK: {"S": sk}}
-
-
-def storable(value: float) -> bool:
-    """True if :func:`n` writes ``value`` as a DynamoDB number exactly."""
-    return math.isfinite(value) and (value == 0 or MIN_NUMBER <= abs(value) < MAX_NUMBER)
-
-
-def n(value: float) -> dict[str, str]:
-    """A number attribute value (plain decimal notation)."""
-    if isinstance(value, int):
-        return {"N": str(value)}
-    if not math.isfinite(value):
-        raise ValueError(f"DynamoDB cannot store the number {value!r}")
-    return {"N": format(Decimal(repr(value)), "f")}
-
-
-def s(value: str) -> dict[str, str]:
-    """A string attribute value."""
-    return {"S": value}
-
-
-def _raw(item: Mapping[str, Any] | None, name: str, kind: str) -> Any:
-    value = (item or {}).get(name)
-    return cast(Mapping[str, Any], value).get(kind) if isinstance(value, dict) else None
-
-
-def get_s(item: Mapping[str, Any] | None, name: str) -> str | None:
-    """String attribute ``name``, or ``None``."""
-    raw = _raw(item, name, "S")
-    return None if raw is None else str(raw)
-
-
-def get_text(item: Mapping[str, Any] | None, name: str) -> str | None:
-    """String or number attribute ``name`` as text, or ``None``."""
-    raw = _raw(item, name, "S")
-    raw = _raw(item, name, "N") if raw is None else raw
-    return None if raw is None else str(raw)
-
-
-def get_n(item: Mapping[str, Any] | None, name: str) -> Decimal | None:
-    """Number attribute ``name``, or ``None``."""
-    raw = _raw(item, name, "N")
-    return None if raw is None else Decimal(str(raw))
-
-
-def get_int(item: Mapping[str, Any] | None, name: str) -> int | None:
-    """Number attribute ``name`` as an int, or ``None``."""
-    raw = get_n(item, name)
-    return None if raw is None else int(raw)
-
-
-def get_b(item: Mapping[str, Any] | None, name: str) -> bytes | None:
-    """Binary attribute ``name``, or ``None``."""
-    raw = _raw(item, name, "B")
-    return None if raw is None else bytes(raw)
-
-
-def item_size(item: Mapping[str, Any]) -> int:
-    """A never smaller estimate of an item's size as DynamoDB counts it (names and
-    values, every number at its 21-byte maximum)."""
-    total = 0
-    for name, value in item.items():
-        ((kind, raw),) = cast(Mapping[str, Any], value).items()
-        size = 21 if kind == "N" else len(raw) if kind == "B" else len(str(raw).encode())
-        total += len(name.encode()) + size
-    return total
-
-
-def check_stored_id(thread_id: str, item: Mapping[str, Any] | None) -> None:
-    """``SnapshotEnvelopeInvalidError`` if ``item`` is stored for another thread id."""
-    stored = get_s(item, A.THREAD_ID)
-    if stored is not None and stored != thread_id:
-        raise SnapshotEnvelopeInvalidError(
-            f"the item for thread {show_id(thread_id)} names thread {show_id(stored)}: it "
-            "does not match its key (written by something else, or corrupt)"
-        )
-
-
-class Expression:
-    """The placeholders of one request: names as ``#name``, values as ``:v0``, ``:v1``…;
-    nothing is spliced into the expression text."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-        self.values: dict[str, Any] = {}
-
-    def __call__(self, attribute: str) -> str:
-        """The placeholder of an attribute name (all of ours are identifiers)."""
-        self.names["#" + attribute] = attribute
-        return "#" + attribute
-
-    def v(self, value: Mapping[str, Any]) -> str:
-        """A new placeholder bound to the attribute value ``value``."""
-        label = f":v{len(self.values)}"
-        self.values[label] = dict(value)
-        return label
-
-    def sets(self, fields: Mapping[str, Mapping[str, Any]]) -> str:
-        """``SET #a = :v…, …`` of ``fields``."""
-        return "SET " + ", ".join(f"{self(k)} = {self.v(v)}" for k, v in fields.items())
-
-    def removes(self, attributes: Iterable[str]) -> str:
-        """`` REMOVE #a, …`` of ``attributes`` (empty when there are none)."""
-        names = [self(a) for a in attributes]
-        return f" REMOVE {', '.join(names)}" if names else ""
-
-    def all_absent(self, *attributes: str) -> str:
-        """Condition: none of ``attributes`` exists."""
-        return " AND ".join(f"attribute_not_exists({self(a)})" for a in attributes)
-
-    def params(self) -> dict[str, Any]:
-        """``ExpressionAttributeNames`` and ``ExpressionAttributeValues``."""
-        out: dict[str, Any] = {"ExpressionAttributeNames": dict(self.names)}
-        if self.values:
-            out["ExpressionAttributeValues"] = dict(self.values)
-        return out
 
 
 class ConditionFailed(Exception):
@@ -282,6 +63,19 @@ class ConditionFailed(Exception):
     def failed(self) -> list[int]:
         """The actions whose condition failed."""
         return [i for i, r in enumerate(self.reasons) if r[0].startswith("ConditionalCheckFailed")]
+
+    def transient(self) -> bool:
+        """True if a concurrent transaction or throttling cancelled it: sending it again
+        may succeed."""
+        return any(code in _TRANSIENT for code, _, _ in self.reasons)
+
+    def describe(self) -> str:
+        """The actions that failed, with their codes and messages."""
+        return "; ".join(
+            f"action {i}: {c} {m}".strip()
+            for i, (c, m, _) in enumerate(self.reasons)
+            if c != "None"
+        )
 
 
 def is_size_error(message: str) -> bool:
@@ -484,82 +278,139 @@ class DynamoTable:
             **expr.params(),
         )
 
+    def put_new(self, item: Item) -> Item:
+        """A ``Put`` action of a transaction that adds ``item`` only if its key is new
+        (a failed condition returns the item that is there)."""
+        return {
+            "Put": {
+                "TableName": self.name,
+                "Item": item,
+                "ConditionExpression": "attribute_not_exists(#pk)",
+                "ExpressionAttributeNames": {"#pk": PK},
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            }
+        }
+
+    async def pages(self, **params: Any) -> AsyncIterator[dict[str, Any]]:
+        """The pages of a ``Query``, each request going on from the last one's
+        ``LastEvaluatedKey``."""
+        start: Item | None = None
+        while True:
+            extra = {"ExclusiveStartKey": start} if start else {}
+            page = await self.call("query", TableName=self.name, **params, **extra)
+            yield page
+            start = page.get("LastEvaluatedKey")
+            if start is None:
+                return
+
     async def query(self, limit: int | None, **params: Any) -> list[Item]:
         """A ``Query``, page by page, until ``limit`` items (or all) are read."""
         items: list[Item] = []
-        start: Item | None = None
-        while limit is None or len(items) < limit:
-            page = await self.call(
-                "query",
-                TableName=self.name,
-                **params,
-                **({"ExclusiveStartKey": start} if start else {}),
-            )
+        async for page in self.pages(**params):
             items.extend(page.get("Items") or [])
-            start = page.get("LastEvaluatedKey")
-            if start is None:
+            if limit is not None and len(items) >= limit:
                 break
         return items[:limit]
+
+    async def count(self, **params: Any) -> int:
+        """How many items a ``Query`` matches (``Select=COUNT``, page by page)."""
+        pages = self.pages(Select="COUNT", **params)
+        return sum([int(page.get("Count") or 0) async for page in pages])
+
+    async def query_index(
+        self,
+        index: str,
+        attribute: str,
+        values: Iterable[str],
+        limit: int | None,
+        sort: Callable[[Expression], str] | None = None,
+    ) -> list[Item]:
+        """The items of the partitions of ``index`` whose key ``attribute`` is one of
+        ``values``, queried at once: up to ``limit`` of each (``None``: all), with
+        ``sort``'s condition on the index's sort key if given."""
+
+        async def partition(value: str) -> list[Item]:
+            expr = Expression()
+            condition = f"{expr(attribute)} = {expr.v(s(value))}"
+            if sort is not None:
+                condition += f" AND {sort(expr)}"
+            extra = {"Limit": limit} if limit is not None else {}
+            return await self.query(
+                limit, IndexName=index, KeyConditionExpression=condition, **extra, **expr.params()
+            )
+
+        parts = await asyncio.gather(*(partition(value) for value in values))
+        return [item for part in parts for item in part]
+
+    async def thread_items(
+        self,
+        thread_id: str,
+        sort: str | tuple[str, str],
+        limit: int | None,
+        *attributes: str,
+        newest_first: bool = False,
+    ) -> list[Item]:
+        """Up to ``limit`` (or all) items of the thread whose sort key begins with
+        ``sort`` (or lies between its two bounds), in sort key order; strongly
+        consistent, each checked to be the thread's."""
+        expr = Expression()
+        condition = f"{expr(PK)} = {expr.v(s(thread_key(thread_id)))} AND "
+        if isinstance(sort, str):
+            condition += f"begins_with({expr(SK)}, {expr.v(s(sort))})"
+        else:
+            condition += f"{expr(SK)} BETWEEN {expr.v(s(sort[0]))} AND {expr.v(s(sort[1]))}"
+        items = await self.query(
+            limit,
+            KeyConditionExpression=condition,
+            ProjectionExpression=", ".join(map(expr, (PK, SK, A.THREAD_ID, *attributes))),
+            ScanIndexForward=not newest_first,
+            ConsistentRead=True,
+            **({"Limit": limit} if limit is not None else {}),
+            **expr.params(),
+        )
+        for item in items:
+            check_stored_id(thread_id, item)
+        return items
 
     async def get_keys(self, keys: Sequence[Item], attributes: Sequence[str]) -> list[Item]:
         """The items of ``keys`` that exist, with ``attributes`` (and their keys), 100 per
         ``BatchGetItem`` (eventually consistent), asking again for unprocessed keys."""
         expr = Expression()
-        projection = ", ".join(map(expr, (PK, SK, *attributes)))
-        found: list[Item] = []
-        for first in range(0, len(keys), 100):
-            pending: list[Item] = list(keys[first : first + 100])
-            for attempt in range(8):
-                request: dict[str, Any] = {"Keys": pending, "ProjectionExpression": projection}
-                request.update(expr.params())
-                result = await self.call("batch_get_item", RequestItems={self.name: request})
-                responses: dict[str, list[Item]] = result.get("Responses") or {}
-                found += responses.get(self.name) or []
-                unprocessed: dict[str, dict[str, list[Item]]] = result.get("UnprocessedKeys") or {}
-                pending = (unprocessed.get(self.name) or {}).get("Keys") or []
-                if not pending:
-                    break
-                await asyncio.sleep(0.02 * 2**attempt)
-            else:
-                raise StorageUnavailableError(
-                    f"DynamoDB left {len(pending)} reads on table {self.name!r} unprocessed "
-                    "(throttled); retry later"
-                )
-        return found
-
-    async def count(self, **params: Any) -> int:
-        """How many items a ``Query`` matches (``Select=COUNT``, page by page)."""
-        total = 0
-        start: Item | None = None
-        while True:
-            page = await self.call(
-                "query",
-                TableName=self.name,
-                Select="COUNT",
-                **params,
-                **({"ExclusiveStartKey": start} if start else {}),
-            )
-            total += int(page.get("Count") or 0)
-            start = page.get("LastEvaluatedKey")
-            if start is None:
-                return total
+        request = {"ProjectionExpression": ", ".join(map(expr, (PK, SK, *attributes)))}
+        request.update(expr.params())
+        return await self._batch("batch_get_item", keys, 100, lambda k: {"Keys": k, **request})
 
     async def delete_keys(self, keys: Sequence[Item]) -> None:
         """Delete items by key, 25 per ``BatchWriteItem``, resending unprocessed ones."""
-        for first in range(0, len(keys), 25):
-            pending: list[Any] = [{"DeleteRequest": {"Key": k}} for k in keys[first : first + 25]]
+        deletes = [{"DeleteRequest": {"Key": key}} for key in keys]
+        await self._batch("batch_write_item", deletes, 25, lambda requests: requests)
+
+    async def _batch(
+        self, operation: str, requests: Sequence[Any], size: int, wrap: Callable[[list[Any]], Any]
+    ) -> list[Item]:
+        """Send ``requests`` ``size`` at a time (``wrap`` makes the table's part of the
+        request of a batch), sending again with a growing pause what DynamoDB left
+        unprocessed; the items read."""
+        found: list[Item] = []
+        for first in range(0, len(requests), size):
+            pending: list[Any] = list(requests[first : first + size])
             for attempt in range(8):
-                result = await self.call("batch_write_item", RequestItems={self.name: pending})
-                unprocessed: dict[str, list[Any]] = result.get("UnprocessedItems") or {}
-                pending = unprocessed.get(self.name) or []
+                answer = await self.call(operation, RequestItems={self.name: wrap(pending)})
+                read: Any = answer.get("Responses") or {}
+                found += read.get(self.name) or []
+                left: Any = answer.get("UnprocessedKeys") or answer.get("UnprocessedItems") or {}
+                part: Any = left.get(self.name) or []
+                # BatchGetItem leaves {"Keys": [...], ...} per table, BatchWriteItem a list
+                pending = cast(list[Any], part.get("Keys") if isinstance(part, dict) else part)
                 if not pending:
                     break
                 await asyncio.sleep(0.02 * 2**attempt)
             else:
                 raise StorageUnavailableError(
-                    f"DynamoDB left {len(pending)} deletes on table {self.name!r} unprocessed "
-                    "(throttled); retry later"
+                    f"DynamoDB left {len(pending)} requests of {operation} on table "
+                    f"{self.name!r} unprocessed (throttled); retry later"
                 )
+        return found
 
     def notify(self) -> None:
         """Wake this store's consumers waiting in ``claim``: a message was added."""

@@ -49,7 +49,7 @@ from ._durable import (
     encode_signal,
 )
 from ._intents import encode_intent
-from ._limits import Limits, check_time
+from ._limits import MAX_TIMESTAMP, Limits, check_time
 from ._model import (
     HandoffIntent,
     HandoffStatus,
@@ -309,7 +309,8 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
     # flowy 0.2.0 that does not still runs graphs that never sleep, wait or call
     # activities, and says what is missing when one does.
     async def _timers(self, before: float, limit: int) -> list[Timer]:
-        """Up to ``limit`` (> 0) heads whose ``summary.wake_at`` is set and <= ``before``,
+        """Up to ``limit`` (> 0) heads whose ``summary.wake_at`` is set and <= ``before``
+        (0 <= ``before`` <= ``MAX_TIMESTAMP``, the range of every stored time),
         ordered by wake-up time, then thread id: read from an index of wake-up times
         (the head's ``wake_at`` column, written by ``_write`` in the same atomic write),
         never a scan of every thread."""
@@ -604,7 +605,9 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             return []
         if isinstance(before, bool) or not isinstance(before, int | float) or math.isnan(before):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"before must be seconds since the epoch, got {before!r:.80}")
-        return await self._timers(float(before), limit)
+        if before < 0:
+            return []  # every stored wake-up time is within 0 .. MAX_TIMESTAMP
+        return await self._timers(min(max(0.0, float(before)), MAX_TIMESTAMP), limit)
 
     async def oldest_heads(
         self, statuses: Iterable[RunStatus] | None = None
