@@ -28,14 +28,14 @@ from flowy.errors import ThreadNotFoundError
 from flowy.storage import Backend
 from flowy.testing import Corrupt, Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
-from flowy_postgres import PostgresBackend, migrate
+from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
 # pytest runs with --import-mode=importlib, which does not put test directories on
 # sys.path; the helpers here (pg_support, pg_proxy, pg_race_worker) are imported by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pg_support import Conn, Sql, connect, new_pool, sql, with_options
+from pg_support import Conn, Sql, connect, new_pool, set_up, sql, with_options
 
 LOCAL_DSNS = (
     "postgresql://postgres@127.0.0.1:5432/test",
@@ -124,7 +124,7 @@ async def pg_pool(postgres_dsn: str, pg_schema: str) -> AsyncIterator[asyncpg.Po
     schema ``pg_schema`` is migrated."""
     pool = await new_pool(postgres_dsn, min_size=1, max_size=10)
     try:
-        await migrate(pool, schema=pg_schema)
+        await set_up(pool, schema=pg_schema)
         yield pool
     finally:
         await pool.close()

@@ -66,7 +66,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     :data:`OPTIONS`, also the keyword arguments here). ``PostgresBackend(dsn, ...)``
     creates its pool on open and closes it on ``aclose``; :meth:`from_pool` uses the
     application's pool and leaves it open. Opening creates a new schema; an older one
-    raises ``SchemaVersionError`` until :meth:`migrate` (which needs no open) upgrades
+    raises ``SchemaVersionError`` until :meth:`setup` (which needs no open) upgrades
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
@@ -191,7 +191,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         await prepare(await self._pool(), self.names, upgrade=False)
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return await prepare(await self._pool(), self.names, upgrade=True)
 
     async def _close(self) -> None:
@@ -200,13 +200,6 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         pool, self.connector.pool = self.connector.pool, None
         if pool is not None and self._dsn is not None:
             await cast(PgPool, pool).close()
-
-    async def close(self) -> None:
-        """Deprecated alias of :meth:`aclose` (flowy-postgres 0.1); removed in 0.3."""
-        warnings.warn(
-            "PostgresBackend.close() is deprecated; use aclose()", DeprecationWarning, stacklevel=2
-        )
-        await self.aclose()
 
 
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> PostgresBackend[Any]:

@@ -74,8 +74,7 @@ def translate(
     if isinstance(exc, _NOT_MIGRATED):
         return SchemaVersionError(
             f"could not {action}: the flowy tables are missing ({detail}); run "
-            "`await backend.migrate()` (or flowy_postgres.migrate(pool, schema=..., "
-            "prefix=...)) with the same schema and prefix first"
+            "`await backend.setup()` with the same schema and prefix first"
         )
     if isinstance(exc, pg.InvalidCatalogNameError):
         found = re.search(r'database "(.+)" does not exist', str(exc))

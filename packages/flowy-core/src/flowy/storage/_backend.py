@@ -2,8 +2,9 @@
 
 A store's ``Backend`` holds its four components and owns their shared resources (a
 connection, a pool, a client): :class:`BaseBackend` gives every store the same
-lifecycle (``open`` on connect, ``migrate``, ``aclose``, ``async with``) and a repr
-that never shows a password. :class:`StoreURL` parses ``scheme://…?option=value`` and
+lifecycle (``open`` on connect, ``setup``, ``aclose``, ``async with``), one check of
+the schema version a store records (one message on every store), and a repr that never
+shows a password. :class:`StoreURL` parses ``scheme://…?option=value`` and
 checks options the same way for every store.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
-from .._errors import BackendURLError
+from .._errors import BackendURLError, SchemaVersionError
 from .._types import S
 from ._limits import Limits
 
@@ -231,9 +232,9 @@ class BaseBackend(abc.ABC, Generic[S]):
 
     Subclasses set ``url``, build the four components in ``__init__`` (subclasses of
     the other bases, as attributes of those names) and implement :meth:`_open`,
-    :meth:`_migrate` and :meth:`_close`. ``flowy.connect`` calls :meth:`open`, which
+    :meth:`_setup` and :meth:`_close`. ``flowy.connect`` calls :meth:`open`, which
     creates the schema of a new store (an older schema needs an explicit
-    :meth:`migrate`).
+    :meth:`setup`); both check the recorded version with :meth:`check_schema_version`.
     """
 
     url: str
@@ -247,8 +248,9 @@ class BaseBackend(abc.ABC, Generic[S]):
         """Connect, and create the schema if the store has none (check its version)."""
 
     @abc.abstractmethod
-    async def _migrate(self) -> int:
-        """Create or upgrade the schema; return its version."""
+    async def _setup(self) -> int:
+        """Create or upgrade the schema (idempotent, safe from several processes at
+        once); return its version. Called on a backend that may not be open."""
 
     @abc.abstractmethod
     async def _close(self) -> None:
@@ -267,9 +269,61 @@ class BaseBackend(abc.ABC, Generic[S]):
         self._opened = True
         return self
 
+    async def setup(self) -> int:
+        """Create what the store needs (schema, tables, indexes, key layout), or upgrade
+        what an older version of its code left; return the schema version now in place.
+
+        Idempotent and safe from several processes at once. It needs no :meth:`open`,
+        and works on a backend whose open failed with ``SchemaVersionError`` (an older
+        store). Back the store up before an upgrade: older code cannot read the result.
+        A store of newer code raises ``SchemaVersionError``.
+        """
+        return await self._setup()
+
     async def migrate(self) -> int:
-        """Create or upgrade the store's schema; return its version. Idempotent."""
-        return await self._migrate()
+        """Deprecated alias of :meth:`setup` (removed in 0.4)."""
+        warnings.warn(
+            f"{type(self).__name__}.migrate() is deprecated; use setup()", DeprecationWarning, 2
+        )
+        return await self.setup()
+
+    @staticmethod
+    def check_schema_version(
+        found: int, *, known: int, where: str, package: str, upgrade: bool = False
+    ) -> bool:
+        """Check the schema version a store records: one rule and one message on every
+        store. Returns whether there is something to create or upgrade.
+
+        Args:
+            found: the version recorded in the store; 0 for a new store (none recorded).
+            known: the version this code reads and writes.
+            where: what holds the schema, for the message (``"the SQLite database
+                'app.db'"``, ``"the flowy tables in schema 'public' (prefix 'flowy_')"``).
+            package: the distribution whose code this is (``"flowy-postgres"``).
+            upgrade: an older version may be upgraded now (:meth:`setup`).
+
+        Returns:
+            ``False`` when ``found`` is ``known``; ``True`` when the store is new, or
+            older and ``upgrade`` is given: create or upgrade it then.
+
+        Raises:
+            SchemaVersionError: ``found`` is newer than ``known`` (older code must not
+                write to it), or older and ``upgrade`` is not given.
+        """
+        if found == known:
+            return False
+        if found > known:
+            raise SchemaVersionError(
+                f"{where} has schema version {found}, newer than version {known} that this "
+                f"{package} knows; upgrade {package} to use it (older code must not write to it)"
+            )
+        if found > 0 and not upgrade:
+            raise SchemaVersionError(
+                f"{where} has schema version {found}, older than version {known} that this "
+                f"{package} uses; stop the clients of the older {package}, back the store up, "
+                "then upgrade it once with `await backend.setup()`"
+            )
+        return True
 
     async def aclose(self) -> None:
         """Release the store's resources. Idempotent."""
