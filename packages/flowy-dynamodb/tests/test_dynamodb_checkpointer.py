@@ -39,7 +39,8 @@ from flowy.storage import (
     Timer,
     new_write_id,
 )
-from flowy_dynamodb import DynamoBackend, create_table, thread_key
+import flowy_dynamodb
+from flowy_dynamodb import DynamoBackend, thread_key
 
 pytestmark = pytest.mark.anyio
 
@@ -382,6 +383,8 @@ async def test_completed_threads_get_a_time_to_live(
 
 def test_create_table_is_idempotent(dynamo_endpoint: Any, table_name: str) -> None:
     client = dynamo_endpoint.client()
+    with pytest.warns(DeprecationWarning, match="create_table is deprecated; use `await backend.setup"):
+        create_table = flowy_dynamodb.create_table
     create_table(client, table_name)
     create_table(client, table_name)
     table = client.describe_table(TableName=table_name)["Table"]

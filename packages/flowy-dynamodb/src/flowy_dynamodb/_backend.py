@@ -116,7 +116,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         check_version(await schema_version(self.table, create=self.create_table), self.table.name)
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return await migrate(self.table)
 
     async def _close(self) -> None:

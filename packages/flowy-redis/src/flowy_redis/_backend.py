@@ -138,7 +138,7 @@ class RedisBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         await self.store.check_layout()
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return await self.store.migrate()
 
     async def _close(self) -> None:
