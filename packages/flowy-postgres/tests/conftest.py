@@ -28,6 +28,7 @@ from flowy.errors import ThreadNotFoundError
 from flowy.storage import Backend
 from flowy.testing import Corrupt, Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
+from flowy.testing.hooks import SetSchemaVersion
 from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
@@ -196,3 +197,22 @@ async def dump_store(url: str) -> object:
 def flowy_dump() -> Dump:
     """Everything a PostgreSQL store holds in its schema, as stored."""
     return dump_store
+
+
+async def record_schema_version(url: str, version: int) -> None:
+    """Record ``version`` as the only schema version of the URL's schema and prefix."""
+    parts = urllib.parse.urlsplit(url)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    names = TableNames(options.get("schema", "public"), options.get("prefix", "flowy_"))
+    conn = await connect(urllib.parse.urlunsplit(parts._replace(query="")))
+    try:
+        await conn.execute(f"DELETE FROM {names.version}")
+        await conn.execute(f"INSERT INTO {names.version} VALUES ($1)", version)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def flowy_schema_version() -> SetSchemaVersion:
+    """Records a schema version in a PostgreSQL schema."""
+    return record_schema_version

@@ -324,7 +324,9 @@ async def test_mixed_case_names_and_two_prefixes_in_one_schema(
         await drop(admin, schema)
 
 
-async def test_the_module_migrate_is_a_deprecated_alias(pg_pool: asyncpg.Pool, pg_schema: str) -> None:
+async def test_the_module_migrate_is_a_deprecated_alias(
+    pg_pool: asyncpg.Pool, pg_schema: str
+) -> None:
     with pytest.warns(DeprecationWarning, match=r"flowy_postgres.migrate\(\) is deprecated"):
         assert await flowy_postgres.migrate(pg_pool, schema=pg_schema) == SCHEMA_VERSION
     backend = PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema)

@@ -217,7 +217,11 @@ async def prepare(target: object, names: TableNames, *, upgrade: bool) -> int:
             current = await _version(conn, names)
             where = f"the flowy tables in schema {names.schema!r} (prefix {names.prefix!r})"
             if BaseBackend.check_schema_version(
-                current, known=SCHEMA_VERSION, where=where, package="flowy-postgres", upgrade=upgrade
+                current,
+                known=SCHEMA_VERSION,
+                where=where,
+                package="flowy-postgres",
+                upgrade=upgrade,
             ):
                 for statement in _statements(names, current):
                     await conn.execute(statement)
