@@ -515,6 +515,22 @@ async def test_foreign_transaction_handles_are_refused(db_path: Path) -> None:
         assert await backend.consumer.claim(10, 30) == []
 
 
+async def test_a_store_without_native_actions_refuses_add_action(
+    backend: SQLiteBackend[Any],
+) -> None:
+    cp = backend.checkpointer
+
+    async def add(tx: object, revision: int) -> None:
+        with pytest.raises(NotImplementedError, match="takes no actions of the application"):
+            cp.add_action(tx, {"Put": {}})
+        await backend.outbox.enqueue_intent_tx(tx, intent("t", revision))
+
+    with pytest.raises(TypeError, match="save_with_outbox"):
+        cp.add_action(object(), {"Put": {}})
+    assert await cp.save_with_outbox(0, snap("t"), add) == 1
+    assert len(await backend.consumer.claim(10, 30)) == 1
+
+
 async def test_a_failing_callback_writes_nothing(backend: SQLiteBackend[Any]) -> None:
     async def enqueue_then_fail(tx: object, revision: int) -> None:
         await backend.outbox.enqueue_intent_tx(tx, intent("t", revision))
