@@ -189,10 +189,12 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         await pool.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
     async def _open(self) -> None:
-        await prepare(await self._pool(), self.names, upgrade=False)
+        await self._pool()
+        await prepare(self.connector, upgrade=False)
 
     async def _setup(self) -> int:
-        return await prepare(await self._pool(), self.names, upgrade=True)
+        await self._pool()
+        return await prepare(self.connector, upgrade=True)
 
     async def _close(self) -> None:
         await self.consumer.aclose()

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import warnings
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import asyncpg
 
 from flowy.storage import BaseBackend
 
-from ._conn import PgConnection, PgPool
-from ._errors import translate
+from ._conn import Connector, PgConnection
 from ._names import DEFAULT_PREFIX, DEFAULT_SCHEMA, MAX_PREFIX, TableNames, check_identifier
 
 if TYPE_CHECKING:
@@ -38,6 +37,7 @@ __all__ = [
     "UPGRADES",
     "TableNames",
     "check_identifier",
+    "connector_for",
     "migrate",
     "prepare",
     "schema_sql",
@@ -190,26 +190,19 @@ async def _version(conn: PgConnection, names: TableNames) -> int:
     return int(await conn.fetchval(f"SELECT max(version) FROM {names.version}") or 0)
 
 
-async def _on(
-    target: object, names: TableNames, body: Callable[[PgConnection], Awaitable[int]]
-) -> int:
-    pool = cast(PgPool, target) if isinstance(target, asyncpg.Pool) else None
-    conn = await pool.acquire() if pool is not None else cast(PgConnection, target)
-    try:
-        return await body(conn)
-    except Exception as exc:
-        err = translate(exc, f"set up schema {names.schema!r} (prefix {names.prefix!r})", conn)
-        if err is exc:
-            raise
-        raise err from exc
-    finally:
-        if pool is not None:
-            await pool.release(conn)
+def connector_for(target: object, names: TableNames) -> Connector:
+    """A connector running statements on ``target``, a pool or a connection."""
+    connector = Connector(names, acquire_timeout=60.0, domain=None)
+    if isinstance(target, asyncpg.Pool):
+        connector.pool = target
+        return connector
+    return connector.bind(cast(asyncpg.Connection, target))
 
 
-async def prepare(target: object, names: TableNames, *, upgrade: bool) -> int:
+async def prepare(connector: Connector, *, upgrade: bool) -> int:
     """Create the tables of a new schema; upgrade an older one only with ``upgrade``
     (else ``SchemaVersionError``); refuse a newer one. Returns the version in place."""
+    names = connector.names
 
     async def body(conn: PgConnection) -> int:
         async with conn.transaction():
@@ -227,7 +220,7 @@ async def prepare(target: object, names: TableNames, *, upgrade: bool) -> int:
                     await conn.execute(statement)
             return SCHEMA_VERSION
 
-    return await _on(target, names, body)
+    return await connector.run(f"set up schema {names.schema!r} (prefix {names.prefix!r})", body)
 
 
 async def migrate(
@@ -244,7 +237,7 @@ async def migrate(
         DeprecationWarning,
         stacklevel=2,
     )
-    return await prepare(target, TableNames(schema, prefix), upgrade=True)
+    return await prepare(connector_for(target, TableNames(schema, prefix)), upgrade=True)
 
 
 async def schema_version(
@@ -255,4 +248,5 @@ async def schema_version(
 ) -> int:
     """The schema version recorded in the database (0 when never set up). Read-only."""
     names = TableNames(schema, prefix)
-    return await _on(target, names, lambda conn: _version(conn, names))
+    action = f"read the schema version of {names.schema!r}"
+    return await connector_for(target, names).run(action, lambda conn: _version(conn, names))
