@@ -112,7 +112,8 @@ class Write:
     """One conditional write, as the base hands it to ``BaseCheckpointer._write``.
 
     Write ``record`` as revision ``expected_revision + 1`` of ``summary.thread_id`` —
-    head and history — together with every row of ``outbox``, in ONE atomic operation,
+    head and history — together with every row of ``outbox`` (one per thread and
+    committed revision), in ONE atomic operation,
     and only if (a) the thread's head is at ``expected_revision`` (0: the thread does not
     exist) and (b) with ``lease``, that lease (owner and fencing token) is the thread's
     live lease; without, no live lease holds the thread. ``summary`` carries the head's
@@ -184,13 +185,16 @@ class OutboxTransaction:
     """False once the enqueue callback returned: nothing more can be added."""
 
     def add(self, domain: Hashable, row: OutboxRow) -> None:
-        """Add ``row`` from an outbox of ``domain``.
+        """Add ``row`` from an outbox of ``domain``; a row of a (thread, committed
+        revision) added already is ignored, as the outbox keeps a live message as it is.
 
         Raises ``ValueError`` if ``domain`` is not this transaction's store, and
         ``RuntimeError`` once the callback has returned.
         """
         self._check(domain)
-        self.rows.append(row)
+        key = (row.thread_id, row.committed_revision)
+        if all((r.thread_id, r.committed_revision) != key for r in self.rows):
+            self.rows.append(row)
 
     def add_native(self, domain: Hashable, action: object) -> None:
         """Add an action of the application, checked by a checkpointer of ``domain``
