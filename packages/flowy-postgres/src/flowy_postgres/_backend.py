@@ -4,7 +4,6 @@ URLs for ``flowy.connect``."""
 
 from __future__ import annotations
 
-import urllib.parse
 import warnings
 from typing import Any, Generic, TypeVar, cast
 
@@ -95,9 +94,8 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
                 "listen and pooler_mode exclude each other: LISTEN needs a session of its "
                 "own, which a transaction-mode pooler does not keep (consumers poll instead)"
             )
-        query = urllib.parse.urlencode({"schema": schema, "prefix": prefix})
-        base = dsn if dsn is not None else "postgresql://"
-        self.url: str = url or base + ("&" if "?" in base else "?") + query
+        names = {"schema": schema, "prefix": prefix}
+        self.url: str = url or sibling_url(dsn or "postgresql://", options=names)
         self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
         identity = pool if dsn is None else redact_url(dsn)
         names, domain = TableNames(schema, prefix), ("postgresql", identity, schema, prefix)
@@ -207,7 +205,6 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> PostgresBackend[Any]:
     """The opener of ``postgresql://`` and ``postgres://`` URLs (``flowy.connect``)."""
     url.check_options({**OPTIONS, **DRIVER_OPTIONS})
-    query = urllib.parse.urlencode({k: v for k, v in url.options.items() if k in DRIVER_OPTIONS})
     pooler_mode = url.flag("pooler_mode", False)
     options: dict[str, Any] = {
         "schema": url.options.get("schema", DEFAULT_SCHEMA),
@@ -219,7 +216,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Postg
         "listen": url.flag("listen", not pooler_mode),
         "poll_interval": url.seconds("poll_interval", 0.1),
     }
-    dsn = urllib.parse.urlunsplit(urllib.parse.urlsplit(url.raw)._replace(query=query))
+    dsn = url.driver_url(DRIVER_OPTIONS)
     try:  # a schema or prefix that is no identifier, or listen with pooler_mode: ValueError
         return PostgresBackend(dsn, codec=codec, url=url.raw, **options)
     except ValueError as exc:

@@ -209,11 +209,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Redis
         raise BackendURLError(f"option namespace in {url.redacted!r}: {exc}") from None
     cluster = url.scheme.endswith("+cluster")
     scheme = url.scheme.removesuffix("+cluster")
-    driver = {name: value for name, value in url.options.items() if name in CLIENT_OPTIONS}
-    parts = urllib.parse.urlsplit(url.raw)
-    client_url = urllib.parse.urlunsplit(
-        (scheme, parts.netloc, parts.path, urllib.parse.urlencode(driver), "")
-    )
+    client_url = url.driver_url(CLIENT_OPTIONS, scheme=scheme)
     completed_ttl = url.option("completed_ttl", _completed_ttl, None)
     options: dict[str, Any] = {
         "namespace": namespace,
@@ -227,7 +223,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Redis
     }
     try:
         if cluster:
-            if parts.path.strip("/") not in ("", "0"):
+            if url.path.strip("/") not in ("", "0"):
                 raise ValueError("a Redis Cluster has database 0 only")
             client: RedisClient = RedisCluster.from_url(client_url)
         else:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import urllib.parse
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
@@ -171,6 +171,16 @@ class StoreURL:
             _check_ports(url, ",".join(":" + p for p in options["port"].split(",")))
         return cls(url, parts.scheme.lower(), parts.netloc, parts.path, options)
 
+    @staticmethod
+    def mask_password(text: str, url: str) -> str:
+        """``text`` (say, a driver's message about ``url``) with ``url``'s password, if
+        any, replaced by ``***`` wherever it appears."""
+        try:
+            password = urllib.parse.urlsplit(url).password
+        except ValueError:
+            return text
+        return text.replace(password, "***") if password else text
+
     @property
     def redacted(self) -> str:
         """The URL with its password masked (what errors, logs and reprs show)."""
@@ -178,7 +188,16 @@ class StoreURL:
 
     def without_options(self) -> str:
         """The URL without its query string (password kept: for the driver only)."""
-        return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.raw)._replace(query=""))
+        return self.driver_url()
+
+    def driver_url(self, keep: Collection[str] = (), *, scheme: str | None = None) -> str:
+        """The URL a driver connects with: password kept, only the query options named
+        in ``keep`` (the driver's own), and ``scheme`` instead of the URL's if given."""
+        parts = urllib.parse.urlsplit(self.raw)
+        query = urllib.parse.urlencode({k: v for k, v in self.options.items() if k in keep})
+        return urllib.parse.urlunsplit(
+            parts._replace(scheme=scheme or parts.scheme, query=query, fragment="")
+        )
 
     def check_options(self, known: Mapping[str, str]) -> None:
         """``BackendURLError`` naming the unknown options and the known ones
