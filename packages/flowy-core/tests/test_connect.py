@@ -292,3 +292,13 @@ def test_sibling_url_replaces_the_netloc_and_keeps_other_options() -> None:
         "dynamodb://orders?region=eu-west-1", netloc="flowy_scratch_1", options={"a": "b"}
     )
     assert sibling == "dynamodb://flowy_scratch_1?region=eu-west-1&a=b"
+
+
+async def test_a_store_written_for_0_2_still_sets_up_through_its_migrate() -> None:
+    with pytest.warns(DeprecationWarning, match=r"_migrate is deprecated; name it _setup"):
+
+        class OldStore(MemoryBackend[Any]):
+            async def _migrate(self) -> int:
+                return 7
+
+    assert await OldStore().setup() == 7

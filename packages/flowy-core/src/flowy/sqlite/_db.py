@@ -345,7 +345,7 @@ class SQLiteDatabase:
         if pending is None:
             return
 
-        def upgrade() -> None:
+        def create_or_upgrade() -> None:
             start = self._pending_steps(conn, upgrade=upgrade)  # re-check under the lock
             if start is None:
                 return
@@ -355,7 +355,7 @@ class SQLiteDatabase:
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
 
-        immediate(conn, upgrade)
+        immediate(conn, create_or_upgrade)
 
     def _pending_steps(self, conn: sqlite3.Connection, *, upgrade: bool) -> int | None:
         """The version to upgrade from, ``None`` if the schema is current; raise if the

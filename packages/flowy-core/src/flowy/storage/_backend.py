@@ -266,6 +266,18 @@ class BaseBackend(abc.ABC, Generic[S]):
     async def _open(self) -> None:
         """Connect, and create the schema if the store has none (check its version)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A store written for flowy 0.2 implements _migrate: it still works until 0.4.
+        if "_migrate" in vars(cls) and "_setup" not in vars(cls):
+            warnings.warn(
+                f"{cls.__name__}._migrate is deprecated; name it _setup (flowy 0.4 calls "
+                "only _setup)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls._setup = vars(cls)["_migrate"]
+
     @abc.abstractmethod
     async def _setup(self) -> int:
         """Create or upgrade the schema (idempotent, safe from several processes at

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from ..._errors import SchemaVersionError
-from ...storage import BaseBackend, connect
+from ...storage import Backend, BaseBackend, connect
 from ...storage._connect import _opener, parse_url  # pyright: ignore[reportPrivateUsage]
 from ...storage._scratch import SCRATCH_PREFIX
 from ..hooks import SetSchemaVersion
@@ -54,12 +54,12 @@ class SetupSuite(Suite):
             version = await backend.setup()
             assert isinstance(version, int) and version >= 1
             assert await backend.setup() == version  # idempotent
-            await backend.open()
+            store = cast(Backend[Any], await backend.open())
             thread_id = new_thread_id("setup")
-            assert await backend.checkpointer.save(0, make_snapshot(thread_id)) == 1
-            assert (await backend.checkpointer.load(thread_id))[1] == 1
-            await backend.outbox.enqueue_intent(make_intent(thread_id, 1))
-            (message,) = await backend.consumer.claim(10, 60.0, 0.0)
+            assert await store.checkpointer.save(0, make_snapshot(thread_id)) == 1
+            assert (await store.checkpointer.load(thread_id))[1] == 1
+            await store.outbox.enqueue_intent(make_intent(thread_id, 1))
+            (message,) = await store.consumer.claim(10, 60.0, 0.0)
             assert message.intent.thread_id == thread_id
         finally:
             await backend.drop_scratch()
