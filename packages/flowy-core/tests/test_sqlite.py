@@ -525,7 +525,7 @@ async def test_a_store_without_native_actions_refuses_add_action(
             cp.add_action(tx, {"Put": {}})
         await backend.outbox.enqueue_intent_tx(tx, intent("t", revision))
 
-    with pytest.raises(TypeError, match="save_with_outbox"):
+    with pytest.raises(RuntimeError, match="enqueue callback of save_with_outbox"):
         cp.add_action(object(), {"Put": {}})
     assert await cp.save_with_outbox(0, snap("t"), add) == 1
     assert len(await backend.consumer.claim(10, 30)) == 1

@@ -559,17 +559,17 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         with the snapshot and the hand-off, or nothing does.
 
         Raises:
-            TypeError: ``tx`` is not the handle the callback was given.
-            RuntimeError: the callback has returned.
+            RuntimeError: ``tx`` is not the handle the callback was given, or the
+                callback has returned.
             ValueError: ``tx`` belongs to another store, or the store cannot write
                 ``action``.
             NotImplementedError: this store takes no actions of the application
                 (PostgreSQL joins the application's transaction through ``bind``).
         """
         if not isinstance(tx, OutboxTransaction):
-            raise TypeError(
-                f"add_action needs the handle that save_with_outbox passes to its "
-                f"callback, got {type(tx).__name__}"
+            raise RuntimeError(
+                "add_action works only inside the enqueue callback of save_with_outbox, "
+                f"with the handle it is given (got {type(tx).__name__})"
             )
         tx.add_native(self.domain, self._native_action(action))
 
