@@ -197,8 +197,9 @@ class OutboxTransaction:
             self.rows.append(row)
 
     def add_native(self, domain: Hashable, action: object) -> None:
-        """Add an action of the application, checked by a checkpointer of ``domain``
-        (the native hook: ``BaseCheckpointer.add_action``); raises as :meth:`add`."""
+        """Add ``action``, an action of the application checked by a checkpointer of
+        ``domain`` (the native hook: ``BaseCheckpointer.add_action``); raises as
+        :meth:`add`."""
         self._check(domain)
         self.native.append(action)
 

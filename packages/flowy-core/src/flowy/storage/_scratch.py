@@ -36,8 +36,9 @@ def sibling_url(
     netloc: str | None = None,
     options: Mapping[str, str] = {},
 ) -> str:
-    """``url`` with its path and its netloc replaced (if given) and ``options`` set in
-    its query (other options kept): how a backend's ``scratch_url`` names its sibling."""
+    """``url`` with its ``path`` and its ``netloc`` (user, host and port) replaced, if
+    given, and ``options`` set in its query (other options kept): how a backend's
+    ``scratch_url`` names its sibling."""
     parts = urllib.parse.urlsplit(url)
     query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     query.update(options)
