@@ -163,7 +163,7 @@ def test_store_url_option_helpers() -> None:
 def test_store_url_driver_url_keeps_the_drivers_options_only() -> None:
     url = StoreURL.parse("a+b://u:pw@h:1/0?mine=1&theirs=2&also=3")
     assert (
-        url.driver_url(scheme="a", options={"theirs", "also"}) == "a://u:pw@h:1/0?theirs=2&also=3"
+        url.driver_url({"theirs", "also"}, scheme="a") == "a://u:pw@h:1/0?theirs=2&also=3"
     )
     assert url.driver_url() == "a+b://u:pw@h:1/0"
 
@@ -281,3 +281,37 @@ async def test_adapter_options_are_bounded(url: str, option: str) -> None:
     # Refused while parsing the URL: nothing is opened (a pool of 2**31 connections was).
     with pytest.raises(BackendURLError, match=f"option {option}="):
         await flowy.connect(url)
+
+
+def test_driver_url_keeps_the_password_and_only_the_drivers_options() -> None:
+    url = StoreURL.parse("postgresql://app:s3cret@db:5432/app?schema=flowy&sslmode=require#x")
+    assert url.driver_url({"sslmode"}) == "postgresql://app:s3cret@db:5432/app?sslmode=require"
+    assert url.driver_url() == url.without_options() == "postgresql://app:s3cret@db:5432/app"
+    redis = StoreURL.parse("redis+cluster://h:7000/0?namespace=n&ssl_cert_reqs=none")
+    assert redis.driver_url({"ssl_cert_reqs"}, scheme="redis") == (
+        "redis://h:7000/0?ssl_cert_reqs=none"
+    )
+
+
+def test_mask_password_hides_the_urls_password_in_any_text() -> None:
+    text = "invalid DSN: user=app password=s3cret host=db"
+    masked = StoreURL.mask_password(text, "postgresql://app:s3cret@db/app")
+    assert masked == "invalid DSN: user=app password=*** host=db"
+    assert StoreURL.mask_password(text, "postgresql://app@db/app") == text
+
+
+def test_sibling_url_replaces_the_netloc_and_keeps_other_options() -> None:
+    sibling = flowy.storage.sibling_url(
+        "dynamodb://orders?region=eu-west-1", netloc="flowy_scratch_1", options={"a": "b"}
+    )
+    assert sibling == "dynamodb://flowy_scratch_1?region=eu-west-1&a=b"
+
+
+async def test_a_store_written_for_0_2_still_sets_up_through_its_migrate() -> None:
+    with pytest.warns(DeprecationWarning, match=r"_migrate is deprecated; name it _setup"):
+
+        class OldStore(MemoryBackend[Any]):
+            async def _migrate(self) -> int:
+                return 7
+
+    assert await OldStore().setup() == 7

@@ -1,5 +1,5 @@
 """Tests of the embedded SQLite store beyond the conformance suite: the file (WAL,
-schema version, migrate, foreign files), reopening, closing, locking across connections
+schema version, setup, foreign files), reopening, closing, locking across connections
 and OS processes, the transaction handle, and the event loop staying free.
 """
 
@@ -137,7 +137,7 @@ async def test_newer_schema_is_refused(db_path: Path) -> None:
         assert str(db_path) in str(info.value)
         assert "upgrade flowy-core" in str(info.value)
         with pytest.raises(SchemaVersionError, match="newer"):
-            await backend.migrate()
+            await backend.setup()
     finally:
         await backend.aclose()
     with pytest.raises(SchemaVersionError):
@@ -145,7 +145,7 @@ async def test_newer_schema_is_refused(db_path: Path) -> None:
             pass
 
 
-async def test_older_schema_needs_an_explicit_migrate(
+async def test_older_schema_needs_an_explicit_setup(
     db_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     saved = snap("t")
@@ -163,12 +163,12 @@ async def test_older_schema_needs_an_explicit_migrate(
     )
     backend = SQLiteBackend[Any](db_path)
     try:
-        with pytest.raises(SchemaVersionError, match=r"older .*migrate\(\)") as info:
+        with pytest.raises(SchemaVersionError, match=r"older .*setup\(\)") as info:
             await backend.checkpointer.load("t")
         assert str(db_path) in str(info.value)
         assert pragma(db_path, "user_version") == old_version  # nothing changed
-        assert await backend.migrate() == old_version + 1
-        assert await backend.migrate() == old_version + 1  # idempotent
+        assert await backend.setup() == old_version + 1
+        assert await backend.setup() == old_version + 1  # idempotent
         assert await backend.checkpointer.load("t") == (saved.at_revision(1), 1)
     finally:
         await backend.aclose()
@@ -197,11 +197,15 @@ async def test_many_connections_opening_a_new_file_at_once(db_path: Path) -> Non
     assert pragma(db_path, "journal_mode") == "wal"
 
 
-async def test_migrate_creates_a_new_file(db_path: Path) -> None:
+async def test_setup_creates_a_new_file(db_path: Path) -> None:
     backend = SQLiteBackend[Any](db_path)
     try:
-        assert await backend.migrate() == sqlite_db.SCHEMA_VERSION
+        assert await backend.setup() == sqlite_db.SCHEMA_VERSION
         assert await backend.checkpointer.save(0, snap("t")) == 1
+        with pytest.warns(DeprecationWarning, match=r"migrate\(\) is deprecated; use setup"):
+            assert await backend.migrate() == sqlite_db.SCHEMA_VERSION
+        with pytest.warns(DeprecationWarning, match=r"migrate\(\) is deprecated; use setup"):
+            assert await backend.database.migrate() == sqlite_db.SCHEMA_VERSION
     finally:
         await backend.aclose()
 
@@ -217,7 +221,7 @@ async def test_foreign_sqlite_database_is_refused(db_path: Path) -> None:
         assert info.value.path == str(db_path)
         assert isinstance(info.value, StorageError)
         with pytest.raises(SQLiteFileError):
-            await backend.migrate()
+            await backend.setup()
     finally:
         await backend.aclose()
     # Untouched: not marked, not switched to WAL.
@@ -509,6 +513,22 @@ async def test_foreign_transaction_handles_are_refused(db_path: Path) -> None:
         with pytest.raises(RuntimeError, match="transaction is over"):
             await backend.outbox.enqueue_intent_tx(kept[0], intent("t", 1))
         assert await backend.consumer.claim(10, 30) == []
+
+
+async def test_a_store_without_native_actions_refuses_add_action(
+    backend: SQLiteBackend[Any],
+) -> None:
+    cp = backend.checkpointer
+
+    async def add(tx: object, revision: int) -> None:
+        with pytest.raises(NotImplementedError, match="takes no actions of the application"):
+            cp.add_action(tx, {"Put": {}})
+        await backend.outbox.enqueue_intent_tx(tx, intent("t", revision))
+
+    with pytest.raises(RuntimeError, match="enqueue callback of save_with_outbox"):
+        cp.add_action(object(), {"Put": {}})
+    assert await cp.save_with_outbox(0, snap("t"), add) == 1
+    assert len(await backend.consumer.claim(10, 30)) == 1
 
 
 async def test_a_failing_callback_writes_nothing(backend: SQLiteBackend[Any]) -> None:

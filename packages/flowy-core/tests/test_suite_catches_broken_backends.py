@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 
 from flowy import connect
-from flowy.errors import SnapshotEnvelopeInvalidError, ThreadNotFoundError
+from flowy.errors import SnapshotEnvelopeInvalidError, StorageError, ThreadNotFoundError
 from flowy.memory import (
     MemoryBackend,
     MemoryCheckpointer,
@@ -1414,6 +1414,47 @@ async def test_a_store_whose_scratch_store_is_itself_fails_the_scratch_suite(
     finally:
         await backend.aclose()
     assert (error is not None) is broken, error
+
+
+class SetUpOnceBackend(MemoryBackend[Any]):
+    """A store whose setup() is not idempotent: the second call fails."""
+
+    async def _setup(self) -> int:
+        if self.store in _set_up:
+            raise StorageError("the store is set up already")
+        _set_up.append(self.store)
+        return 1
+
+    def scratch_url(self, name: str) -> str | None:
+        return f"setuponce://{name}"
+
+
+_set_up: list[MemoryStore] = []
+
+
+async def _open_set_up_once(url: StoreURL, *, codec: Any) -> SetUpOnceBackend:
+    store = memory_named.setdefault(url.netloc, MemoryStore())
+    return SetUpOnceBackend(store, codec=codec, max_attempts=3, url=url.raw)
+
+
+register_backend("setuponce", _open_set_up_once)
+
+
+@pytest.mark.parametrize("broken", [True, False], ids=["setup-once", "control"])
+async def test_a_store_whose_setup_is_not_idempotent_fails_the_setup_suite(
+    broken: bool,
+) -> None:
+    name = f"setup-{uuid.uuid4().hex}"
+    url = f"setuponce://{name}" if broken else f"memory://{name}?max_attempts=3"
+    test = S.SetupSuite().test_setup_twice_on_a_fresh_store_then_it_works
+    try:
+        await test(flowy_url=url)
+    except StorageError as exc:
+        error: StorageError | None = exc
+    else:
+        error = None
+    assert (error is not None) is broken, error
+    assert error is None or "set up already" in str(error)
 
 
 def test_every_suite_class_is_exported() -> None:

@@ -24,7 +24,9 @@ from flowy.errors import ThreadNotFoundError
 from flowy.storage import Backend
 from flowy.testing import Dump
 from flowy.testing.backends import backend_missing, docker_available
+from flowy.testing.hooks import SetSchemaVersion
 from flowy_dynamodb import DynamoBackend, make_client, thread_key
+from flowy_dynamodb._table import SCHEMA_KEY
 
 
 @dataclass(frozen=True)
@@ -187,3 +189,27 @@ async def dump_store(url: str) -> object:
 def flowy_dump() -> Dump:
     """Everything a DynamoDB store holds in its table, as stored."""
     return dump_store
+
+
+def _record_version(url: str, version: int) -> None:
+    parts = urllib.parse.urlsplit(url)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    client: Any = make_client(
+        region=options.get("region"), endpoint_url=options.get("endpoint_url")
+    )
+    try:
+        item = {**SCHEMA_KEY, "version": {"N": str(version)}}
+        client.put_item(TableName=parts.netloc, Item=item)
+    finally:
+        client.close()
+
+
+async def record_schema_version(url: str, version: int) -> None:
+    """Record ``version`` in the schema item of the URL's table."""
+    await asyncio.to_thread(_record_version, url, version)
+
+
+@pytest.fixture
+def flowy_schema_version() -> SetSchemaVersion:
+    """Records a schema version in a DynamoDB table."""
+    return record_schema_version

@@ -163,8 +163,17 @@ async def test_no_region_and_an_unknown_profile_are_url_errors(
 
 
 async def test_a_missing_table_without_create_table(dynamo_endpoint: Any, table_name: str) -> None:
-    with pytest.raises(StorageError, match="does not exist"):
-        await flowy.connect(dynamo_endpoint.store_url(table_name, create_table="false"))
+    url = dynamo_endpoint.store_url(table_name, create_table="false")
+    with pytest.raises(StorageError, match=r"does not exist.*backend.setup\(\)"):
+        await flowy.connect(url)
+    backend = await flowy_dynamodb.open_backend(flowy.storage.StoreURL.parse(url), codec=None)
+    try:  # setup() creates what open() refuses to create
+        assert await backend.setup() == flowy_dynamodb.SCHEMA_VERSION
+        await backend.open()
+        created: Snapshot[Any] = Snapshot(thread_id="t", state={}, execution_pointer="p")
+        assert await backend.checkpointer.save(0, created) == 1
+    finally:
+        await backend.aclose()
 
 
 async def test_from_client_leaves_the_client_open(dynamo_endpoint: Any, table_name: str) -> None:
@@ -207,7 +216,7 @@ async def test_a_newer_schema_is_refused(
 ) -> None:
     url = dynamo_endpoint.store_url(table_name)
     async with flowy.connect(url) as backend:
-        assert await backend.migrate() == 3
+        assert await backend.setup() == 3
     raw_client.put_item(
         TableName=table_name,
         Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "4"}},
@@ -256,7 +265,7 @@ def _v2_table(client: Any, name: str) -> None:
     )
 
 
-async def test_a_schema_2_table_is_refused_until_migrated(
+async def test_a_schema_2_table_is_refused_until_set_up(
     dynamo_endpoint: Any, table_name: str, raw_client: Any
 ) -> None:
     """Schema 3 adds the ``timers`` index and replaces ``by_thread`` by ``heads`` (its
@@ -311,13 +320,13 @@ async def test_a_schema_2_table_is_refused_until_migrated(
     ):
         raw_client.put_item(TableName=table_name, Item={**common, **item})
     url = dynamo_endpoint.store_url(table_name, clock_skew=0)
-    with pytest.raises(SchemaVersionError, match=r"version 2, older.*migrate"):
+    with pytest.raises(SchemaVersionError, match=r"version 2, older.*backend.setup\(\)"):
         await flowy.connect(url)
 
     client = dynamo_endpoint.client()
     backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
-    assert await backend.migrate() == 3
-    assert await backend.migrate() == 3  # idempotent
+    assert await backend.setup() == 3
+    assert await backend.setup() == 3  # idempotent
     indexes = raw_client.describe_table(TableName=table_name)["Table"]["GlobalSecondaryIndexes"]
     assert {i["IndexName"]: i["IndexStatus"] for i in indexes} == dict.fromkeys(
         ("heads", "outbox", "dead_letters", "timers"), "ACTIVE"
@@ -376,7 +385,7 @@ def _v1_table(client: Any, name: str) -> None:
     )
 
 
-async def test_a_0_1_table_is_refused_until_migrated(
+async def test_a_0_1_table_is_refused_until_set_up(
     dynamo_endpoint: Any, table_name: str, raw_client: Any
 ) -> None:
     _v1_table(raw_client, table_name)
@@ -443,13 +452,13 @@ async def test_a_0_1_table_is_refused_until_migrated(
             },
         )
     url = dynamo_endpoint.store_url(table_name, clock_skew=0)
-    with pytest.raises(SchemaVersionError, match="migrate"):
+    with pytest.raises(SchemaVersionError, match=r"version 1, older.*backend.setup\(\)"):
         await flowy.connect(url)
 
     client = dynamo_endpoint.client()
     backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
-    assert await backend.migrate() == 3
-    assert await backend.migrate() == 3  # idempotent
+    assert await backend.setup() == 3
+    assert await backend.setup() == 3  # idempotent
     indexes = raw_client.describe_table(TableName=table_name)["Table"]["GlobalSecondaryIndexes"]
     assert {"heads", "outbox", "dead_letters", "timers"} <= {i["IndexName"] for i in indexes}
     async with backend:

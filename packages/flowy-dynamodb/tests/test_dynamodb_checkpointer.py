@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import flowy
+import flowy_dynamodb
 from flowy.errors import (
     ConcurrencyConflictError,
     SnapshotEnvelopeInvalidError,
@@ -39,7 +40,7 @@ from flowy.storage import (
     Timer,
     new_write_id,
 )
-from flowy_dynamodb import DynamoBackend, create_table, thread_key
+from flowy_dynamodb import DynamoBackend, thread_key
 
 pytestmark = pytest.mark.anyio
 
@@ -146,6 +147,47 @@ async def test_save_with_outbox_is_one_transaction(
         f"outbox#{1:020d}",
         f"rev#{1:020d}",
     ]
+
+
+async def test_the_applications_actions_commit_in_the_saves_transaction(
+    backend: DynamoBackend[Any], raw_client: Any, table_name: str
+) -> None:
+    """``add_action`` puts an action of the application into the save's own
+    ``TransactWriteItems``: it commits with the snapshot, or nothing does."""
+    cp, outbox = backend.checkpointer, backend.outbox
+    tid = f"app-{uuid.uuid4().hex}"
+    item = {"pk": {"S": f"app#{tid}"}, "sk": {"S": "order"}}
+    put = {"Put": {"TableName": table_name, "Item": item}}
+    handles: list[object] = []
+
+    async def enqueue(tx: object, revision: int) -> None:
+        handles.append(tx)
+        with pytest.raises(ValueError, match="an action is one of"):
+            cp.add_action(tx, {"Scan": {}})
+        cp.add_action(tx, put)
+        await outbox.enqueue_intent_tx(tx, intent(tid, revision))
+
+    calls = record_calls(backend)
+    assert await cp.save_with_outbox(0, snap(tid), enqueue) == 1
+    assert [next(iter(a)) for a in calls[0]["params"]["TransactItems"]] == [
+        "Update",
+        "Put",
+        "Update",
+        "Put",
+    ]
+    key = {"pk": item["pk"], "sk": item["sk"]}
+    assert "Item" in raw_client.get_item(TableName=table_name, Key=key)
+    with pytest.raises(RuntimeError, match="transaction is over"):
+        cp.add_action(handles[0], put)
+    # A refused save writes none of the application's actions either.
+    other = {"pk": {"S": f"app#{tid}"}, "sk": {"S": "refused"}}
+
+    async def enqueue_refused(tx: object, revision: int) -> None:
+        cp.add_action(tx, {"Put": {"TableName": table_name, "Item": other}})
+
+    with pytest.raises(ConcurrencyConflictError):
+        await cp.save_with_outbox(0, snap(tid), enqueue_refused)
+    assert "Item" not in raw_client.get_item(TableName=table_name, Key=other)
 
 
 async def test_every_expression_uses_placeholders(backend: DynamoBackend[Any]) -> None:
@@ -382,6 +424,10 @@ async def test_completed_threads_get_a_time_to_live(
 
 def test_create_table_is_idempotent(dynamo_endpoint: Any, table_name: str) -> None:
     client = dynamo_endpoint.client()
+    with pytest.warns(
+        DeprecationWarning, match="create_table is deprecated; use `await backend.setup"
+    ):
+        create_table = flowy_dynamodb.create_table
     create_table(client, table_name)
     create_table(client, table_name)
     table = client.describe_table(TableName=table_name)["Table"]

@@ -28,14 +28,15 @@ from flowy.errors import ThreadNotFoundError
 from flowy.storage import Backend
 from flowy.testing import Corrupt, Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
-from flowy_postgres import PostgresBackend, migrate
+from flowy.testing.hooks import SetSchemaVersion
+from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
 # pytest runs with --import-mode=importlib, which does not put test directories on
 # sys.path; the helpers here (pg_support, pg_proxy, pg_race_worker) are imported by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pg_support import Conn, Sql, connect, new_pool, sql, with_options
+from pg_support import Conn, Sql, connect, new_pool, set_up, sql, with_options
 
 LOCAL_DSNS = (
     "postgresql://postgres@127.0.0.1:5432/test",
@@ -124,7 +125,7 @@ async def pg_pool(postgres_dsn: str, pg_schema: str) -> AsyncIterator[asyncpg.Po
     schema ``pg_schema`` is migrated."""
     pool = await new_pool(postgres_dsn, min_size=1, max_size=10)
     try:
-        await migrate(pool, schema=pg_schema)
+        await set_up(pool, schema=pg_schema)
         yield pool
     finally:
         await pool.close()
@@ -196,3 +197,22 @@ async def dump_store(url: str) -> object:
 def flowy_dump() -> Dump:
     """Everything a PostgreSQL store holds in its schema, as stored."""
     return dump_store
+
+
+async def record_schema_version(url: str, version: int) -> None:
+    """Record ``version`` as the only schema version of the URL's schema and prefix."""
+    parts = urllib.parse.urlsplit(url)
+    options = dict(urllib.parse.parse_qsl(parts.query))
+    names = TableNames(options.get("schema", "public"), options.get("prefix", "flowy_"))
+    conn = await connect(urllib.parse.urlunsplit(parts._replace(query="")))
+    try:
+        await conn.execute(f"DELETE FROM {names.version}")
+        await conn.execute(f"INSERT INTO {names.version} VALUES ($1)", version)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def flowy_schema_version() -> SetSchemaVersion:
+    """Records a schema version in a PostgreSQL schema."""
+    return record_schema_version

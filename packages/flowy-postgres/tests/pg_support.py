@@ -15,6 +15,7 @@ import asyncpg
 import flowy
 from flowy.storage import HandoffIntent, HandoffStatus, ResumeToken, Snapshot, new_write_id
 from flowy_postgres import PostgresBackend
+from flowy_postgres._schema import TableNames, connector_for, prepare
 
 FIXED_TIME = 1_700_000_000.25
 
@@ -176,3 +177,9 @@ def schema_v2(schema: str, prefix: str = "flowy_") -> list[str]:
         f'CREATE INDEX "{prefix}outbox_dead_idx" ON {q}outbox" (id) WHERE dead',
         f'INSERT INTO {q}schema_version" (version) VALUES (2)',
     ]
+
+
+async def set_up(target: object, *, schema: str, prefix: str = "flowy_") -> int:
+    """Create or upgrade the tables of ``schema`` through a pool or a connection (what
+    ``backend.setup()`` runs), for tests that have no backend."""
+    return await prepare(connector_for(target, TableNames(schema, prefix)), upgrade=True)

@@ -14,11 +14,11 @@ from typing import Any, cast
 
 import pytest
 from pg_proxy import PgProxy
-from pg_support import Conn, acquired, connect, intent, opened, snap, sql, wait_until
+from pg_support import Conn, acquired, connect, intent, opened, set_up, snap, sql, wait_until
 
 from flowy.errors import StorageUnavailableError
 from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal, durable_save
-from flowy_postgres import SCHEMA_VERSION, PostgresBackend, create_pool, migrate
+from flowy_postgres import SCHEMA_VERSION, PostgresBackend, create_pool
 from flowy_postgres._schema import TableNames, thread_key
 
 pytestmark = pytest.mark.anyio
@@ -36,7 +36,7 @@ async def test_pooler_mode_keeps_no_session_state(postgres_dsn: str, pg_schema: 
     (server-side, session-scoped) prepared statement, and the consumer polls instead of
     LISTENing: a transaction pooler may give each transaction another server session."""
     async with opened(postgres_dsn, schema=pg_schema, pooler_mode="true", pool_size=1) as backend:
-        assert await backend.migrate() == SCHEMA_VERSION
+        assert await backend.setup() == SCHEMA_VERSION
         cp, leases, consumer = backend.checkpointer, backend.leases, backend.consumer
         lease = await leases.acquire("pooled", "worker", 30)
         assert await cp.save(0, snap("pooled"), lease=lease) == 1
@@ -275,7 +275,7 @@ async def test_the_applications_pool_gets_every_connection_back(
     the only connection of a one-connection pool is the application's again."""
     pool = await create_pool(postgres_dsn, min_size=1, max_size=1)
     try:
-        await migrate(pool, schema=pg_schema)
+        await set_up(pool, schema=pg_schema)
         async with PostgresBackend[Any].from_pool(pool, schema=pg_schema, listen=False) as backend:
             assert await backend.checkpointer.save(0, snap("app-pool")) == 1
             async with asyncio.timeout(5), acquired(pool) as conn:

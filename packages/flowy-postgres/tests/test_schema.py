@@ -1,4 +1,4 @@
-"""The schema: created on open, versioned, upgraded only by ``migrate()``; ``schema_sql()``;
+"""The schema: created on open, versioned, upgraded only by ``setup()``; ``schema_sql()``;
 validated and quoted names."""
 
 from __future__ import annotations
@@ -20,18 +20,19 @@ from pg_support import (
     opened,
     schema_v1,
     schema_v2,
+    set_up,
     snap,
     sql,
     with_options,
 )
 
 import flowy
+import flowy_postgres
 from flowy.errors import SchemaVersionError
 from flowy.storage import ActivityRecord, ActivityStatus, Signal, Timer, encode_snapshot
 from flowy_postgres import (
     SCHEMA_VERSION,
     PostgresBackend,
-    migrate,
     schema_sql,
     schema_version,
 )
@@ -69,17 +70,17 @@ async def shape(admin: Conn, schema: str) -> str:
 async def test_open_creates_a_new_schema(postgres_dsn: str, pg_schema: str, admin: Conn) -> None:
     assert await schema_version(as_asyncpg(admin), schema=pg_schema) == 0
     async with flowy.connect(with_options(postgres_dsn, schema=pg_schema)) as backend:
-        assert await backend.migrate() == SCHEMA_VERSION  # idempotent
+        assert await backend.setup() == SCHEMA_VERSION  # idempotent
     assert await schema_version(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
     assert await admin.fetch(f"SELECT version FROM {TableNames(pg_schema).version}") == [
         (SCHEMA_VERSION,)
     ]
 
 
-async def test_migrate_is_idempotent(pg_pool: asyncpg.Pool, pg_schema: str) -> None:
+async def test_setup_is_idempotent(pg_pool: asyncpg.Pool, pg_schema: str) -> None:
     assert await schema_version(pg_pool, schema=pg_schema) == SCHEMA_VERSION
-    assert await migrate(pg_pool, schema=pg_schema) == SCHEMA_VERSION
-    assert await migrate(pg_pool, schema=pg_schema) == SCHEMA_VERSION
+    assert await set_up(pg_pool, schema=pg_schema) == SCHEMA_VERSION
+    assert await set_up(pg_pool, schema=pg_schema) == SCHEMA_VERSION
 
 
 async def test_concurrent_opens_and_migrations_are_safe(postgres_dsn: str, admin: Conn) -> None:
@@ -88,7 +89,7 @@ async def test_concurrent_opens_and_migrations_are_safe(postgres_dsn: str, admin
     url = with_options(postgres_dsn, schema=schema, pool_size=1)
     try:
         versions = await asyncio.gather(
-            *(migrate(as_asyncpg(c), schema=schema) for c in conns),
+            *(set_up(as_asyncpg(c), schema=schema) for c in conns),
             *(flowy.connect(url) for _ in range(3)),
         )
         assert versions[:4] == [SCHEMA_VERSION] * 4
@@ -109,16 +110,16 @@ async def test_a_newer_schema_is_refused(
 ) -> None:
     await sql(pg_pool).execute(f"INSERT INTO {TableNames(pg_schema).version} VALUES (99)")
     with pytest.raises(SchemaVersionError, match="schema version 99"):
-        await migrate(pg_pool, schema=pg_schema)
+        await set_up(pg_pool, schema=pg_schema)
     with pytest.raises(SchemaVersionError, match="upgrade flowy-postgres"):
         await flowy.connect(with_options(postgres_dsn, schema=pg_schema))
     assert await schema_version(pg_pool, schema=pg_schema) == 99
 
 
-async def test_an_older_schema_needs_migrate_and_keeps_its_data(
+async def test_an_older_schema_needs_setup_and_keeps_its_data(
     postgres_dsn: str, pg_schema: str, admin: Conn
 ) -> None:
-    """A 0.1 schema (version 1): open refuses it until migrate() upgrades it in place;
+    """A 0.1 schema (version 1): open refuses it until setup() upgrades it in place;
     heads, history, live leases and outbox messages survive, released leases go."""
     for statement in schema_v1(pg_schema):
         await admin.execute(statement)
@@ -148,12 +149,12 @@ async def test_an_older_schema_needs_migrate_and_keeps_its_data(
         payload,
     )
     url = with_options(postgres_dsn, schema=pg_schema)
-    with pytest.raises(SchemaVersionError, match=r"schema version 1;.*migrate\(\)"):
+    with pytest.raises(SchemaVersionError, match=r"schema version 1, older .*backend.setup\(\)"):
         await flowy.connect(url)
     unopened = PostgresBackend[Any](postgres_dsn, schema=pg_schema)
     try:
-        assert await unopened.migrate() == SCHEMA_VERSION
-        assert await unopened.migrate() == SCHEMA_VERSION
+        assert await unopened.setup() == SCHEMA_VERSION
+        assert await unopened.setup() == SCHEMA_VERSION
     finally:
         await unopened.aclose()
     async with flowy.connect(url) as backend:
@@ -173,7 +174,7 @@ async def test_an_older_schema_needs_migrate_and_keeps_its_data(
 async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
     postgres_dsn: str, pg_schema: str, admin: Conn
 ) -> None:
-    """A 0.2.0 schema (version 2): open refuses it until migrate() adds the wake-up
+    """A 0.2.0 schema (version 2): open refuses it until setup() adds the wake-up
     column and index, the graph version column, the signal inbox and the activity
     journal; heads, history, leases and outbox messages stay, and the result is shaped
     like a new schema."""
@@ -201,10 +202,10 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
         flowy.storage.encode_intent(intent("old", 2)),
     )
     url = with_options(postgres_dsn, schema=pg_schema)
-    with pytest.raises(SchemaVersionError, match=r"schema version 2;.*migrate\(\)"):
+    with pytest.raises(SchemaVersionError, match=r"schema version 2, older .*backend.setup\(\)"):
         await flowy.connect(url)
-    assert await migrate(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
-    assert await migrate(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
+    assert await set_up(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
+    assert await set_up(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
     assert await admin.fetch(f"SELECT version FROM {n.version} ORDER BY 1") == [(2,), (3,)]
     async with opened(url) as backend:
         cp = backend.checkpointer
@@ -228,26 +229,26 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
         assert [r.key for r in await cp.journal("old")] == ["k"]
     fresh = fresh_schema()
     try:
-        await migrate(as_asyncpg(admin), schema=fresh)
+        await set_up(as_asyncpg(admin), schema=fresh)
         assert await shape(admin, pg_schema) == await shape(admin, fresh)
     finally:
         await drop(admin, fresh)
 
 
-async def test_schema_sql_creates_what_migrate_creates(admin: Conn) -> None:
-    by_sql, by_migrate = fresh_schema(), fresh_schema()
+async def test_schema_sql_creates_what_setup_creates(admin: Conn) -> None:
+    by_sql, by_setup = fresh_schema(), fresh_schema()
     try:
         await admin.execute(schema_sql(by_sql))
-        await migrate(as_asyncpg(admin), schema=by_migrate)
+        await set_up(as_asyncpg(admin), schema=by_setup)
         await admin.execute(schema_sql(by_sql))  # every statement is idempotent
-        assert await shape(admin, by_sql) == await shape(admin, by_migrate)
-        for schema in (by_sql, by_migrate):
+        assert await shape(admin, by_sql) == await shape(admin, by_setup)
+        for schema in (by_sql, by_setup):
             assert await admin.fetch(f"SELECT version FROM {TableNames(schema).version}") == [
                 (SCHEMA_VERSION,)
             ]
         assert await schema_version(as_asyncpg(admin), schema=by_sql) == SCHEMA_VERSION
     finally:
-        await drop(admin, by_sql, by_migrate)
+        await drop(admin, by_sql, by_setup)
 
 
 async def test_operations_on_missing_tables_say_what_to_do(
@@ -257,7 +258,7 @@ async def test_operations_on_missing_tables_say_what_to_do(
     try:
         backend = PostgresBackend[Any].from_pool(pool, schema=pg_schema)  # never opened
         backend.connector.pool = pool
-        with pytest.raises(SchemaVersionError, match=r"backend.migrate\(\)"):
+        with pytest.raises(SchemaVersionError, match=r"backend.setup\(\)"):
             await backend.checkpointer.load("x")
         with pytest.raises(SchemaVersionError, match="tables are missing"):
             await backend.checkpointer.save(0, snap("x"))
@@ -321,3 +322,13 @@ async def test_mixed_case_names_and_two_prefixes_in_one_schema(
         ]
     finally:
         await drop(admin, schema)
+
+
+async def test_the_module_migrate_is_a_deprecated_alias(
+    pg_pool: asyncpg.Pool, pg_schema: str
+) -> None:
+    with pytest.warns(DeprecationWarning, match=r"flowy_postgres.migrate\(\) is deprecated"):
+        assert await flowy_postgres.migrate(pg_pool, schema=pg_schema) == SCHEMA_VERSION
+    backend = PostgresBackend[Any].from_pool(pg_pool, schema=pg_schema)
+    with pytest.warns(DeprecationWarning, match=r"migrate\(\) is deprecated; use setup"):
+        assert await backend.migrate() == SCHEMA_VERSION

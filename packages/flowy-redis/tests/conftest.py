@@ -32,6 +32,7 @@ from redis_support import BackendFactory, RedisTarget, client_for, corrupt_head,
 from flowy.storage import Backend, StoreURL
 from flowy.testing import Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
+from flowy.testing.hooks import SetSchemaVersion
 from flowy_redis import RedisBackend, purge_namespace
 from flowy_redis._backend import open_backend
 
@@ -285,3 +286,19 @@ async def dump_store(url: str) -> object:
 def flowy_dump() -> Dump:
     """Everything a Redis store holds in its namespace, as stored."""
     return dump_store
+
+
+async def record_schema_version(url: str, version: int) -> None:
+    """Record ``version`` as the key layout of the URL's namespace."""
+    backend = await open_backend(StoreURL.parse(url), codec=None)  # not opened
+    try:
+        client: Any = backend.client
+        await client.hset(backend.store.layout.meta, "layout", version)
+    finally:
+        await backend.store.aclose()
+
+
+@pytest.fixture
+def flowy_schema_version() -> SetSchemaVersion:
+    """Records a key layout version in a Redis namespace."""
+    return record_schema_version

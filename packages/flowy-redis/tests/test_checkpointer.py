@@ -222,7 +222,7 @@ async def test_a_namespace_keeps_its_shard_count(make_backend: BackendFactory) -
 
 
 async def test_a_layout_1_namespace_is_migrated(make_backend: BackendFactory) -> None:
-    """A namespace written by flowy-redis 0.1 is refused until ``migrate()`` rebuilds
+    """A namespace written by flowy-redis 0.1 is refused until ``setup()`` rebuilds
     its thread index and gives its lease records an expiry."""
     backend = make_backend()
     client: Any = backend.client
@@ -242,10 +242,10 @@ async def test_a_layout_1_namespace_is_migrated(make_backend: BackendFactory) ->
     live, released = layout.thread("a").lease, layout.thread("b").lease
     await client.hset(live, mapping={"owner": "o", "token": 7, "exp": 2**62})
     await client.hset(released, mapping={"owner": "o", "token": 3, "exp": 0})
-    with pytest.raises(SchemaVersionError, match="migrate"):
+    with pytest.raises(SchemaVersionError, match=r"schema version 1, older .*backend.setup\(\)"):
         await make_backend().open()  # a failed open closes the backend
-    assert await backend.migrate() == 2
-    assert await backend.migrate() == 2
+    assert await backend.setup() == 2
+    assert await backend.setup() == 2
     await backend.open()
     listed = await backend.checkpointer.list_threads()
     assert [(s.thread_id, s.handoff_status) for s in listed] == [

@@ -365,7 +365,7 @@ class SnapshotTooLargeError(StorageError):
 
 
 class SchemaVersionError(StorageError):
-    """The store's schema version is not the one this code knows; migrate explicitly."""
+    """The store's schema version is not the one this code knows; upgrade it with ``setup()``."""
 
 
 class SQLiteFileError(StorageError):

@@ -475,7 +475,7 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         return None
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return 1
 
     async def _close(self) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flowy.testing import Corrupt, Dump, corrupt_head, dump_store
+from flowy.testing.hooks import SetSchemaVersion, set_sqlite_schema_version
 
 
 @pytest.fixture
@@ -29,3 +30,9 @@ def flowy_corrupt() -> Corrupt:
 def flowy_dump() -> Dump:
     """Everything a SQLite store holds, as stored."""
     return dump_store
+
+
+@pytest.fixture
+def flowy_schema_version() -> SetSchemaVersion:
+    """Records a schema version in a SQLite file."""
+    return set_sqlite_schema_version

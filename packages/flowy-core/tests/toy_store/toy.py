@@ -375,7 +375,7 @@ class ToyBackend(BaseBackend[S]):
     async def _open(self) -> None:
         pass  # nothing to connect to, no schema to create
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return 1
 
     async def _close(self) -> None:

@@ -8,7 +8,9 @@ Install with ``pip install "flowy-core[dynamodb]"`` and open a store with
 
 from __future__ import annotations
 
+import warnings
 from importlib import metadata as _metadata
+from typing import Any
 
 from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
@@ -20,7 +22,6 @@ from ._leases import DynamoLeaseManager as DynamoLeaseManager
 from ._outbox import DynamoConsumer as DynamoConsumer
 from ._outbox import DynamoOutbox as DynamoOutbox
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
-from ._schema import create_table as create_table
 from ._schema import make_client as make_client
 from ._table import ClockSkewError as ClockSkewError
 from ._table import DynamoTable as DynamoTable
@@ -39,11 +40,23 @@ __all__ = [
     "DynamoLeaseManager",
     "DynamoOutbox",
     "DynamoTable",
-    "create_table",
     "make_client",
     "open_backend",
     "thread_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "create_table":  # until 0.4: one setup verb for every store
+        warnings.warn(
+            "flowy_dynamodb.create_table is deprecated; use `await backend.setup()`",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from ._schema import create_table
+
+        return create_table
+    raise AttributeError(f"module 'flowy_dynamodb' has no attribute {name!r}")
 
 
 def _present_as_public() -> None:

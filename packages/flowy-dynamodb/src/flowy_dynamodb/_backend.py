@@ -117,7 +117,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         check_version(await schema_version(self.table, create=self.create_table), self.table.name)
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return await migrate(self.table)
 
     async def _close(self) -> None:
@@ -127,11 +127,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
 
     def scratch_url(self, name: str) -> str | None:
         """The same region, endpoint and options with table ``name`` (created)."""
-        parts = urllib.parse.urlsplit(self.url)
-        return sibling_url(
-            urllib.parse.urlunsplit(parts._replace(netloc=name)),
-            options={"create_table": "true"},
-        )
+        return sibling_url(self.url, netloc=name, options={"create_table": "true"})
 
     async def _drop_scratch(self) -> None:
         name = self.table.name

@@ -3,7 +3,7 @@
 A save is ONE ``TransactWriteItems``: an ``Update`` of the thread's head item whose
 condition checks the revision, the stored thread id and the lease together, a ``Put`` of
 the history entry, and for ``save_with_outbox`` the messages (and actions added with
-:meth:`DynamoCheckpointer.add_action`). A cancelled transaction is judged from its
+``checkpointer.add_action``). A cancelled transaction is judged from its
 cancellation reasons, which carry the head as it was: our own write that landed earlier
 (botocore resent a request whose answer was lost) is the success it was; a cancellation
 by a concurrent transaction is sent again; otherwise the base class turns what was seen
@@ -13,10 +13,9 @@ into the right error.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import math
 from collections.abc import Hashable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from flowy.errors import (
     SnapshotEnvelopeInvalidError,
@@ -26,13 +25,10 @@ from flowy.errors import (
 )
 from flowy.storage import (
     BaseCheckpointer,
-    EnqueueCallback,
     HandoffStatus,
     Lease,
-    OutboxTransaction,
     Refused,
     RunStatus,
-    Snapshot,
     StateCodec,
     ThreadSummary,
     Write,
@@ -81,9 +77,6 @@ __all__ = ["DynamoCheckpointer"]
 
 S = TypeVar("S")
 
-_actions: contextvars.ContextVar[list[Item] | None] = contextvars.ContextVar(
-    "flowy_dynamodb_actions", default=None
-)
 _HEAD_COLUMNS = (*A.SUMMARY[1:], A.RECORD, A.WRITE_TX, A.LIST_KEY, A.LIST_SORT, A.TIMER)
 _ACTIONS = ("Put", "Update", "Delete", "ConditionCheck")
 
@@ -106,40 +99,20 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
         self.domain: Hashable = table.domain
         self.expire_statuses = expire_statuses
 
-    def add_action(self, tx: object, action: Mapping[str, Any]) -> None:
-        """In the enqueue callback of :meth:`save_with_outbox`, add an action of the
-        application (``{"Put": {...}}``, ``Update``, ``Delete`` or ``ConditionCheck``, in
-        the low-level client's shape) to the save's ``TransactWriteItems``: it commits
-        with the snapshot and the hand-off, or nothing does."""
-        actions = _actions.get()
-        if not isinstance(tx, OutboxTransaction) or not tx.open or actions is None:
-            raise RuntimeError(
-                "add_action works only inside the enqueue callback of save_with_outbox"
-            )
-        if tx.domain != self.domain:
-            raise ValueError("the transaction belongs to another store")
-        if len(action) != 1 or next(iter(action)) not in _ACTIONS:
-            raise ValueError(f"an action is one of {', '.join(_ACTIONS)}, not {sorted(action)!r}")
-        actions.append(dict(action))
-
-    async def save_with_outbox(
-        self,
-        expected_revision: int,
-        snapshot: Snapshot[S],
-        enqueue: EnqueueCallback,
-        *,
-        lease: Lease | None = None,
-    ) -> int:
-        """Save like ``save`` and commit the messages ``enqueue(tx, revision)`` adds (and
-        the actions it adds with :meth:`add_action`) in the same transaction."""
-        token = _actions.set([])
-        try:
-            return await super().save_with_outbox(expected_revision, snapshot, enqueue, lease=lease)
-        finally:
-            _actions.reset(token)
+    def _native_action(self, action: object) -> object:
+        """An action of the application (``{"Put": {...}}``, ``Update``, ``Delete`` or
+        ``ConditionCheck``, in the low-level client's shape) for the save's
+        ``TransactWriteItems``: it commits with the snapshot and the hand-off, or
+        nothing does (``checkpointer.add_action(tx, action)``)."""
+        if not isinstance(action, Mapping) or len(action) != 1:  # pyright: ignore[reportUnknownArgumentType]
+            raise ValueError(f"an action is one of {', '.join(_ACTIONS)}, not {action!r:.80}")
+        kind = next(iter(cast(Mapping[str, Any], action)))
+        if kind not in _ACTIONS:
+            raise ValueError(f"an action is one of {', '.join(_ACTIONS)}, not {kind!r:.80}")
+        return dict(cast(Mapping[str, Any], action))
 
     async def _write(self, write: Write) -> Refused | None:
-        table, extra = self.table, _actions.get() or []
+        table, extra = self.table, cast(tuple[Item, ...], write.native)
         if 2 + len(write.outbox) + len(extra) > 100:
             raise ValueError("a DynamoDB transaction holds at most 100 actions (2 are the save's)")
         write_tx = new_write_id()  # marks this save's items: a resent request is recognised

@@ -28,8 +28,8 @@ from boto3.session import Session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
-from flowy.storage import decode_intent
+from flowy.errors import StorageError, StorageUnavailableError
+from flowy.storage import BaseBackend, decode_intent
 
 from ._layout import (
     DEAD_INDEX,
@@ -196,7 +196,7 @@ def create_table(
         if not create:
             raise StorageError(
                 f"DynamoDB table {table_name!r} does not exist; open it with create_table=true "
-                "or call flowy_dynamodb.create_table"
+                "or run `await backend.setup()`"
             )
         try:
             raw.create_table(
@@ -239,19 +239,10 @@ async def schema_version(table: DynamoTable, *, create: bool) -> int:
 
 def check_version(version: int, table_name: str) -> None:
     """``SchemaVersionError`` unless ``version`` is the one this code uses."""
-    if version != SCHEMA_VERSION:
-        newer = version > SCHEMA_VERSION
-        raise SchemaVersionError(
-            f"DynamoDB table {table_name!r} has schema version {version}, "
-            + (
-                f"newer than this flowy-dynamodb's ({SCHEMA_VERSION}); upgrade flowy-dynamodb"
-                if newer
-                else f"older than this flowy-dynamodb's ({SCHEMA_VERSION}"
-                + ("; version 1 is the layout of flowy-dynamodb 0.1" if version == 1 else "")
-                + "): stop the clients of the older flowy-dynamodb, back the table up, then "
-                f"`await backend.migrate()` upgrades it to version {SCHEMA_VERSION}"
-            )
-        )
+    where = f"the DynamoDB table {table_name!r}"
+    BaseBackend.check_schema_version(
+        version, known=SCHEMA_VERSION, where=where, package="flowy-dynamodb"
+    )
 
 
 def _update_indexes(client: Any, table_name: str, wait: float) -> None:

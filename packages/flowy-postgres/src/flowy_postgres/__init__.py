@@ -44,7 +44,6 @@ __all__ = [
     "PostgresOutbox",
     "SCHEMA_VERSION",
     "create_pool",
-    "migrate",
     "open_backend",
     "schema_sql",
     "schema_version",

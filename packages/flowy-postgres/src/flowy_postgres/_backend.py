@@ -4,7 +4,6 @@ URLs for ``flowy.connect``."""
 
 from __future__ import annotations
 
-import urllib.parse
 import warnings
 from typing import Any, Generic, TypeVar, cast
 
@@ -66,7 +65,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     :data:`OPTIONS`, also the keyword arguments here). ``PostgresBackend(dsn, ...)``
     creates its pool on open and closes it on ``aclose``; :meth:`from_pool` uses the
     application's pool and leaves it open. Opening creates a new schema; an older one
-    raises ``SchemaVersionError`` until :meth:`migrate` (which needs no open) upgrades
+    raises ``SchemaVersionError`` until :meth:`setup` (which needs no open) upgrades
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
@@ -95,9 +94,8 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
                 "listen and pooler_mode exclude each other: LISTEN needs a session of its "
                 "own, which a transaction-mode pooler does not keep (consumers poll instead)"
             )
-        query = urllib.parse.urlencode({"schema": schema, "prefix": prefix})
-        base = dsn if dsn is not None else "postgresql://"
-        self.url: str = url or base + ("&" if "?" in base else "?") + query
+        names = {"schema": schema, "prefix": prefix}
+        self.url: str = url or sibling_url(dsn or "postgresql://", options=names)
         self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
         identity = pool if dsn is None else redact_url(dsn)
         names, domain = TableNames(schema, prefix), ("postgresql", identity, schema, prefix)
@@ -189,10 +187,12 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         await pool.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
     async def _open(self) -> None:
-        await prepare(await self._pool(), self.names, upgrade=False)
+        await self._pool()
+        await prepare(self.connector, upgrade=False)
 
-    async def _migrate(self) -> int:
-        return await prepare(await self._pool(), self.names, upgrade=True)
+    async def _setup(self) -> int:
+        await self._pool()
+        return await prepare(self.connector, upgrade=True)
 
     async def _close(self) -> None:
         await self.consumer.aclose()
@@ -201,18 +201,10 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         if pool is not None and self._dsn is not None:
             await cast(PgPool, pool).close()
 
-    async def close(self) -> None:
-        """Deprecated alias of :meth:`aclose` (flowy-postgres 0.1); removed in 0.3."""
-        warnings.warn(
-            "PostgresBackend.close() is deprecated; use aclose()", DeprecationWarning, stacklevel=2
-        )
-        await self.aclose()
-
 
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> PostgresBackend[Any]:
     """The opener of ``postgresql://`` and ``postgres://`` URLs (``flowy.connect``)."""
     url.check_options({**OPTIONS, **DRIVER_OPTIONS})
-    query = urllib.parse.urlencode({k: v for k, v in url.options.items() if k in DRIVER_OPTIONS})
     pooler_mode = url.flag("pooler_mode", False)
     options: dict[str, Any] = {
         "schema": url.options.get("schema", DEFAULT_SCHEMA),
@@ -224,7 +216,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Postg
         "listen": url.flag("listen", not pooler_mode),
         "poll_interval": url.seconds("poll_interval", 0.1),
     }
-    dsn = urllib.parse.urlunsplit(urllib.parse.urlsplit(url.raw)._replace(query=query))
+    dsn = url.driver_url(DRIVER_OPTIONS)
     try:  # a schema or prefix that is no identifier, or listen with pooler_mode: ValueError
         return PostgresBackend(dsn, codec=codec, url=url.raw, **options)
     except ValueError as exc:

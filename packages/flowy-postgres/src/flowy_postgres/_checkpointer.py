@@ -257,13 +257,9 @@ SELECT data FROM {n.journal} WHERE thread_key = $1 AND activity_key = $3
 
 
 def _outbox_args(rows: tuple[OutboxRow, ...], channel: str) -> list[object]:
-    unique: dict[tuple[str, int], OutboxRow] = {}
-    for row in rows:  # one row per (thread, revision): the first one enqueued
-        unique.setdefault((row.thread_id, row.committed_revision), row)
-    kept = unique.values()
-    ids = [r.thread_id for r in kept]
+    ids = [r.thread_id for r in rows]
     keys = [thread_key(i) for i in ids]
-    return [keys, ids, [r.committed_revision for r in kept], [r.payload for r in kept], channel]
+    return [keys, ids, [r.committed_revision for r in rows], [r.payload for r in rows], channel]
 
 
 def _refused(row: Row, tid: str) -> Refused:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -17,6 +16,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from flowy.errors import BackendURLError, StorageUnavailableError
+from flowy.storage import StoreURL
 
 from ._errors import translate
 from ._names import TableNames
@@ -329,14 +329,10 @@ async def create_pool(
     try:
         return await _driver.create_pool(dsn, min_size=min_size, max_size=max_size, **options)
     except Exception as exc:
-        try:
-            secret = urllib.parse.urlsplit(dsn).password
-        except ValueError:
-            secret = None
-        err = translate(exc, "connect to PostgreSQL", may_have_written=False, secret=secret)
+        err = translate(exc, "connect to PostgreSQL", may_have_written=False, url=dsn)
         if err is not exc:
             raise err from exc
         if not isinstance(exc, ValueError):
             raise
-        detail = str(exc).replace(secret, "***") if secret else str(exc)
+        detail = StoreURL.mask_password(str(exc), dsn)
         raise BackendURLError(f"cannot use this PostgreSQL URL: {detail}") from None

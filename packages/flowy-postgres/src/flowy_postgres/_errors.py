@@ -22,6 +22,7 @@ import asyncpg
 import asyncpg.exceptions as pg
 
 from flowy.errors import FlowyError, SchemaVersionError, StorageError, StorageUnavailableError
+from flowy.storage import StoreURL
 
 __all__ = ["translate"]
 
@@ -48,17 +49,17 @@ def translate(
     connection: _Closable | None = None,
     *,
     may_have_written: bool = True,
-    secret: str | None = None,
+    url: str | None = None,
 ) -> Exception:
     """The flowy error for ``exc`` raised while trying to ``action`` (or ``exc`` itself
     when it is not a driver error). ``may_have_written=False`` for steps that cannot
-    have written anything (connecting, taking a pooled connection); ``secret`` (a
-    password) is masked should the driver's message contain it."""
+    have written anything (connecting, taking a pooled connection); the password of
+    ``url`` is masked should the driver's message contain it."""
     if isinstance(exc, FlowyError):
         return exc
     detail = f"{type(exc).__name__}: {exc}"
-    if secret:
-        detail = detail.replace(secret, "***")
+    if url is not None:
+        detail = StoreURL.mask_password(detail, url)
     driver = isinstance(exc, _DRIVER)
     if isinstance(exc, _UNAVAILABLE) or (driver and connection is not None and _closed(connection)):
         if not may_have_written:
@@ -74,8 +75,7 @@ def translate(
     if isinstance(exc, _NOT_MIGRATED):
         return SchemaVersionError(
             f"could not {action}: the flowy tables are missing ({detail}); run "
-            "`await backend.migrate()` (or flowy_postgres.migrate(pool, schema=..., "
-            "prefix=...)) with the same schema and prefix first"
+            "`await backend.setup()` with the same schema and prefix first"
         )
     if isinstance(exc, pg.InvalidCatalogNameError):
         found = re.search(r'database "(.+)" does not exist', str(exc))

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import logging
 from collections.abc import Awaitable, Callable, Hashable
 
 from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, OutboxStats, RawMessage
@@ -28,9 +26,6 @@ ListenHooks = tuple[
 ]
 """``(connect, disconnect)`` of the connection a consumer LISTENs on."""
 
-_log = logging.getLogger("flowy_postgres")
-_LISTEN_POLL = 1.0  # seconds between looks while listening, in case a notification is lost
-_RETRY_LISTEN = 5.0  # seconds of polling after LISTEN failed, before trying it again
 _UNTIL = "clock_timestamp() + make_interval(secs => $2::float8)"
 
 
@@ -108,11 +103,6 @@ class PostgresOutbox(BaseOutbox):
         )
 
 
-_seen: contextvars.ContextVar[int | None] = contextvars.ContextVar("flowy_pg_seen", default=None)
-"""The notification count the current task saw before its last claim query (while
-listening), so that a notification arriving between that query and the wait counts."""
-
-
 def _raw(rows: list[Row]) -> list[RawMessage]:
     return [
         RawMessage(str(r["id"]), bytes(r["payload"]), int(r["attempts"]), str(r["last_error"]))
@@ -139,91 +129,44 @@ class PostgresConsumer(BaseConsumer):
         self.domain: Hashable = connector.domain
         self._sql = _Sql(connector.names)
         self._channel = connector.names.channel
-        self._listen = listen
+        self._hooks = listen
         self._conn: PgConnection | None = None
-        self._notified = 0  # notifications (and connection losses) seen so far
-        self._event = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._failed_at = float("-inf")
 
     @property
     def listening(self) -> bool:
         """True while a LISTEN connection is up (waiting claims wake on notifications)."""
-        return self._conn is not None and not self._conn.is_closed()
+        return super().listening and self._conn is not None and not self._conn.is_closed()
 
-    def _wake(self, *_: object) -> None:
-        self._notified += 1
-        event, self._event = self._event, asyncio.Event()
-        event.set()
+    async def _listen(self) -> Callable[[], Awaitable[None]] | None:
+        if self._hooks is None:
+            return None
+        conn = self._conn = await self._hooks[0]()
+        try:
+            conn.add_termination_listener(self._listen_lost)
+            await conn.add_listener(self._channel, self._notify)
+        except BaseException:
+            await asyncio.shield(self._hang_up())  # never keep a half-set-up connection
+            raise
+        return self._hang_up
 
-    def _lost(self, *_: object) -> None:
-        self._conn = None
-        self._wake()
-
-    async def _start_listening(self) -> bool:
-        """Listen unless listening already, or LISTEN failed a moment ago; True if it now
-        listens (a failure is logged: the consumer polls instead)."""
-        loop = asyncio.get_running_loop()
-        if self._listen is None or loop.time() - self._failed_at < _RETRY_LISTEN:
-            return False
-        async with self._lock:
-            if self.listening:
-                return False
-            conn: PgConnection | None = None
-            try:
-                conn = await self._listen[0]()
-                conn.add_termination_listener(self._lost)
-                await conn.add_listener(self._channel, self._wake)
-            except BaseException as exc:
-                if conn is not None:  # never keep a half-set-up connection
-                    await asyncio.shield(self._hang_up(conn))
-                if not isinstance(exc, Exception):
-                    raise
-                self._failed_at = loop.time()
-                _log.warning("flowy_postgres: cannot LISTEN (%r); polling instead", exc)
-                return False
-            self._conn = conn
-            return True
-
-    async def _hang_up(self, conn: PgConnection) -> None:
-        assert self._listen is not None
+    async def _hang_up(self) -> None:
+        conn, self._conn = self._conn, None
+        assert self._hooks is not None and conn is not None
         # A pool warns about connections returned with listeners still attached.
         with contextlib.suppress(Exception):
-            conn.remove_termination_listener(self._lost)
+            conn.remove_termination_listener(self._listen_lost)
             if not conn.is_closed():
-                await conn.remove_listener(self._channel, self._wake)
+                await conn.remove_listener(self._channel, self._notify)
         with contextlib.suppress(Exception):
-            await self._listen[1](conn)
-
-    async def aclose(self) -> None:
-        """Stop listening (closing or returning its connection)."""
-        self._failed_at = float("inf")  # never listen again
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await self._hang_up(conn)
-        self._wake()
+            await self._hooks[1](conn)
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        _seen.set(self._notified if self.listening else None)
         args = (self._sql.claim, min(limit, 10_000), visibility_timeout)
         return _raw(await self.connector.fetch("claim outbox messages", *args))
 
-    async def _wait(self, seconds: float) -> None:
-        seen = _seen.get()
-        _seen.set(None)
-        if seen is None and await self._start_listening():
-            return  # listening from now on: look once more, then wait for news
-        listening = seen is not None and self.listening
-        pause = min(seconds, _LISTEN_POLL if listening else self.poll_interval)
+    async def _next_visible(self) -> float | None:
         row = await self.connector.fetchrow("check the outbox", self._sql.next_visible, read=True)
-        if row is not None and row[0] is not None:  # a hidden message becomes visible then
-            pause = min(pause, max(float(row[0]), 0.0) + 0.005)
-        if not listening:
-            await asyncio.sleep(pause)
-        elif self._notified == seen:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), pause)
+        return None if row is None or row[0] is None else float(row[0])
 
     async def _ack(self, message_id: str) -> None:
         if (row_id := _row_id(message_id)) is not None:

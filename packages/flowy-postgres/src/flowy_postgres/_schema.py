@@ -1,4 +1,4 @@
-"""The database schema: the DDL, its versions and ``migrate()`` (its names are in ``_names``).
+"""The database schema: the DDL, its versions and its setup (its names are in ``_names``).
 
 Seven tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per
 thread, with the columns listings and timers read), ``history`` (every record by thread
@@ -8,21 +8,21 @@ and revision; the head's record is its entry there), ``leases``, ``outbox``, ``s
 hold 16 KiB ids), signals and journal entries also by the SHA-256 of their id or key;
 statements also compare the full texts, stored exactly. Listings go in code point order
 through an index on the first 200 characters of the id. A new schema is created at
-:data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one up to date, on ``migrate()``.
+:data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one up to date, on ``setup()``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import asyncpg
 
-from flowy.errors import SchemaVersionError
+from flowy.storage import BaseBackend
 
-from ._conn import PgConnection, PgPool
-from ._errors import translate
+from ._conn import Connector, PgConnection
 from ._names import DEFAULT_PREFIX, DEFAULT_SCHEMA, MAX_PREFIX, TableNames, check_identifier
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ __all__ = [
     "UPGRADES",
     "TableNames",
     "check_identifier",
+    "connector_for",
     "migrate",
     "prepare",
     "schema_sql",
@@ -178,7 +179,7 @@ def _statements(names: TableNames, current: int) -> list[str]:
 
 
 def schema_sql(schema: str = DEFAULT_SCHEMA, prefix: str = DEFAULT_PREFIX) -> str:
-    """The DDL ``migrate()`` runs on an empty database, as one SQL script (for your own
+    """The DDL ``setup()`` runs on an empty database, as one SQL script (for your own
     migration tool; every statement is idempotent, the last records the version)."""
     return ";\n\n".join(_statements(TableNames(schema, prefix), 0)) + ";\n"
 
@@ -189,49 +190,37 @@ async def _version(conn: PgConnection, names: TableNames) -> int:
     return int(await conn.fetchval(f"SELECT max(version) FROM {names.version}") or 0)
 
 
-async def _on(
-    target: object, names: TableNames, body: Callable[[PgConnection], Awaitable[int]]
-) -> int:
-    pool = cast(PgPool, target) if isinstance(target, asyncpg.Pool) else None
-    conn = await pool.acquire() if pool is not None else cast(PgConnection, target)
-    try:
-        return await body(conn)
-    except Exception as exc:
-        err = translate(exc, f"set up schema {names.schema!r} (prefix {names.prefix!r})", conn)
-        if err is exc:
-            raise
-        raise err from exc
-    finally:
-        if pool is not None:
-            await pool.release(conn)
+def connector_for(target: object, names: TableNames) -> Connector:
+    """A connector running statements on ``target``, a pool or a connection."""
+    connector = Connector(names, acquire_timeout=60.0, domain=None)
+    if isinstance(target, asyncpg.Pool):
+        connector.pool = target
+        return connector
+    return connector.bind(cast(asyncpg.Connection, target))
 
 
-async def prepare(target: object, names: TableNames, *, upgrade: bool) -> int:
+async def prepare(connector: Connector, *, upgrade: bool) -> int:
     """Create the tables of a new schema; upgrade an older one only with ``upgrade``
     (else ``SchemaVersionError``); refuse a newer one. Returns the version in place."""
+    names = connector.names
 
     async def body(conn: PgConnection) -> int:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", names.lock_key)
             current = await _version(conn, names)
             where = f"the flowy tables in schema {names.schema!r} (prefix {names.prefix!r})"
-            if current > SCHEMA_VERSION:
-                raise SchemaVersionError(
-                    f"{where} are at schema version {current}, but this flowy-postgres knows "
-                    f"versions up to {SCHEMA_VERSION}; upgrade flowy-postgres"
-                )
-            if 0 < current < SCHEMA_VERSION and not upgrade:
-                raise SchemaVersionError(
-                    f"{where} are at schema version {current}; this flowy-postgres needs "
-                    f"{SCHEMA_VERSION}. Back the database up, then upgrade it with `await "
-                    "backend.migrate()` (it works on a backend that failed to open) or "
-                    "flowy_postgres.migrate(pool, schema=..., prefix=...)"
-                )
-            for statement in _statements(names, current) if current < SCHEMA_VERSION else ():
-                await conn.execute(statement)
+            if BaseBackend.check_schema_version(
+                current,
+                known=SCHEMA_VERSION,
+                where=where,
+                package="flowy-postgres",
+                upgrade=upgrade,
+            ):
+                for statement in _statements(names, current):
+                    await conn.execute(statement)
             return SCHEMA_VERSION
 
-    return await _on(target, names, body)
+    return await connector.run(f"set up schema {names.schema!r} (prefix {names.prefix!r})", body)
 
 
 async def migrate(
@@ -240,14 +229,15 @@ async def migrate(
     schema: str = DEFAULT_SCHEMA,
     prefix: str = DEFAULT_PREFIX,
 ) -> int:
-    """Create or upgrade the flowy tables of ``schema`` and ``prefix`` through a pool or
-    a connection; return the schema version now in place.
-
-    Idempotent and safe to run from several processes at once. Back the database up
-    before an upgrade: older code cannot read the result. A schema of a newer
-    flowy-postgres raises ``SchemaVersionError``.
-    """
-    return await prepare(target, TableNames(schema, prefix), upgrade=True)
+    """Deprecated (removed in 0.4): ``await PostgresBackend.from_pool(pool, schema=...,
+    prefix=...).setup()`` creates or upgrades the tables."""
+    warnings.warn(
+        "flowy_postgres.migrate() is deprecated; use `await backend.setup()` "
+        "(PostgresBackend.from_pool(pool, schema=..., prefix=...) for your own pool)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return await prepare(connector_for(target, TableNames(schema, prefix)), upgrade=True)
 
 
 async def schema_version(
@@ -256,6 +246,7 @@ async def schema_version(
     schema: str = DEFAULT_SCHEMA,
     prefix: str = DEFAULT_PREFIX,
 ) -> int:
-    """The schema version recorded in the database (0 when never migrated). Read-only."""
+    """The schema version recorded in the database (0 when never set up). Read-only."""
     names = TableNames(schema, prefix)
-    return await _on(target, names, lambda conn: _version(conn, names))
+    action = f"read the schema version of {names.schema!r}"
+    return await connector_for(target, names).run(action, lambda conn: _version(conn, names))

@@ -138,7 +138,7 @@ class RedisBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         await self.store.check_layout()
 
-    async def _migrate(self) -> int:
+    async def _setup(self) -> int:
         return await self.store.migrate()
 
     async def _close(self) -> None:
@@ -192,7 +192,7 @@ async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> Redis
     except ValueError as exc:
         raise BackendURLError(f"option namespace in {url.redacted!r}: {exc}") from None
     cluster = url.scheme.endswith("+cluster")
-    client_url = url.driver_url(scheme=url.scheme.removesuffix("+cluster"), options=CLIENT_OPTIONS)
+    client_url = url.driver_url(CLIENT_OPTIONS, scheme=url.scheme.removesuffix("+cluster"))
     retention = StoreURL.MAX_RETENTION_SECONDS
     options: dict[str, Any] = {
         "namespace": namespace,

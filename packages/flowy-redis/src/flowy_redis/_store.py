@@ -1,7 +1,7 @@
 """The connection to Redis shared by a backend's components: the client, the key
 layout, script execution (EVALSHA, reloaded on NOSCRIPT), the translation of driver
 errors into flowy errors, and the namespace's recorded layout (checked once, upgraded by
-``migrate``).
+``backend.setup()``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
-from flowy.storage import show_id
+from flowy.storage import BaseBackend, show_id
 
 from ._keys import STATUS_DIGITS, KeyLayout, ThreadKeys
 from ._scripts import LAYOUT, READS, LuaScript
@@ -184,16 +184,10 @@ class Store:
         version. ``SchemaVersionError`` for another shard count or layout version."""
         async with self._lock:  # concurrent first calls on a cluster client trip over
             recorded = await self._recorded()  # each other while it maps the slots
-            if recorded != LAYOUT_VERSION:
-                raise SchemaVersionError(
-                    f"namespace {self.layout.namespace!r} uses key layout {recorded}; this "
-                    f"flowy-redis uses layout {LAYOUT_VERSION}. "
-                    + (
-                        "Stop the older clients, then run `await backend.migrate()` once."
-                        if recorded < LAYOUT_VERSION
-                        else "Upgrade flowy-redis, or use another namespace."
-                    )
-                )
+            where = f"the Redis namespace {self.layout.namespace!r}"
+            BaseBackend.check_schema_version(
+                recorded, known=LAYOUT_VERSION, where=where, package="flowy-redis"
+            )
             self._checked = True
             return recorded
 

@@ -40,7 +40,7 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
     ``consumer`` share one connection and worker thread.
 
     A new file gets the schema on first use. A file of an older flowy schema raises
-    ``SchemaVersionError`` until ``await backend.migrate()`` upgrades it (back it up
+    ``SchemaVersionError`` until ``await backend.setup()`` upgrades it (back it up
     first); a file of a newer schema always raises it. Leases use the local clock, so
     the processes sharing the file must run on one machine.
 
@@ -85,8 +85,8 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
     async def _open(self) -> None:
         await self.database.open()
 
-    async def _migrate(self) -> int:
-        return await self.database.migrate()
+    async def _setup(self) -> int:
+        return await self.database.setup()
 
     async def _close(self) -> None:
         await self.database.aclose()

@@ -1,5 +1,5 @@
 """The SQLite file behind the embedded backend: one connection per file and process, run
-on a dedicated worker thread, plus the schema (creation, version check, ``migrate()``),
+on a dedicated worker thread, plus the schema (creation, version check, ``setup()``),
 write transactions and the translation of ``sqlite3`` errors into flowy errors.
 
 Every blocking ``sqlite3`` call runs on the database's single worker thread (a
@@ -20,17 +20,18 @@ import contextlib
 import os
 import sqlite3
 import time
+import warnings
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar
 
 from .._errors import (
-    SchemaVersionError,
     SnapshotTooLargeError,
     SQLiteFileError,
     StorageError,
     StorageUnavailableError,
 )
+from ..storage._backend import BaseBackend
 
 __all__ = [
     "APPLICATION_ID",
@@ -151,7 +152,7 @@ class SQLiteDatabase:
 
     The file is opened lazily by the first operation (or by :meth:`open`). A new or empty
     file gets the flowy schema; a flowy file with an older schema raises
-    ``SchemaVersionError`` until :meth:`migrate` upgrades it; a newer one always raises
+    ``SchemaVersionError`` until :meth:`setup` upgrades it; a newer one always raises
     it; any other file raises :class:`SQLiteFileError`.
 
     Args:
@@ -263,7 +264,7 @@ class SQLiteDatabase:
         """Open the file now and check its schema (operations do this lazily)."""
         await self.run(lambda conn: None, "open the database")
 
-    async def migrate(self) -> int:
+    async def setup(self) -> int:
         """Create the schema in a new file or upgrade an older flowy file to
         ``SCHEMA_VERSION``; return the version now in the file. Idempotent.
 
@@ -274,7 +275,12 @@ class SQLiteDatabase:
         lock, _ = self._primitives()
         async with lock:
             self._check_usable()
-            return await self._submit(self._migrate_job, "migrate the schema", check_schema=False)
+            return await self._submit(self._setup_job, "set up the schema", check_schema=False)
+
+    async def migrate(self) -> int:
+        """Deprecated alias of :meth:`setup` (removed in 0.4)."""
+        warnings.warn("SQLiteDatabase.migrate() is deprecated; use setup()", DeprecationWarning, 2)
+        return await self.setup()
 
     async def aclose(self) -> None:
         """Close the connection and stop the worker thread. Idempotent."""
@@ -294,7 +300,7 @@ class SQLiteDatabase:
             if conn is None:
                 conn = self._conn = self._connect()
             if check_schema and not self._ready:
-                self._check_schema(conn, migrate=False)
+                self._check_schema(conn, upgrade=False)
                 self._ready = True
             return job(conn)
         except sqlite3.Error as exc:
@@ -327,20 +333,20 @@ class SQLiteDatabase:
                     raise
                 time.sleep(0.01)
 
-    def _migrate_job(self, conn: sqlite3.Connection) -> int:
-        self._check_schema(conn, migrate=True)
+    def _setup_job(self, conn: sqlite3.Connection) -> int:
+        self._check_schema(conn, upgrade=True)
         self._ready = True
         return len(MIGRATIONS)
 
-    def _check_schema(self, conn: sqlite3.Connection, *, migrate: bool) -> None:
+    def _check_schema(self, conn: sqlite3.Connection, *, upgrade: bool) -> None:
         # Classify first: a file that is not ours is refused before anything changes.
-        pending = self._pending_steps(conn, migrate=migrate)
+        pending = self._pending_steps(conn, upgrade=upgrade)
         self._enable_wal(conn)
         if pending is None:
             return
 
-        def upgrade() -> None:
-            start = self._pending_steps(conn, migrate=migrate)  # re-check under the lock
+        def create_or_upgrade() -> None:
+            start = self._pending_steps(conn, upgrade=upgrade)  # re-check under the lock
             if start is None:
                 return
             for step in MIGRATIONS[start:]:
@@ -349,11 +355,11 @@ class SQLiteDatabase:
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute(f"PRAGMA user_version = {len(MIGRATIONS)}")
 
-        immediate(conn, upgrade)
+        immediate(conn, create_or_upgrade)
 
-    def _pending_steps(self, conn: sqlite3.Connection, *, migrate: bool) -> int | None:
+    def _pending_steps(self, conn: sqlite3.Connection, *, upgrade: bool) -> int | None:
         """The version to upgrade from, ``None`` if the schema is current; raise if the
-        file is not ours or needs an explicit migration."""
+        file is not ours or needs an explicit upgrade (``setup``)."""
         # One statement, so one consistent read while another process may be creating
         # the schema.
         row = conn.execute(
@@ -362,7 +368,6 @@ class SQLiteDatabase:
             "(SELECT group_concat(name, ', ') FROM sqlite_master WHERE type = 'table')"
         ).fetchone()
         app_id, version, tables = int(row[0]), int(row[1]), str(row[2] or "")
-        known = len(MIGRATIONS)
         if app_id != APPLICATION_ID:
             if tables or version or app_id:
                 raise SQLiteFileError(
@@ -372,20 +377,12 @@ class SQLiteDatabase:
                     path=self.path,
                 )
             return 0
-        if version == known:
+        where = f"the flowy database {self.path!r}"
+        known = len(MIGRATIONS)
+        if not BaseBackend.check_schema_version(
+            version, known=known, where=where, package="flowy-core", upgrade=upgrade
+        ):
             return None
-        if version > known:
-            raise SchemaVersionError(
-                f"the flowy database {self.path!r} has schema version {version}, newer than "
-                f"version {known} this flowy-core knows; upgrade flowy-core to use it "
-                "(older code must not write to it)"
-            )
-        if version > 0 and not migrate:
-            raise SchemaVersionError(
-                f"the flowy database {self.path!r} has schema version {version}, older than "
-                f"version {known} this flowy-core uses; back the file up, then upgrade it "
-                "once with `await SQLiteBackend(path).migrate()`"
-            )
         return version
 
     def _close_connection(self) -> None:

@@ -2,8 +2,9 @@
 
 A store's ``Backend`` holds its four components and owns their shared resources (a
 connection, a pool, a client): :class:`BaseBackend` gives every store the same
-lifecycle (``open`` on connect, ``migrate``, ``aclose``, ``async with``) and a repr
-that never shows a password. :class:`StoreURL` parses ``scheme://…?option=value`` and
+lifecycle (``open`` on connect, ``setup``, ``aclose``, ``async with``), one check of
+the schema version a store records (one message on every store), and a repr that never
+shows a password. :class:`StoreURL` parses ``scheme://…?option=value`` and
 checks options the same way for every store.
 """
 
@@ -12,12 +13,12 @@ from __future__ import annotations
 import abc
 import urllib.parse
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
-from .._errors import BackendURLError
+from .._errors import BackendURLError, SchemaVersionError
 from .._types import S
 from ._limits import Limits
 
@@ -170,6 +171,16 @@ class StoreURL:
             _check_ports(url, ",".join(":" + p for p in options["port"].split(",")))
         return cls(url, parts.scheme.lower(), parts.netloc, parts.path, options)
 
+    @staticmethod
+    def mask_password(text: str, url: str) -> str:
+        """``text`` (say, a driver's message about ``url``) with ``url``'s password, if
+        any, replaced by ``***`` wherever it appears."""
+        try:
+            password = urllib.parse.urlsplit(url).password
+        except ValueError:
+            return text
+        return text.replace(password, "***") if password else text
+
     @property
     def redacted(self) -> str:
         """The URL with its password masked (what errors, logs and reprs show)."""
@@ -177,16 +188,16 @@ class StoreURL:
 
     def without_options(self) -> str:
         """The URL without its query string (password kept: for the driver only)."""
-        return urllib.parse.urlunsplit(urllib.parse.urlsplit(self.raw)._replace(query=""))
+        return self.driver_url()
 
-    def driver_url(self, *, scheme: str | None = None, options: Iterable[str] = ()) -> str:
-        """The URL as the store's driver takes it (password kept: for the driver only):
-        with ``scheme`` instead of its own if given, and of its query options only those
-        named in ``options`` (the driver's own, passed through)."""
-        keep = set(options)
-        query = urllib.parse.urlencode({k: v for k, v in self.options.items() if k in keep})
+    def driver_url(self, keep: Collection[str] = (), *, scheme: str | None = None) -> str:
+        """The URL a driver connects with: password kept, only the query options named
+        in ``keep`` (the driver's own), and ``scheme`` instead of the URL's if given."""
         parts = urllib.parse.urlsplit(self.raw)
-        return urllib.parse.urlunsplit(parts._replace(scheme=scheme or parts.scheme, query=query))
+        query = urllib.parse.urlencode({k: v for k, v in self.options.items() if k in keep})
+        return urllib.parse.urlunsplit(
+            parts._replace(scheme=scheme or parts.scheme, query=query, fragment="")
+        )
 
     def check_options(self, known: Mapping[str, str]) -> None:
         """``BackendURLError`` naming the unknown options and the known ones
@@ -248,9 +259,9 @@ class BaseBackend(abc.ABC, Generic[S]):
 
     Subclasses set ``url``, build the four components in ``__init__`` (subclasses of
     the other bases, as attributes of those names) and implement :meth:`_open`,
-    :meth:`_migrate` and :meth:`_close`. ``flowy.connect`` calls :meth:`open`, which
+    :meth:`_setup` and :meth:`_close`. ``flowy.connect`` calls :meth:`open`, which
     creates the schema of a new store (an older schema needs an explicit
-    :meth:`migrate`).
+    :meth:`setup`); both check the recorded version with :meth:`check_schema_version`.
     """
 
     url: str
@@ -263,9 +274,22 @@ class BaseBackend(abc.ABC, Generic[S]):
     async def _open(self) -> None:
         """Connect, and create the schema if the store has none (check its version)."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A store written for flowy 0.2 implements _migrate: it still works until 0.4.
+        if "_migrate" in vars(cls) and "_setup" not in vars(cls):
+            warnings.warn(
+                f"{cls.__name__}._migrate is deprecated; name it _setup (flowy 0.4 calls "
+                "only _setup)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls._setup = vars(cls)["_migrate"]
+
     @abc.abstractmethod
-    async def _migrate(self) -> int:
-        """Create or upgrade the schema; return its version."""
+    async def _setup(self) -> int:
+        """Create or upgrade the schema (idempotent, safe from several processes at
+        once); return its version. Called on a backend that may not be open."""
 
     @abc.abstractmethod
     async def _close(self) -> None:
@@ -284,9 +308,61 @@ class BaseBackend(abc.ABC, Generic[S]):
         self._opened = True
         return self
 
+    async def setup(self) -> int:
+        """Create what the store needs (schema, tables, indexes, key layout), or upgrade
+        what an older version of its code left; return the schema version now in place.
+
+        Idempotent and safe from several processes at once. It needs no :meth:`open`,
+        and works on a backend whose open failed with ``SchemaVersionError`` (an older
+        store). Back the store up before an upgrade: older code cannot read the result.
+        A store of newer code raises ``SchemaVersionError``.
+        """
+        return await self._setup()
+
     async def migrate(self) -> int:
-        """Create or upgrade the store's schema; return its version. Idempotent."""
-        return await self._migrate()
+        """Deprecated alias of :meth:`setup` (removed in 0.4)."""
+        warnings.warn(
+            f"{type(self).__name__}.migrate() is deprecated; use setup()", DeprecationWarning, 2
+        )
+        return await self.setup()
+
+    @staticmethod
+    def check_schema_version(
+        found: int, *, known: int, where: str, package: str, upgrade: bool = False
+    ) -> bool:
+        """Check the schema version a store records: one rule and one message on every
+        store. Returns whether there is something to create or upgrade.
+
+        Args:
+            found: the version recorded in the store; 0 for a new store (none recorded).
+            known: the version this code reads and writes.
+            where: what holds the schema, for the message (``"the SQLite database
+                'app.db'"``, ``"the flowy tables in schema 'public' (prefix 'flowy_')"``).
+            package: the distribution whose code this is (``"flowy-postgres"``).
+            upgrade: an older version may be upgraded now (:meth:`setup`).
+
+        Returns:
+            ``False`` when ``found`` is ``known``; ``True`` when the store is new, or
+            older and ``upgrade`` is given: create or upgrade it then.
+
+        Raises:
+            SchemaVersionError: ``found`` is newer than ``known`` (older code must not
+                write to it), or older and ``upgrade`` is not given.
+        """
+        if found == known:
+            return False
+        if found > known:
+            raise SchemaVersionError(
+                f"{where} has schema version {found}, newer than version {known} that this "
+                f"{package} knows; upgrade {package} to use it (older code must not write to it)"
+            )
+        if found > 0 and not upgrade:
+            raise SchemaVersionError(
+                f"{where} has schema version {found}, older than version {known} that this "
+                f"{package} uses; stop the clients of the older {package}, back the store up, "
+                "then upgrade it once with `await backend.setup()`"
+            )
+        return True
 
     async def aclose(self) -> None:
         """Release the store's resources. Idempotent."""

@@ -112,11 +112,14 @@ class Write:
     """One conditional write, as the base hands it to ``BaseCheckpointer._write``.
 
     Write ``record`` as revision ``expected_revision + 1`` of ``summary.thread_id`` —
-    head and history — together with every row of ``outbox``, in ONE atomic operation,
+    head and history — together with every row of ``outbox`` (one per thread and
+    committed revision), in ONE atomic operation,
     and only if (a) the thread's head is at ``expected_revision`` (0: the thread does not
     exist) and (b) with ``lease``, that lease (owner and fencing token) is the thread's
     live lease; without, no live lease holds the thread. ``summary`` carries the head's
-    columns (for listing without decoding records).
+    columns (for listing without decoding records). ``native`` holds the application's
+    own actions (checked by ``BaseCheckpointer._native_action``), written in the same
+    atomic operation.
     """
 
     expected_revision: int
@@ -124,6 +127,7 @@ class Write:
     summary: ThreadSummary
     lease: Lease | None
     outbox: tuple[OutboxRow, ...] = ()
+    native: tuple[object, ...] = ()
 
     @property
     def thread_id(self) -> str:
@@ -160,9 +164,11 @@ class Busy:
 class OutboxTransaction:
     """The transaction handle ``save_with_outbox`` passes to its enqueue callback.
 
-    ``enqueue_intent_tx(tx, intent)`` of an outbox of the same store adds a row to it;
-    the checkpointer writes the rows in the same atomic operation as the snapshot, at
-    ``revision``. The handle is usable only inside the callback.
+    ``enqueue_intent_tx(tx, intent)`` of an outbox of the same store adds a row to it,
+    and the checkpointer's ``add_action(tx, action)`` an action of the application in
+    the store's own terms (where the store takes them); the checkpointer writes both in
+    the same atomic operation as the snapshot, at ``revision``. The handle is usable
+    only inside the callback.
     """
 
     domain: Hashable
@@ -173,26 +179,41 @@ class OutboxTransaction:
     """The revision the save creates."""
     rows: list[OutboxRow] = field(default_factory=lambda: [])
     """The rows added so far."""
+    native: list[object] = field(default_factory=lambda: [])
+    """The application's actions added so far (``add_native``)."""
     open: bool = True
-    """False once the enqueue callback returned: no more rows."""
+    """False once the enqueue callback returned: nothing more can be added."""
 
     def add(self, domain: Hashable, row: OutboxRow) -> None:
-        """Add ``row`` from an outbox of ``domain``.
+        """Add ``row`` from an outbox of ``domain``; a row of a (thread, committed
+        revision) added already is ignored, as the outbox keeps a live message as it is.
 
         Raises ``ValueError`` if ``domain`` is not this transaction's store, and
         ``RuntimeError`` once the callback has returned.
         """
+        self._check(domain)
+        key = (row.thread_id, row.committed_revision)
+        if all((r.thread_id, r.committed_revision) != key for r in self.rows):
+            self.rows.append(row)
+
+    def add_native(self, domain: Hashable, action: object) -> None:
+        """Add ``action``, an action of the application checked by a checkpointer of
+        ``domain`` (the native hook: ``BaseCheckpointer.add_action``); raises as
+        :meth:`add`."""
+        self._check(domain)
+        self.native.append(action)
+
+    def _check(self, domain: Hashable) -> None:
         if not self.open:
             raise RuntimeError(
-                "the save_with_outbox transaction is over; enqueue through its handle only "
-                "inside the enqueue callback, before it returns"
+                "the save_with_outbox transaction is over; add to it through its handle "
+                "only inside the enqueue callback, before it returns"
             )
         if domain != self.domain:
             raise ValueError(
                 "the outbox and the checkpointer are not in one store, so their writes "
                 "cannot commit together; use the .outbox and .checkpointer of one Backend"
             )
-        self.rows.append(row)
 
 
 def _text(column: object) -> str:
@@ -370,6 +391,15 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
                 return oldest
             after = page[-1].thread_id
 
+    def _native_action(self, action: object) -> object:
+        """``action`` as :meth:`_write` will find it in ``Write.native``, once checked
+        (``ValueError`` for one the store cannot write). A store whose atomic write can
+        carry the application's own actions implements it; by default it takes none."""
+        raise NotImplementedError(
+            f"{type(self).__name__} takes no actions of the application into its saves; "
+            "write them in a transaction of your own"
+        )
+
     def _missing(self, primitive: str, what: str) -> NotImplementedError:
         return NotImplementedError(
             f"{type(self).__name__} keeps no {what}: its store does not implement "
@@ -530,9 +560,30 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             await enqueue(tx, write.revision)
         finally:
             tx.open = False
+        rows, native = tuple(tx.rows), tuple(tx.native)
         return await self._commit(
-            Write(write.expected_revision, write.record, write.summary, lease, tuple(tx.rows))
+            Write(write.expected_revision, write.record, write.summary, lease, rows, native)
         )
+
+    def add_action(self, tx: object, action: object) -> None:
+        """In the enqueue callback of :meth:`save_with_outbox`, add an action of the
+        application, in the store's own terms, to the save's atomic write: it commits
+        with the snapshot and the hand-off, or nothing does.
+
+        Raises:
+            RuntimeError: ``tx`` is not the handle the callback was given, or the
+                callback has returned.
+            ValueError: ``tx`` belongs to another store, or the store cannot write
+                ``action``.
+            NotImplementedError: this store takes no actions of the application
+                (PostgreSQL joins the application's transaction through ``bind``).
+        """
+        if not isinstance(tx, OutboxTransaction):
+            raise RuntimeError(
+                "add_action works only inside the enqueue callback of save_with_outbox, "
+                f"with the handle it is given (got {type(tx).__name__})"
+            )
+        tx.add_native(self.domain, self._native_action(action))
 
     async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
         """The head snapshot of ``thread_id`` and its revision; ``ThreadNotFoundError`` if

@@ -215,7 +215,7 @@ def connect(
     default the runner uses a typed graph's state type); ``limits`` sets the limits of
     what it stores (``flowy.storage.Limits``: the longest sleep, pending signals per
     thread, the size of a signal and of an activity result). A new store gets its
-    schema; an older schema needs ``await backend.migrate()``.
+    schema; an older schema needs ``await backend.setup()``.
 
     Raises ``BackendURLError`` for a malformed URL (a string that is neither
     ``scheme://…`` nor a ``.db``/``.sqlite`` path, a port outside 1-65535), an unknown

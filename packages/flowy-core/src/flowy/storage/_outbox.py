@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import logging
 import math
 import time
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 from .._errors import StorageError
@@ -25,6 +27,13 @@ __all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage"]
 
 MAX_ERROR_CHARS = 4000
 """The longest error text kept on a message."""
+
+_LISTEN_POLL = 1.0  # seconds between looks while listening, in case a notification is lost
+_RETRY_LISTEN = 5.0  # seconds of polling after listening failed, before trying it again
+_log = logging.getLogger("flowy.storage")
+
+Stop = Callable[[], Awaitable[None]]
+"""What :meth:`BaseConsumer._listen` returns: stops the listening."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +98,8 @@ class BaseConsumer(abc.ABC):
     """
 
     domain: Hashable = None
+    _stop_listening: Stop | None = None
+    _notified: int = 0
 
     def __init__(self, *, max_attempts: int = 5, poll_interval: float = 0.05) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -97,6 +108,11 @@ class BaseConsumer(abc.ABC):
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts!r}")
         self.max_attempts: int = max_attempts
         self.poll_interval: float = check_seconds(poll_interval, "poll_interval")
+        self._stop_listening: Stop | None = None
+        self._notified = 0  # notifications (and losses of the listening) seen so far
+        self._news = asyncio.Event()
+        self._listen_lock = asyncio.Lock()
+        self._listen_failed_at = -math.inf
 
     # -- the primitives a store implements ---------------------------------------------
     @abc.abstractmethod
@@ -126,8 +142,93 @@ class BaseConsumer(abc.ABC):
         now, attempts and error reset; ``False`` if there is no such dead letter."""
 
     async def _wait(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for new messages (default: a poll interval's sleep)."""
+        """Wait up to ``seconds`` for new messages (default: a poll interval's sleep).
+        Not called for a store that implements :meth:`_listen`."""
         await asyncio.sleep(min(seconds, self.poll_interval))
+
+    # A store with notifications of new messages (PostgreSQL's LISTEN) implements these.
+    async def _listen(self) -> Stop | None:
+        """Start listening for the store's notifications of new messages: call
+        :meth:`_notify` on each one, and :meth:`_listen_lost` should the listening end
+        on its own (a lost connection). Return the coroutine function that stops it, or
+        ``None`` when this consumer does not listen; on failure, leave nothing set up
+        and raise (the consumer polls, and tries again after a few seconds).
+
+        A waiting claim starts listening at its first wait, then waits for a
+        notification, looking again every second in case one is lost, and when
+        :meth:`_next_visible` says a hidden message becomes visible."""
+        return None
+
+    async def _next_visible(self) -> float | None:
+        """Seconds until the next hidden live message becomes visible, if any (read
+        by a waiting claim of a store that implements :meth:`_listen`)."""
+        return None
+
+    def _notify(self, *_: object) -> None:
+        """Wake the claims waiting for news (a notification arrived)."""
+        self._notified += 1
+        event, self._news = self._news, asyncio.Event()
+        event.set()
+
+    def _listen_lost(self, *_: object) -> None:
+        """The listening ended on its own: waiting claims poll until it starts again."""
+        self._stop_listening = None
+        self._notify()
+
+    @property
+    def listening(self) -> bool:
+        """True while the consumer listens for notifications (waiting claims wake on
+        them rather than poll)."""
+        return self._stop_listening is not None
+
+    async def _start_listening(self) -> bool:
+        """Listen unless listening already, or it failed a moment ago; True if it now
+        listens (a failure is logged: the consumer polls instead)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._listen_failed_at < _RETRY_LISTEN:
+            return False
+        async with self._listen_lock:
+            if self.listening:
+                return False
+            try:
+                stop = await self._listen()
+            except Exception as exc:  # noqa: BLE001 - polling is the fallback
+                self._listen_failed_at = loop.time()
+                _log.warning("%s cannot listen (%r); polling instead", type(self).__name__, exc)
+                return False
+            if stop is None:  # this consumer does not listen
+                self._listen_failed_at = math.inf
+                return False
+            self._stop_listening = stop
+            return True
+
+    async def _wait_for_news(self, seconds: float, seen: int | None) -> None:
+        """Wait up to ``seconds`` for new messages; ``seen`` is the notification count
+        before the claim that found none (``None`` if not listening then)."""
+        if type(self)._listen is BaseConsumer._listen:  # the store sends no notifications
+            await self._wait(seconds)
+            return
+        if seen is None and await self._start_listening():
+            return  # listening from now on: look once more, then wait for news
+        listening = seen is not None and self.listening
+        pause = min(seconds, _LISTEN_POLL if listening else self.poll_interval)
+        due = await self._next_visible()
+        if due is not None:  # a hidden message becomes visible then
+            pause = min(pause, max(due, 0.0) + 0.005)
+        if not listening:
+            await asyncio.sleep(pause)
+        elif self._notified == seen:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), pause)
+
+    async def aclose(self) -> None:
+        """Stop listening (a backend closes its consumer). Idempotent."""
+        self._listen_failed_at = math.inf  # never listen again
+        async with self._listen_lock:
+            stop, self._stop_listening = self._stop_listening, None
+            if stop is not None:
+                await stop()
+        self._notify()
 
     # Every store of flowy-core and its adapters implements it; a store written for
     # flowy 0.2.0 that does not still delivers messages, and says what is missing when
@@ -156,6 +257,8 @@ class BaseConsumer(abc.ABC):
             return []
         deadline = time.monotonic() + wait
         while True:
+            # A notification that arrives between this claim and the wait counts.
+            seen = self._notified if self.listening else None
             raws = await self._claim(limit, hide)
             out: list[OutboxMessage] = []
             for raw in raws:
@@ -166,7 +269,7 @@ class BaseConsumer(abc.ABC):
             if out or remaining <= 0:
                 return out
             if not raws:
-                await self._wait(remaining)
+                await self._wait_for_news(remaining, seen)
 
     async def _accept(self, raw: RawMessage) -> OutboxMessage | None:
         """The message to deliver, or ``None`` after burying it (poison or over-delivered)."""

@@ -301,8 +301,9 @@ class Backend(Protocol[S]):
         """What ``flowy.Worker`` claims hand-offs from."""
         ...
 
-    async def migrate(self) -> int:
-        """Create or upgrade the store's schema; return its version. Idempotent."""
+    async def setup(self) -> int:
+        """Create or upgrade what the store needs; return its schema version.
+        Idempotent."""
         ...
 
     async def aclose(self) -> None:

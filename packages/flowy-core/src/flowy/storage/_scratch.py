@@ -29,15 +29,24 @@ SCRATCH_PREFIX = "flowy_scratch_"
 found by it)."""
 
 
-def sibling_url(url: str, *, path: str | None = None, options: Mapping[str, str] = {}) -> str:
-    """``url`` with its path replaced (if ``path`` is given) and ``options`` set in its
-    query (other options kept): how a backend's ``scratch_url`` names its sibling."""
+def sibling_url(
+    url: str,
+    *,
+    path: str | None = None,
+    netloc: str | None = None,
+    options: Mapping[str, str] = {},
+) -> str:
+    """``url`` with its ``path`` and its ``netloc`` (user, host and port) replaced, if
+    given, and ``options`` set in its query (other options kept): how a backend's
+    ``scratch_url`` names its sibling."""
     parts = urllib.parse.urlsplit(url)
     query = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
     query.update(options)
     return urllib.parse.urlunsplit(
         parts._replace(
-            path=parts.path if path is None else path, query=urllib.parse.urlencode(query)
+            path=parts.path if path is None else path,
+            netloc=parts.netloc if netloc is None else netloc,
+            query=urllib.parse.urlencode(query),
         )
     )
 

@@ -22,10 +22,22 @@ from ..sqlite import SQLiteBackend, path_of
 from ..sqlite._db import immediate
 from ..storage import Backend, StoreURL
 
-__all__ = ["Corrupt", "Dump", "corrupt_head", "dump_store", "flip"]
+__all__ = [
+    "Corrupt",
+    "Dump",
+    "SetSchemaVersion",
+    "corrupt_head",
+    "dump_store",
+    "flip",
+    "set_sqlite_schema_version",
+]
 
 Corrupt = Callable[[Backend[Any], str], Awaitable[None]]
 """``await corrupt(backend, thread_id)``: flip one byte of the thread's stored head."""
+
+SetSchemaVersion = Callable[[str, int], Awaitable[None]]
+"""``await set_schema_version(url, version)``: record ``version`` as the schema version of
+the (set up, closed) store at ``url``, as older or newer code would have."""
 
 Dump = Callable[[str], Awaitable[object]]
 """``await dump(url)``: everything the store at ``url`` holds in its namespace, as
@@ -98,3 +110,12 @@ async def corrupt_head(backend: Backend[Any], thread_id: str) -> None:
         await backend.database.run(lambda conn: immediate(conn, lambda: body(conn)), "corrupt")
         return
     raise TypeError(f"corrupt_head knows memory and SQLite stores, not {type(backend).__name__}")
+
+
+async def set_sqlite_schema_version(url: str, version: int) -> None:
+    """Record ``version`` as the schema version of the SQLite file at ``url``."""
+    conn = sqlite3.connect(path_of(StoreURL.parse(url)))
+    try:
+        conn.execute(f"PRAGMA user_version = {int(version)}")
+    finally:
+        conn.close()

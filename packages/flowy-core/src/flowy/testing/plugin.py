@@ -18,9 +18,15 @@ from typing import Any
 import pytest
 
 from ..storage import Backend, connect
-from .hooks import Corrupt, Dump
+from .hooks import Corrupt, Dump, SetSchemaVersion
 
-__all__ = ["anyio_backend", "flowy_backend", "flowy_corrupt", "flowy_url"]
+__all__ = [
+    "anyio_backend",
+    "flowy_backend",
+    "flowy_corrupt",
+    "flowy_schema_version",
+    "flowy_url",
+]
 
 # Must run before the suite is imported (the plugin is loaded first, by ``-p`` or
 # ``pytest_plugins``); otherwise a failed ``assert`` in the suite reports no values.
@@ -77,4 +83,12 @@ def flowy_dump() -> Dump | None:
 def flowy_corrupt() -> Corrupt | None:
     """Override to return ``async def corrupt(backend, thread_id)`` flipping one byte of
     the thread's stored head record (the corruption tests skip without it)."""
+    return None
+
+
+@pytest.fixture
+def flowy_schema_version() -> SetSchemaVersion | None:
+    """Override to return ``async def set_schema_version(url, version)`` recording
+    ``version`` as the schema version of the store at ``url`` (the schema-version test
+    skips without it: a store without a schema, like ``memory://``, has none)."""
     return None

@@ -35,6 +35,7 @@ from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
 from ._scratch import *  # noqa: F403
+from ._setup import *  # noqa: F403
 from ._subgraph import *  # noqa: F403
 from ._waits import *  # noqa: F403
 
@@ -58,6 +59,7 @@ __all__ = [
     "LineageSuite",
     "OutboxSuite",
     "ScratchSuite",
+    "SetupSuite",
     "SignalSuite",
     "SubgraphSuite",
     "ThreadIdSuite",

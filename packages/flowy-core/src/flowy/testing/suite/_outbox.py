@@ -444,6 +444,21 @@ class TransactionalOutboxSuite(Suite):
         assert message.intent.snapshot_revision == revision
         assert message.attempts == 1
 
+    async def test_a_revision_enqueued_twice_in_one_save_is_one_message(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        tx = require_transactional(flowy_backend)
+        tid = new_thread_id("tx-twice")
+        first, second = make_intent(tid, 1), make_intent(tid, 1, reason="enqueued again")
+
+        async def enqueue(handle: object, revision: int) -> None:
+            await tx.outbox.enqueue_intent_tx(handle, first)
+            await tx.outbox.enqueue_intent_tx(handle, second)
+
+        assert await tx.checkpointer.save_with_outbox(0, make_snapshot(tid), enqueue) == 1
+        messages = await tx.consumer.claim(10, self.long_ttl)
+        assert [m.intent for m in messages] == [first]  # the first one enqueued
+
     async def test_callback_gets_the_new_revision(self, flowy_backend: Backend[Any]) -> None:
         tx = require_transactional(flowy_backend)
         tid = new_thread_id("tx-revision")
