@@ -162,9 +162,7 @@ def test_store_url_option_helpers() -> None:
 
 def test_store_url_driver_url_keeps_the_drivers_options_only() -> None:
     url = StoreURL.parse("a+b://u:pw@h:1/0?mine=1&theirs=2&also=3")
-    assert (
-        url.driver_url({"theirs", "also"}, scheme="a") == "a://u:pw@h:1/0?theirs=2&also=3"
-    )
+    assert url.driver_url({"theirs", "also"}, scheme="a") == "a://u:pw@h:1/0?theirs=2&also=3"
     assert url.driver_url() == "a+b://u:pw@h:1/0"
 
 

@@ -406,6 +406,8 @@ def test_head_columns_may_be_utf8_bytes_with_empty_text_for_no_time() -> None:
     assert head.graph_version == ""
     timed = BaseCheckpointer.summary("t", *columns[:5], b"2.5", b"1.5", b"7", b"v2")
     assert (timed.handoff_pending_at, timed.wake_at, timed.graph_version) == (2.5, 7.0, "v2")
+
+
 async def test_timers_ask_the_store_within_the_range_of_stored_times() -> None:
     """Every stored wake-up time is within 0 .. MAX_TIMESTAMP, so a store's ``_timers``
     gets a bound in that range: a later one reads every timer, an earlier one none (the
