@@ -26,7 +26,7 @@ from flowy.testing import Dump
 from flowy.testing.backends import backend_missing, docker_available
 from flowy.testing.hooks import SetSchemaVersion
 from flowy_dynamodb import DynamoBackend, make_client, thread_key
-from flowy_dynamodb._table import SCHEMA_KEY
+from flowy_dynamodb._layout import SCHEMA_KEY
 
 
 @dataclass(frozen=True)
