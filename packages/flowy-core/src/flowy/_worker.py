@@ -45,6 +45,7 @@ from ._segment import running_here
 from ._types import E, ResumeToken, S
 from ._waits import durable_of, wake
 from .storage import (
+    BaseLeaseManager,
     HandoffIntent,
     HandoffStatus,
     Lease,
@@ -812,11 +813,10 @@ class Worker(Generic[S, E]):
                 return True
             except LeaseError:
                 self._leader = None
-        acquire_system = getattr(lm, "acquire_system", None)
         try:
-            if callable(acquire_system):
-                leader = acquire_system(RECOVERY_LEADER, self.owner, ttl)
-                self._leader = cast(Lease, await cast(Awaitable[object], leader))
+            if self.runner.system_leases:  # chosen when the runner was built
+                system = cast(BaseLeaseManager, lm)
+                self._leader = await system.acquire_system(RECOVERY_LEADER, self.owner, ttl)
             else:  # a lease manager without system leases: a reserved-looking thread id
                 self._leader = await lm.acquire(f"flowy:{RECOVERY_LEADER}", self.owner, ttl)
             return True
