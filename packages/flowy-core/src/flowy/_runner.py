@@ -110,26 +110,30 @@ class StreamStart(Generic[S, E]):
 class Runner(RunPreparation[S, E]):
     """Runs a compiled graph against a store.
 
-    From a backend the runner takes its checkpointer, lease manager and outbox, and
-    every run holds a fenced lease, renewed about every ttl/3 and released after the
-    terminal save. A checkpointer that does not fence the lease manager's leases itself
-    is wrapped in a ``LeaseGuardCheckpointer`` (safe within one process only). When the
-    checkpointer has no codec and the graph knows its state type
-    (``GraphBuilder(state=...)``), snapshots decode into that type.
+    The runner talks to one ``Backend``: it reads the backend's ``capabilities`` once,
+    here, and chooses its paths from them. Every run holds a fenced lease from the
+    backend's lease manager, renewed about every ttl/3 and released after the terminal
+    save; a checkpointer that does not fence those leases itself (components of two
+    stores) is wrapped in a ``LeaseGuardCheckpointer`` (safe within one process only).
+    A hand-off is one write when the store's outbox is transactional, else the
+    three-phase FSM. When the checkpointer has no codec and the graph knows its state
+    type (``GraphBuilder(state=...)``), snapshots decode into that type.
 
     Args:
         graph: the compiled graph to run.
-        store: a ``Backend`` (``await flowy.connect(url)``), a bare checkpointer, or
-            ``None`` to run without saving anything (results then carry no resume
-            token).
-        lease_manager: the lease manager (default: the backend's). With one given here
-            and no ``run_lease``, every start/resume/stream needs its own
+        store: a ``Backend`` (``await flowy.connect(url)``, or components wrapped with
+            ``flowy.storage.as_backend``), or ``None`` to run without saving anything
+            (results then carry no resume token). A bare checkpointer is deprecated:
+            it is wrapped with ``as_backend``, with a ``DeprecationWarning``.
+        lease_manager: deprecated (``as_backend(checkpointer, leases=...)``): a lease
+            manager replacing the backend's. With one given this way, or with loose
+            components, and no ``run_lease``, every start/resume/stream needs its own
             ``run_lease=(owner, ttl)``.
-        handoff_outbox: where ``handoff()`` puts intents (default: the backend's
-            outbox): transactionally when the checkpointer and outbox support it,
-            otherwise through the three-phase FSM.
-        run_lease: ``(owner, ttl_seconds)`` of each run's lease. On a backend the
-            default is this process's ``host-pid`` for ``DEFAULT_LEASE_TTL`` seconds.
+        handoff_outbox: deprecated (``as_backend(checkpointer, outbox=...)``): an
+            outbox replacing the backend's.
+        run_lease: ``(owner, ttl_seconds)`` of each run's lease. On a backend of its
+            own (not loose components) the default is this process's ``host-pid`` for
+            ``DEFAULT_LEASE_TTL`` seconds.
         after_load: ``after_load(state) -> state`` (sync or async), applied to every
             loaded state before a resume uses it.
         handoff_stale_after: seconds after which a pending hand-off counts as stale and
