@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import flowy
+from flowy.storage import as_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -95,7 +96,7 @@ async def sample_record() -> bytes:
         return await write(w)
 
     cp._write = capture  # type: ignore[method-assign]
-    await flowy.Runner(chain_graph(), cp).start("bench-sample-0001", initial_state())
+    await flowy.Runner(chain_graph(), as_backend(cp)).start("bench-sample-0001", initial_state())
     return records[len(records) // 2]
 
 

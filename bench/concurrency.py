@@ -34,6 +34,7 @@ from typing import Any
 import _common as c
 
 import flowy
+from flowy.storage import as_backend
 
 POOL = 16
 
@@ -92,7 +93,7 @@ class Phases:
 
 def flowy_runs(backend: Any) -> dict[str, Callable[[str], Awaitable[None]]]:
     graph = c.chain_graph()
-    bare = flowy.Runner(graph, backend.checkpointer)
+    bare = flowy.Runner(graph, as_backend(backend.checkpointer))
     leased = flowy.Runner(graph, backend)
 
     async def start(runner: flowy.Runner[c.State, Any], tid: str) -> None:

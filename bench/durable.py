@@ -38,7 +38,7 @@ import _common as c
 
 import flowy
 from flowy.memory import MemoryCheckpointer
-from flowy.storage import Snapshot, new_write_id
+from flowy.storage import Snapshot, as_backend, new_write_id
 
 LEASE_OWNER = "bench-owner"
 
@@ -60,10 +60,10 @@ class Setup:
 
 def variants(setup: Setup) -> dict[str, c.timed]:
     graph = c.chain_graph()
-    bare = flowy.Runner(graph, setup.backend.checkpointer)
+    bare = flowy.Runner(graph, as_backend(setup.backend.checkpointer))
     leased = flowy.Runner(graph, setup.backend)
     engine = flowy.Runner(graph)
-    memory = flowy.Runner(graph, MemoryCheckpointer[c.State]())
+    memory = flowy.Runner(graph, as_backend(MemoryCheckpointer[c.State]()))
     base = f"bench-{uuid.uuid4().hex[:8]}"
 
     async def start(runner: flowy.Runner[c.State, Any], tid: str) -> None:
@@ -344,7 +344,9 @@ async def capture_run(checkpointer: Any) -> str:
     """Run the chain once on ``checkpointer`` (whose store calls are being captured);
     return the thread id."""
     tid = f"bench-capture-{uuid.uuid4().hex[:8]}"
-    result = await flowy.Runner(c.chain_graph(), checkpointer).start(tid, c.initial_state())
+    result = await flowy.Runner(c.chain_graph(), as_backend(checkpointer)).start(
+        tid, c.initial_state()
+    )
     assert result.status is flowy.RunStatus.COMPLETED, result
     return tid
 

@@ -33,6 +33,7 @@ from typing import Any
 import _common as c
 
 import flowy
+from flowy.storage import as_backend
 
 HOW = (
     "peer comparison skipped: langgraph-checkpoint-postgres is not importable here; "
@@ -113,7 +114,7 @@ async def measure(args: argparse.Namespace) -> list[c.Row]:
 
             url = c.with_query(dsn, schema=schema, listen="false", pool_size=2)
             async with flowy.connect(url) as backend:
-                runner = flowy.Runner(c.chain_graph(), backend.checkpointer)
+                runner = flowy.Runner(c.chain_graph(), as_backend(backend.checkpointer))
                 base = f"bench-{uuid.uuid4().hex[:8]}"
 
                 async def flowy_run(tid: str) -> None:

@@ -70,7 +70,7 @@ def policy(state: State, current: str) -> tuple[State, flowy.ResumePlan]:
 
 
 async def main() -> None:
-    runner = flowy.Runner(build_graph(), flowy.MemoryCheckpointer())
+    runner = flowy.Runner(build_graph(), await flowy.connect("memory://"))
     hit = await runner.start("q-hit", {"query": "hello"})
     print("cache hit:", hit.status, hit.state["answer"])
 

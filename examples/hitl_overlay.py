@@ -49,8 +49,8 @@ def approve(stored: Payment, overlay: Payment) -> Payment:
 
 
 async def main() -> None:
-    cp = flowy.MemoryCheckpointer(codec=flowy.JSONCodec(Payment))
-    runner = flowy.Runner(build_graph(), cp)
+    backend = await flowy.connect("memory://", codec=flowy.storage.JSONCodec(Payment))
+    runner = flowy.Runner(build_graph(), backend)
     first = await runner.start("inv-42", Payment("inv-42", 1200))
     print("suspended:", first.reason, "token", first.resume_token, first.effects)
     assert first.resume_token is not None

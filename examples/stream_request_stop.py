@@ -30,8 +30,7 @@ def build_graph() -> flowy.Graph[State, flowy.NoEffect]:
 
 
 async def main() -> None:
-    cp: flowy.MemoryCheckpointer[State] = flowy.MemoryCheckpointer()
-    runner = flowy.Runner(build_graph(), cp)
+    runner = flowy.Runner(build_graph(), await flowy.connect("memory://"))
     handle = await runner.stream("job-1", {})
 
     def keep_going(event: flowy.RunEvent[State, flowy.NoEffect]) -> bool:

@@ -57,7 +57,7 @@ def build_graph() -> flowy.Graph[State, ToolCall]:
 
 
 async def main() -> None:
-    runner = flowy.Runner(build_graph(), flowy.MemoryCheckpointer())
+    runner = flowy.Runner(build_graph(), await flowy.connect("memory://"))
     handle = await runner.stream("agent-1", {"questions": ["tides", "moon"]})
     async for event in handle:
         if event.type is flowy.EventType.EFFECT and event.effect is not None:

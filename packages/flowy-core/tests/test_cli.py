@@ -33,6 +33,7 @@ from core_graphs import approval_graph
 import flowy
 from flowy import storage
 from flowy.sqlite import SQLiteBackend
+from flowy.storage import as_backend
 
 DOCS_CLI = TESTS_DIR.parents[2] / "docs" / "cli.md"
 
@@ -215,7 +216,7 @@ def test_show_budget_limits_from_graph(tmp_path: Path) -> None:
 
     async def start() -> None:
         async with SQLiteBackend[Any](tmp_path / "b.db") as backend:
-            await flowy.Runner(graph, backend.checkpointer).start("t", {})
+            await flowy.Runner(graph, as_backend(backend.checkpointer)).start("t", {})
 
     asyncio.run(start())
     proc = run_flowy("show", "t", "--db", "b.db", "--graph", "budget_graph:build", cwd=tmp_path)

@@ -10,6 +10,7 @@ from core_graphs import State, merge
 import flowy
 from flowy import types as ftypes
 from flowy.memory import MemoryCheckpointer
+from flowy.storage import as_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -108,7 +109,7 @@ async def test_router_returning_undeclared_target_fails_clearly() -> None:
     b.add_node("a", ok).add_node("b", ok).allow_no_outgoing_route("b")
     b.add_conditional_edge("a", lambda s: "c", "b")
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    result = await flowy.Runner(b.compile(), cp).start("t", {})
+    result = await flowy.Runner(b.compile(), as_backend(cp)).start("t", {})
     assert result.status is flowy.RunStatus.FAILED
     assert result.reason == flowy.Reason.ROUTER_TARGET_UNDECLARED
     assert isinstance(result.error, flowy.UnknownNodeError)

@@ -12,6 +12,7 @@ import flowy
 from flowy import errors, lifecycle, storage, stream_helpers
 from flowy import types as ftypes
 from flowy.memory import MemoryBackend, MemoryCheckpointer
+from flowy.storage import as_backend
 from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 
 pytestmark = pytest.mark.anyio
@@ -30,7 +31,7 @@ async def test_three_phase_success_intent_fields() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     cp = mem.checkpointer
     queue = mem.outbox
-    runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(queue))
+    runner = flowy.Runner(handoff_graph(), as_backend(cp, outbox=PlainOutbox(queue)))
     r = await runner.start("t", {})
     assert r.status is flowy.RunStatus.HANDOFF and r.reason == "background"
     assert r.handoff_status is flowy.HandoffStatus.ENQUEUED
@@ -56,7 +57,7 @@ async def test_transactional_path_one_revision() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     cp = mem.checkpointer
     queue = mem.outbox
-    r = await flowy.Runner(handoff_graph(), cp, handoff_outbox=queue).start("t", {})
+    r = await flowy.Runner(handoff_graph(), as_backend(cp, outbox=queue)).start("t", {})
     (msg,) = await mem.consumer.claim(10, 30)
     intent = msg.intent
     assert intent.pending_snapshot_revision == intent.committed_snapshot_revision == r.revision
@@ -71,9 +72,9 @@ async def test_transactional_commit_failure_writes_nothing() -> None:
     cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.COMMIT, error=lambda: flowy.StorageError("tx aborted"))
     queue = mem.outbox
-    r = await flowy.Runner(handoff_graph(save_every_step=False), cp, handoff_outbox=queue).start(
-        "t", {}
-    )
+    r = await flowy.Runner(
+        handoff_graph(save_every_step=False), as_backend(cp, outbox=queue)
+    ).start("t", {})
     assert r.status is flowy.RunStatus.FAILED and r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
     assert mem.consumer.pending_count() == 0
     with pytest.raises(flowy.ThreadNotFoundError):
@@ -86,7 +87,7 @@ async def test_enqueue_failure_patches_orphaned() -> None:
     cp = mem.checkpointer
     outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(error=lambda: ConnectionError("queue down"))
-    runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=outbox)
+    runner = flowy.Runner(handoff_graph(), as_backend(cp, outbox=outbox))
     r = await runner.start("t", {})
     assert r.status is flowy.RunStatus.HANDOFF
     assert r.reason == flowy.Reason.HANDOFF_ORPHANED
@@ -108,7 +109,7 @@ async def test_worst_case_orphan_patch_fails_snapshot_stays_enqueued() -> None:
     queue = mem.outbox
     outbox = FaultyOutbox(PlainOutbox(queue))
     outbox.arm(error=lambda: ConnectionError("queue down"))
-    runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=outbox)
+    runner = flowy.Runner(handoff_graph(), as_backend(cp, outbox=outbox))
     r = await runner.start("t", {})
     assert r.reason == "background"  # the directive's reason is kept
     assert isinstance(r.error, flowy.HandoffEnqueueFailedError) and not r.error.orphaned
@@ -118,7 +119,7 @@ async def test_worst_case_orphan_patch_fails_snapshot_stays_enqueued() -> None:
     # runbook: false-enqueued rows need force_reenqueue
     with pytest.raises(errors.HandoffAlreadyEnqueuedError):
         await runner.recover_stale_handoff("t")
-    fixed = flowy.Runner(handoff_graph(), cp, handoff_outbox=queue)
+    fixed = flowy.Runner(handoff_graph(), as_backend(cp, outbox=queue))
     rec = await fixed.recover_stale_handoff("t", force_reenqueue=True)
     assert rec.error is None and rec.handoff_status is flowy.HandoffStatus.ENQUEUED
     assert rec.recovered_from is flowy.HandoffStatus.ENQUEUED and rec.forced
@@ -133,7 +134,7 @@ async def test_patch_enqueued_failure_leaves_pending_recoverable_after_ttl() -> 
     cp.arm(Phase.PATCH_ENQUEUED, error=lambda: flowy.StorageError("db down"))
     queue = mem.outbox
     runner = flowy.Runner(
-        handoff_graph(), cp, handoff_outbox=PlainOutbox(queue), clock=lambda: now[0]
+        handoff_graph(), as_backend(cp, outbox=PlainOutbox(queue)), clock=lambda: now[0]
     )
     r = await runner.start("t", {})
     assert isinstance(r.error, errors.HandoffPatchFailedError)
@@ -159,7 +160,7 @@ async def test_save_pending_failure() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.SAVE_PENDING, error=lambda: flowy.StorageError("db down"))
-    r = await flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(mem.outbox)).start(
+    r = await flowy.Runner(handoff_graph(), as_backend(cp, outbox=PlainOutbox(mem.outbox))).start(
         "t", {}
     )
     assert r.status is flowy.RunStatus.FAILED and r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
@@ -170,7 +171,7 @@ async def test_recovery_error_matrix() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     cp = mem.checkpointer
     queue = mem.outbox
-    runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(queue))
+    runner = flowy.Runner(handoff_graph(), as_backend(cp, outbox=PlainOutbox(queue)))
     # none → not recoverable
     await cp.save(0, storage.Snapshot("plain", {}, "work", flowy.RunStatus.SUSPENDED))
     with pytest.raises(errors.HandoffNotRecoverableError):
@@ -221,7 +222,7 @@ async def test_recovery_enqueue_failure_patches_orphaned_again() -> None:
     cp = mem.checkpointer
     outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(times=2, error=lambda: ConnectionError("queue down"))
-    runner = flowy.Runner(handoff_graph(), cp, handoff_outbox=outbox)
+    runner = flowy.Runner(handoff_graph(), as_backend(cp, outbox=outbox))
     r = await runner.start("t", {})
     assert r.reason == flowy.Reason.HANDOFF_ORPHANED
     with pytest.raises(flowy.HandoffEnqueueFailedError) as info:
@@ -256,7 +257,7 @@ async def test_observer_that_raises_or_is_slow_never_stalls_a_run() -> None:
     try:
         outbox = FaultyOutbox(PlainOutbox(mem.outbox))
         outbox.arm(error=lambda: ConnectionError("down"))
-        runner = flowy.Runner(handoff_graph(), mem.checkpointer, handoff_outbox=outbox)
+        runner = flowy.Runner(handoff_graph(), as_backend(mem.checkpointer, outbox=outbox))
         started = time.monotonic()
         for i in range(3):
             await runner.start(f"t{i}", {})
@@ -281,7 +282,7 @@ def test_metrics_view_lists_every_status() -> None:
 
 
 async def test_handoff_without_outbox_returns_token_for_caller() -> None:
-    runner = flowy.Runner(handoff_graph(), MemoryCheckpointer[State]())
+    runner = flowy.Runner(handoff_graph(), as_backend(MemoryCheckpointer[State]()))
     r = await runner.start("t", {})
     assert r.status is flowy.RunStatus.HANDOFF and r.resume_token is not None
     assert r.handoff_status is flowy.HandoffStatus.NONE
@@ -314,9 +315,9 @@ async def test_enqueue_failure_and_retention_failure_are_both_reported() -> None
     cp.arm(Phase.PRUNE)
     outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(error=lambda: ConnectionError("queue down"))
-    handle = await flowy.Runner(handoff_graph(retention_limit=1), cp, handoff_outbox=outbox).stream(
-        "t", {}
-    )
+    handle = await flowy.Runner(
+        handoff_graph(retention_limit=1), as_backend(cp, outbox=outbox)
+    ).stream("t", {})
     events, r = await stream_helpers.collect_events_and_wait(handle)
     assert r.status is flowy.RunStatus.HANDOFF
     # The orphaned hand-off is what needs acting on: its reason is kept, and the error is
@@ -336,9 +337,9 @@ async def test_handoff_save_failure_is_a_failed_event_with_the_same_reason() -> 
     mem: MemoryBackend[State] = MemoryBackend()
     cp = FaultyCheckpointer(mem.checkpointer)
     cp.arm(Phase.SAVE_PENDING, error=lambda: flowy.StorageError("db down"))
-    handle = await flowy.Runner(handoff_graph(), cp, handoff_outbox=PlainOutbox(mem.outbox)).stream(
-        "t", {}
-    )
+    handle = await flowy.Runner(
+        handoff_graph(), as_backend(cp, outbox=PlainOutbox(mem.outbox))
+    ).stream("t", {})
     events, r = await stream_helpers.collect_events_and_wait(handle)
     assert r.reason == flowy.Reason.HANDOFF_SAVE_FAILED
     assert events[-1].type is flowy.EventType.FAILED

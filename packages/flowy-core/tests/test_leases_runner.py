@@ -11,6 +11,7 @@ from core_graphs import State, approval_graph, linear_graph, merge
 import flowy
 from flowy import errors, storage
 from flowy.memory import MemoryBackend, MemoryCheckpointer, MemoryLeaseManager
+from flowy.storage import as_backend
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +32,7 @@ def sleeper(seconds: float) -> flowy.Graph[State, Any]:
 
 async def test_run_lease_required_with_a_lease_manager() -> None:
     lm = MemoryLeaseManager()
-    runner = flowy.Runner(linear_graph(), MemoryCheckpointer(lm.store), lease_manager=lm)
+    runner = flowy.Runner(linear_graph(), as_backend(MemoryCheckpointer(lm.store), leases=lm))
     with pytest.raises(errors.LeaseRequiredError, match="run_lease"):
         await runner.start("t", {})
     with pytest.raises(errors.LeaseRequiredError):
@@ -45,7 +46,7 @@ async def test_lease_renewed_while_run_is_alive() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     lm = mem.leases
     cp = mem.checkpointer
-    runner = flowy.Runner(sleeper(0.5), cp, lease_manager=lm)
+    runner = flowy.Runner(sleeper(0.5), as_backend(cp, leases=lm))
     r = await runner.start("t", {}, run_lease=("w1", 0.2))  # ttl shorter than the node
     assert r.status is flowy.RunStatus.SUSPENDED and r.error is None
     assert await lm.holder("t") is None
@@ -55,7 +56,7 @@ async def test_busy_thread_rejected_by_lease() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     lm = mem.leases
     cp = mem.checkpointer
-    runner = flowy.Runner(approval_graph(), cp, lease_manager=lm)
+    runner = flowy.Runner(approval_graph(), as_backend(cp, leases=lm))
     first = await runner.start("t", {}, run_lease=("w1", 5))
     assert first.resume_token is not None
     other = await lm.acquire("t", "intruder", 5)
@@ -81,7 +82,7 @@ async def test_lost_lease_stops_run_and_its_saves_are_fenced() -> None:
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("start", linear_start).add_node("wait", wait).add_edge("start", "wait")
     b.allow_no_outgoing_route("wait")
-    runner = flowy.Runner(b.compile(), cp, lease_manager=lm)
+    runner = flowy.Runner(b.compile(), as_backend(cp, leases=lm))
     task = asyncio.ensure_future(runner.start("t", {}, run_lease=("old", 0.15)))
     await asyncio.sleep(0.05)
     # the old owner stalls (e.g. a GC pause) past its TTL: simulate by stopping renewal
@@ -106,9 +107,9 @@ async def linear_start(s: State) -> tuple[State, flowy.Directive[Any]]:
 async def test_non_native_checkpointer_is_wrapped_in_lease_guard() -> None:
     lm = MemoryLeaseManager()
     plain: MemoryCheckpointer[State] = MemoryCheckpointer()  # knows no leases
-    runner = flowy.Runner(approval_graph(), plain, lease_manager=lm)
+    runner = flowy.Runner(approval_graph(), as_backend(plain, leases=lm))
     assert isinstance(runner.checkpointer, storage.LeaseGuardCheckpointer)
-    native = flowy.Runner(approval_graph(), MemoryCheckpointer(lm.store), lease_manager=lm)
+    native = flowy.Runner(approval_graph(), as_backend(MemoryCheckpointer(lm.store), leases=lm))
     assert isinstance(native.checkpointer, MemoryCheckpointer)
     r = await runner.start("t", {}, run_lease=("w", 5))
     assert r.status is flowy.RunStatus.SUSPENDED
@@ -131,7 +132,7 @@ async def test_delete_on_success_runs_after_lease_release() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     lm = mem.leases
     cp = mem.checkpointer
-    runner = flowy.Runner(linear_graph(2, delete_on_success=True), cp, lease_manager=lm)
+    runner = flowy.Runner(linear_graph(2, delete_on_success=True), as_backend(cp, leases=lm))
     r = await runner.start("t", {}, run_lease=("w", 5))
     assert r.status is flowy.RunStatus.COMPLETED
     with pytest.raises(flowy.ThreadNotFoundError):

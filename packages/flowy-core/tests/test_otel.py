@@ -31,6 +31,7 @@ from flowy.storage import (
     OutboxStats,
     ResumeToken,
     Snapshot,
+    as_backend,
 )
 from flowy.storage import _base as storage_base
 
@@ -154,7 +155,7 @@ async def test_a_conflicting_save_is_a_conflict(exported: Exported) -> None:
                 await super().save(expected, snapshot, lease=lease)  # someone else got there
             return await super().save(expected, snapshot, lease=lease)
 
-    runner = flowy.Runner(approval_graph(), Moving())
+    runner = flowy.Runner(approval_graph(), as_backend(Moving()))
     result = await runner.start("c", {})
     assert result.status is flowy.RunStatus.FAILED
     assert exported.metrics()["flowy.occ.conflicts"] == [({}, 1)]

@@ -13,6 +13,7 @@ import flowy
 from flowy import errors, storage, stream_helpers
 from flowy import types as ftypes
 from flowy.memory import MemoryCheckpointer
+from flowy.storage import as_backend
 from flowy.testing.faults import FaultyCheckpointer, Phase
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.anyio
 def runner_for(
     graph: flowy.Graph[State, Any], cp: storage.Checkpointer[State] | None = None, **kw: Any
 ) -> flowy.Runner[State, Any]:
-    return flowy.Runner(graph, cp if cp is not None else MemoryCheckpointer(), **kw)
+    return flowy.Runner(graph, as_backend(cp if cp is not None else MemoryCheckpointer()), **kw)
 
 
 async def test_start_suspend_resume_with_overlay() -> None:
@@ -487,7 +488,7 @@ def typed_approval_graph(state_type: Any) -> flowy.Graph[Any, Any]:
 
 
 async def test_a_mapping_overlay_merges_fields_into_a_dataclass_state() -> None:
-    runner = flowy.Runner(typed_approval_graph(Approval), MemoryCheckpointer[Any]())
+    runner = flowy.Runner(typed_approval_graph(Approval), as_backend(MemoryCheckpointer[Any]()))
     first = await runner.start("t", Approval("o-1", 12))
     assert first.resume_token is not None
     with pytest.raises(ValueError, match=r"'aproved', not fields of Approval"):
@@ -497,7 +498,7 @@ async def test_a_mapping_overlay_merges_fields_into_a_dataclass_state() -> None:
 
 
 async def test_a_mapping_overlay_merges_fields_into_a_typeddict_state() -> None:
-    runner = flowy.Runner(typed_approval_graph(ApprovalDict), MemoryCheckpointer[Any]())
+    runner = flowy.Runner(typed_approval_graph(ApprovalDict), as_backend(MemoryCheckpointer[Any]()))
     first = await runner.start("t", ApprovalDict(order_id="o-1"))
     assert first.resume_token is not None
     with pytest.raises(ValueError, match=r"'amount', not fields of ApprovalDict"):
@@ -508,7 +509,7 @@ async def test_a_mapping_overlay_merges_fields_into_a_typeddict_state() -> None:
 
 async def test_a_typed_graph_never_receives_plain_json() -> None:
     cp: MemoryCheckpointer[Any] = MemoryCheckpointer()  # no codec: plain JSON by default
-    runner = flowy.Runner(typed_approval_graph(Approval), cp)
+    runner = flowy.Runner(typed_approval_graph(Approval), as_backend(cp))
     first = await runner.start("t", Approval("o-1"))
     assert first.resume_token is not None
     done = await runner.resume(first.resume_token, state_overlay={"approved": True})
@@ -572,7 +573,7 @@ async def test_a_codec_less_wrapper_runs_a_graph_whose_state_is_plain_json(
     # The same run, step for step, as on a store that decodes into the state type.
     states: list[list[Any]] = []
     for checkpointer in (cp, MemoryCheckpointer[Any]()):
-        runner = flowy.Runner(typed_approval_graph(state_type), checkpointer)  # pyright: ignore[reportArgumentType]
+        runner = flowy.Runner(typed_approval_graph(state_type), as_backend(checkpointer))  # pyright: ignore[reportArgumentType]
         first = await runner.start("t", {"order_id": "o-1", "notes": [{"n": 1}]})
         assert first.status is flowy.RunStatus.SUSPENDED and first.resume_token is not None
         done = await runner.resume(first.resume_token, state_overlay={"approved": True})
@@ -589,11 +590,11 @@ def test_a_codec_less_wrapper_is_refused_for_a_state_plain_json_cannot_hand_back
 ) -> None:
     cp = InstrumentedCheckpointer(MemoryCheckpointer[Any]())
     with pytest.raises(TypeError, match="would hand this graph plain JSON"):
-        flowy.Runner(typed_approval_graph(state_type), cp)  # pyright: ignore[reportArgumentType]
+        flowy.Runner(typed_approval_graph(state_type), as_backend(cp))  # pyright: ignore[reportArgumentType]
 
 
 async def test_head_is_the_typed_latest_snapshot_and_its_token() -> None:
-    runner = flowy.Runner(typed_approval_graph(Approval), MemoryCheckpointer[Any]())
+    runner = flowy.Runner(typed_approval_graph(Approval), as_backend(MemoryCheckpointer[Any]()))
     first = await runner.start("t", Approval("o-1"))
     snap, token = await runner.head("t")
     assert isinstance(snap.state, Approval)
@@ -610,7 +611,7 @@ async def test_head_is_the_typed_latest_snapshot_and_its_token() -> None:
 async def test_a_record_that_does_not_fit_the_state_type_names_the_field() -> None:
     cp: MemoryCheckpointer[Any] = MemoryCheckpointer()
     await cp.save(0, storage.Snapshot("t", {"order_id": "o", "amount": "many"}, "ask"))
-    runner = flowy.Runner(typed_approval_graph(Approval), cp)
+    runner = flowy.Runner(typed_approval_graph(Approval), as_backend(cp))
     with pytest.raises(errors.SnapshotEnvelopeInvalidError, match=r"state\.amount: expected int"):
         await runner.evaluate_resume(flowy.ResumeToken("t", 1))
 

@@ -18,6 +18,7 @@ import flowy
 from flowy import errors, lifecycle, storage
 from flowy.lifecycle import LifecycleEvent, LifecycleEventType
 from flowy.memory import MemoryBackend, MemoryCheckpointer
+from flowy.storage import as_backend
 from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +42,7 @@ class Recorder:
 
 
 async def test_evaluate_resume_and_resume_agree_on_a_completed_thread() -> None:
-    runner = flowy.Runner(linear_graph(2), MemoryCheckpointer[State]())
+    runner = flowy.Runner(linear_graph(2), as_backend(MemoryCheckpointer[State]()))
     done = await runner.start("t", {})
     token = flowy.ResumeToken("t", done.revision)
     decision = await runner.evaluate_resume(token)
@@ -52,17 +53,17 @@ async def test_evaluate_resume_and_resume_agree_on_a_completed_thread() -> None:
 
 async def test_evaluate_resume_and_resume_agree_on_a_pointer_the_graph_lost() -> None:
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    first = await flowy.Runner(approval_graph(version="app"), cp).start("t", {})
+    first = await flowy.Runner(approval_graph(version="app"), as_backend(cp)).start("t", {})
     assert first.resume_token is not None and first.execution_pointer == "ask"
     # A deploy without an "ask" node under a new version fails closed...
-    fingerprinted = flowy.Runner(linear_graph(3), cp)
+    fingerprinted = flowy.Runner(linear_graph(3), as_backend(cp))
     decision = await fingerprinted.evaluate_resume(first.resume_token)
     assert decision.kind is flowy.ResumeDecisionKind.VERSION_MISMATCH
     with pytest.raises(flowy.errors.GraphVersionMismatchError):
         await fingerprinted.resume(first.resume_token)
     # ...and one that kept the version label lost the node: UNKNOWN_NODE, as before.
     renamed = linear_graph(3, version="app")
-    runner = flowy.Runner(renamed, cp)
+    runner = flowy.Runner(renamed, as_backend(cp))
     decision = await runner.evaluate_resume(first.resume_token)
     assert decision.kind is flowy.ResumeDecisionKind.UNKNOWN_NODE
     with pytest.raises(flowy.UnknownNodeError):
@@ -76,7 +77,7 @@ async def test_evaluate_resume_and_resume_agree_on_a_pointer_the_graph_lost() ->
 
 async def test_a_resumable_decision_always_resumes() -> None:
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    runner = flowy.Runner(approval_graph(), cp)
+    runner = flowy.Runner(approval_graph(), as_backend(cp))
     first = await runner.start("t", {})
     assert first.resume_token is not None
     decision = await runner.evaluate_resume(first.resume_token)
@@ -112,7 +113,7 @@ class GatedCheckpointer(MemoryCheckpointer[State]):
 
 async def test_request_local_handoff_is_refused_when_the_run_suspended_on_its_own() -> None:
     cp = GatedCheckpointer()
-    handle = await flowy.Runner(approval_graph(), cp).stream("t", {})
+    handle = await flowy.Runner(approval_graph(), as_backend(cp)).stream("t", {})
     await asyncio.wait_for(cp.saving.wait(), 5)  # the run is saving its own suspension
     request = asyncio.ensure_future(handle.request_local_handoff())
     await asyncio.sleep(0)
@@ -157,7 +158,7 @@ def retrying_graph() -> flowy.Graph[State, Any]:
 
 async def test_retry_counts_survive_suspend_and_resume() -> None:
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    runner = flowy.Runner(retrying_graph(), cp)
+    runner = flowy.Runner(retrying_graph(), as_backend(cp))
     result = await runner.start("t", {})
     resumes = 0
     while result.status is flowy.RunStatus.SUSPENDED and resumes < 10:
@@ -189,7 +190,7 @@ async def test_a_node_that_completes_gets_its_retry_budget_back() -> None:
     b.add_node("flaky", flaky).add_node("wait", wait).add_edge("flaky", "wait")
     b.allow_no_outgoing_route("wait")
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    runner = flowy.Runner(b.compile(save_every_step=True), cp)
+    runner = flowy.Runner(b.compile(save_every_step=True), as_backend(cp))
     result = await runner.start("t", {})
     for _ in range(2):
         assert result.status is flowy.RunStatus.SUSPENDED, result.reason
@@ -203,7 +204,7 @@ async def test_a_node_that_completes_gets_its_retry_budget_back() -> None:
 
 async def test_a_snapshot_carries_the_effects_of_its_segment() -> None:
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    first = await flowy.Runner(approval_graph(), cp).start("t", {})
+    first = await flowy.Runner(approval_graph(), as_backend(cp)).start("t", {})
     snap, _ = await cp.load("t")
     assert list(snap.effects) == first.effects == [{"kind": "approval"}]
     history = await cp.get_history("t")
@@ -247,7 +248,7 @@ async def test_every_cancellation_takes_the_request_stop_terminal_path(how: str)
     graph = blocking_graph(
         entered, checkpoint_policy=flowy.CheckpointPolicy.SKIP_ON_SAVE_ERROR, retention_limit=5
     )
-    runner = flowy.Runner(graph, cp, observer=recorder)
+    runner = flowy.Runner(graph, as_backend(cp), observer=recorder)
     events: list[flowy.RunEvent[State, Any]] = []
     if how == "task":
         task = asyncio.ensure_future(runner.start("t", {}))
@@ -273,7 +274,7 @@ async def test_every_cancellation_takes_the_request_stop_terminal_path(how: str)
     # A cancel whose save works persists a resumable snapshot and prunes in the loop.
     entered.clear()
     cp2 = PruneCounter(MemoryCheckpointer[State]())
-    runner2 = flowy.Runner(blocking_graph(entered, retention_limit=5), cp2)
+    runner2 = flowy.Runner(blocking_graph(entered, retention_limit=5), as_backend(cp2))
     task = asyncio.ensure_future(runner2.start("t", {}))
     await asyncio.wait_for(entered.wait(), 5)
     task.cancel()
@@ -293,7 +294,7 @@ async def test_handoff_failures_reach_the_observer_with_their_metric_labels() ->
     outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(error=lambda: ConnectionError("queue down"))
     runner = flowy.Runner(
-        handoff_graph(), mem.checkpointer, handoff_outbox=outbox, observer=recorder
+        handoff_graph(), as_backend(mem.checkpointer, outbox=outbox), observer=recorder
     )
     await runner.start("enqueue", {})
     [failed] = recorder.of(LifecycleEventType.HANDOFF_ENQUEUE_FAILED)
@@ -302,7 +303,7 @@ async def test_handoff_failures_reach_the_observer_with_their_metric_labels() ->
     cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.PATCH_ENQUEUED, error=lambda: flowy.StorageError("db down"))
     await flowy.Runner(
-        handoff_graph(), cp, handoff_outbox=PlainOutbox(mem.outbox), observer=recorder
+        handoff_graph(), as_backend(cp, outbox=PlainOutbox(mem.outbox)), observer=recorder
     ).start("patch", {})
     [patch] = recorder.of(LifecycleEventType.HANDOFF_PATCH_FAILED)
     assert patch.status == "patch_enqueued_failed"
@@ -310,7 +311,7 @@ async def test_handoff_failures_reach_the_observer_with_their_metric_labels() ->
     cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.SAVE_PENDING, error=lambda: flowy.StorageError("db down"))
     await flowy.Runner(
-        handoff_graph(), cp, handoff_outbox=PlainOutbox(mem.outbox), observer=recorder
+        handoff_graph(), as_backend(cp, outbox=PlainOutbox(mem.outbox)), observer=recorder
     ).start("save", {})
     saves = recorder.of(LifecycleEventType.HANDOFF_SAVE_FAILED)
     assert [e.status for e in saves] == ["save_failed"]
@@ -321,8 +322,7 @@ async def test_handoff_failures_reach_the_observer_with_their_metric_labels() ->
     cp.arm(Phase.COMMIT, error=lambda: flowy.StorageError("tx aborted"))
     result = await flowy.Runner(
         handoff_graph(checkpoint_policy=skip, save_every_step=False),
-        cp,
-        handoff_outbox=mem2.outbox,
+        as_backend(cp, outbox=mem2.outbox),
         observer=recorder,
     ).start("commit", {})
     assert result.reason == flowy.Reason.HANDOFF_CHECKPOINT_SKIPPED
@@ -338,7 +338,7 @@ async def test_a_failed_recovery_returns_its_result_on_the_error() -> None:
     mem: MemoryBackend[State] = MemoryBackend()
     outbox = FaultyOutbox(PlainOutbox(mem.outbox))
     outbox.arm(times=2, error=lambda: ConnectionError("queue down"))
-    runner = flowy.Runner(handoff_graph(), mem.checkpointer, handoff_outbox=outbox)
+    runner = flowy.Runner(handoff_graph(), as_backend(mem.checkpointer, outbox=outbox))
     first = await runner.start("t", {})
     assert first.reason == flowy.Reason.HANDOFF_ORPHANED
     with pytest.raises(flowy.HandoffEnqueueFailedError) as info:
@@ -362,7 +362,7 @@ async def test_the_run_context_exists_inside_the_resume_target_policy() -> None:
         seen.append((meta.thread_id, meta.segment, flowy.binding(key)))
         return state, flowy.resume_current()
 
-    runner = flowy.Runner(approval_graph(), MemoryCheckpointer[State]())
+    runner = flowy.Runner(approval_graph(), as_backend(MemoryCheckpointer[State]()))
     first = await runner.start("t", {})
     assert first.resume_token is not None
     bindings = flowy.bind(flowy.RunBindings(), key, "reviewer")
@@ -376,11 +376,11 @@ async def test_the_run_context_exists_inside_the_resume_target_policy() -> None:
 
 
 async def test_a_run_lease_without_a_lease_manager_is_refused() -> None:
-    runner = flowy.Runner(linear_graph(), MemoryCheckpointer[State]())
+    runner = flowy.Runner(linear_graph(), as_backend(MemoryCheckpointer[State]()))
     with pytest.raises(ValueError, match="no lease manager"):
         await runner.start("t", {}, run_lease=("w", 30))
     with pytest.raises(ValueError, match="no lease manager"):
-        flowy.Runner(linear_graph(), MemoryCheckpointer[State](), run_lease=("w", 30))
+        flowy.Runner(linear_graph(), as_backend(MemoryCheckpointer[State]()), run_lease=("w", 30))
     assert await runner.checkpointer.list_threads() == []  # type: ignore[union-attr]
 
 

@@ -12,6 +12,7 @@ from core_graphs import PlainOutbox, State, approval_graph, linear_graph, merge
 import flowy
 from flowy import errors, stream_helpers
 from flowy.memory import MemoryBackend, MemoryCheckpointer
+from flowy.storage import as_backend
 from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +59,7 @@ async def test_terminal_event_reason_equals_result_reason(graph_name: str) -> No
         graph = linear_graph(3)
     else:
         graph = linear_graph(5, max_steps=2)
-    handle = await flowy.Runner(graph, MemoryCheckpointer()).stream("t", {})
+    handle = await flowy.Runner(graph, as_backend(MemoryCheckpointer())).stream("t", {})
     events, result = await stream_helpers.collect_events_and_wait(handle)
     terminal = [e for e in events if e.terminal]
     assert len(terminal) == 1 and events[-1] is terminal[0]
@@ -71,7 +72,7 @@ async def test_terminal_event_reason_equals_result_reason(graph_name: str) -> No
 
 
 async def test_effect_events_carry_typed_effects() -> None:
-    handle = await flowy.Runner(approval_graph(), MemoryCheckpointer()).stream("t", {})
+    handle = await flowy.Runner(approval_graph(), as_backend(MemoryCheckpointer())).stream("t", {})
     events, result = await stream_helpers.collect_events_and_wait(handle)
     effects = [e for e in events if e.type is flowy.EventType.EFFECT]
     assert [e.effect for e in effects] == [{"kind": "approval"}] == result.effects
@@ -99,7 +100,7 @@ async def test_slow_consumer_does_not_slow_the_run() -> None:
 async def test_consume_events_and_wait_early_stop_saves_resumable_snapshot() -> None:
     gate = Gate()
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    runner = flowy.Runner(blocking_graph(gate), cp)
+    runner = flowy.Runner(blocking_graph(gate), as_backend(cp))
     handle = await runner.stream("t", {})
     seen: list[flowy.RunEvent[State, Any]] = []
 
@@ -122,7 +123,7 @@ async def test_consume_events_and_wait_early_stop_saves_resumable_snapshot() -> 
 async def test_begin_stream_collect_with_request_stop_and_snapshot() -> None:
     gate = Gate()
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    handle = await flowy.Runner(blocking_graph(gate), cp).stream("t", {})
+    handle = await flowy.Runner(blocking_graph(gate), as_backend(cp)).stream("t", {})
     collector = stream_helpers.begin_stream_collect(handle)
     await until_started(gate)
     handle.request_stop()
@@ -141,7 +142,7 @@ async def test_request_stop_with_skip_policy_returns_checkpoint_skipped() -> Non
     cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.SAVE_CANCEL, times=10, error=lambda: flowy.StorageError("down"))
     graph = blocking_graph(gate, checkpoint_policy=flowy.CheckpointPolicy.SKIP_ON_SAVE_ERROR)
-    handle = await flowy.Runner(graph, cp).stream("t", {})
+    handle = await flowy.Runner(graph, as_backend(cp)).stream("t", {})
     await until_started(gate)
     handle.request_stop()
     with pytest.raises(errors.CheckpointSkippedError):
@@ -154,7 +155,7 @@ async def test_cancel_save_failure_hard_fail_reason() -> None:
     gate = Gate()
     cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.SAVE_CANCEL, error=lambda: flowy.StorageError("down"))
-    handle = await flowy.Runner(blocking_graph(gate), cp).stream("t", {})
+    handle = await flowy.Runner(blocking_graph(gate), as_backend(cp)).stream("t", {})
     collector = stream_helpers.begin_stream_collect(handle)
     await until_started(gate)
     handle.request_stop()
@@ -169,7 +170,7 @@ async def test_cancel_save_failure_event_is_context_canceled_not_failed() -> Non
     gate = Gate()
     cp = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp.arm(Phase.SAVE_CANCEL, error=lambda: flowy.StorageError("down"))
-    handle = await flowy.Runner(blocking_graph(gate), cp).stream("t", {})
+    handle = await flowy.Runner(blocking_graph(gate), as_backend(cp)).stream("t", {})
     await until_started(gate)
     handle.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -182,7 +183,7 @@ async def test_cancel_save_failure_event_is_context_canceled_not_failed() -> Non
 async def test_external_task_cancellation_saves_then_reraises() -> None:
     gate = Gate()
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    runner = flowy.Runner(blocking_graph(gate), cp)
+    runner = flowy.Runner(blocking_graph(gate), as_backend(cp))
     task = asyncio.ensure_future(runner.start("t", {}))
     for _ in range(100):
         await asyncio.sleep(0.005)
@@ -213,7 +214,7 @@ async def test_request_local_handoff_matrix() -> None:
     gate = Gate()
     # 1. persisted hand-off → returns None; result is a hand-off at the current node
     mem: MemoryBackend[State] = MemoryBackend()
-    runner = flowy.Runner(blocking_graph(gate), mem.checkpointer, handoff_outbox=mem.outbox)
+    runner = flowy.Runner(blocking_graph(gate), as_backend(mem.checkpointer, outbox=mem.outbox))
     handle = await runner.stream("t", {})
     collector = stream_helpers.begin_stream_collect(handle)
     await until_started(gate)
@@ -231,7 +232,7 @@ async def test_request_local_handoff_matrix() -> None:
     cp2 = FaultyCheckpointer(mem2.checkpointer)
     cp2.arm(Phase.COMMIT, times=10, error=lambda: flowy.StorageError("down"))
     graph = blocking_graph(gate, checkpoint_policy=flowy.CheckpointPolicy.SKIP_ON_SAVE_ERROR)
-    h2 = await flowy.Runner(graph, cp2, handoff_outbox=mem2.outbox).stream("t", {})
+    h2 = await flowy.Runner(graph, as_backend(cp2, outbox=mem2.outbox)).stream("t", {})
     await until_started(gate)
     with pytest.raises(errors.CheckpointSkippedError):
         await h2.request_local_handoff()
@@ -244,7 +245,7 @@ async def test_request_local_handoff_matrix() -> None:
         cp2b = FaultyCheckpointer(mem2b.checkpointer)
         cp2b.arm(phase, times=10, error=lambda: flowy.StorageError("disk full"))
         outbox2b = mem2b.outbox if phase is Phase.COMMIT else PlainOutbox(mem2b.outbox)
-        h2b = await flowy.Runner(blocking_graph(gate), cp2b, handoff_outbox=outbox2b).stream(
+        h2b = await flowy.Runner(blocking_graph(gate), as_backend(cp2b, outbox=outbox2b)).stream(
             "t", {}
         )
         await until_started(gate)
@@ -259,7 +260,7 @@ async def test_request_local_handoff_matrix() -> None:
     failing = FaultyOutbox(PlainOutbox(mem3.outbox))
     failing.arm(error=lambda: ConnectionError("queue down"))
     cp3 = mem3.checkpointer
-    h3 = await flowy.Runner(blocking_graph(gate), cp3, handoff_outbox=failing).stream("t", {})
+    h3 = await flowy.Runner(blocking_graph(gate), as_backend(cp3, outbox=failing)).stream("t", {})
     await until_started(gate)
     with pytest.raises(flowy.HandoffEnqueueFailedError) as info:
         await h3.request_local_handoff()
@@ -283,7 +284,7 @@ async def test_a_cancel_that_comes_with_request_stop_still_cancels_the_run() -> 
     cancelled, as ``cancel()`` promises (a checker or CLI cancelled by Ctrl-C stops)."""
     gate = Gate()
     cp: MemoryCheckpointer[State] = MemoryCheckpointer()
-    handle = await flowy.Runner(blocking_graph(gate), cp).stream("t", {})
+    handle = await flowy.Runner(blocking_graph(gate), as_backend(cp)).stream("t", {})
     await until_started(gate)
     handle.request_stop()
     handle.cancel()

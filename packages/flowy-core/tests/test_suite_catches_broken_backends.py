@@ -72,7 +72,9 @@ from flowy.sqlite._store import (
 )
 from flowy.storage import (
     BACKLOG_STATUSES,
+    BaseCheckpointer,
     Busy,
+    Capabilities,
     EnqueueCallback,
     HandoffStatus,
     Lease,
@@ -97,6 +99,7 @@ from flowy.storage import (
 # The suite is imported as a module: a suite class bound to a name in a test module is
 # collected and run there (that is how stores opt in), which is not wanted here.
 from flowy.testing import corrupt_head, dump_store, suite
+from flowy.testing.suite._support import skip_unless_capable
 
 pytestmark = pytest.mark.anyio
 
@@ -811,13 +814,41 @@ class ScanningListSQLiteCheckpointer(SQLiteCheckpointer[Any]):
         ][:limit]
 
 
+_BASE: Any = BaseCheckpointer
+
+
+class TimerlessCheckpointer(MemoryCheckpointer[Any]):
+    """Keeps no timers or signals: those primitives are the base's defaults."""
+
+    _timers = _BASE._timers
+    _append_signal = _BASE._append_signal
+    _read_signals = _BASE._read_signals
+
+
+class ClaimsTimersBackend(MemoryBackend[Any]):
+    """Says it keeps timers and signals (``capabilities``) while its checkpointer keeps
+    none: a store whose declared capabilities are false."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(super().capabilities, durable_timers_signals=True)
+
+
 # --- stores -------------------------------------------------------------------------------
 
 
 async def memory_with(**parts: type[Any]) -> MemoryBackend[Any]:
-    """A named memory store (peers reach it by URL) with some parts replaced."""
-    backend = await connect(f"memory://broken-{uuid.uuid4().hex}?max_attempts=3")
-    assert isinstance(backend, MemoryBackend)
+    """A named memory store (peers reach it by URL) with some parts replaced (``backend``:
+    a ``MemoryBackend`` subclass to build it as)."""
+    name = f"broken-{uuid.uuid4().hex}"
+    url = f"memory://{name}?max_attempts=3"
+    backend: MemoryBackend[Any]
+    if "backend" in parts:
+        backend = parts["backend"](memory_named.setdefault(name, MemoryStore()), url=url)
+    else:
+        opened = await connect(url)
+        assert isinstance(opened, MemoryBackend)
+        backend = opened
     store: MemoryStore = backend.store
     if "checkpointer" in parts:
         backend.checkpointer = parts["checkpointer"](store)
@@ -1193,6 +1224,16 @@ CASES = [
         ((S.CostSuite, "test_claim_reads_the_same_for_a_long_backlog"),),
     ),
     Case(
+        "claims to keep timers and signals (its capabilities) but keeps none",
+        "memory",
+        {"backend": ClaimsTimersBackend, "checkpointer": TimerlessCheckpointer},
+        (
+            (S.TimerSuite, "test_due_timers_soonest_first"),
+            (S.SignalSuite, "test_signals_are_numbered_in_order"),
+            (S.WaitSuite, "test_sleep_waits_then_a_worker_wakes_it"),
+        ),
+    ),
+    Case(
         "list_threads reads every head and filters in Python",
         "sqlite",
         {"checkpointer": ScanningListSQLiteCheckpointer},
@@ -1214,6 +1255,7 @@ async def _outcome(cls: type[Any], name: str, backend: Any) -> BaseException | N
     if "flowy_corrupt" in inspect.signature(test).parameters:
         kwargs["flowy_corrupt"] = corrupt_head
     try:
+        skip_unless_capable(cls, backend)  # what the suite's autouse fixture does
         await asyncio.wait_for(test(**kwargs), 60)
     except pytest.skip.Exception as exc:
         pytest.fail(f"the suite test skipped instead of running: {exc}")
@@ -1267,7 +1309,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 49
+    assert len(CASES) == 50
     assert len({case.bug for case in CASES}) == len(CASES)
 
 
@@ -1475,3 +1517,94 @@ def test_every_suite_class_is_exported() -> None:
         }
     assert sorted(defined) == sorted(suite.__all__)
     assert all(getattr(suite, name).__test__ is True for name in suite.__all__)
+
+
+async def test_a_store_without_a_capability_skips_what_tests_it() -> None:
+    """A class whose capability the store lacks is skipped with the reason (and a test
+    of a class that tests more, on its own); the rest runs."""
+    backend = await memory_with(checkpointer=TimerlessCheckpointer)
+    try:
+        assert backend.capabilities.missing() == ("durable_timers_signals",)
+        for cls in (S.TimerSuite, S.SignalSuite, S.WaitSuite):
+            with pytest.raises(pytest.skip.Exception, match=r"durable_timers_signals.*does not"):
+                skip_unless_capable(cls, backend)
+        skip_unless_capable(S.JournalSuite, backend)  # journal kept: not skipped
+        with pytest.raises(pytest.skip.Exception, match="durable_timers_signals"):
+            await S.LimitsSuite().test_signal_payload(flowy_backend=backend)
+        assert await _outcome(S.JournalSuite, "test_put_get_and_replace", backend) is None
+    finally:
+        await backend.aclose()
+
+
+_TIMERLESS_CONFTEST = """
+import uuid
+
+import pytest
+
+from flowy import connect
+from flowy.memory import MemoryCheckpointer
+from flowy.storage import BaseCheckpointer
+
+
+class Timerless(MemoryCheckpointer):
+    _timers = BaseCheckpointer._timers
+    _append_signal = BaseCheckpointer._append_signal
+    _read_signals = BaseCheckpointer._read_signals
+
+
+@pytest.fixture
+def flowy_url():
+    return f"memory://timerless-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+async def flowy_backend(flowy_url):
+    backend = await connect(flowy_url)
+    backend.checkpointer = Timerless(backend.store)
+    yield backend
+    await backend.aclose()
+"""
+
+
+def test_suite_skips_the_classes_of_a_missing_capability_through_pytest(tmp_path: Path) -> None:
+    """Through real pytest (the suite's autouse fixture): every test of a class that
+    tests a capability the store lacks is skipped with the reason; other classes run."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfilterwarnings = error\n")
+    (tmp_path / "conftest.py").write_text(textwrap.dedent(_TIMERLESS_CONFTEST))
+    (tmp_path / "test_store.py").write_text("from flowy.testing.suite import *  # noqa: F403\n")
+    report = tmp_path / "report.xml"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "flowy.testing.plugin",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--junitxml={report}",
+            "-k",
+            "TimerSuite or JournalSuite",
+            "test_store.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcomes: dict[str, tuple[str, str]] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        key = f"{case.get('classname', '').rsplit('.', 1)[-1]}.{case.get('name', '')}"
+        skipped = [child for child in case if child.tag == "skipped"]
+        outcomes[key] = ("skipped", skipped[0].get("message", "")) if skipped else ("passed", "")
+    timer_tests = [n for n in dir(suite.TimerSuite) if n.startswith("test_")]
+    journal_tests = [n for n in dir(suite.JournalSuite) if n.startswith("test_")]
+    for name in timer_tests:
+        outcome, message = outcomes[f"TimerSuite.{name}[asyncio]"]
+        assert outcome == "skipped", name
+        assert "TimerSuite tests durable_timers_signals" in message, message
+    for name in journal_tests:
+        assert outcomes[f"JournalSuite.{name}[asyncio]"] == ("passed", ""), name

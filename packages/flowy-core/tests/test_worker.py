@@ -16,6 +16,7 @@ import flowy
 from flowy import storage
 from flowy import types as ftypes
 from flowy.memory import MemoryBackend, MemoryConsumer
+from flowy.storage import as_backend
 from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox, Phase
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +39,7 @@ def counted_graph(runs: list[str]) -> flowy.Graph[State, Any]:
 def setup(runs: list[str]) -> tuple[flowy.Runner[State, Any], MemoryConsumer]:
     mem: MemoryBackend[State] = MemoryBackend()
     runner = flowy.Runner(
-        counted_graph(runs), mem.checkpointer, lease_manager=mem.leases, handoff_outbox=mem.outbox
+        counted_graph(runs), as_backend(mem.checkpointer, leases=mem.leases, outbox=mem.outbox)
     )
     return runner, mem.consumer
 
@@ -55,7 +56,7 @@ def failing_runner(mem: MemoryBackend[State], error: Exception) -> flowy.Runner[
     b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
     b.add_node("work", work).add_node("broken", broken).add_edge("work", "broken")
     b.allow_no_outgoing_route("broken")
-    return flowy.Runner(b.compile(), mem.checkpointer, handoff_outbox=mem.outbox)
+    return flowy.Runner(b.compile(), as_backend(mem.checkpointer, outbox=mem.outbox))
 
 
 async def test_worker_resumes_handoffs_and_acks() -> None:
@@ -117,8 +118,8 @@ async def test_two_workers_one_message_lease_decides() -> None:
     lm = mem.leases
     cp = mem.checkpointer
     queue = mem.outbox
-    runner_a = flowy.Runner(b.compile(), cp, lease_manager=lm, handoff_outbox=queue)
-    runner_b = flowy.Runner(b.compile(), cp, lease_manager=lm, handoff_outbox=queue)
+    runner_a = flowy.Runner(b.compile(), as_backend(cp, leases=lm, outbox=queue))
+    runner_b = flowy.Runner(b.compile(), as_backend(cp, leases=lm, outbox=queue))
     await runner_a.start("t", {}, run_lease=("fg", 5))
     (msg,) = await mem.consumer.claim(1, 30)
     wa = flowy.Worker(runner_a, mem.consumer, owner="a", lease_ttl=5)
@@ -140,7 +141,7 @@ async def test_orphaned_message_goes_through_recovery() -> None:
     queue = mem.outbox
     outbox = FaultyOutbox(PlainOutbox(queue))
     outbox.arm(after_write=True, error=lambda: TimeoutError("ack lost"))  # lands, then errors
-    runner = flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=outbox)
+    runner = flowy.Runner(counted_graph(runs), as_backend(cp, leases=lm, outbox=outbox))
     r = await runner.start("t", {}, run_lease=("fg", 5))
     assert r.reason == flowy.Reason.HANDOFF_ORPHANED  # the orphan patch landed
     worker = flowy.Worker(runner, mem.consumer, owner="w", lease_ttl=5, stale_after=0)
@@ -158,7 +159,7 @@ async def test_recovery_loop_leader_only() -> None:
     queue = mem.outbox
     outbox = FaultyOutbox(PlainOutbox(queue))
     outbox.arm(times=3, error=lambda: ConnectionError("down"))
-    runner = flowy.Runner(counted_graph(runs), cp, lease_manager=lm, handoff_outbox=outbox)
+    runner = flowy.Runner(counted_graph(runs), as_backend(cp, leases=lm, outbox=outbox))
     for i in range(3):
         r = await runner.start(f"t{i}", {}, run_lease=("fg", 5))
         assert r.reason == flowy.Reason.HANDOFF_ORPHANED
@@ -313,7 +314,7 @@ async def test_worker_dying_mid_segment_after_a_saved_step_is_continued() -> Non
     lm = mem.leases
     cp = mem.checkpointer
     queue = mem.outbox
-    runner = flowy.Runner(builder.compile(), cp, lease_manager=lm, handoff_outbox=queue)
+    runner = flowy.Runner(builder.compile(), as_backend(cp, leases=lm, outbox=queue))
     await runner.start("t", {}, run_lease=("fg", 5))
     (msg,) = await mem.consumer.claim(1, visibility_timeout=0.05)
     worker = flowy.Worker(runner, mem.consumer, owner="w1", lease_ttl=5, visibility_timeout=0.05)
@@ -353,7 +354,7 @@ async def test_a_run_that_loses_its_lease_after_a_saved_step_is_retried_not_acke
     faulty = FaultyCheckpointer(mem.checkpointer)
     faulty.arm(Phase.SAVE_TERMINAL, error=lambda: flowy.LeaseLostError("lease taken over"))
     runner = flowy.Runner(
-        builder.compile(), faulty, lease_manager=mem.leases, handoff_outbox=mem.outbox
+        builder.compile(), as_backend(faulty, leases=mem.leases, outbox=mem.outbox)
     )
     await flowy.Runner(builder.compile(), mem).start("t", {})
     # The refused run keeps its lease record until the TTL runs out (it believes the

@@ -28,7 +28,7 @@ from ._observer import LifecycleEventType
 from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
-from ._waits import codec_of, durable_of, journal_store, limits_of, next_signal, take_signal
+from ._waits import next_signal, take_signal
 from .storage import (
     MAX_TIMESTAMP,
     JSONCodec,
@@ -112,7 +112,7 @@ class Execution(HandoffSegment[S, E]):
         ctx_token = current_run.set(self.meta)
         scope_token = current_scope.set(
             ActivityScope(
-                lambda: durable_of(self.cp, "flowy.activity()"),
+                lambda: self._journal("flowy.activity()"),
                 self.thread_id,
                 self.clock,
                 lambda: (self.meta.total_steps + 1, self.pointer),
@@ -398,8 +398,10 @@ class Execution(HandoffSegment[S, E]):
         max_total = graph.max_total_steps
         if max_total is not None and meta.total_steps + count > max_total:
             return await self._fail(Reason.MAX_TOTAL_STEPS_EXCEEDED)
-        cp = self.cp
-        journal = journal_of(journal_store(cp), self.thread_id, getattr(cp, "codec", None))
+        store = self.services.store
+        journal = (
+            journal_of(store.journal, self.thread_id, store.codec) if store is not None else None
+        )
         if self.sink is not None:
             for branch in branches:
                 self._emit(EventType.NODE_STARTED, node=branch.node, step=meta.step_count + 1)
@@ -556,7 +558,7 @@ class Execution(HandoffSegment[S, E]):
                 timeout_to = directive.on_timeout or child.timeout_routes.get(cptr, "")
                 if signal and self.cp is not None:
                     found = await next_signal(
-                        durable_of(self.cp, "wait_for()"), self.thread_id, signal,
+                        self._durable("wait_for()"), self.thread_id, signal,
                         self.signal_cursors,
                     )  # fmt: skip
                     if found is not None:
@@ -575,7 +577,7 @@ class Execution(HandoffSegment[S, E]):
                 if signal and waited.resume_token is not None:
                     # A signal sent while the wait was being saved: take it and go on.
                     found = await next_signal(
-                        durable_of(self.cp, "wait_for()"), self.thread_id, signal,
+                        self._durable("wait_for()"), self.thread_id, signal,
                         self.signal_cursors,
                     )  # fmt: skip
                     if found is not None:
@@ -707,12 +709,12 @@ class Execution(HandoffSegment[S, E]):
 
     async def _take_pending(self, name: str) -> bool:
         """Take the next signal ``name`` from the inbox into the state, if there is one."""
-        durable = durable_of(self.cp, "wait_for()")
+        durable = self._durable("wait_for()")
         signal = await next_signal(durable, self.thread_id, name, self.signal_cursors)
         if signal is None:
             return False
         self.state = await take_signal(
-            self.graph, self.state, signal, self.signal_cursors, codec_of(self.cp)
+            self.graph, self.state, signal, self.signal_cursors, self._merge
         )
         return True
 
@@ -727,13 +729,14 @@ class Execution(HandoffSegment[S, E]):
     ) -> RunResult[S, E]:
         """Save the waiting snapshot (its wake-up time indexed by the store) and build
         the result; ``emit`` the terminal event now (else the caller does)."""
-        if self.cp is None:
+        store = self.services.store
+        if store is None:
             result = self._result(RunStatus.WAITING, reason)
             if emit:
                 self._emit_wait(result)
             return result
         if wake_at is not None:
-            longest = limits_of(self.cp).max_sleep
+            longest = store.limits.max_sleep
             now = self.clock()
             if not 0 <= wake_at <= MAX_TIMESTAMP or wake_at - now > longest:
                 return self._fail_unsaved(

@@ -107,7 +107,7 @@ class MigrationStep:
 
 @dataclass(frozen=True)
 class Graph(Generic[S, E]):
-    """A compiled, immutable graph. Run it with ``flowy.Runner(graph, checkpointer)``."""
+    """A compiled, immutable graph. Run it with ``flowy.Runner(graph, backend)``."""
 
     nodes: Mapping[str, Node[S, E]]
     """The nodes by name."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from . import _tracing
 from ._errors import (
@@ -177,15 +177,6 @@ async def three_phase_tail(
     return token
 
 
-def _is_transactional(obj: object, protocol: type) -> bool:
-    """True if ``obj`` implements ``protocol``; wrappers (the lease guard, fault
-    injectors) say whether the object they wrap does through a ``transactional`` flag."""
-    flag = getattr(obj, "transactional", None)
-    if isinstance(flag, bool):
-        return flag
-    return isinstance(obj, protocol)
-
-
 class HandoffSegment(Segment[S, E]):
     """The hand-off terminal path of a segment."""
 
@@ -204,7 +195,8 @@ class HandoffSegment(Segment[S, E]):
             self._warn_no_progress()
         cp = self.cp
         outbox = self.services.outbox
-        if cp is None:
+        store = self.services.store
+        if cp is None or store is None:
             result = self._result(RunStatus.HANDOFF, reason)
             self._emit(EventType.HANDOFF, reason=reason, execution_pointer=self.pointer)
             return result
@@ -212,14 +204,8 @@ class HandoffSegment(Segment[S, E]):
         handoff_status = HandoffStatus.NONE
         if outbox is None:
             error = await self._save_or_stop(self._snapshot(RunStatus.HANDOFF, reason), "handoff")
-        elif _is_transactional(cp, TransactionalCheckpointer) and _is_transactional(
-            outbox, TransactionalHandoffOutbox
-        ):
-            error = await self._handoff_tx(
-                cast(TransactionalCheckpointer[S], cp),
-                cast(TransactionalHandoffOutbox, outbox),
-                reason,
-            )
+        elif store.transactional is not None:
+            error = await self._handoff_tx(*store.transactional, reason)
             handoff_status = HandoffStatus.ENQUEUED
         else:
             reason, handoff_status, error = await self._handoff_three_phase(cp, outbox, reason)

@@ -41,7 +41,7 @@ from ._plan import ResumePlan, ResumeTargetPolicy
 from ._results import ResumeDecision, ResumeDecisionKind
 from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
 from ._types import E, ResumeToken, S
-from ._waits import codec_of, merge_update, take_signal, wake
+from ._waits import Wake, merge_update, take_signal, wake_from
 from .storage import (
     Checkpointer,
     HandoffStatus,
@@ -51,6 +51,7 @@ from .storage import (
     Snapshot,
     validate_thread_id,
 )
+from .storage._adapt import Merge
 
 __all__ = ["AfterLoad", "RunPreparation", "StateMerge"]
 
@@ -418,14 +419,14 @@ class RunPreparation(Generic[S, E]):
                 pointer = snap.execution_pointer
                 nested_wake: tuple[Any, bool] | None = None
                 if snap.status is RunStatus.WAITING:
-                    woke = await wake(self.checkpointer, self.graph, snap, self.clock())
+                    woke = await self._wake(snap)
                     if snap.nested:  # the wait is inside a subgraph: it takes the signal
                         nested_wake = (woke.signal, woke.timed_out)
                     else:
                         pointer = woke.pointer
                         if woke.signal is not None:
                             state = await take_signal(
-                                self.graph, state, woke.signal, cursors, codec_of(self.checkpointer)
+                                self.graph, state, woke.signal, cursors, self._merge()
                             )
                 # 4. state overlay
                 if overlay is not None:
@@ -477,7 +478,20 @@ class RunPreparation(Generic[S, E]):
         else the graph's reducer."""
         if merge is not None:
             return merge(state, cast(S, overlay))
-        return merge_update(self.graph, state, overlay, codec_of(self.checkpointer))
+        return merge_update(self.graph, state, overlay, self._merge())
+
+    def _merge(self) -> Merge | None:
+        """The store codec's ``merge`` (validates merged fields), if it has one."""
+        store = self._services.store
+        return store.merge if store is not None else None
+
+    async def _wake(self, snap: Snapshot[S]) -> Wake:
+        """Where the waiting head ``snap`` goes on (its signal, or its timeout route)."""
+        store = self._services.store
+        if store is None:
+            return await wake_from(None, "NoneType", snap, self.clock())
+        name = type(store.backend.checkpointer).__name__
+        return await wake_from(store.durable, name, snap, self.clock())
 
     def _apply_plan(self, plan: object, pointer: str) -> str:
         if not isinstance(plan, ResumePlan) or plan.empty:

@@ -17,6 +17,7 @@ import os
 import socket
 import time
 import uuid
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import replace
 from types import TracebackType
@@ -36,17 +37,14 @@ from ._observer import GLOBAL, LifecycleEvent, LifecycleEventType, LifecycleObse
 from ._plan import ResumeTargetPolicy
 from ._preflight import AfterLoad, RunPreparation, StateMerge
 from ._results import HandoffRecoveryResult, ResumeDecision, RunResult
-from ._segment import InvariantValidator, Services
+from ._segment import InvariantValidator, Services, require_durable
 from ._types import JSON, E, ResumeToken, S
 from ._waits import send_signal
 from .storage import (
     Backend,
     Checkpointer,
-    FencingCheckpointer,
     HandoffOutbox,
     HandoffStatus,
-    JSONCodec,
-    LeaseGuardCheckpointer,
     LeaseManager,
     RunStatus,
     Signal,
@@ -54,7 +52,7 @@ from .storage import (
     new_write_id,
     validate_thread_id,
 )
-from .storage._codecs import is_plain_json_type
+from .storage._adapt import Binding, backend_of, bind, opened_backend
 
 __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
@@ -109,33 +107,33 @@ class StreamStart(Generic[S, E]):
             await self._handle.__aexit__(exc_type, exc, tb)
 
 
-def _is_backend(store: object) -> bool:
-    return all(hasattr(store, name) for name in ("checkpointer", "leases", "outbox", "consumer"))
-
-
 class Runner(RunPreparation[S, E]):
     """Runs a compiled graph against a store.
 
-    From a backend the runner takes its checkpointer, lease manager and outbox, and
-    every run holds a fenced lease, renewed about every ttl/3 and released after the
-    terminal save. A checkpointer that does not fence the lease manager's leases itself
-    is wrapped in a ``LeaseGuardCheckpointer`` (safe within one process only). When the
-    checkpointer has no codec and the graph knows its state type
-    (``GraphBuilder(state=...)``), snapshots decode into that type.
+    The runner talks to one ``Backend``: it reads the backend's ``capabilities`` once,
+    here, and chooses its paths from them. Every run holds a fenced lease from the
+    backend's lease manager, renewed about every ttl/3 and released after the terminal
+    save; a checkpointer that does not fence those leases itself (components of two
+    stores) is wrapped in a ``LeaseGuardCheckpointer`` (safe within one process only).
+    A hand-off is one write when the store's outbox is transactional, else the
+    three-phase FSM. When the checkpointer has no codec and the graph knows its state
+    type (``GraphBuilder(state=...)``), snapshots decode into that type.
 
     Args:
         graph: the compiled graph to run.
-        store: a ``Backend`` (``await flowy.connect(url)``), a bare checkpointer, or
-            ``None`` to run without saving anything (results then carry no resume
-            token).
-        lease_manager: the lease manager (default: the backend's). With one given here
-            and no ``run_lease``, every start/resume/stream needs its own
+        store: a ``Backend`` (``await flowy.connect(url)``, or components wrapped with
+            ``flowy.storage.as_backend``), or ``None`` to run without saving anything
+            (results then carry no resume token). A bare checkpointer is deprecated:
+            it is wrapped with ``as_backend``, with a ``DeprecationWarning``.
+        lease_manager: deprecated (``as_backend(checkpointer, leases=...)``): a lease
+            manager replacing the backend's. With one given this way, or with loose
+            components, and no ``run_lease``, every start/resume/stream needs its own
             ``run_lease=(owner, ttl)``.
-        handoff_outbox: where ``handoff()`` puts intents (default: the backend's
-            outbox): transactionally when the checkpointer and outbox support it,
-            otherwise through the three-phase FSM.
-        run_lease: ``(owner, ttl_seconds)`` of each run's lease. On a backend the
-            default is this process's ``host-pid`` for ``DEFAULT_LEASE_TTL`` seconds.
+        handoff_outbox: deprecated (``as_backend(checkpointer, outbox=...)``): an
+            outbox replacing the backend's.
+        run_lease: ``(owner, ttl_seconds)`` of each run's lease. On a backend of its
+            own (not loose components) the default is this process's ``host-pid`` for
+            ``DEFAULT_LEASE_TTL`` seconds.
         after_load: ``after_load(state) -> state`` (sync or async), applied to every
             loaded state before a resume uses it.
         handoff_stale_after: seconds after which a pending hand-off counts as stale and
@@ -167,63 +165,44 @@ class Runner(RunPreparation[S, E]):
     ) -> None:
         self.graph = graph
         self.backend: Backend[S] | None = None
-        checkpointer: Checkpointer[S] | None
-        if store is not None and _is_backend(store):
-            backend = cast(Backend[S], store)
+        """The store the runner talks to (``None``: it saves nothing)."""
+        store_binding: Binding[S] | None = None
+        if store is not None:
+            backend = cast(Backend[S], backend_of(store, lease_manager, handoff_outbox))
+            store_binding = bind(backend, graph.state_type)
             self.backend = backend
-            checkpointer = backend.checkpointer
-            lease_manager = lease_manager if lease_manager is not None else backend.leases
-            handoff_outbox = handoff_outbox if handoff_outbox is not None else backend.outbox
-            if run_lease is None:
+            lease_manager = store_binding.leases
+            if run_lease is None and opened_backend(store):
                 run_lease = (default_owner(), DEFAULT_LEASE_TTL)
-        else:
-            checkpointer = cast("Checkpointer[S] | None", store)
+        elif lease_manager is not None or handoff_outbox is not None:
+            warnings.warn(
+                "Runner(graph, None, lease_manager=..., handoff_outbox=...) is deprecated: "
+                "a runner without a store saves nothing, so it hands nothing off",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         if run_lease is not None:
             self._check_run_lease(run_lease, lease_manager)
-        if checkpointer is not None:
-            checkpointer = self._typed(checkpointer, graph)
-        domain = getattr(checkpointer, "domain", None)
-        self._store_key: object = domain if domain is not None else id(checkpointer or self)
-        if (
-            lease_manager is not None
-            and checkpointer is not None
-            and not (
-                isinstance(checkpointer, FencingCheckpointer) and checkpointer.fences(lease_manager)
-            )
-        ):
-            checkpointer = LeaseGuardCheckpointer(checkpointer, lease_manager)
-        self.checkpointer: Checkpointer[S] | None = checkpointer
+        self._store: Binding[S] | None = store_binding
+        self._store_key: object = store_binding.domain if store_binding else id(self)
+        self.checkpointer: Checkpointer[S] | None = (
+            store_binding.checkpointer if store_binding else None
+        )
         self.lease_manager = lease_manager
-        self.handoff_outbox = handoff_outbox
+        self.system_leases: bool = store_binding is not None and (
+            store_binding.capabilities.system_leases
+        )
+        """Whether the lease manager takes flowy's own leases (the recovery leader's)."""
+        self.handoff_outbox: HandoffOutbox | None = store_binding.outbox if store_binding else None
         self.run_lease = run_lease
         self.after_load = after_load
         self.handoff_stale_after = handoff_stale_after
         self.clock = clock
         self.telemetry: Telemetry = Telemetry(observer, GLOBAL)
         self._services: Services[S, E] = Services(
-            graph, checkpointer, lease_manager, handoff_outbox, clock, self.telemetry
+            graph, store_binding, lease_manager, clock, self.telemetry
         )
         self._tasks: set[asyncio.Task[Any]] = set()
-
-    @staticmethod
-    def _typed(checkpointer: Checkpointer[S], graph: Graph[S, E]) -> Checkpointer[S]:
-        """The checkpointer decoding into the graph's state type when it has no codec.
-
-        A checkpointer without a codec and without ``with_codec`` (a 0.1 wrapper) hands
-        back plain JSON: fine for a state type plain JSON already is (``dict[str, Any]``,
-        a TypedDict, …), refused for one it cannot hand back (a dataclass, …)."""
-        if graph.state_type is None or getattr(checkpointer, "codec", None) is not None:
-            return checkpointer
-        with_codec = getattr(checkpointer, "with_codec", None)
-        if with_codec is None and is_plain_json_type(graph.state_type):
-            return checkpointer
-        if with_codec is None:
-            raise TypeError(
-                f"{type(checkpointer).__name__} has no codec, so it would hand this graph "
-                f"plain JSON instead of {graph.state_type!r}; give it "
-                f"codec=flowy.storage.JSONCodec({getattr(graph.state_type, '__name__', '...')})"
-            )
-        return cast(Checkpointer[S], with_codec(JSONCodec(graph.state_type)))
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """This runner's counters (the process-wide ones are ``flowy.lifecycle.metrics()``)."""
@@ -452,8 +431,11 @@ class Runner(RunPreparation[S, E]):
         Returns:
             The signal as stored, with its ``seq`` in the thread's inbox.
         """
+        store = self._store
+        durable = store.durable if store is not None else None
+        kind = type(store.backend.checkpointer).__name__ if store is not None else "NoneType"
         return await send_signal(
-            self.checkpointer,
+            require_durable(durable, kind, "Runner.signal"),
             self.handoff_outbox,
             thread_id,
             name,

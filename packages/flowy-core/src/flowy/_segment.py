@@ -9,7 +9,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, cast
 
 from . import _tracing
@@ -22,6 +22,7 @@ from ._results import Reason, RunResult
 from ._types import E, ResumeToken, S
 from .storage import (
     Checkpointer,
+    DurableCheckpointer,
     HandoffOutbox,
     HandoffStatus,
     Lease,
@@ -31,6 +32,7 @@ from .storage import (
     durable_save,
     new_write_id,
 )
+from .storage._adapt import Binding, Merge
 
 __all__ = [
     "InvariantValidator",
@@ -39,6 +41,7 @@ __all__ = [
     "Stop",
     "maybe_await",
     "register_run",
+    "require_durable",
     "running_here",
     "unregister_run",
 ]
@@ -77,6 +80,19 @@ async def maybe_await(value: Any) -> Any:
     return value
 
 
+def require_durable(
+    durable: DurableCheckpointer[Any] | None, store: str, what: str
+) -> DurableCheckpointer[Any]:
+    """``durable``; ``TypeError`` naming ``what`` and the ``store`` class if ``None``
+    (the store keeps no timers, signals or journal)."""
+    if durable is None:
+        raise TypeError(
+            f"{what} needs a store that keeps timers, signals and an activity journal "
+            f"(flowy.storage.DurableCheckpointer); {store} does not"
+        )
+    return durable
+
+
 class Stop(Exception):
     """Ends the execution loop with a finished result."""
 
@@ -86,15 +102,30 @@ class Stop(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Services(Generic[S, E]):
-    """What a segment uses of its runner: the graph, the store's parts, the clock and
-    the telemetry."""
+    """What a segment uses of its runner: the graph, the store as the runner bound it
+    (its paths chosen once, from its capabilities; ``None``: nothing is saved), the
+    lease manager, the clock and the telemetry."""
 
     graph: Graph[S, E]
-    checkpointer: Checkpointer[S] | None
+    store: Binding[S] | None
     lease_manager: LeaseManager | None
-    outbox: HandoffOutbox | None
     clock: Callable[[], float]
     telemetry: Telemetry
+    checkpointer: Checkpointer[S] | None = field(init=False)
+    outbox: HandoffOutbox | None = field(init=False)
+    store_name: str = field(init=False)
+    """The class of the store's checkpointer (spans and messages say it)."""
+
+    def __post_init__(self) -> None:
+        store = self.store
+        set_ = object.__setattr__
+        set_(self, "checkpointer", store.checkpointer if store is not None else None)
+        set_(self, "outbox", store.outbox if store is not None else None)
+        set_(
+            self,
+            "store_name",
+            type(store.checkpointer).__name__ if store is not None else "none",
+        )
 
 
 class Segment(Generic[S, E]):
@@ -120,7 +151,7 @@ class Segment(Generic[S, E]):
         self.services = services
         self.graph = services.graph
         self.cp = services.checkpointer
-        self.store = type(services.checkpointer).__name__ if services.checkpointer else "none"
+        self.store = services.store_name
         self.telemetry = services.telemetry
         self.clock = services.clock
         self.key = key
@@ -147,6 +178,29 @@ class Segment(Generic[S, E]):
         # Where the segment started, to notice one that hands off without progress.
         self.start_pointer = pointer
         self.start_state = state
+
+    # -- the store's optional parts (chosen when the runner was built) -----------------
+    def _durable(self, what: str) -> DurableCheckpointer[S]:
+        """The store's timers and inbox; ``TypeError`` naming ``what`` if it keeps none."""
+        store = self.services.store
+        durable = store.durable if store is not None else None
+        return require_durable(durable, self._store_class(), what)
+
+    def _journal(self, what: str) -> DurableCheckpointer[S]:
+        """The store's activity journal; ``TypeError`` naming ``what`` if it keeps none."""
+        store = self.services.store
+        journal = store.journal if store is not None else None
+        return require_durable(journal, self._store_class(), what)
+
+    def _store_class(self) -> str:
+        store = self.services.store
+        return type(store.backend.checkpointer).__name__ if store is not None else "NoneType"
+
+    @property
+    def _merge(self) -> Merge | None:
+        """The store codec's ``merge``, which validates merged fields (``None``: none)."""
+        store = self.services.store
+        return store.merge if store is not None else None
 
     # -- events and telemetry --------------------------------------------------------
     def _emit(self, type_: EventType, **kw: Any) -> None:

@@ -17,38 +17,35 @@ from typing import Any, cast
 
 from ._errors import ThreadCompletedError
 from ._graph import Graph
-from ._segment import maybe_await
+from ._segment import maybe_await, require_durable
 from ._types import JSON, ResumeToken, S
 from .storage import (
-    BaseCheckpointer,
     Checkpointer,
     DurableCheckpointer,
     HandoffIntent,
     HandoffOutbox,
     HandoffStatus,
     LeaseGuardCheckpointer,
-    Limits,
     RunStatus,
     Signal,
     Snapshot,
-    StateCodec,
     validate_thread_id,
 )
+from .storage._adapt import Merge
 from .storage._codecs import merge_fields
 from .storage._durable import check_key
 
 __all__ = [
     "Wake",
     "durable_of",
-    "journal_store",
-    "limits_of",
-    "codec_of",
     "merge_update",
     "next_signal",
     "send_signal",
     "take_signal",
     "wake",
+    "wake_from",
 ]
+
 
 _FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
 
@@ -56,33 +53,20 @@ _FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED)
 def durable_of(cp: Checkpointer[Any] | None, what: str) -> DurableCheckpointer[Any]:
     """The checkpointer's timers, inbox and journal; ``TypeError`` naming ``what`` if
     the store keeps none."""
-    inner = journal_store(cp)
-    if inner is None:
-        shown = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
-        raise TypeError(
-            f"{what} needs a store that keeps timers, signals and an activity journal "
-            f"(flowy.storage.DurableCheckpointer); {type(shown).__name__} does not"
-        )
-    return inner
-
-
-def codec_of(cp: Checkpointer[Any] | None) -> StateCodec[Any] | None:
-    """The codec the checkpointer's store encodes states with (``None``: none known)."""
     inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
-    return inner.codec if isinstance(inner, BaseCheckpointer) else None
+    return require_durable(
+        inner if isinstance(inner, DurableCheckpointer) else None, type(inner).__name__, what
+    )
 
 
-def merge_update(
-    graph: Graph[S, Any], state: S, update: object, codec: StateCodec[Any] | None = None
-) -> S:
+def merge_update(graph: Graph[S, Any], state: S, update: object, merge: Merge | None = None) -> S:
     """``update`` merged into ``state`` as a ``state_overlay`` is: a mapping of fields
     into a dataclass, msgspec Struct or TypedDict state, field by field, the result
-    validated by ``codec`` (its ``merge``, if it has one; an unknown field or a value
-    that does not fit is a ``ValueError`` naming it); anything else through the graph's
-    reducer."""
+    validated by ``merge`` (the store codec's ``merge``, if it has one; an unknown field
+    or a value that does not fit is a ``ValueError`` naming it); anything else through
+    the graph's reducer."""
     if isinstance(update, Mapping):
         fields = cast(Mapping[str, Any], update)
-        merge = getattr(codec, "merge", None) if codec is not None else None
         if merge is not None:
             merged = cast("S | None", merge(state, fields))
         else:  # no codec known: the fields are merged, not validated
@@ -90,19 +74,6 @@ def merge_update(
         if merged is not None:
             return merged
     return graph.reducer(state, cast(S, update))
-
-
-def limits_of(cp: Checkpointer[Any] | None) -> Limits:
-    """The limits of the checkpointer's store (the defaults for a store without a
-    ``BaseCheckpointer``)."""
-    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
-    return inner.limits if isinstance(inner, BaseCheckpointer) else Limits()
-
-
-def journal_store(cp: Checkpointer[Any] | None) -> DurableCheckpointer[Any] | None:
-    """The checkpointer's journal, or ``None`` if its store keeps none."""
-    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
-    return inner if isinstance(inner, DurableCheckpointer) else None
 
 
 async def next_signal(
@@ -125,7 +96,7 @@ async def take_signal(
     state: S,
     signal: Signal,
     cursors: dict[str, int],
-    codec: StateCodec[Any] | None = None,
+    merge: Merge | None = None,
 ) -> S:
     """``state`` with ``signal``'s payload merged in (the graph's ``on_signal`` handler,
     else :func:`merge_update`), and the signal's cursor moved to it."""
@@ -133,7 +104,7 @@ async def take_signal(
     if handler is not None:
         state = cast(S, await maybe_await(handler(state, signal.payload)))
     elif signal.payload is not None:
-        state = merge_update(graph, state, signal.payload, codec)
+        state = merge_update(graph, state, signal.payload, merge)
     cursors[signal.name] = signal.seq
     return state
 
@@ -151,12 +122,22 @@ class Wake:
 async def wake(
     cp: Checkpointer[Any] | None, graph: Graph[Any, Any], snap: Snapshot[Any], now: float
 ) -> Wake:
+    """Where a resume of the waiting head ``snap`` continues (see :func:`wake_from`),
+    with the signals of ``cp``'s store."""
+    inner = cp.inner if isinstance(cp, LeaseGuardCheckpointer) else cp
+    durable = inner if isinstance(inner, DurableCheckpointer) else None
+    return await wake_from(durable, type(inner).__name__, snap, now)
+
+
+async def wake_from(
+    durable: DurableCheckpointer[Any] | None, store: str, snap: Snapshot[Any], now: float
+) -> Wake:
     """Where a resume of the waiting head ``snap`` continues: with its signal if one is
-    in the inbox; at its timeout route once its deadline passed; else (an early resume
-    by token) at its resume node without a signal."""
+    in ``durable``'s inbox; at its timeout route once its deadline passed; else (an
+    early resume by token) at its resume node without a signal."""
     pointer = snap.execution_pointer
     if snap.waiting_for:
-        durable = durable_of(cp, "a resume of a thread waiting for a signal")
+        durable = require_durable(durable, store, "a resume of a thread waiting for a signal")
         signal = await next_signal(durable, snap.thread_id, snap.waiting_for, snap.signal_cursors)
         if signal is not None:
             return Wake(pointer, signal)
@@ -166,7 +147,7 @@ async def wake(
 
 
 async def send_signal(
-    cp: Checkpointer[Any] | None,
+    durable: DurableCheckpointer[Any],
     outbox: HandoffOutbox | None,
     thread_id: str,
     name: str,
@@ -185,7 +166,6 @@ async def send_signal(
     check_key(name, "signal name")
     if signal_id is not None:
         check_key(signal_id, "signal id")
-    durable = durable_of(cp, "Runner.signal")
     snap, _ = await durable.load(thread_id)
     if snap.status in _FINISHED:
         raise ThreadCompletedError(

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable
 from typing import Generic, cast
 
 from .._errors import HandoffPendingError, LeaseError, ThreadLeaseBusyError
 from .._types import E, S
-from ..storage import HandoffStatus, Lease
+from ..storage import BaseLeaseManager, HandoffStatus, Lease
 from ._options import RECOVERY_LEADER
 from ._shared import Shared
 
@@ -97,11 +96,10 @@ class Recovery(Generic[S, E]):
                 return True
             except LeaseError:
                 self._leader = None
-        acquire_system = getattr(lm, "acquire_system", None)
         try:
-            if callable(acquire_system):
-                leader = acquire_system(RECOVERY_LEADER, self.owner, ttl)
-                self._leader = cast(Lease, await cast(Awaitable[object], leader))
+            if self.runner.system_leases:  # chosen when the runner was built
+                system = cast(BaseLeaseManager, lm)
+                self._leader = await system.acquire_system(RECOVERY_LEADER, self.owner, ttl)
             else:  # a lease manager without system leases: a reserved-looking thread id
                 self._leader = await lm.acquire(f"flowy:{RECOVERY_LEADER}", self.owner, ttl)
             return True

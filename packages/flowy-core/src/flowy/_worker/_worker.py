@@ -102,8 +102,9 @@ class Worker(Generic[S, E]):
         self._timers = Timers(shared)
         self._recovery = Recovery(shared)
         sampling = None
-        if options.sample_interval is not None and runner.backend is not None:
-            sampling = Sampling(shared, runner.backend)
+        backend = runner.backend
+        if options.sample_interval is not None and backend and backend.capabilities.backlog:
+            sampling = Sampling(shared, backend)
         self._sampling = sampling
 
     @property

@@ -23,7 +23,7 @@ from .._errors import (
 from .._plan import ResumePlan, resume_to
 from .._results import RunResult
 from .._runner import Runner, default_owner
-from .._waits import send_signal
+from .._waits import durable_of, send_signal
 from ..storage import HandoffStatus, RunStatus, ThreadSummary
 from ._inspect import dead_letter_json, list_threads, not_found, print_json, summary_json
 from ._options import (
@@ -325,7 +325,7 @@ async def cmd_signal(args: argparse.Namespace, out: Console) -> int:
     async with open_store(store, None) as backend:
         try:
             stored = await send_signal(
-                backend.checkpointer,
+                durable_of(backend.checkpointer, "Runner.signal"),
                 backend.outbox,
                 thread,
                 args.name,

@@ -1,8 +1,9 @@
 """The store-facing API of flowy: protocols, values, the record envelope, codecs and the
 bases a store is built on.
 
-Applications open a store with ``flowy.connect(url)`` and rarely import this module. A
-new store subclasses :class:`BaseCheckpointer`, :class:`BaseLeaseManager`,
+Applications open a store with ``flowy.connect(url)`` and rarely import this module
+(:func:`as_backend` wraps components built one by one into a backend). A new store
+subclasses :class:`BaseCheckpointer`, :class:`BaseLeaseManager`,
 :class:`BaseOutbox`, :class:`BaseConsumer` and :class:`BaseBackend`, implements their
 atomic primitives, registers an opener in the ``flowy.backends`` entry-point group, and
 runs the conformance suite of :mod:`flowy.testing` (``docs/adapters.md``).
@@ -15,6 +16,7 @@ validate the envelope against its storage address and raise
 from __future__ import annotations
 
 from .._types import ResumeToken as ResumeToken
+from ._adapt import as_backend as as_backend
 from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
 from ._backend import redact_url as redact_url
@@ -27,6 +29,7 @@ from ._base import OutboxTransaction as OutboxTransaction
 from ._base import Refused as Refused
 from ._base import Write as Write
 from ._base import show_id as show_id
+from ._capabilities import Capabilities as Capabilities
 from ._codecs import JSONCodec as JSONCodec
 from ._codecs import MsgspecCodec as MsgspecCodec
 from ._codecs import StateCodec as StateCodec
@@ -103,6 +106,7 @@ __all__ = [
     "BaseLeaseManager",
     "BaseOutbox",
     "Busy",
+    "Capabilities",
     "Checkpointer",
     "Connecting",
     "DeadLetter",
@@ -138,6 +142,7 @@ __all__ = [
     "TransactionalCheckpointer",
     "TransactionalHandoffOutbox",
     "Write",
+    "as_backend",
     "confirm_save",
     "connect",
     "decode_intent",

@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from .._errors import BackendURLError, SchemaVersionError
 from .._types import S
+from ._capabilities import Capabilities
+from ._derive import derive_capabilities
 from ._limits import Limits
 
 __all__ = ["BaseBackend", "StoreURL", "redact_url"]
@@ -409,6 +411,14 @@ class BaseBackend(abc.ABC, Generic[S]):
         """Remove everything of this (scratch) store's namespace: a store whose
         :meth:`scratch_url` gives a URL implements it."""
         raise NotImplementedError(f"{type(self).__name__} has no scratch stores")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this store can do, derived from the primitives its components implement
+        (:class:`flowy.storage.Capabilities`). Runners and workers read it once, when
+        they are built."""
+        parts: Any = self
+        return derive_capabilities(parts.checkpointer, parts.leases, parts.outbox, parts.consumer)
 
     @property
     def closed(self) -> bool:

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from .._types import S
+from ._capabilities import Capabilities
 from ._codecs import StateCodec
 from ._durable import ActivityRecord, Signal, Timer
 from ._model import (
@@ -299,6 +300,13 @@ class Backend(Protocol[S]):
     @property
     def consumer(self) -> OutboxConsumer:
         """What ``flowy.Worker`` claims hand-offs from."""
+        ...
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the store can do, derived from the primitives it implements; the engine
+        reads it once, when a runner is built, and the conformance suite skips exactly
+        the classes of the capabilities it lacks."""
         ...
 
     async def setup(self) -> int:

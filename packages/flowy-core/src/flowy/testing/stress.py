@@ -46,6 +46,7 @@ from ..storage import (
     OutboxMessage,
     ResumeToken,
     RunStatus,
+    as_backend,
 )
 from .faults import Fault, FaultyCheckpointer, FaultyOutbox, Phase
 
@@ -174,10 +175,10 @@ async def run_stress(
     ob_faults = _RandomFaults(rng, fault_rate, {Phase.ENQUEUE})
     tx_outbox.faults = ob_faults  # type: ignore[assignment]
     plain_outbox.faults = ob_faults  # type: ignore[assignment]
-    runner_tx = Runner(graph, faulty_cp, lease_manager=leases, handoff_outbox=tx_outbox)
-    runner_3p = Runner(graph, faulty_cp, lease_manager=leases, handoff_outbox=plain_outbox)
+    runner_tx = Runner(graph, as_backend(faulty_cp, leases=leases, outbox=tx_outbox))
+    runner_3p = Runner(graph, as_backend(faulty_cp, leases=leases, outbox=plain_outbox))
     consumer = _CrashingConsumer(backend.consumer, rng, crash_rate)
-    clean = Runner(graph, store, lease_manager=leases, handoff_outbox=queue)
+    clean = Runner(graph, as_backend(store, leases=leases, outbox=queue))
     pool = [
         Worker(
             clean if i else runner_3p,

@@ -40,7 +40,15 @@ from .._graph import Graph, GraphBuilder
 from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
-from ..storage import Backend, HandoffIntent, HandoffOutbox, StoreURL, connect, redact_url
+from ..storage import (
+    Backend,
+    HandoffIntent,
+    HandoffOutbox,
+    StoreURL,
+    as_backend,
+    connect,
+    redact_url,
+)
 from .faults import Fault, FaultyCheckpointer, FaultyOutbox, Phase
 
 __all__ = ["graph", "main", "run"]
@@ -135,7 +143,7 @@ async def _worker(url: str, seed: int, fault_rate: float, stats: Path, pace: flo
     outbox = FaultyOutbox(base_outbox)
     ob_faults = _RandomFaults(rng, fault_rate, {Phase.ENQUEUE})
     outbox.faults = ob_faults  # pyright: ignore[reportAttributeAccessIssue]
-    runner = Runner(graph(), cp, lease_manager=backend.leases, handoff_outbox=outbox)
+    runner = Runner(graph(), as_backend(cp, leases=backend.leases, outbox=outbox))
     worker: Worker[State, Any] | None = None
 
     def report(*_: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -61,6 +61,8 @@ async def _bury(consumer: BaseConsumer, message: OutboxMessage, long_ttl: float)
 
 class BacklogSuite(Suite):
     """``stats()`` and ``oldest_heads()``: what is waiting in the store, and since when."""
+
+    requires: ClassVar[tuple[str, ...]] = ("backlog",)
 
     async def test_an_empty_store_has_no_backlog(self, flowy_backend: Backend[Any]) -> None:
         _, consumer = _backlog(flowy_backend)

@@ -22,7 +22,15 @@ from typing import Any
 import pytest
 
 from ...storage import Backend, BaseCheckpointer, BaseConsumer, RunStatus
-from ._support import Suite, fixed_time, make_intent, make_snapshot, new_thread_id, saved_chain
+from ._support import (
+    Suite,
+    fixed_time,
+    make_intent,
+    make_snapshot,
+    new_thread_id,
+    require_capability,
+    saved_chain,
+)
 
 __all__ = ["CostSuite"]
 
@@ -186,6 +194,7 @@ class CostSuite(Suite):
     async def test_due_timers_read_the_same_for_many_waiting_threads(
         self, flowy_backend: Backend[Any]
     ) -> None:
+        require_capability(flowy_backend, "durable_timers_signals")
         cp = _checkpointer(flowy_backend)
         due, later = fixed_time, fixed_time + 1_000_000
         for i in range(3):

@@ -7,7 +7,7 @@ a run that lost its store is released, while one a run of its process holds is n
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from ..._directives import Directive, end, handoff
 from ..._graph import Graph, GraphBuilder
@@ -59,6 +59,8 @@ class DeliverySuite(Suite):
     """A failure no delivery can cure (an undecodable thread record, a resume at a node
     the graph does not have) is dead-lettered on its first delivery, with the reason;
     a transient one is given back for another delivery after a backoff."""
+
+    requires: ClassVar[tuple[str, ...]] = ("handoff_outbox", "consumer")
 
     async def _handed_off(self, backend: Backend[Any], label: str) -> str:
         tid = new_thread_id(label)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 
@@ -22,13 +22,25 @@ from ...storage import (
     Signal,
     Timer,
 )
-from ._support import Suite, fixed_time, make_snapshot, new_thread_id, peer_of
+from ._support import (
+    Suite,
+    fixed_time,
+    make_snapshot,
+    new_thread_id,
+    peer_of,
+    require_capability,
+)
 
 __all__ = ["JournalSuite", "LineageSuite", "SignalSuite", "TimerSuite"]
 
 
-def require_durable(backend: Backend[Any]) -> DurableCheckpointer[Any]:
-    """The store's checkpointer as a ``DurableCheckpointer`` (every store is one)."""
+def require_durable(
+    backend: Backend[Any], capability: str = "durable_timers_signals"
+) -> DurableCheckpointer[Any]:
+    """The store's checkpointer as a ``DurableCheckpointer``: the test is skipped, with
+    the reason, when the store lacks ``capability`` (``durable_timers_signals`` or
+    ``journal``), and fails when it claims it without being one."""
+    require_capability(backend, capability)
     cp = backend.checkpointer
     if not isinstance(cp, DurableCheckpointer):
         pytest.fail(
@@ -56,6 +68,8 @@ def _signal(thread_id: str, name: str = "approval", payload: Any = None, **kw: A
 
 class TimerSuite(Suite):
     """Wake-up times are saved with the head and listed from an index, soonest first."""
+
+    requires: ClassVar[tuple[str, ...]] = ("durable_timers_signals",)
 
     async def test_wake_at_round_trips_with_the_head(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend)
@@ -161,6 +175,8 @@ class TimerSuite(Suite):
 
 class SignalSuite(Suite):
     """Each thread's inbox: numbered in order, once per signal id, isolated per thread."""
+
+    requires: ClassVar[tuple[str, ...]] = ("durable_timers_signals",)
 
     async def test_signals_are_numbered_in_order(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend)
@@ -306,8 +322,10 @@ def _record(key: str, status: ActivityStatus = ActivityStatus.STARTED, **kw: Any
 class JournalSuite(Suite):
     """Each thread's activity journal: entries by key, replaced in place, isolated."""
 
+    requires: ClassVar[tuple[str, ...]] = ("journal",)
+
     async def test_put_get_and_replace(self, flowy_backend: Backend[Any]) -> None:
-        cp = require_durable(flowy_backend)
+        cp = require_durable(flowy_backend, "journal")
         tid = new_thread_id("journal")
         assert await cp.get_activity(tid, "charge:1") is None
         started = _record("charge:1")
@@ -321,7 +339,7 @@ class JournalSuite(Suite):
     async def test_journal_is_oldest_first_and_per_thread(
         self, flowy_backend: Backend[Any]
     ) -> None:
-        cp = require_durable(flowy_backend)
+        cp = require_durable(flowy_backend, "journal")
         tid, other = new_thread_id("j1"), new_thread_id("j2")
         records = [_record(f"k{i}", started_at=fixed_time + 10 - i) for i in range(3)]
         for record in records:
@@ -332,7 +350,7 @@ class JournalSuite(Suite):
         assert (await cp.get_activity(tid, "k0")) == records[0]
 
     async def test_every_field_round_trips(self, flowy_backend: Backend[Any]) -> None:
-        cp = require_durable(flowy_backend)
+        cp = require_durable(flowy_backend, "journal")
         tid = new_thread_id("fields")
         key = "step 3/charge:order-42 ünïcode {x}" + "k" * 300
         record = ActivityRecord(
@@ -350,7 +368,7 @@ class JournalSuite(Suite):
         assert await cp.get_activity(tid, key) == record
 
     async def test_delete_removes_the_journal(self, flowy_backend: Backend[Any]) -> None:
-        cp = require_durable(flowy_backend)
+        cp = require_durable(flowy_backend, "journal")
         tid = new_thread_id("jdel")
         await cp.save(0, make_snapshot(tid))
         await cp.put_activity(tid, _record("a"))
@@ -359,7 +377,7 @@ class JournalSuite(Suite):
         assert await cp.get_activity(tid, "a") is None
 
     async def test_bad_keys_are_refused(self, flowy_backend: Backend[Any]) -> None:
-        cp = require_durable(flowy_backend)
+        cp = require_durable(flowy_backend, "journal")
         tid = new_thread_id("jbad")
         with pytest.raises(ValueError):
             await cp.put_activity(tid, _record(""))

@@ -19,7 +19,7 @@ from ..._runner import Runner
 from ..._worker import Worker
 from ...storage import Backend, RunStatus
 from ._durable import require_durable
-from ._support import Suite, history_revisions, new_thread_id
+from ._support import Suite, history_revisions, new_thread_id, require_capability
 
 __all__ = ["ForkSuite", "VersionSuite"]
 
@@ -149,6 +149,7 @@ class ForkSuite(Suite):
     ) -> None:
         """A fork neither sees its parent's signals nor keeps its cursors: its signals are
         numbered from 1 (the parent's signal ids are new to it) and it waits for its own."""
+        require_capability(flowy_backend, "durable_timers_signals")
         graph = _approval_graph()
         runner = Runner(graph, flowy_backend)
         worker = Worker(runner, lease_ttl=5.0, timer_interval=0.05, retry_delay=0.05)

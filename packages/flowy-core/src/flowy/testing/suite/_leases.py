@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -47,6 +47,8 @@ async def _assert_held_by(leases: LeaseManager, lease: Lease) -> None:
 
 class LeaseSuite(Suite):
     """``acquire`` / ``renew`` / ``release`` / ``holder`` of the bundle's lease manager."""
+
+    requires: ClassVar[tuple[str, ...]] = ("run_leases",)
 
     async def test_acquire_returns_a_live_lease(self, flowy_backend: Backend[Any]) -> None:
         leases = require_leases(flowy_backend)
@@ -279,6 +281,8 @@ class FencingSuite(Suite):
     Runs when the checkpointer is a ``FencingCheckpointer`` whose ``fences(bundle.leases)``
     is true.
     """
+
+    requires: ClassVar[tuple[str, ...]] = ("run_leases",)
 
     async def _assert_unchanged(
         self, flowy_backend: Backend[Any], before: tuple[Snapshot[Any], int]

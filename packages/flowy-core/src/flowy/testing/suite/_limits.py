@@ -33,7 +33,7 @@ from ...storage import (
 )
 from ...storage._durable import encode_activity, encode_signal
 from ._durable import require_durable
-from ._support import Suite, fixed_time, make_snapshot, new_thread_id
+from ._support import Suite, fixed_time, make_snapshot, new_thread_id, require_capability
 
 __all__ = ["LimitsSuite"]
 
@@ -201,7 +201,7 @@ class LimitsSuite(Suite):
         assert len(await cp.signals(tid)) == 3
 
     async def test_activity_result(self, flowy_backend: Backend[Any]) -> None:
-        cp = require_durable(flowy_backend)
+        cp = require_durable(flowy_backend, "journal")
         limit = 16 * 1024
         set_limits(flowy_backend, Limits(max_activity_bytes=limit))
         tid = new_thread_id("result")
@@ -255,6 +255,7 @@ class LimitsSuite(Suite):
         assert (await cp.append_signal(replace(signal(1), thread_id=other))).seq == 1
 
     async def test_sleep(self, flowy_backend: Backend[Any]) -> None:
+        require_capability(flowy_backend, "durable_timers_signals")
         set_limits(flowy_backend, Limits(max_sleep=3600.0))
         asked: list[float] = []
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -74,6 +74,8 @@ async def _claim_one(consumer: OutboxConsumer, visibility_timeout: float) -> Out
 
 class OutboxSuite(Suite):
     """``enqueue_intent`` and the consumer: at-least-once delivery with dead letters."""
+
+    requires: ClassVar[tuple[str, ...]] = ("handoff_outbox", "consumer")
 
     async def test_claim_returns_the_intent(self, flowy_backend: Backend[Any]) -> None:
         outbox, consumer = require_consumer(flowy_backend)
@@ -424,6 +426,8 @@ class OutboxSuite(Suite):
 
 class TransactionalOutboxSuite(Suite):
     """``save_with_outbox``: the snapshot and the intent commit together or not at all."""
+
+    requires: ClassVar[tuple[str, ...]] = ("transactional_outbox", "consumer")
 
     async def test_commits_snapshot_and_intent(self, flowy_backend: Backend[Any]) -> None:
         tx = require_transactional(flowy_backend)

@@ -34,6 +34,7 @@ from ...storage import (
     RunStatus,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
+    as_backend,
     durable_save,
 )
 from ..faults import FaultyCheckpointer, FaultyOutbox, Phase
@@ -126,8 +127,8 @@ class WriteOwnershipSuite(Suite):
         thread_id = new_thread_id("own")
         async with peer_of(bundle) as peer:
             graph = _effect_graph(effects, gate, runs)
-            runner_a = Runner(graph, bundle.checkpointer, lease_manager=bundle.leases)
-            runner_b = Runner(graph, peer.checkpointer, lease_manager=peer.leases)
+            runner_a = Runner(graph, as_backend(bundle.checkpointer, leases=bundle.leases))
+            runner_b = Runner(graph, as_backend(peer.checkpointer, leases=peer.leases))
             first = await runner_a.start(
                 thread_id, {"approve_first": True}, run_lease=_lease(bundle, "a")
             )
@@ -171,8 +172,8 @@ class WriteOwnershipSuite(Suite):
         thread_id = new_thread_id("stale")
         async with peer_of(bundle) as peer:
             graph = _effect_graph(effects)
-            runner_a = Runner(graph, bundle.checkpointer, lease_manager=bundle.leases)
-            runner_b = Runner(graph, peer.checkpointer, lease_manager=peer.leases)
+            runner_a = Runner(graph, as_backend(bundle.checkpointer, leases=bundle.leases))
+            runner_b = Runner(graph, as_backend(peer.checkpointer, leases=peer.leases))
             first = await runner_a.start(
                 thread_id, {"approve_first": True}, run_lease=_lease(bundle, "a")
             )
@@ -231,14 +232,12 @@ class FaultSuite(Suite):
             faulty_cp.arm(phase, after_write=after_write, error=error)
         else:
             faulty_cp.arm(phase, after_write=after_write, error=error)
-        runner = Runner(graph, faulty_cp, lease_manager=bundle.leases, handoff_outbox=faulty_outbox)
+        runner = Runner(graph, as_backend(faulty_cp, leases=bundle.leases, outbox=faulty_outbox))
         first = await runner.start(thread_id, {}, run_lease=_lease(bundle, "fg"))
         assert faulty_cp.struck or faulty_outbox.faults.struck, "the fault never struck"
 
         # The clean side: a worker with a recovery pass (stale_after=0: no waiting).
-        clean = Runner(
-            graph, bundle.checkpointer, lease_manager=bundle.leases, handoff_outbox=outbox
-        )
+        clean = Runner(graph, as_backend(bundle.checkpointer, leases=bundle.leases, outbox=outbox))
         worker = Worker(clean, consumer, owner="suite-worker", lease_ttl=30.0, stale_after=0)
         if isinstance(first.error, HandoffEnqueueFailedError) and not first.error.orphaned:
             # the worst case of the runbook: enqueued without a message -> force re-enqueue
@@ -308,7 +307,7 @@ class FaultSuite(Suite):
         thread_id = new_thread_id("amb-run")
         faulty = FaultyCheckpointer(bundle.checkpointer)
         faulty.arm(Phase.SAVE_STEP, times=2, after_write=True)
-        runner = Runner(_effect_graph(effects), faulty, lease_manager=bundle.leases)
+        runner = Runner(_effect_graph(effects), as_backend(faulty, leases=bundle.leases))
         result = await runner.start(thread_id, {}, run_lease=_lease(bundle, "fg"))
         assert result.status is RunStatus.HANDOFF and result.error is None
         done = await runner.resume(result.resume_token, run_lease=_lease(bundle, "bg"))  # type: ignore[arg-type]

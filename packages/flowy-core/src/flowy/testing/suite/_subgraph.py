@@ -13,7 +13,7 @@ from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
 from ..._worker import Worker
 from ...storage import Backend, RunStatus
-from ._support import Suite, new_thread_id
+from ._support import Suite, new_thread_id, require_capability
 
 __all__ = ["SubgraphSuite"]
 
@@ -129,6 +129,7 @@ class SubgraphSuite(Suite):
         assert calls.count("search") == 1
 
     async def test_a_signal_reaches_a_wait_inside(self, flowy_backend: Backend[Any]) -> None:
+        require_capability(flowy_backend, "durable_timers_signals")
         calls: list[str] = []
         runner = Runner(_agent(_research(calls, pause="wait")), flowy_backend)
         tid = new_thread_id("subwait")

@@ -46,12 +46,15 @@ __all__ = [
     "max_attempts_of",
     "new_thread_id",
     "peer_of",
+    "missing_capabilities",
+    "require_capability",
     "require_consumer",
     "require_corrupt",
     "require_fencing",
     "require_leases",
     "require_transactional",
     "saved_chain",
+    "skip_unless_capable",
     "try_load",
 ]
 
@@ -82,9 +85,49 @@ class Suite:
     clock_skew: float = 2.0
     """Seconds the store's clock may differ from this process's clock."""
 
+    requires: ClassVar[tuple[str, ...]] = ()
+    """The capabilities this class tests (names of ``flowy.storage.Capabilities``
+    fields): on a store that lacks one, every test of the class is skipped, with the
+    reason. A store that claims a capability runs the class, and fails it if the claim
+    is false."""
+
     async def expire(self) -> None:
         """Sleep until something given ``short_ttl`` has certainly expired."""
         await asyncio.sleep(self.short_ttl + self.settle)
+
+    @pytest.fixture(autouse=True)
+    def _flowy_capabilities(self, flowy_backend: Backend[Any]) -> None:
+        """Skip the test, with the reason, when the store lacks a capability of
+        ``requires``."""
+        skip_unless_capable(type(self), flowy_backend)
+
+
+def missing_capabilities(suite: type[Suite], backend: Backend[Any]) -> list[str]:
+    """The capabilities ``suite`` requires that ``backend`` does not have."""
+    have = backend.capabilities
+    return [name for name in suite.requires if not getattr(have, name)]
+
+
+def skip_unless_capable(suite: type[Suite], backend: Backend[Any]) -> None:
+    """Skip (``pytest.skip``) with the reason when ``backend`` lacks a capability that
+    ``suite`` requires."""
+    missing = missing_capabilities(suite, backend)
+    if missing:
+        pytest.skip(
+            f"{suite.__name__} tests {', '.join(missing)}, which "
+            f"{type(backend).__name__} does not have (Backend.capabilities: its store "
+            "does not implement the primitives)"
+        )
+
+
+def require_capability(backend: Backend[Any], name: str) -> None:
+    """Skip the test, with the reason, when ``backend`` lacks the capability ``name``
+    (for a test of a class that tests more than that capability)."""
+    if not getattr(backend.capabilities, name):
+        pytest.skip(
+            f"this test needs {name}, which {type(backend).__name__} does not have "
+            "(Backend.capabilities: its store does not implement the primitives)"
+        )
 
 
 def new_thread_id(label: str = "t") -> str:
@@ -167,7 +210,8 @@ def make_intent(
 
 
 def require_leases(backend: Backend[Any]) -> LeaseManager:
-    """The store's lease manager."""
+    """The store's lease manager (skipped, with the reason, on a store without one)."""
+    require_capability(backend, "run_leases")
     return backend.leases
 
 
@@ -185,7 +229,10 @@ def require_fencing(backend: Backend[Any]) -> tuple[FencingCheckpointer[Any], Le
 
 
 def require_consumer(backend: Backend[Any]) -> tuple[HandoffOutbox, OutboxConsumer]:
-    """The store's outbox and consumer."""
+    """The store's outbox and consumer (skipped, with the reason, on a store without
+    them)."""
+    require_capability(backend, "handoff_outbox")
+    require_capability(backend, "consumer")
     return backend.outbox, backend.consumer
 
 
@@ -199,7 +246,9 @@ class Transactional:
 
 
 def require_transactional(backend: Backend[Any]) -> Transactional:
-    """The store's transactional checkpointer and outbox (every store has them)."""
+    """The store's transactional checkpointer and outbox (skipped, with the reason, on a
+    store whose hand-offs are not one write; every store built on the bases has them)."""
+    require_capability(backend, "transactional_outbox")
     cp = backend.checkpointer
     outbox = backend.outbox
     if not isinstance(cp, TransactionalCheckpointer) or not isinstance(

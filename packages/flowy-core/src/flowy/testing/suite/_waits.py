@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -73,6 +73,8 @@ def _wait_graph(log: list[str], *, timeout: float | None = None) -> Graph[State,
 class WaitSuite(Suite):
     """``sleep`` / ``wait_for`` save a waiting head; workers wake it once; signals are
     kept, delivered in order, once, and refused for unknown or finished threads."""
+
+    requires: ClassVar[tuple[str, ...]] = ("durable_timers_signals", "handoff_outbox", "consumer")
 
     async def test_sleep_waits_then_a_worker_wakes_it(self, flowy_backend: Backend[Any]) -> None:
         ran: list[str] = []
@@ -362,6 +364,8 @@ class ActivitySuite(Suite):
     """``flowy.activity`` records each call in the store: replayed after a re-run, never
     called again when its outcome is unknown, retried as a durable timer."""
 
+    requires: ClassVar[tuple[str, ...]] = ("journal", "durable_timers_signals")
+
     async def test_a_rerun_node_gets_the_recorded_result(self, flowy_backend: Backend[Any]) -> None:
         gateway = _Gateway()
         runner = Runner(_pay_graph(gateway, key="charge"), flowy_backend)
@@ -371,7 +375,7 @@ class ActivitySuite(Suite):
         assert token is not None
         first = await runner.resume(token)
         assert first.status is RunStatus.FAILED and gateway.calls == ["o-1"]  # nothing saved
-        journal = await require_durable(flowy_backend).journal(tid)
+        journal = await require_durable(flowy_backend, "journal").journal(tid)
         assert [(r.key, r.status, r.attempts) for r in journal] == [
             ("charge", ActivityStatus.SUCCEEDED, 1)
         ]
@@ -403,7 +407,7 @@ class ActivitySuite(Suite):
         result = await runner.resume((await runner.head(tid))[1])
         assert result.state["receipt"] == {"charge": "found_o-1", "amount": 42}
         assert gateway.calls == [] and looked_up == ["o-1"]
-        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        record = await require_durable(flowy_backend, "journal").get_activity(tid, "charge")
         assert record is not None and record.status is ActivityStatus.SUCCEEDED
 
     async def test_reconcile_that_finds_nothing_calls_again(
@@ -418,7 +422,7 @@ class ActivitySuite(Suite):
         result = await runner.resume((await runner.head(tid))[1])
         assert result.state["receipt"]["charge"] == "ch_o-1"
         assert gateway.calls == ["o-1"]
-        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        record = await require_durable(flowy_backend, "journal").get_activity(tid, "charge")
         assert record is not None and record.attempts == 2
 
     async def test_an_idempotent_activity_is_called_again(
@@ -441,7 +445,7 @@ class ActivitySuite(Suite):
         assert first.status is RunStatus.WAITING and first.reason == "activity_retry"
         head, _ = await runner.head(tid)
         assert head.execution_pointer == "pay" and head.wake_at is not None
-        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        record = await require_durable(flowy_backend, "journal").get_activity(tid, "charge")
         assert record is not None and record.status is ActivityStatus.RETRYING
         assert record.retry_at == head.wake_at and "gateway down" in record.error
         worker = _worker(runner)
@@ -453,7 +457,7 @@ class ActivitySuite(Suite):
                 break
         assert head.status is RunStatus.COMPLETED, head
         assert gateway.calls == ["o-1"] * 3
-        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        record = await require_durable(flowy_backend, "journal").get_activity(tid, "charge")
         assert record is not None and (record.status, record.attempts) == (
             ActivityStatus.SUCCEEDED,
             3,
@@ -480,7 +484,7 @@ class ActivitySuite(Suite):
             head, _ = await runner.head(tid)
         assert head.status is RunStatus.COMPLETED and head.state["error"] == "ActivityFailedError"
         assert gateway.calls == ["o-1"]  # attempt 2 never started
-        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        record = await require_durable(flowy_backend, "journal").get_activity(tid, "charge")
         assert record is not None
         assert (record.status, record.attempts) == (ActivityStatus.FAILED, 1)
         assert record.error == "ConnectionError: gateway down (call 1)"
@@ -493,7 +497,7 @@ class ActivitySuite(Suite):
         tid = new_thread_id("failed")
         result = await runner.start(tid, {"order": "o-1"})
         assert result.state["error"] == "ActivityFailedError" and gateway.calls == ["o-1"]
-        record = await require_durable(flowy_backend).get_activity(tid, "charge")
+        record = await require_durable(flowy_backend, "journal").get_activity(tid, "charge")
         assert record is not None and record.status is ActivityStatus.FAILED
         assert record.error == "ConnectionError: gateway down (call 1)"
 
@@ -504,7 +508,7 @@ class ActivitySuite(Suite):
         see: a crash during the call leaves an outcome known to be unknown."""
         tid = new_thread_id("started")
         async with peer_of(flowy_backend) as peer:
-            gateway = _PeekingGateway(require_durable(peer), tid)
+            gateway = _PeekingGateway(require_durable(peer, "journal"), tid)
             result = await Runner(_pay_graph(gateway, key="charge"), flowy_backend).start(
                 tid, {"order": "o-1"}
             )
@@ -512,7 +516,7 @@ class ActivitySuite(Suite):
             [seen] = gateway.seen
             assert seen is not None, "the activity was called before its entry was stored"
             assert (seen.key, seen.status, seen.attempts) == ("charge", ActivityStatus.STARTED, 1)
-            record = await require_durable(peer).get_activity(tid, "charge")
+            record = await require_durable(peer, "journal").get_activity(tid, "charge")
             assert record is not None and record.status is ActivityStatus.SUCCEEDED
 
     async def test_default_keys_are_stable_per_step(self, flowy_backend: Backend[Any]) -> None:
@@ -533,7 +537,7 @@ class ActivitySuite(Suite):
         tid = new_thread_id("keys")
         result = await runner.start(tid, {"n": 1, "seen": []})
         assert result.status is RunStatus.COMPLETED and result.state["seen"] == [2, 8]
-        journal = await require_durable(flowy_backend).journal(tid)
+        journal = await require_durable(flowy_backend, "journal").journal(tid)
         double_name = double.__qualname__
         assert sorted(r.key for r in journal) == sorted(
             [f"{step}:step:{double_name}#{n}" for step in (1, 2) for n in (1, 2)]
@@ -580,5 +584,5 @@ async def _started_but_unrecorded(backend: Backend[Any], label: str) -> str:
         started_at=time.time(),
         updated_at=time.time(),
     )
-    await require_durable(backend).put_activity(tid, replace(record))
+    await require_durable(backend, "journal").put_activity(tid, replace(record))
     return tid

@@ -1,0 +1,48 @@
+"""What a store can do, declared once: :class:`Capabilities`, derived from the primitives
+its components implement.
+
+Like a SQLAlchemy dialect's ``supports_*`` flags, the engine reads them when a runner is
+built and chooses its paths then; the conformance suite skips a class, with the reason,
+exactly when a capability it tests is absent. ``_derive`` computes them from a store's
+components.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+__all__ = ["Capabilities"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a store can do (``Backend.capabilities``); each flag is derived from the
+    primitives its components implement, never set by hand."""
+
+    run_leases: bool
+    """It has a lease manager: runs hold fenced, expiring leases on their threads."""
+    fencing: bool
+    """Its checkpointer checks its own leases atomically with each write (else the
+    engine wraps it in a ``LeaseGuardCheckpointer``, safe within one process only)."""
+    system_leases: bool
+    """Its lease manager takes flowy's own leases (``acquire_system``: the recovery
+    leader's) in a namespace no thread id reaches."""
+    handoff_outbox: bool
+    """It has an outbox: ``handoff()`` puts an intent there for a worker."""
+    transactional_outbox: bool
+    """A hand-off is one write: snapshot and outbox message commit together
+    (``save_with_outbox`` + ``enqueue_intent_tx``), else the three-phase FSM."""
+    consumer: bool
+    """It has a consumer: a ``flowy.Worker`` claims hand-offs from it."""
+    durable_timers_signals: bool
+    """It keeps an index of wake-up times and each thread's inbox of signals
+    (``sleep``, ``wait_for``, ``Runner.signal``)."""
+    journal: bool
+    """It keeps each thread's activity journal (``flowy.activity``)."""
+    backlog: bool
+    """It reports its backlog: the outbox's depth and dead letters, the oldest parked
+    threads (``flowy.otel`` gauges)."""
+
+    def missing(self) -> tuple[str, ...]:
+        """The names of the capabilities this store does not have."""
+        return tuple(f.name for f in fields(self) if not getattr(self, f.name))
