@@ -212,6 +212,18 @@ def test_every_error_name_ends_in_error_and_old_names_warn() -> None:
         _ = errors.Nowhere  # pyright: ignore[reportAttributeAccessIssue]
 
 
+def test_durable_save_is_renamed_confirmed_save_and_warns() -> None:
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"flowy.storage.durable_save is renamed flowy.storage.confirmed_save.*0\.4",
+    ):
+        old = storage.durable_save  # pyright: ignore[reportAttributeAccessIssue]
+    assert old is storage.confirmed_save
+    assert "durable_save" not in storage.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nowhere'"):
+        _ = storage.nowhere  # pyright: ignore[reportAttributeAccessIssue]
+
+
 @pytest.mark.anyio
 async def test_renamed_attributes_and_methods_of_0_1_warn() -> None:
     decision = flowy.ResumeDecision(

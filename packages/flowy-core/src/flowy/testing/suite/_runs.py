@@ -34,7 +34,7 @@ from ...storage import (
     RunStatus,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
-    durable_save,
+    confirmed_save,
 )
 from ..faults import FaultyCheckpointer, FaultyOutbox, Phase
 from ._support import (
@@ -293,13 +293,13 @@ class FaultSuite(Suite):
         faulty = FaultyCheckpointer(bundle.checkpointer)
         await bundle.checkpointer.save(0, make_snapshot(thread_id, {"n": 1}))
         faulty.arm(Phase.SAVE_STEP, after_write=True)  # lands, then the caller sees an error
-        revision = await durable_save(faulty, 1, make_snapshot(thread_id, {"n": 2}))
+        revision = await confirmed_save(faulty, 1, make_snapshot(thread_id, {"n": 2}))
         assert revision == 2
         head, stored = await bundle.checkpointer.load(thread_id)
         assert stored == 2 and head.state == {"n": 2}
         assert await history_revisions(bundle.checkpointer, thread_id) == [2, 1]
         faulty.arm(Phase.SAVE_STEP, after_write=False)  # fails before the write: retried
-        assert await durable_save(faulty, 2, make_snapshot(thread_id, {"n": 3})) == 3
+        assert await confirmed_save(faulty, 2, make_snapshot(thread_id, {"n": 3})) == 3
         assert await history_revisions(bundle.checkpointer, thread_id) == [3, 2, 1]
 
     async def test_ambiguous_step_saves_during_a_run(self, flowy_backend: Backend[Any]) -> None:
