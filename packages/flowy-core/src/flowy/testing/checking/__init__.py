@@ -37,6 +37,11 @@ store is the default (a fresh one per run, on a simulated clock); ``store=URL`` 
 same schedules on a real store, in a scratch store of its own next to the one ``URL``
 names (``flowy.storage.open_scratch``), removed when the check ends. See
 ``docs/checking.md``.
+
+Its parts: ``_report`` (scenarios, reports, schedules), ``_process`` (the simulated
+processes, each over a ``flowy.testing.faults.FaultyBackend`` whose plan is the run's
+operation log), ``_run`` (one run: the world around the thread), ``_verify`` (what is
+checked) and ``_search`` (seeds, shrinking, the event loop).
 """
 
 from __future__ import annotations

@@ -156,8 +156,9 @@ class Operations:
             write = cast(Write, args[0])
             summary = write.summary
             where = f"save #{self.saves} ({node_words(summary.status, summary.execution_pointer)})"
-            steps = decode_record(write.record).total_steps
-            ran = self.last_pointer if steps else ""
+            ran = self.last_pointer
+            if ran and not decode_record(write.record).total_steps:
+                ran = ""  # a save before any step ran
             return f"{where}, after node {ran!r} returned" if ran else where
         if name == "journal":
             record = decode_activity(args[2], key=args[1])
