@@ -93,11 +93,12 @@ class FaultyBackend(Generic[S]):
     """A ``Backend`` whose store operations fail where its plan says (module doc).
 
     Its ``checkpointer``, ``leases``, ``outbox`` and ``consumer`` are copies of
-    ``inner``'s (same store, same connections) whose primitives go through the plan
-    and the faults :meth:`arm` added. ``domain`` sets the coordination domain the
-    copies report (default: the store's; a simulated process of its own gets one of
-    its own). With ``three_phase``, ``outbox`` hides its transactional side, so
-    hand-offs take the three-phase path. The wrapper owns nothing: close ``inner``.
+    ``inner``'s (same store, same connections) whose primitives go through ``plan`` (a
+    :class:`FaultPlan`; default: none strikes) and the faults :meth:`arm` added.
+    ``domain`` sets the coordination domain the copies report (default: the store's;
+    a simulated process of its own gets one of its own). With ``three_phase``,
+    ``outbox`` hides its transactional side, so hand-offs take the three-phase path.
+    The wrapper owns nothing: close ``inner``.
 
     Raises:
         TypeError: a component of ``inner`` is not built on its store base.
@@ -162,7 +163,8 @@ class FaultyBackend(Generic[S]):
         error: Callable[[], BaseException] | None = None,
     ) -> Fault:
         """Make the next ``times`` operations of ``phase`` fail with ``kind`` (before the
-        plan is asked); returns the fault."""
+        plan is asked); ``error`` makes the exception it raises (default: a
+        ``StorageUnavailableError``). Returns the fault."""
         fault = Fault(kind=kind, phase=phase, times=times, error=error)
         self.armed.arm(fault)
         return fault
