@@ -356,20 +356,16 @@ def test_a_signal_that_never_wakes_the_thread_is_reported() -> None:
 
 
 def test_a_hand_off_resumed_twice_is_reported() -> None:
-    from flowy.testing import checking
+    from flowy.testing.checking import _verify  # pyright: ignore[reportPrivateUsage]
 
-    run: Any = checking._Run.__new__(checking._Run)  # pyright: ignore[reportPrivateUsage]
     done = flowy.RunResult(
         "t", {}, flowy.RunStatus.COMPLETED, "completed", "x", segment=2, revision=7
     )
     again = flowy.RunResult(
         "t", {}, flowy.RunStatus.COMPLETED, "completed", "x", segment=2, revision=9
     )
-    run.results = [done, again]
-    run.thread_id = "t"
-    run.base = MemoryBackend[Any]()
     snap: Any = type("Head", (), {"status": flowy.RunStatus.COMPLETED})()
-    problems = asyncio.run(run._handoffs(snap))
+    problems = asyncio.run(_verify.handoffs(snap, MemoryBackend[Any](), "t", [done, again]))
     assert problems == [
         "a hand-off was resumed twice: two runs of segment 2 saved their ends, at revisions 7 and 9"
     ]

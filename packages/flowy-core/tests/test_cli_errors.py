@@ -234,7 +234,7 @@ def test_an_unreachable_store_on_a_read_speaks_of_reading(args: list[str]) -> No
     # Nothing listens on port 1: the read fails, and its message says nothing of saves.
     proc = run_flowy(*args, "--backend", "redis://127.0.0.1:1/0", timeout=120)
     assert_one_line_error(proc, 1, "Redis was unavailable", "nothing was read")
-    for wrong in ("save", "durable_save", "outcome may be unknown"):
+    for wrong in ("save", "confirmed_save", "outcome may be unknown"):
         assert wrong not in proc.stderr, proc.stderr
 
 

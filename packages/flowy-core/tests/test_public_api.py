@@ -199,6 +199,31 @@ def test_names_moved_after_0_2_resolve_with_a_deprecation_warning() -> None:
     assert "HandoffError" not in vars(flowy)
 
 
+def test_every_error_name_ends_in_error_and_old_names_warn() -> None:
+    assert [n for n in errors.__all__ if not n.endswith("Error")] == []
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"flowy.errors.ActivityOutcomeUnknown is renamed "
+        r"flowy.errors.ActivityOutcomeUnknownError.*0\.4",
+    ):
+        old = errors.ActivityOutcomeUnknown  # pyright: ignore[reportAttributeAccessIssue]
+    assert old is errors.ActivityOutcomeUnknownError
+    with pytest.raises(AttributeError, match="no attribute 'Nowhere'"):
+        _ = errors.Nowhere  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_durable_save_is_renamed_confirmed_save_and_warns() -> None:
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"flowy.storage.durable_save is renamed flowy.storage.confirmed_save.*0\.4",
+    ):
+        old = storage.durable_save  # pyright: ignore[reportAttributeAccessIssue]
+    assert old is storage.confirmed_save
+    assert "durable_save" not in storage.__all__
+    with pytest.raises(AttributeError, match="no attribute 'nowhere'"):
+        _ = storage.nowhere  # pyright: ignore[reportAttributeAccessIssue]
+
+
 @pytest.mark.anyio
 async def test_renamed_attributes_and_methods_of_0_1_warn() -> None:
     decision = flowy.ResumeDecision(

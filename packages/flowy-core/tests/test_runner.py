@@ -380,7 +380,7 @@ async def test_suspend_save_failure_hard_fail_and_skip_policy() -> None:
     assert r.resume_token is None
     assert isinstance(r.error, flowy.StorageError) and "disk full" in str(r.error)
 
-    # an unknown outcome (connection lost) is retried by durable_save and succeeds
+    # an unknown outcome (connection lost) is retried by confirmed_save and succeeds
     cp1 = FaultyCheckpointer(MemoryCheckpointer[State]())
     cp1.arm(Phase.SAVE_SUSPEND)
     r1 = await runner_for(approval_graph(), cp1).start("t", {})

@@ -4,7 +4,7 @@
   a request that reached the table but whose response was lost (ambiguous outcome), a
   request that never arrived, throttling answered for the service, a transaction
   cancelled by a concurrent one. The save's own landed write is never reported as a
-  conflict and is never applied twice; ``flowy.storage.durable_save`` resolves the
+  conflict and is never applied twice; ``flowy.storage.confirmed_save`` resolves the
   outcomes the checkpointer cannot. A signal whose answer was lost is stored once.
 - Two OS processes racing on one thread: a single history chain, no lost update.
 - Oversized state: ``SnapshotTooLargeError`` naming the size, and nothing written.
@@ -43,7 +43,7 @@ from flowy.storage import (
     ResumeToken,
     Signal,
     Snapshot,
-    durable_save,
+    confirmed_save,
     new_write_id,
 )
 from flowy_dynamodb import MAX_ITEM_BYTES, DynamoBackend, make_client
@@ -214,7 +214,7 @@ async def test_lost_response_without_retries_is_resolved_by_durable_save(
 
         Injector(client_of(backend), "TransactWriteItems", deliver_then_drop)
         second = snap(tid, {"n": 2})
-        assert await durable_save(cp, 1, second) == 2
+        assert await confirmed_save(cp, 1, second) == 2
         assert (await cp.load(tid))[0].write_id == second.write_id
         await assert_single_chain(cp, tid, 2)
     finally:
@@ -230,7 +230,7 @@ async def test_request_that_never_arrived_is_applied_once_by_durable_save(
         tid = f"not-sent-{uuid.uuid4().hex}"
         injector = Injector(client_of(backend), "TransactWriteItems", drop_before_sending)
         first = snap(tid)
-        assert await durable_save(cp, 0, first, backoff=0.01) == 1
+        assert await confirmed_save(cp, 0, first, backoff=0.01) == 1
         assert injector.attempts == 2
         assert (await cp.load(tid))[0].write_id == first.write_id
         await assert_single_chain(cp, tid, 1)

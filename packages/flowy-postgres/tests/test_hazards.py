@@ -17,7 +17,7 @@ from pg_proxy import PgProxy
 from pg_support import Conn, acquired, connect, intent, opened, set_up, snap, sql, wait_until
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal, durable_save
+from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal, confirmed_save
 from flowy_postgres import SCHEMA_VERSION, PostgresBackend, create_pool
 from flowy_postgres._schema import TableNames, thread_key
 
@@ -103,11 +103,11 @@ async def test_idle_connection_killed_between_saves(
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
         await wait_until(gone)
         assert (await cp.load("idle"))[1] == 2
-        # Killed just before a save: the save reports an unknown outcome, and durable_save
+        # Killed just before a save: the save reports an unknown outcome, and confirmed_save
         # resolves it (here: not landed, so it saves once).
         pid = await sql(pool).fetchval("SELECT pg_backend_pid()")
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
-        assert await durable_save(cp, 2, snap("idle", 3)) == 3
+        assert await confirmed_save(cp, 2, snap("idle", 3)) == 3
         assert await history(cp, "idle") == [3, 2, 1]
 
 
@@ -172,10 +172,10 @@ async def test_durable_save_recovers_a_save_killed_mid_statement(
     try:
         async with locker.transaction():
             await _lock_head(locker, pg_schema, "mid-durable")
-            saving = asyncio.create_task(durable_save(cp, 1, wanted))
+            saving = asyncio.create_task(confirmed_save(cp, 1, wanted))
             pid = await _blocked_saver(admin, pg_schema)
             assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
-            await asyncio.sleep(0.2)  # durable_save reloads and retries (blocked again)
+            await asyncio.sleep(0.2)  # confirmed_save reloads and retries (blocked again)
         # The lock is gone: the retry goes through, exactly once.
         assert await saving == 2
     finally:
@@ -190,7 +190,7 @@ async def test_reply_lost_after_commit_is_resolved_by_durable_save(
 ) -> None:
     """The statement commits, then the connection dies before the reply arrives: the
     client cannot know. ``save`` reports ``StorageUnavailableError`` (never a conflict)
-    and ``durable_save`` finds its own write by its write id instead of writing again."""
+    and ``confirmed_save`` finds its own write by its write id instead of writing again."""
     reference = backend.checkpointer
     async with (
         PgProxy(postgres_dsn) as proxy,
@@ -209,11 +209,11 @@ async def test_reply_lost_after_commit_is_resolved_by_durable_save(
         assert proxy.cuts == 1
         head, revision = await reference.load("lost")
         assert (revision, head.write_id) == (3, landed.write_id)  # it did land
-        # Same again under durable_save: it returns the revision its write landed at.
+        # Same again under confirmed_save: it returns the revision its write landed at.
         again = snap("lost", 4)
         await asyncio.sleep(0.05)
         proxy.cut_next_reply()
-        assert await durable_save(cp, 3, again) == 4
+        assert await confirmed_save(cp, 3, again) == 4
         assert proxy.cuts == 2
         head, revision = await cp.load("lost")
         assert (revision, head.write_id) == (4, again.write_id)

@@ -23,7 +23,7 @@ from pg_proxy import PgProxy
 from pg_support import Conn, intent, opened, snap, with_options
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import durable_save
+from flowy.storage import confirmed_save
 from flowy.testing.backends import backend_missing, port_open
 from flowy.testing.suite import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromLibrary]
 
@@ -45,7 +45,7 @@ _HAZARDS = _hazards()
 history = _HAZARDS.history
 # The hazards whose stores come from ``flowy_url``/``backend`` run here through PgBouncer
 # (this module's ``flowy_url``): a server connection killed while a save waits on a row
-# lock, then the same under durable_save, and two processes racing on one thread.
+# lock, then the same under confirmed_save, and two processes racing on one thread.
 test_connection_killed_mid_save_writes_nothing = (
     _HAZARDS.test_connection_killed_mid_save_writes_nothing
 )
@@ -148,9 +148,9 @@ async def test_server_connection_killed_while_idle(
         )
         assert killed >= 1
         await asyncio.sleep(0.1)
-        # The first use after the kill may hit the dead connection: durable_save
+        # The first use after the kill may hit the dead connection: confirmed_save
         # resolves an unknown outcome; then plain saves go through.
-        assert await durable_save(cp, 1, snap("idle", 2)) == 2
+        assert await confirmed_save(cp, 1, snap("idle", 2)) == 2
         assert await cp.save(2, snap("idle", 3)) == 3
         assert await history(cp, "idle") == [3, 2, 1]
 
@@ -159,7 +159,7 @@ async def test_reply_lost_after_commit_through_pgbouncer(
     pgbouncer_dsn: str, pg_schema: str, backend: Any
 ) -> None:
     """The save commits, then the connection between the client and PgBouncer dies
-    before the reply: ``durable_save`` finds its own write instead of writing again."""
+    before the reply: ``confirmed_save`` finds its own write instead of writing again."""
     async with (
         PgProxy(pgbouncer_dsn) as proxy,
         opened(proxy.dsn, schema=pg_schema, pooler_mode="true", pool_size=1) as through,
@@ -176,6 +176,6 @@ async def test_reply_lost_after_commit_through_pgbouncer(
         again = snap("lost", 3)
         await asyncio.sleep(0.05)
         proxy.cut_next_reply(after_command=True)
-        assert await durable_save(cp, 2, again) == 3
+        assert await confirmed_save(cp, 2, again) == 3
         assert proxy.cuts == 2
         assert await history(backend.checkpointer, "lost") == [3, 2, 1]

@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_support import BackendFactory, RedisTarget, raw_client
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import Snapshot, durable_save, new_write_id
+from flowy.storage import Snapshot, confirmed_save, new_write_id
 from flowy.testing.suite._support import make_intent
 from flowy_redis import RedisBackend, RedisCheckpointer
 from flowy_redis._scripts import save_script
@@ -129,7 +129,7 @@ async def test_connection_lost_after_the_save_landed(
     make_standalone_backend: BackendFactory, standalone: RedisTarget
 ) -> None:
     """The client gives up (socket timeout) while its save waits behind a busy script;
-    the save then runs. durable_save learns it landed: no conflict, no second write."""
+    the save then runs. confirmed_save learns it landed: no conflict, no second write."""
     backend = make_standalone_backend()
     tid = _tid()
     assert await backend.checkpointer.save(0, snap(tid, ["first"])) == 1
@@ -140,12 +140,12 @@ async def test_connection_lost_after_the_save_landed(
         _Counting.calls = _Counting.unavailable = 0
         busy = await _while_busy(standalone.url, 600_000)
         mine = snap(tid, ["first", "mine"])
-        revision = await durable_save(cp, 1, mine, attempts=6, backoff=0.2)
+        revision = await confirmed_save(cp, 1, mine, attempts=6, backoff=0.2)
         await busy
     finally:
         await impatient.aclose()
     assert revision == 2
-    # One save, which timed out; durable_save then found it had landed.
+    # One save, which timed out; confirmed_save then found it had landed.
     assert (_Counting.calls, _Counting.unavailable) == (1, 1)
     history = await backend.checkpointer.get_history(tid)
     assert [s.revision for s in history] == [2, 1]
@@ -156,7 +156,7 @@ async def test_connection_killed_before_the_save_ran(
     make_standalone_backend: BackendFactory, standalone: RedisTarget
 ) -> None:
     """CLIENT KILL of the saving connection while its save is held by CLIENT PAUSE: the
-    save never runs; durable_save finds the head unchanged and saves once."""
+    save never runs; confirmed_save finds the head unchanged and saves once."""
     backend = make_standalone_backend()
     admin: Any = backend.client
     tid = _tid()
@@ -170,7 +170,7 @@ async def test_connection_killed_before_the_save_ran(
         await admin.execute_command("CLIENT", "PAUSE", 2000, "WRITE")
         try:
             mine = snap(tid, ["first", "mine"])
-            saving = asyncio.create_task(durable_save(cp, 1, mine, attempts=4, backoff=0.1))
+            saving = asyncio.create_task(confirmed_save(cp, 1, mine, attempts=4, backoff=0.1))
             await asyncio.sleep(0.2)
             clients = await admin.client_list()
             [victim] = [c for c in clients if c.get("name") == name]
@@ -182,7 +182,7 @@ async def test_connection_killed_before_the_save_ran(
     finally:
         await saver.aclose()
     assert revision == 2
-    # The killed save did not run, so durable_save saved a second time.
+    # The killed save did not run, so confirmed_save saved a second time.
     assert (_Counting.calls, _Counting.unavailable) == (2, 1)
     history = await backend.checkpointer.get_history(tid)
     assert [s.revision for s in history] == [2, 1]

@@ -5,7 +5,7 @@ Each call is recorded in the thread's journal, in the run's store: ``STARTED`` b
 gets a recorded result back without calling ``fn``; a call that started but has no
 outcome is *unknown*, and is never called again on its own: a ``reconcile`` hook looks
 the outcome up, an ``idempotent`` call is simply made again, and otherwise the node
-gets ``ActivityOutcomeUnknown``. A failed attempt with attempts left waits for the next
+gets ``ActivityOutcomeUnknownError``. A failed attempt with attempts left waits for the next
 one as a durable timer (the run saves a waiting snapshot and a worker wakes it).
 """
 
@@ -18,7 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ActivityFailedError, ActivityOutcomeUnknown, LimitError, NoRunContextError
+from ._errors import ActivityFailedError, ActivityOutcomeUnknownError, LimitError, NoRunContextError
 from ._segment import maybe_await
 from .storage import ActivityRecord, ActivityStatus, DurableCheckpointer
 
@@ -169,7 +169,7 @@ async def activity(
     - ``retry``: an :class:`ActivityRetry` (default: one attempt).
 
     Returns the result as the journal keeps it (a JSON value: a tuple comes back as a
-    list, the first time too). Raises ``ActivityOutcomeUnknown`` (an unknown outcome
+    list, the first time too). Raises ``ActivityOutcomeUnknownError`` (an unknown outcome
     without ``reconcile`` or ``idempotent``), ``ActivityFailedError`` (the last attempt
     raised), ``NoRunContextError`` outside a node, ``TypeError`` when the store keeps no
     journal or the result is not JSON.
@@ -218,7 +218,7 @@ async def activity(
             elif idempotent:
                 attempt = record.attempts + 1
             else:
-                raise ActivityOutcomeUnknown(
+                raise ActivityOutcomeUnknownError(
                     f"activity {key!r:.200} started at {record.started_at:.3f} "
                     f"(attempt {record.attempts}) and its outcome was never recorded; "
                     "it may have happened. Give reconcile= to look it up, or "

@@ -28,7 +28,7 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     │   ├── ThreadLeaseBusyError        another live lease holds the thread
     │   └── LeaseLostError              the lease expired or was taken over (fencing)
     ├── ActivityError                   flowy.activity() could not give a result:
-    │   ├── ActivityOutcomeUnknown      it started before a crash and nothing says how it ended
+    │   ├── ActivityOutcomeUnknownError it started before a crash and nothing says how it ended
     │   └── ActivityFailedError         it raised on its last allowed attempt
     ├── HandoffError
     │   ├── HandoffPendingError         a fresh pending hand-off (not stale yet)
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ActivityError",
     "ActivityFailedError",
-    "ActivityOutcomeUnknown",
+    "ActivityOutcomeUnknownError",
     "BackendURLError",
     "CheckpointSkippedError",
     "ConcurrencyConflictError",
@@ -249,7 +249,7 @@ class ActivityError(FlowyError):
         self.attempts = attempts
 
 
-class ActivityOutcomeUnknown(ActivityError):
+class ActivityOutcomeUnknownError(ActivityError):
     """The activity was called before a crash and its outcome was never recorded: it
     may or may not have happened. flowy never calls it again on its own (unless it is
     declared ``idempotent``); give ``reconcile=`` to look the outcome up, or handle

@@ -37,7 +37,7 @@ from .storage import (
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
     confirm_save,
-    durable_save,
+    confirmed_save,
     new_write_id,
 )
 
@@ -92,7 +92,7 @@ async def three_phase_tail(
         updated_at=clock(),
     )
     try:
-        committed = await durable_save(cp, pending_revision, enqueued, lease=lease)
+        committed = await confirmed_save(cp, pending_revision, enqueued, lease=lease)
     except LeaseLostError:
         raise
     except Exception as exc:
@@ -140,7 +140,7 @@ async def three_phase_tail(
             updated_at=clock(),
         )
         try:
-            orphaned = await durable_save(cp, committed, orphan, lease=lease)
+            orphaned = await confirmed_save(cp, committed, orphan, lease=lease)
         except Exception as patch_exc:  # noqa: BLE001 - the runbook's worst case: reported on the error
             _failed(
                 telemetry,

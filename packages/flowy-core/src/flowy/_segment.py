@@ -29,7 +29,7 @@ from .storage import (
     LeaseManager,
     RunStatus,
     Snapshot,
-    durable_save,
+    confirmed_save,
     new_write_id,
 )
 from .storage._adapt import Binding, Merge
@@ -306,11 +306,11 @@ class Segment(Generic[S, E]):
         assert self.cp is not None
         tracing = _tracing.active()
         if tracing is None:
-            self.revision = await durable_save(self.cp, self.revision, snap, lease=self.lease)
+            self.revision = await confirmed_save(self.cp, self.revision, snap, lease=self.lease)
             return
         started, outcome = time.perf_counter(), "ok"
         try:
-            self.revision = await durable_save(self.cp, self.revision, snap, lease=self.lease)
+            self.revision = await confirmed_save(self.cp, self.revision, snap, lease=self.lease)
         except ConcurrencyConflictError:
             outcome = "conflict"
             raise

@@ -3,10 +3,13 @@ importable from ``flowy`` itself: the same classes)."""
 
 from __future__ import annotations
 
+import warnings as _warnings
+from typing import Any as _Any
+
 from . import _errors  # pyright: ignore[reportPrivateUsage] - the public face of it
 from ._errors import ActivityError as ActivityError
 from ._errors import ActivityFailedError as ActivityFailedError
-from ._errors import ActivityOutcomeUnknown as ActivityOutcomeUnknown
+from ._errors import ActivityOutcomeUnknownError as ActivityOutcomeUnknownError
 from ._errors import BackendURLError as BackendURLError
 from ._errors import CheckpointSkippedError as CheckpointSkippedError
 from ._errors import ConcurrencyConflictError as ConcurrencyConflictError
@@ -46,7 +49,7 @@ from ._errors import UnknownNodeError as UnknownNodeError
 __all__ = [
     "ActivityError",
     "ActivityFailedError",
-    "ActivityOutcomeUnknown",
+    "ActivityOutcomeUnknownError",
     "BackendURLError",
     "CheckpointSkippedError",
     "ConcurrencyConflictError",
@@ -85,3 +88,20 @@ __all__ = [
 ]
 
 __doc__ = _errors.__doc__
+
+# Names renamed after 0.2 (errors end in ``Error``): the old name still resolves, with a
+# DeprecationWarning, until 0.4.
+_RENAMED = {"ActivityOutcomeUnknown": "ActivityOutcomeUnknownError"}
+
+
+def __getattr__(name: str) -> _Any:
+    """Resolve an error's old name, with a DeprecationWarning."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module 'flowy.errors' has no attribute {name!r}")
+    _warnings.warn(
+        f"flowy.errors.{name} is renamed flowy.errors.{new}; the old name goes away in flowy 0.4",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]

@@ -79,7 +79,7 @@ __all__ = [
     "DEFAULT_DEMO_DB",
     "MARKER_TABLE",
     "DemoError",
-    "DemoRefused",
+    "DemoRefusedError",
     "DemoReport",
     "DemoSettings",
     "cmd_demo",
@@ -102,7 +102,7 @@ class DemoError(Exception):
     """The demo did not go as scripted."""
 
 
-class DemoRefused(DemoError):
+class DemoRefusedError(DemoError):
     """The demo was pointed at files it did not create (a usage error)."""
 
 
@@ -184,17 +184,17 @@ def _is_ledger(path: Path) -> bool:
     )
 
 
-def _refuse(path: Path, why: str) -> DemoRefused:
-    return DemoRefused(
+def _refuse(path: Path, why: str) -> DemoRefusedError:
+    return DemoRefusedError(
         f"refusing to replace {str(path)!r}: {why}; the demo only replaces files it created "
         "itself - choose another --db path"
     )
 
 
 def _check_replaceable(db: Path) -> None:
-    """Raise :class:`DemoRefused` unless every file the demo would delete is its own."""
+    """Raise :class:`DemoRefusedError` unless every file the demo would delete is its own."""
     if db.is_dir():
-        raise DemoRefused(f"--db {str(db)!r} is a directory; give the demo a file path")
+        raise DemoRefusedError(f"--db {str(db)!r} is a directory; give the demo a file path")
     if db.exists():
         if not _made_by_demo(db):
             raise _refuse(db, "it is not a database the demo created")
@@ -660,7 +660,7 @@ async def cmd_demo(args: argparse.Namespace, out: Console) -> int:
     settings = DemoSettings(db=db, fast=args.fast, color=args.color)
     try:
         report = await run_demo(settings, out)
-    except DemoRefused as exc:
+    except DemoRefusedError as exc:
         raise CliError(describe_failure(exc), 2) from exc
     except DemoError as exc:
         raise CliError(f"the demo failed: {describe_failure(exc)}") from exc

@@ -15,6 +15,9 @@ validate the envelope against its storage address and raise
 
 from __future__ import annotations
 
+import warnings as _warnings
+from typing import Any as _Any
+
 from .._types import ResumeToken as ResumeToken
 from ._adapt import as_backend as as_backend
 from ._backend import BaseBackend as BaseBackend
@@ -83,7 +86,7 @@ from ._records import decode_snapshot as decode_snapshot
 from ._records import encode_record as encode_record
 from ._records import encode_snapshot as encode_snapshot
 from ._saving import confirm_save as confirm_save
-from ._saving import durable_save as durable_save
+from ._saving import confirmed_save as confirmed_save
 from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
 from ._scratch import open_scratch as open_scratch
 from ._scratch import sibling_url as sibling_url
@@ -144,11 +147,11 @@ __all__ = [
     "Write",
     "as_backend",
     "confirm_save",
+    "confirmed_save",
     "connect",
     "decode_intent",
     "decode_record",
     "decode_snapshot",
-    "durable_save",
     "encode_intent",
     "encode_record",
     "encode_snapshot",
@@ -162,6 +165,24 @@ __all__ = [
     "sibling_url",
     "validate_thread_id",
 ]
+
+
+# Names renamed after 0.2 ("durable" keeps one meaning: written to the store, so it
+# survives a crash). The old name still resolves, with a DeprecationWarning, until 0.4.
+_RENAMED = {"durable_save": "confirmed_save"}
+
+
+def __getattr__(name: str) -> _Any:
+    """Resolve a renamed name, with a DeprecationWarning."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module 'flowy.storage' has no attribute {name!r}")
+    _warnings.warn(
+        f"flowy.storage.{name} is renamed flowy.storage.{new}; the old name goes away in flowy 0.4",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]
 
 
 def _present_as_public() -> None:

@@ -55,7 +55,7 @@ Merge = Callable[[Any, Mapping[str, Any]], Any]
 class ComponentBackend(Generic[S]):
     """A ``Backend`` made of components that were built one by one (:func:`as_backend`).
 
-    It owns nothing: ``aclose`` and ``migrate`` leave the components' stores to whoever
+    It owns nothing: ``aclose`` and ``setup`` leave the components' stores to whoever
     opened them. A component it was not given is absent: its capability is ``False``
     and reading it raises ``TypeError`` saying what to pass instead.
     """
@@ -113,7 +113,7 @@ class ComponentBackend(Generic[S]):
             )
         return self._consumer
 
-    async def migrate(self) -> int:
+    async def setup(self) -> int:
         """Nothing to do: the components' stores are set up by whoever opened them.
         Returns 0."""
         return 0

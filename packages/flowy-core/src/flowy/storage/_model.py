@@ -131,7 +131,7 @@ class Snapshot(Generic[S]):
     """When it was saved, in seconds since the epoch (the runner's clock)."""
     write_id: str = ""
     """A random id of this write, which resolves a save of unknown outcome
-    (``durable_save``)."""
+    (``confirmed_save``)."""
     effects: Sequence[JSON] = ()
     retry_counts: Mapping[str, int] = field(default_factory=lambda: {})
     wake_at: float | None = None

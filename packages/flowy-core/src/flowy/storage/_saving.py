@@ -1,7 +1,7 @@
-"""Durable saves whose outcome may be unknown.
+"""Saves whose outcome may be unknown, confirmed.
 
 A backend that loses its connection during a save raises ``StorageUnavailableError``: the
-write may or may not have landed. ``durable_save`` resolves that by reloading the head
+write may or may not have landed. ``confirmed_save`` resolves that by reloading the head
 and comparing the write id every snapshot carries, so a write that landed is reported as
 success (never as a conflict) and a write that did not land is retried, never applied
 twice.
@@ -18,7 +18,7 @@ from .._types import S
 from ._model import Lease, Snapshot, new_write_id
 from ._protocols import Checkpointer
 
-__all__ = ["confirm_save", "durable_save"]
+__all__ = ["confirm_save", "confirmed_save"]
 
 
 async def confirm_save(
@@ -46,7 +46,7 @@ async def confirm_save(
     return None
 
 
-async def durable_save(
+async def confirmed_save(
     checkpointer: Checkpointer[S],
     expected_revision: int,
     snapshot: Snapshot[S],

@@ -13,7 +13,8 @@ the rootdir conftest, or ``-p flowy.testing.plugin`` in ``addopts``)::
     # test_conformance.py
     from flowy.testing.suite import *  # noqa: F403
 
-See ``docs/adapters.md``.
+See ``docs/adapters.md``. :class:`FaultyBackend` wraps a store to make its operations
+fail where a test says (``flowy.testing.faults``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from .checking import CheckReport as CheckReport
 from .checking import Scenario as Scenario
 from .checking import acheck as acheck
 from .checking import check as check
+from .faults import Fault as Fault
+from .faults import FaultKind as FaultKind
+from .faults import FaultyBackend as FaultyBackend
 from .hooks import Corrupt as Corrupt
 from .hooks import Dump as Dump
 from .hooks import corrupt_head as corrupt_head
@@ -31,6 +35,9 @@ __all__ = [
     "CheckReport",
     "Corrupt",
     "Dump",
+    "Fault",
+    "FaultKind",
+    "FaultyBackend",
     "Scenario",
     "acheck",
     "check",

@@ -38,88 +38,42 @@ from .._graph import Graph, GraphBuilder
 from .._results import ResumeDecisionKind
 from .._runner import Runner
 from .._worker import Worker
-from ..memory import MemoryBackend, MemoryCheckpointer, MemoryConsumer, MemoryOutbox
+from ..memory import MemoryBackend, MemoryCheckpointer
 from ..storage import (
-    DeadLetter,
-    HandoffIntent,
-    HandoffOutbox,
-    OutboxMessage,
     ResumeToken,
     RunStatus,
-    as_backend,
 )
-from .faults import Fault, FaultyCheckpointer, FaultyOutbox, Phase
+from .faults import FaultKind, FaultyBackend, Phase, RandomFaults
 
-__all__ = ["main", "run_stress"]
+__all__ = ["hand_off_faults", "main", "run_stress"]
 
 State = dict[str, Any]
 
 
-_AMBIGUOUS_ONLY = frozenset({Phase.SAVE_STEP, Phase.SAVE_TERMINAL})
+def hand_off_faults(rng: random.Random, rate: float) -> RandomFaults:
+    """Random faults at every phase of a hand-off, at ``rate``. Step and terminal saves
+    come after side effects: a save that never lands there re-runs the node
+    (at-least-once execution, which idempotency keys handle), so they only get
+    ambiguous faults; the hand-off phases fail both ways, before the write or after it
+    landed."""
+    both = (FaultKind.UNAVAILABLE, FaultKind.UNKNOWN)
+    after = (FaultKind.UNKNOWN,)
+    kinds = {
+        Phase.SAVE_PENDING: both,
+        Phase.PATCH_ENQUEUED: both,
+        Phase.PATCH_ORPHANED: both,
+        Phase.COMMIT: both,
+        Phase.ENQUEUE: both,
+        Phase.SAVE_STEP: after,
+        Phase.SAVE_TERMINAL: after,
+    }
+    return RandomFaults(rng, rate, kinds, error=_injected)
 
 
-class _RandomFaults:
-    """Stands in for a wrapper's armed faults: strikes at random."""
-
-    def __init__(self, rng: random.Random, rate: float, phases: set[Phase]) -> None:
-        self.rng = rng
-        self.rate = rate
-        self.phases = phases
-        self.struck: list[Phase] = []
-        self.enabled = True
-
-    def take(self, phase: Phase) -> Fault | None:
-        if not self.enabled or phase not in self.phases or self.rng.random() >= self.rate:
-            return None
-        self.struck.append(phase)
-        # Step and terminal saves come after side effects: a save that never lands there
-        # re-runs the node (at-least-once execution, which idempotency keys handle), so
-        # they only get ambiguous faults; the hand-off phases get both kinds.
-        after = phase in _AMBIGUOUS_ONLY or self.rng.random() < 0.5
-        if after:
-            return Fault(phase, after_write=True, error=lambda: StorageUnavailableError("lost"))
-        return Fault(phase, error=lambda: StorageError(f"injected fault at {phase}"))
-
-
-class _PlainOutbox:
-    def __init__(self, inner: HandoffOutbox) -> None:
-        self.inner = inner
-
-    async def enqueue_intent(self, intent: HandoffIntent) -> None:
-        await self.inner.enqueue_intent(intent)
-
-
-class _CrashingConsumer:
-    """A consumer whose ack sometimes never happens (the worker died after the run)."""
-
-    def __init__(self, inner: MemoryConsumer, rng: random.Random, rate: float) -> None:
-        self.inner = inner
-        self.rng = rng
-        self.rate = rate
-        self.crashes = 0
-        self.max_attempts = inner.max_attempts
-
-    async def claim(
-        self, limit: int, visibility_timeout: float, wait: float = 0.0
-    ) -> list[OutboxMessage]:
-        return await self.inner.claim(limit, visibility_timeout, wait)
-
-    async def ack(self, message: OutboxMessage) -> None:
-        if self.rng.random() < self.rate:
-            self.crashes += 1
-            return  # crashed before the ack: redelivered after the visibility timeout
-        await self.inner.ack(message)
-
-    async def release(
-        self, message: OutboxMessage, *, error: str = "", delay: float = 0.0, dead: bool = False
-    ) -> None:
-        await self.inner.release(message, error=error, delay=delay, dead=dead)
-
-    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        return await self.inner.dead_letters(limit)
-
-    async def retry_dead_letter(self, message_id: str) -> None:
-        await self.inner.retry_dead_letter(message_id)
+def _injected(kind: FaultKind, phase: Phase) -> BaseException:
+    if kind is FaultKind.UNKNOWN:
+        return StorageUnavailableError("injected fault: connection lost")
+    return StorageError(f"injected fault at {phase}")
 
 
 def _graph(effects: collections.Counter[str]) -> Graph[State, Any]:
@@ -153,32 +107,15 @@ async def run_stress(
     effects: collections.Counter[str] = collections.Counter()
     graph = _graph(effects)
     backend: MemoryBackend[State] = MemoryBackend(max_attempts=1000)
-    leases = backend.leases
     store: MemoryCheckpointer[State] = backend.checkpointer
-    queue: MemoryOutbox = backend.outbox
-    faulty_cp = FaultyCheckpointer(store)
-    cp_faults = _RandomFaults(
-        rng,
-        fault_rate,
-        {
-            Phase.SAVE_PENDING,
-            Phase.PATCH_ENQUEUED,
-            Phase.PATCH_ORPHANED,
-            Phase.COMMIT,
-            Phase.SAVE_STEP,
-            Phase.SAVE_TERMINAL,
-        },
-    )
-    faulty_cp.faults = cp_faults  # type: ignore[assignment]
-    tx_outbox = FaultyOutbox(queue)
-    plain_outbox = FaultyOutbox(_PlainOutbox(queue))
-    ob_faults = _RandomFaults(rng, fault_rate, {Phase.ENQUEUE})
-    tx_outbox.faults = ob_faults  # type: ignore[assignment]
-    plain_outbox.faults = ob_faults  # type: ignore[assignment]
-    runner_tx = Runner(graph, as_backend(faulty_cp, leases=leases, outbox=tx_outbox))
-    runner_3p = Runner(graph, as_backend(faulty_cp, leases=leases, outbox=plain_outbox))
-    consumer = _CrashingConsumer(backend.consumer, rng, crash_rate)
-    clean = Runner(graph, as_backend(store, leases=leases, outbox=queue))
+    faults = hand_off_faults(rng, fault_rate)
+    runner_tx = Runner(graph, FaultyBackend(backend, faults))
+    runner_3p = Runner(graph, FaultyBackend(backend, faults, three_phase=True))
+    # A worker that dies between a run's terminal save and its ack: the message comes
+    # back after its visibility timeout.
+    lost_acks = RandomFaults(rng, crash_rate, {Phase.ACK: (FaultKind.REDELIVER,)})
+    consumer = FaultyBackend(backend, lost_acks).consumer
+    clean = Runner(graph, backend)
     pool = [
         Worker(
             clean if i else runner_3p,
@@ -206,7 +143,7 @@ async def run_stress(
         if not pending:
             break
         if _round >= 3:
-            cp_faults.enabled = ob_faults.enabled = False  # let the system drain
+            faults.enabled = False  # let the system drain
         for thread_id in pending:
             await _client_retry(clean, store, thread_id)
     lost = 0
@@ -215,7 +152,7 @@ async def run_stress(
     double = sum(1 for t in threads if effects[t] > 1)
     return {
         "handoffs": handoffs,
-        "faults": len(cp_faults.struck) + len(ob_faults.struck) + consumer.crashes,
+        "faults": len(faults.struck) + len(lost_acks.struck),
         "recovered": recovered + sum(w.stats.recovered for w in pool),
         "lost": lost,
         "double_resumed": double,

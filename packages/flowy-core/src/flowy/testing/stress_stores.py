@@ -35,21 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from .._directives import Directive, completed, handoff
-from .._errors import StorageError, StorageUnavailableError
 from .._graph import Graph, GraphBuilder
 from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
-from ..storage import (
-    Backend,
-    HandoffIntent,
-    HandoffOutbox,
-    StoreURL,
-    as_backend,
-    connect,
-    redact_url,
-)
-from .faults import Fault, FaultyCheckpointer, FaultyOutbox, Phase
+from ..storage import Backend, StoreURL, connect, redact_url
+from .faults import FaultyBackend
+from .stress import hand_off_faults
 
 __all__ = ["graph", "main", "run"]
 
@@ -88,68 +80,18 @@ def graph() -> Graph[State, Any]:
     return b.compile(max_total_steps=100)
 
 
-class _RandomFaults:
-    """A wrapper's faults, striking at random (see ``flowy.testing.faults``)."""
-
-    def __init__(self, rng: random.Random, rate: float, phases: set[Phase]) -> None:
-        self.rng = rng
-        self.rate = rate
-        self.phases = phases
-        self.struck: list[Phase] = []
-
-    def take(self, phase: Phase) -> Fault | None:
-        if phase not in self.phases or self.rng.random() >= self.rate:
-            return None
-        self.struck.append(phase)
-        # Saves after the effect only fail after landing (a lost reply): a save that never
-        # lands there re-runs the node, which is at-least-once execution, not the bug
-        # this run looks for. Hand-off phases fail both ways.
-        if phase in (Phase.SAVE_STEP, Phase.SAVE_TERMINAL) or self.rng.random() < 0.5:
-            return Fault(phase, after_write=True, error=lambda: StorageUnavailableError("lost"))
-        return Fault(phase, error=lambda: StorageError(f"injected fault at {phase}"))
-
-
-class _PlainOutbox:
-    """Hides the outbox's transactional side: hand-offs take the three-phase path."""
-
-    def __init__(self, inner: HandoffOutbox) -> None:
-        self.inner = inner
-
-    async def enqueue_intent(self, intent: HandoffIntent) -> None:
-        await self.inner.enqueue_intent(intent)
-
-
 async def _worker(url: str, seed: int, fault_rate: float, stats: Path, pace: float) -> None:
     """One worker process: resume hand-offs with faults until SIGTERM (or SIGKILL)."""
     rng = random.Random(seed)
     backend = await connect(url)
-    cp = FaultyCheckpointer(backend.checkpointer)
-    cp_faults = _RandomFaults(
-        rng,
-        fault_rate,
-        {
-            Phase.SAVE_PENDING,
-            Phase.PATCH_ENQUEUED,
-            Phase.PATCH_ORPHANED,
-            Phase.COMMIT,
-            Phase.SAVE_STEP,
-            Phase.SAVE_TERMINAL,
-        },
-    )
-    cp.faults = cp_faults  # pyright: ignore[reportAttributeAccessIssue]
-    base_outbox: HandoffOutbox = (
-        backend.outbox if seed % 2 else _PlainOutbox(backend.outbox)  # both hand-off paths
-    )
-    outbox = FaultyOutbox(base_outbox)
-    ob_faults = _RandomFaults(rng, fault_rate, {Phase.ENQUEUE})
-    outbox.faults = ob_faults  # pyright: ignore[reportAttributeAccessIssue]
-    runner = Runner(graph(), as_backend(cp, leases=backend.leases, outbox=outbox))
+    faults = hand_off_faults(rng, fault_rate)
+    # Both hand-off paths: transactional on odd seeds, three-phase on even ones.
+    runner = Runner(graph(), FaultyBackend(backend, faults, three_phase=not seed % 2))
     worker: Worker[State, Any] | None = None
 
     def report(*_: Any) -> None:
-        faults = len(cp_faults.struck) + len(ob_faults.struck)
         recovered = worker.stats.recovered if worker is not None else 0
-        stats.write_text(json.dumps({"faults": faults, "recovered": recovered}))
+        stats.write_text(json.dumps({"faults": len(faults.struck), "recovered": recovered}))
 
     worker = Worker(
         runner,

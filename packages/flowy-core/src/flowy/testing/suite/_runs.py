@@ -28,16 +28,14 @@ from ..._runner import Runner
 from ..._worker import Worker
 from ...storage import (
     Backend,
-    HandoffIntent,
-    HandoffOutbox,
     ResumeToken,
     RunStatus,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
     as_backend,
-    durable_save,
+    confirmed_save,
 )
-from ..faults import FaultyCheckpointer, FaultyOutbox, Phase
+from ..faults import FaultKind, FaultyBackend, Phase
 from ._support import (
     Suite,
     history_revisions,
@@ -54,16 +52,6 @@ State = dict[str, Any]
 
 def _merge(state: State, update: State) -> State:
     return {**state, **update}
-
-
-class _PlainOutbox:
-    """Hides the transactional side of an outbox, forcing the three-phase FSM."""
-
-    def __init__(self, inner: HandoffOutbox) -> None:
-        self.inner = inner
-
-    async def enqueue_intent(self, intent: HandoffIntent) -> None:
-        await self.inner.enqueue_intent(intent)
 
 
 def _effect_graph(
@@ -217,24 +205,20 @@ class FaultSuite(Suite):
         effects: list[str] = []
         thread_id = new_thread_id(f"fault-{phase.value}")
         graph = _effect_graph(effects)
-        faulty_cp = FaultyCheckpointer(bundle.checkpointer)
-        faulty_outbox = FaultyOutbox(outbox if transactional else _PlainOutbox(outbox))
+        faulty = FaultyBackend(bundle, three_phase=not transactional)
+        kind = FaultKind.UNKNOWN if after_write else FaultKind.UNAVAILABLE
 
         def error() -> BaseException:
             if after_write:
                 return StorageUnavailableError(f"injected: connection lost after {phase}")
             return StorageError(f"injected: {phase} failed")
 
-        if phase is Phase.ENQUEUE:
-            faulty_outbox.arm(after_write=after_write, error=error)
-        elif phase is Phase.PATCH_ORPHANED:
-            faulty_outbox.arm(error=lambda: ConnectionError("injected: queue down"))
-            faulty_cp.arm(phase, after_write=after_write, error=error)
-        else:
-            faulty_cp.arm(phase, after_write=after_write, error=error)
-        runner = Runner(graph, as_backend(faulty_cp, leases=bundle.leases, outbox=faulty_outbox))
+        if phase is Phase.PATCH_ORPHANED:
+            faulty.arm(Phase.ENQUEUE, error=lambda: ConnectionError("injected: queue down"))
+        faulty.arm(phase, kind, error=error)
+        runner = Runner(graph, faulty)
         first = await runner.start(thread_id, {}, run_lease=_lease(bundle, "fg"))
-        assert faulty_cp.struck or faulty_outbox.faults.struck, "the fault never struck"
+        assert faulty.struck, "the fault never struck"
 
         # The clean side: a worker with a recovery pass (stale_after=0: no waiting).
         clean = Runner(graph, as_backend(bundle.checkpointer, leases=bundle.leases, outbox=outbox))
@@ -289,25 +273,27 @@ class FaultSuite(Suite):
     ) -> None:
         bundle = flowy_backend
         thread_id = new_thread_id("ambiguous")
-        faulty = FaultyCheckpointer(bundle.checkpointer)
+        faulty = FaultyBackend(bundle)
         await bundle.checkpointer.save(0, make_snapshot(thread_id, {"n": 1}))
-        faulty.arm(Phase.SAVE_STEP, after_write=True)  # lands, then the caller sees an error
-        revision = await durable_save(faulty, 1, make_snapshot(thread_id, {"n": 2}))
+        faulty.arm(Phase.SAVE_STEP, FaultKind.UNKNOWN)  # lands, then the caller sees an error
+        revision = await confirmed_save(faulty.checkpointer, 1, make_snapshot(thread_id, {"n": 2}))
         assert revision == 2
         head, stored = await bundle.checkpointer.load(thread_id)
         assert stored == 2 and head.state == {"n": 2}
         assert await history_revisions(bundle.checkpointer, thread_id) == [2, 1]
-        faulty.arm(Phase.SAVE_STEP, after_write=False)  # fails before the write: retried
-        assert await durable_save(faulty, 2, make_snapshot(thread_id, {"n": 3})) == 3
+        faulty.arm(Phase.SAVE_STEP)  # fails before the write: retried
+        assert await confirmed_save(faulty.checkpointer, 2, make_snapshot(thread_id, {"n": 3})) == 3
         assert await history_revisions(bundle.checkpointer, thread_id) == [3, 2, 1]
 
     async def test_ambiguous_step_saves_during_a_run(self, flowy_backend: Backend[Any]) -> None:
         bundle = flowy_backend
         effects: list[str] = []
         thread_id = new_thread_id("amb-run")
-        faulty = FaultyCheckpointer(bundle.checkpointer)
-        faulty.arm(Phase.SAVE_STEP, times=2, after_write=True)
-        runner = Runner(_effect_graph(effects), as_backend(faulty, leases=bundle.leases))
+        faulty = FaultyBackend(bundle)
+        faulty.arm(Phase.SAVE_STEP, FaultKind.UNKNOWN, times=2)
+        runner = Runner(
+            _effect_graph(effects), as_backend(faulty.checkpointer, leases=bundle.leases)
+        )
         result = await runner.start(thread_id, {}, run_lease=_lease(bundle, "fg"))
         assert result.status is RunStatus.HANDOFF and result.error is None
         done = await runner.resume(result.resume_token, run_lease=_lease(bundle, "bg"))  # type: ignore[arg-type]

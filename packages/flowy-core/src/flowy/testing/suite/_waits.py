@@ -19,7 +19,7 @@ from ..._activities import ActivityRetry, activity
 from ..._directives import Directive, completed, end, sleep, sleep_until, wait_for
 from ..._errors import (
     ActivityFailedError,
-    ActivityOutcomeUnknown,
+    ActivityOutcomeUnknownError,
     ThreadCompletedError,
     ThreadNotFoundError,
 )
@@ -349,7 +349,7 @@ def _pay_graph(gateway: _Gateway, **options: Any) -> Graph[State, Any]:
     async def pay(s: State) -> tuple[State, Directive[Any]]:
         try:
             receipt = await activity(gateway.charge, s["order"], 42, **options)
-        except (ActivityOutcomeUnknown, ActivityFailedError) as exc:
+        except (ActivityOutcomeUnknownError, ActivityFailedError) as exc:
             return {"error": type(exc).__name__}, end()
         if s.get("crash_after_charge"):
             raise RuntimeError("crashed after the charge, before the save")
@@ -391,7 +391,7 @@ class ActivitySuite(Suite):
         tid = await _started_but_unrecorded(flowy_backend, "unknown")
         runner = Runner(_pay_graph(gateway, key="charge"), flowy_backend)
         result = await runner.resume((await runner.head(tid))[1])
-        assert result.state["error"] == "ActivityOutcomeUnknown"
+        assert result.state["error"] == "ActivityOutcomeUnknownError"
         assert gateway.calls == []
 
     async def test_reconcile_learns_the_outcome(self, flowy_backend: Backend[Any]) -> None:

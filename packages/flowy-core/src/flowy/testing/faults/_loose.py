@@ -1,23 +1,14 @@
-"""Fault injection for tests: wrappers that fail (or crash) at a chosen phase.
-
-``FaultyCheckpointer`` and ``FaultyOutbox`` delegate to a real backend and raise at the
-operations a test arms. ``after_write=True`` performs the write first and then raises,
-which is what a lost connection after commit looks like to the caller (an ambiguous
-outcome). Phases of the hand-off FSM are picked by the snapshot they save:
-``Phase.SAVE_PENDING`` / ``PATCH_ENQUEUED`` / ``PATCH_ORPHANED`` / ``COMMIT``
-(transactional save) and ``Phase.ENQUEUE`` on the outbox.
-"""
+"""Fault injection into one loose component (not part of a ``Backend``), at its public
+methods: ``FaultyCheckpointer`` and ``FaultyOutbox``."""
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic
 
-from .._errors import StorageUnavailableError
-from .._types import S
-from ..storage import (
+from ..._errors import StorageUnavailableError
+from ..._types import S
+from ...storage import (
     Checkpointer,
     EnqueueCallback,
     HandoffIntent,
@@ -25,88 +16,37 @@ from ..storage import (
     HandoffStatus,
     Lease,
     LeaseManager,
-    RunStatus,
     Snapshot,
     StateCodec,
     ThreadSummary,
     TransactionalCheckpointer,
     TransactionalHandoffOutbox,
 )
+from ._model import ArmedFaults, Fault, FaultKind, Phase, phase_of
 
-__all__ = ["Fault", "FaultyCheckpointer", "FaultyOutbox", "Phase", "phase_of"]
-
-
-class Phase(enum.StrEnum):
-    """Where a fault strikes."""
-
-    SAVE_STEP = "save_step"
-    SAVE_SUSPEND = "save_suspend"
-    SAVE_PENDING = "save_pending"
-    PATCH_ENQUEUED = "patch_enqueued"
-    PATCH_ORPHANED = "patch_orphaned"
-    SAVE_TERMINAL = "save_terminal"
-    SAVE_CANCEL = "save_cancel"
-    COMMIT = "commit"
-    ENQUEUE = "enqueue"
-    PRUNE = "prune"
-    LOAD = "load"
+__all__ = ["FaultyCheckpointer", "FaultyOutbox"]
 
 
-def phase_of(snapshot: Snapshot[Any], transactional: bool = False) -> Phase:
-    """The phase a save of ``snapshot`` belongs to."""
-    if transactional:
-        return Phase.COMMIT
-    if snapshot.status is RunStatus.HANDOFF:
-        return {
-            HandoffStatus.PENDING: Phase.SAVE_PENDING,
-            HandoffStatus.ENQUEUED: Phase.PATCH_ENQUEUED,
-            HandoffStatus.ORPHANED: Phase.PATCH_ORPHANED,
-        }.get(snapshot.handoff_status, Phase.SAVE_SUSPEND)
-    if snapshot.status is RunStatus.SUSPENDED:
-        return Phase.SAVE_SUSPEND
-    if snapshot.status is RunStatus.CANCELED:
-        return Phase.SAVE_CANCEL
-    if snapshot.status in (RunStatus.COMPLETED, RunStatus.FAILED):
-        return Phase.SAVE_TERMINAL
-    return Phase.SAVE_STEP
+def _armed(
+    phase: Phase, times: int, after_write: bool, error: Callable[[], BaseException] | None
+) -> Fault:
+    kind = FaultKind.UNKNOWN if after_write else FaultKind.UNAVAILABLE
+    if error is None:
+        return Fault(kind=kind, phase=phase, times=times, error=_connection_lost)
+    return Fault(kind=kind, phase=phase, times=times, error=error)
 
 
-@dataclass
-class Fault:
-    """One armed fault: strike at ``phase`` ``times`` times; ``after_write`` makes the
-    write land before the error (ambiguous outcome)."""
-
-    phase: Phase
-    times: int = 1
-    after_write: bool = False
-    error: Callable[[], BaseException] = lambda: StorageUnavailableError(
-        "injected fault: connection lost"
-    )
-
-
-class _Faults:
-    """The faults armed on one wrapper and the phases they have struck so far."""
-
-    def __init__(self) -> None:
-        self.armed: list[Fault] = []
-        self.struck: list[Phase] = []
-
-    def take(self, phase: Phase) -> Fault | None:
-        """Use up one strike of the first fault armed for ``phase``; None if there is none."""
-        for fault in self.armed:
-            if fault.phase is phase and fault.times > 0:
-                fault.times -= 1
-                self.struck.append(phase)
-                return fault
-        return None
+def _connection_lost() -> BaseException:
+    return StorageUnavailableError("injected fault: connection lost")
 
 
 class FaultyCheckpointer(Generic[S]):
-    """A checkpointer wrapper that raises at armed phases (see module doc)."""
+    """A loose checkpointer that raises at armed phases, at its public methods
+    (a store's: use :class:`FaultyBackend`)."""
 
     def __init__(self, inner: Checkpointer[S]) -> None:
         self.inner = inner
-        self.faults: _Faults = _Faults()
+        self.faults: ArmedFaults = ArmedFaults()
 
     def arm(
         self,
@@ -116,11 +56,9 @@ class FaultyCheckpointer(Generic[S]):
         after_write: bool = False,
         error: Callable[[], BaseException] | None = None,
     ) -> None:
-        """Make the next ``times`` operations of ``phase`` fail."""
-        fault = Fault(phase, times, after_write)
-        if error is not None:
-            fault.error = error
-        self.faults.armed.append(fault)
+        """Make the next ``times`` operations of ``phase`` fail; ``after_write``: the
+        write lands first (an unknown outcome)."""
+        self.faults.arm(_armed(phase, times, after_write, error))
 
     @property
     def struck(self) -> list[Phase]:
@@ -156,17 +94,22 @@ class FaultyCheckpointer(Generic[S]):
         fences = getattr(self.inner, "fences", None)
         return bool(fences(leases)) if callable(fences) else False
 
+    async def _around(self, phase: Phase, write: Callable[[], Awaitable[Any]]) -> Any:
+        fault = self.faults.take(phase)
+        if fault is not None and fault.kind is not FaultKind.UNKNOWN:
+            raise fault.raise_error()
+        result = await write()
+        if fault is not None:
+            raise fault.raise_error()
+        return result
+
     async def save(
         self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease | None = None
     ) -> int:
         """``save`` of the wrapped checkpointer, failing at armed phases."""
-        fault = self.faults.take(phase_of(snapshot))
-        if fault is not None and not fault.after_write:
-            raise fault.error()
-        revision = await self.inner.save(expected_revision, snapshot, lease=lease)
-        if fault is not None:
-            raise fault.error()
-        return revision
+        return await self._around(
+            phase_of(snapshot), lambda: self.inner.save(expected_revision, snapshot, lease=lease)
+        )
 
     async def save_with_outbox(
         self,
@@ -180,20 +123,17 @@ class FaultyCheckpointer(Generic[S]):
         inner = self.inner
         if not isinstance(inner, TransactionalCheckpointer):
             raise TypeError("the wrapped checkpointer is not transactional")
-        fault = self.faults.take(Phase.COMMIT)
-        if fault is not None and not fault.after_write:
-            raise fault.error()
         tx: TransactionalCheckpointer[Any] = inner
-        revision = await tx.save_with_outbox(expected_revision, snapshot, enqueue, lease=lease)
-        if fault is not None:
-            raise fault.error()
-        return revision
+        return await self._around(
+            Phase.COMMIT,
+            lambda: tx.save_with_outbox(expected_revision, snapshot, enqueue, lease=lease),
+        )
 
     async def load(self, thread_id: str) -> tuple[Snapshot[S], int]:
         """``load`` of the wrapped checkpointer, failing at ``LOAD``."""
         fault = self.faults.take(Phase.LOAD)
         if fault is not None:
-            raise fault.error()
+            raise fault.raise_error()
         return await self.inner.load(thread_id)
 
     async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
@@ -204,7 +144,7 @@ class FaultyCheckpointer(Generic[S]):
         """``prune`` of the wrapped checkpointer, failing at ``PRUNE``."""
         fault = self.faults.take(Phase.PRUNE)
         if fault is not None:
-            raise fault.error()
+            raise fault.raise_error()
         await self.inner.prune(thread_id, retain)
 
     async def delete(self, thread_id: str) -> None:
@@ -229,11 +169,12 @@ class FaultyCheckpointer(Generic[S]):
 
 
 class FaultyOutbox:
-    """An outbox wrapper whose ``enqueue_intent`` fails when armed."""
+    """A loose outbox whose ``enqueue_intent`` fails when armed (a store's: use
+    :class:`FaultyBackend`)."""
 
     def __init__(self, inner: HandoffOutbox) -> None:
         self.inner = inner
-        self.faults: _Faults = _Faults()
+        self.faults: ArmedFaults = ArmedFaults()
 
     def arm(
         self,
@@ -242,11 +183,9 @@ class FaultyOutbox:
         after_write: bool = False,
         error: Callable[[], BaseException] | None = None,
     ) -> None:
-        """Make the next ``times`` enqueues fail."""
-        fault = Fault(Phase.ENQUEUE, times, after_write)
-        if error is not None:
-            fault.error = error
-        self.faults.armed.append(fault)
+        """Make the next ``times`` enqueues fail; ``after_write``: the message is
+        enqueued first (an unknown outcome)."""
+        self.faults.arm(_armed(Phase.ENQUEUE, times, after_write, error))
 
     @property
     def transactional(self) -> bool:
@@ -256,11 +195,11 @@ class FaultyOutbox:
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """``enqueue_intent`` of the wrapped outbox, failing at ``ENQUEUE``."""
         fault = self.faults.take(Phase.ENQUEUE)
-        if fault is not None and not fault.after_write:
-            raise fault.error()
+        if fault is not None and fault.kind is not FaultKind.UNKNOWN:
+            raise fault.raise_error()
         await self.inner.enqueue_intent(intent)
         if fault is not None:
-            raise fault.error()
+            raise fault.raise_error()
 
     async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
         """``enqueue_intent_tx`` of the wrapped outbox, failing at ``ENQUEUE``."""
@@ -269,5 +208,5 @@ class FaultyOutbox:
             raise TypeError("the wrapped outbox is not transactional")
         fault = self.faults.take(Phase.ENQUEUE)
         if fault is not None:
-            raise fault.error()
+            raise fault.raise_error()
         await inner.enqueue_intent_tx(tx, intent)
