@@ -38,8 +38,9 @@ from flowy.testing.suite._support import (  # pyright: ignore[reportPrivateUsage
 pytestmark = pytest.mark.anyio
 
 # Methods of the bases that are ``_``-prefixed and async but are not primitives: they
-# call primitives (``_commit``, ``_accept``) or only wait (``_wait``).
-_NOT_PRIMITIVES = {"_commit", "_accept", "_wait"}
+# call primitives (``_commit``, ``_accept``, ``_start_listening``) or only wait
+# (``_wait``, ``_wait_for_news``).
+_NOT_PRIMITIVES = {"_commit", "_accept", "_wait", "_start_listening", "_wait_for_news"}
 
 
 def test_every_primitive_of_the_bases_is_intercepted() -> None:

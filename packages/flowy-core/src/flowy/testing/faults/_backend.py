@@ -68,6 +68,8 @@ PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
         "_dead_letters": Phase.READ,
         "_retry_dead_letter": Phase.RETRY_DEAD_LETTER,
         "_stats": Phase.READ,
+        "_listen": Phase.READ,
+        "_next_visible": Phase.READ,
     },
 }
 """Every primitive a :class:`FaultyBackend` intercepts, by the base that declares it."""
