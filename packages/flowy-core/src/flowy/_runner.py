@@ -45,7 +45,6 @@ from .storage import (
     FencingCheckpointer,
     HandoffOutbox,
     HandoffStatus,
-    JSONCodec,
     LeaseGuardCheckpointer,
     LeaseManager,
     RunStatus,
@@ -54,7 +53,7 @@ from .storage import (
     new_write_id,
     validate_thread_id,
 )
-from .storage._codecs import is_plain_json_type
+from .storage._codecs import codec_for_type, is_plain_json_type
 
 __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
@@ -207,7 +206,8 @@ class Runner(RunPreparation[S, E]):
 
     @staticmethod
     def _typed(checkpointer: Checkpointer[S], graph: Graph[S, E]) -> Checkpointer[S]:
-        """The checkpointer decoding into the graph's state type when it has no codec.
+        """The checkpointer decoding into the graph's state type when it has no codec
+        (``PydanticCodec`` for a pydantic model, else ``JSONCodec``).
 
         A checkpointer without a codec and without ``with_codec`` (a 0.1 wrapper) hands
         back plain JSON: fine for a state type plain JSON already is (``dict[str, Any]``,
@@ -217,13 +217,15 @@ class Runner(RunPreparation[S, E]):
         with_codec = getattr(checkpointer, "with_codec", None)
         if with_codec is None and is_plain_json_type(graph.state_type):
             return checkpointer
+        codec = codec_for_type(graph.state_type)
         if with_codec is None:
             raise TypeError(
                 f"{type(checkpointer).__name__} has no codec, so it would hand this graph "
                 f"plain JSON instead of {graph.state_type!r}; give it "
-                f"codec=flowy.storage.JSONCodec({getattr(graph.state_type, '__name__', '...')})"
+                f"codec=flowy.storage.{type(codec).__name__}"
+                f"({getattr(graph.state_type, '__name__', '...')})"
             )
-        return cast(Checkpointer[S], with_codec(JSONCodec(graph.state_type)))
+        return cast(Checkpointer[S], with_codec(codec))
 
     def metrics(self) -> dict[str, dict[str, int]]:
         """This runner's counters (the process-wide ones are ``flowy.lifecycle.metrics()``)."""
