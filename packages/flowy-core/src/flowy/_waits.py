@@ -76,7 +76,7 @@ def merge_update(
     graph: Graph[S, Any], state: S, update: object, codec: StateCodec[Any] | None = None
 ) -> S:
     """``update`` merged into ``state`` as a ``state_overlay`` is: a mapping of fields
-    into a dataclass, msgspec Struct or TypedDict state, field by field, the result
+    into a dataclass, msgspec Struct, pydantic model or TypedDict state, field by field, the result
     validated by ``codec`` (its ``merge``, if it has one; an unknown field or a value
     that does not fit is a ``ValueError`` naming it); anything else through the graph's
     reducer."""

@@ -43,8 +43,8 @@ class StateCodec(Protocol[S]):
     A codec may also define ``merge(state, overlay) -> state | None``: the fields of the
     mapping ``overlay`` merged into ``state`` and the result validated (``ValueError``
     naming the field that does not fit), or ``None`` if it does not know the state's
-    fields. ``state_overlay`` and signal payloads are merged with it (``JSONCodec`` and
-    ``MsgspecCodec`` define it).
+    fields. ``state_overlay`` and signal payloads are merged with it (``JSONCodec``,
+    ``MsgspecCodec`` and ``PydanticCodec`` define it).
     """
 
     name: str
@@ -373,10 +373,11 @@ class JSONCodec(Generic[S]):
             raise ValueError(f"state does not match {self.state_type!r}: {exc}") from exc
 
     def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
-        """The fields of ``overlay`` merged into a dataclass, msgspec Struct or TypedDict
-        ``state`` (each one it names replaces the stored value, a nested one as a whole)
-        and validated by a round trip through this codec; ``None`` for a state without
-        known fields. ``ValueError`` names an unknown field or one that does not fit."""
+        """The fields of ``overlay`` merged into a dataclass, msgspec Struct, pydantic
+        model or TypedDict ``state`` (each one it names replaces the stored value, a
+        nested one as a whole) and validated by a round trip through this codec; ``None``
+        for a state without known fields. ``ValueError`` names an unknown field or one
+        that does not fit."""
         validate = None if self.state_type is None else self._round_trip
         return merge_fields(state, overlay, self.state_type, validate)
 
@@ -434,10 +435,11 @@ class MsgspecCodec(Generic[S]):
             raise ValueError(str(exc)) from exc
 
     def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
-        """The fields of ``overlay`` merged into a dataclass, msgspec Struct or TypedDict
-        ``state`` (each one it names replaces the stored value, a nested one as a whole)
-        and validated by a round trip through this codec; ``None`` for a state without
-        known fields. ``ValueError`` names an unknown field or one that does not fit."""
+        """The fields of ``overlay`` merged into a dataclass, msgspec Struct, pydantic
+        model or TypedDict ``state`` (each one it names replaces the stored value, a
+        nested one as a whole) and validated by a round trip through this codec; ``None``
+        for a state without known fields. ``ValueError`` names an unknown field or one
+        that does not fit."""
         validate = None if self.state_type is Any else self._round_trip
         return merge_fields(state, overlay, self.state_type, validate)
 
