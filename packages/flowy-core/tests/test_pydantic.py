@@ -84,6 +84,11 @@ def test_other_types_round_trip_through_a_type_adapter() -> None:
     assert codec.decode(codec.encode(messages)) == messages
 
 
+def test_plain_json_encodes_a_model_as_its_json_fields() -> None:
+    data = JSONCodec().encode({"who": Customer(name="ann"), "at": NOON})
+    assert json.loads(data) == {"who": {"name": "ann", "email": None}, "at": NOON.isoformat()}
+
+
 def test_a_base_model_state_type_gets_the_pydantic_codec() -> None:
     @dataclasses.dataclass
     class Plain:

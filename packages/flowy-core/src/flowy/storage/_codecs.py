@@ -70,7 +70,7 @@ def json_default(value: Any) -> Any:
         return {name: getattr(value, name) for name in _field_names(type(value))}
     if isinstance(value, set | frozenset):
         return sorted(cast("set[Any]", value), key=repr)
-    if is_pydantic_model(type(value)):
+    if is_pydantic_model(cast(object, type(value))):
         return cast(Any, value).model_dump(mode="json", round_trip=True)
     raise TypeError(
         f"JSONCodec cannot encode {type(value).__name__} {value!r}; use dataclasses, dicts, "
