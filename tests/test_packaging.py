@@ -249,7 +249,8 @@ def test_versions_fit_the_declared_ranges(dists: Dists) -> None:
     the flowy-core built here."""
     core = Metadata.from_email(wheel_metadata(dists.built["flowy-core"]), validate=True)
     core_version = Version(dists.built["flowy-core"].version)
-    assert set(core.provides_extra or []) == {"msgspec", "otel", "ui", *ADAPTER_OF_EXTRA}
+    extras = {"msgspec", "otel", "pydantic", "ui", *ADAPTER_OF_EXTRA}
+    assert set(core.provides_extra or []) == extras
     for extra, adapter in ADAPTER_OF_EXTRA.items():
         reqs = [
             r

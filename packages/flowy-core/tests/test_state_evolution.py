@@ -1,4 +1,4 @@
-"""A state type that changes between deploys, with the JSON and the msgspec codecs: an
+"""A state type that changes between deploys, with the JSON, msgspec and pydantic codecs: an
 added field with a default loads, a removed field is dropped on load (the record keeps
 it), a changed type is refused naming the thread and the field, and nothing is lost."""
 
@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import pydantic
 import pytest
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.memory import MemoryCheckpointer
-from flowy.storage import JSONCodec, MsgspecCodec, Snapshot, StateCodec
+from flowy.storage import JSONCodec, MsgspecCodec, PydanticCodec, Snapshot, StateCodec
 
 pytestmark = pytest.mark.anyio
 
@@ -57,10 +58,29 @@ class StructV3(msgspec.Struct):
     amount: str
 
 
+class ModelV1(pydantic.BaseModel):
+    order_id: str
+    amount: int
+    note: str = ""
+
+
+class ModelV2(pydantic.BaseModel):
+    order_id: str
+    amount: int
+    currency: str = "EUR"
+    tags: list[str] = pydantic.Field(default_factory=lambda: [])
+
+
+class ModelV3(pydantic.BaseModel):
+    order_id: str
+    amount: str
+
+
 Codec = Callable[[Any], StateCodec[Any]]
 CASES = [
     pytest.param(JSONCodec, OrderV1, OrderV2, OrderV3, id="json"),
     pytest.param(MsgspecCodec, StructV1, StructV2, StructV3, id="msgspec"),
+    pytest.param(PydanticCodec, ModelV1, ModelV2, ModelV3, id="pydantic"),
 ]
 
 

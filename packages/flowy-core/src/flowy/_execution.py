@@ -31,9 +31,10 @@ from ._types import E, S
 from ._waits import next_signal, take_signal
 from .storage import (
     MAX_TIMESTAMP,
-    JSONCodec,
     RunStatus,
+    StateCodec,
 )
+from .storage._codecs import codec_for_type
 
 __all__ = ["Execution"]
 
@@ -474,7 +475,7 @@ class Execution(HandoffSegment[S, E]):
         the child's node and state in the snapshot."""
         spec = self.graph.subgraphs[name]
         child = spec.graph
-        codec: JSONCodec[Any] = JSONCodec(child.state_type)
+        codec = codec_for_type(child.state_type)
         meta = self.meta
         nested, self.nested = self.nested, {}
         if nested:
@@ -604,7 +605,7 @@ class Execution(HandoffSegment[S, E]):
         return await self._after_step(name, Directive(DirectiveKind.COMPLETED), save_steps)
 
     def _nest(
-        self, name: str, pointer: str, state: Any, codec: JSONCodec[Any], on_timeout: str = ""
+        self, name: str, pointer: str, state: Any, codec: StateCodec[Any], on_timeout: str = ""
     ) -> None:
         """Record where the run is inside the subgraph ``name`` (saved with the next
         snapshot); the run's own pointer is ``name``."""

@@ -22,6 +22,7 @@ from ._directives import DirectiveKind
 from ._graph import Graph
 from ._waits import merge_update
 from .storage import ActivityRecord, ActivityStatus, DurableCheckpointer, StateCodec
+from .storage._codecs import JSON_CODEC_NAMES
 
 __all__ = ["SAME_STATE", "Branch", "BranchOutcome", "run_branches"]
 
@@ -78,7 +79,7 @@ def journal_of(
     store: DurableCheckpointer[Any] | None, thread_id: str, codec: StateCodec[Any] | None
 ) -> _Journal | None:
     """The journal a superstep records its branches in (``None``: not recorded)."""
-    if store is None or (codec is not None and codec.name not in ("json", "msgspec-json")):
+    if store is None or (codec is not None and codec.name not in JSON_CODEC_NAMES):
         return None
     return _Journal(store, thread_id, codec)
 

@@ -474,8 +474,8 @@ class RunPreparation(Generic[S, E]):
 
     def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
         """Step 4: ``merge(state, overlay)`` if given; a mapping of fields into a
-        dataclass, msgspec Struct or TypedDict state, validated by the store's codec;
-        else the graph's reducer."""
+        dataclass, msgspec Struct, pydantic model or TypedDict state, validated by the
+        store's codec; else the graph's reducer."""
         if merge is not None:
             return merge(state, cast(S, overlay))
         return merge_update(self.graph, state, overlay, self._merge())

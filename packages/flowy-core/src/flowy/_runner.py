@@ -298,15 +298,15 @@ class Runner(RunPreparation[S, E]):
         """Resume the snapshot ``token`` names, if it is still the thread's head.
 
         ``state_overlay`` is merged into the loaded state with ``merge``; without one, a
-        mapping of fields is merged field by field into a dataclass, TypedDict or msgspec
-        Struct state (each named field replaced) and the result validated by the store's
-        codec (an unknown field or a value that does not fit is a ``ValueError`` naming
-        it), anything else goes through the graph's reducer. Raises before running
-        anything: ``InvalidResumeTokenError``, ``ConcurrencyConflictError`` (stale or
-        zero revision: see ``evaluate_resume``), ``ThreadNotFoundError``,
-        ``ThreadCompletedError``, ``HandoffPendingError``, ``HandoffOrphanedError``,
-        ``InvalidResumePlanError``, ``UnknownNodeError``, lease errors, the overlay's
-        ``ValueError``.
+        mapping of fields is merged field by field into a dataclass, TypedDict, msgspec
+        Struct or pydantic model state (each named field replaced) and the result
+        validated by the store's codec (an unknown field or a value that does not fit is
+        a ``ValueError`` naming it), anything else goes through the graph's reducer.
+        Raises before running anything: ``InvalidResumeTokenError``,
+        ``ConcurrencyConflictError`` (stale or zero revision: see ``evaluate_resume``),
+        ``ThreadNotFoundError``, ``ThreadCompletedError``, ``HandoffPendingError``,
+        ``HandoffOrphanedError``, ``InvalidResumePlanError``, ``UnknownNodeError``, lease
+        errors, the overlay's ``ValueError``.
 
         Args:
             token: the resume token of the snapshot to continue from.

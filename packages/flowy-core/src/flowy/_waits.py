@@ -61,8 +61,8 @@ def durable_of(cp: Checkpointer[Any] | None, what: str) -> DurableCheckpointer[A
 
 def merge_update(graph: Graph[S, Any], state: S, update: object, merge: Merge | None = None) -> S:
     """``update`` merged into ``state`` as a ``state_overlay`` is: a mapping of fields
-    into a dataclass, msgspec Struct or TypedDict state, field by field, the result
-    validated by ``merge`` (the store codec's ``merge``, if it has one; an unknown field
+    into a dataclass, msgspec Struct, pydantic model or TypedDict state, field by field,
+    the result validated by ``merge`` (the store codec's ``merge``, if it has one; an unknown field
     or a value that does not fit is a ``ValueError`` naming it); anything else through
     the graph's reducer."""
     if isinstance(update, Mapping):

@@ -1,5 +1,6 @@
-"""The commands that look without touching: ``threads``, ``show``, ``history`` and
-``graph``.
+"""The commands that look without touching: ``threads``, ``timers`` and ``graph`` here,
+``show`` in :mod:`._show`, ``history`` in :mod:`._history`, with the JSON shapes and
+helpers they share.
 
 They read through the ``Backend`` API only (``list_threads``, ``load``,
 ``get_history``, the lease holder, the consumer's dead letters), so they work the same
@@ -9,14 +10,12 @@ on every store, and they never write. Tables for people, ``--json`` for scripts.
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
-from .._errors import InvalidThreadIdError, ThreadNotFoundError
+from .._errors import InvalidThreadIdError
 from .._graph import Graph
 from ..storage import (
     ActivityRecord,
@@ -25,28 +24,27 @@ from ..storage import (
     DurableCheckpointer,
     HandoffStatus,
     Lease,
-    RunStatus,
     Signal,
     Snapshot,
     ThreadSummary,
 )
 from ._options import CliError, load_graph, quote
-from ._render import Console, clean, compact_json, fmt_time, pretty_json
+from ._render import Console, clean, fmt_time, pretty_json
 from ._store import Store, codec_for, dead_letters_by_thread, locate, open_store
 
 __all__ = [
     "PAGE",
-    "state_diff",
     "cmd_graph",
-    "cmd_history",
-    "cmd_show",
     "cmd_threads",
     "cmd_timers",
     "dead_letter_json",
+    "journal_and_inbox",
+    "lease_json",
     "list_threads",
     "not_found",
-    "print_history",
     "print_json",
+    "signal_json",
+    "snapshot_json",
     "status_styler",
     "summary_json",
 ]
@@ -138,7 +136,7 @@ def summary_json(s: ThreadSummary, dead: Sequence[DeadLetter] = ()) -> dict[str,
     }
 
 
-def _snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
+def snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
     return {
         "thread_id": snap.thread_id,
         "revision": revision,
@@ -165,7 +163,7 @@ def _snapshot_json(snap: Snapshot[Any], revision: int) -> dict[str, Any]:
     }
 
 
-def _signal_json(signal: Signal) -> dict[str, Any]:
+def signal_json(signal: Signal) -> dict[str, Any]:
     return {
         "seq": signal.seq,
         "name": signal.name,
@@ -175,7 +173,7 @@ def _signal_json(signal: Signal) -> dict[str, Any]:
     }
 
 
-async def _journal_and_inbox(
+async def journal_and_inbox(
     backend: Any, snap: Snapshot[Any]
 ) -> tuple[list[ActivityRecord], list[Signal]]:
     """The thread's activity journal and its signals not yet taken (empty for a store
@@ -194,7 +192,7 @@ async def _journal_and_inbox(
     return journal, signals
 
 
-def _lease_json(lease: Lease | None) -> dict[str, Any] | None:
+def lease_json(lease: Lease | None) -> dict[str, Any] | None:
     if lease is None:
         return None
     return {"owner": lease.owner, "token": lease.fencing_token, "expires_at": lease.expires_at}
@@ -262,180 +260,6 @@ def _threads_styler(out: Console) -> Any:
     return styler
 
 
-# ------------------------------------------------------------------------------- show
-
-_RESUMABLE = frozenset(
-    {RunStatus.SUSPENDED, RunStatus.CANCELED, RunStatus.HANDOFF, RunStatus.WAITING}
-)
-
-
-_APP_HINT = " (or --app MODULE:FACTORY instead of --graph, for an app whose nodes need bindings)"
-
-
-def _next_step(
-    snap: Snapshot[Any],
-    revision: int,
-    store: Store,
-    graph: str | None,
-    dead: Sequence[DeadLetter],
-) -> str | None:
-    """The command that moves the thread on; without a known ``graph``, the worker's
-    hint names ``--app`` too (a factory that gives the runs their bindings)."""
-    app = "" if graph else _APP_HINT
-    graph = graph or "MODULE:ATTR"
-    stuck = snap.status in (RunStatus.HANDOFF, RunStatus.RUNNING)
-    if dead and stuck:
-        retry = store.command("dead-letters", "--retry", quote(dead[-1].message_id))
-        return f"requeue its dead-lettered hand-off once the cause is fixed: {retry}"
-    if snap.handoff_status in (HandoffStatus.PENDING, HandoffStatus.ORPHANED):
-        return store.command("recover", "--graph", graph)
-    if snap.status is RunStatus.HANDOFF:
-        return "a worker resumes it: " + store.command("worker", "--graph", graph) + app
-    if snap.status is RunStatus.WAITING:
-        how = "when its time comes" if not snap.waiting_for else "when its signal arrives"
-        text = f"a worker resumes it {how}: " + store.command("worker", "--graph", graph) + app
-        if snap.waiting_for:
-            send = store.command(
-                "signal", quote(snap.thread_id), quote(snap.waiting_for), "--json", "'{...}'"
-            )
-            text += f"; send the signal: {send}"
-        return text
-    if snap.status in (RunStatus.SUSPENDED, RunStatus.CANCELED):
-        token = f"{snap.thread_id}@{revision}"
-        return store.command("resume", quote(token), "--graph", graph)
-    return None
-
-
-def _dead_text(out: Console, letter: DeadLetter) -> str:
-    revision = f" of revision {letter.intent.snapshot_revision}" if letter.intent else ""
-    error = clean(" ".join(letter.error.split()), 160) or "-"
-    return (
-        f"{out.paint('dead-lettered', 'red', 'bold')} message {clean(letter.message_id, 80)}"
-        f"{revision} after {letter.attempts} deliveries: {error}"
-    )
-
-
-async def cmd_show(args: argparse.Namespace, out: Console) -> int:
-    """``flowy show``."""
-    store = locate(args.backend, args.db)
-    thread = cast(str, args.thread)
-    graph = load_graph(args.graph) if args.graph else None
-    async with open_store(store, codec_for(args.codec, graph)) as backend:
-        try:
-            snap, revision = await backend.checkpointer.load(thread)
-        except ThreadNotFoundError:
-            raise not_found(thread, store) from None
-        lease = await backend.leases.holder(thread)
-        dead = (await dead_letters_by_thread(backend.consumer)).get(thread, [])
-        journal, pending = await _journal_and_inbox(backend, snap)
-    if args.json:
-        data = _snapshot_json(snap, revision)
-        data["lease"] = _lease_json(lease)
-        data["dead_letters"] = [dead_letter_json(d) for d in dead]
-        data["journal"] = [r.as_json() for r in journal]
-        data["pending_signals"] = [_signal_json(s) for s in pending]
-        print_json(out, data)
-        return 0
-    dot = out.sym("dot")
-    limits: Mapping[str, int] = graph.budgets if graph is not None else {}
-    budgets = ", ".join(
-        f"{clean(name, 40)} {snap.budget_counts.get(name, 0)}"
-        + (f"/{limits[name]}" if name in limits else "")
-        for name in sorted({*snap.budget_counts, *limits})
-    )
-    lease_text = (
-        "none"
-        if lease is None
-        else f"{clean(lease.owner, 60)} (fencing token {lease.fencing_token}, expires in "
-        f"{max(lease.expires_at - time.time(), 0.0):.1f}s)"
-    )
-    resume = f" {dot} resume token {clean(snap.thread_id)}@{revision}"
-    handoff = snap.handoff_status.value
-    if snap.handoff_pending_at:
-        handoff += f" since {fmt_time(snap.handoff_pending_at)}"
-    if dead:
-        handoff += f" {dot} " + out.paint("its message is DEAD-LETTERED", "red", "bold")
-    fields = [
-        ("thread", clean(snap.thread_id)),
-        ("status", f"{out.status(snap.status)} ({clean(snap.reason, 80)})"),
-        ("pointer", clean(snap.execution_pointer)),
-        ("revision", str(revision) + (resume if snap.status in _RESUMABLE else "")),
-        (
-            "steps",
-            f"segment {snap.segment} {dot} {snap.step_count} in this segment {dot} "
-            f"{snap.total_steps} in all",
-        ),
-        ("hand-off", handoff),
-        *(("dead", _dead_text(out, d)) for d in dead),
-        *((("waiting", _wait_text(out, snap)),) if snap.status is RunStatus.WAITING else ()),
-        *(
-            (
-                (
-                    "signals",
-                    f"{len(pending)} not yet taken: "
-                    + ", ".join(f"#{s.seq} {clean(s.name, 40)}" for s in pending[:10]),
-                ),
-            )
-            if pending
-            else ()
-        ),
-        *((("inside", _nested_text(out, snap)),) if snap.nested else ()),
-        *((("forked", _lineage_text(snap)),) if snap.parent_thread_id else ()),
-        *((("graph", f"version {clean(snap.graph_version, 60)}"),) if snap.graph_version else ()),
-        ("updated", fmt_time(snap.updated_at)),
-        ("lease", lease_text),
-        ("budgets", budgets or "none"),
-        ("metadata", compact_json(dict(snap.metadata)) if snap.metadata else "none"),
-    ]
-    hint = _next_step(snap, revision, store, args.graph and quote(args.graph), dead)
-    if hint is not None:
-        fields.append(("next", clean(hint)))
-    for key, value in fields:
-        out.line(f"{out.paint(key.ljust(9), 'bold')} {value}")
-    out.line(out.paint("state", "bold"))
-    for line in pretty_json(snap.state).splitlines():
-        out.line("  " + line)
-    if journal:
-        out.line(out.paint("journal", "bold"))
-        out.table(
-            ["KEY", "STATUS", "ATTEMPTS", "STARTED", "RESULT / ERROR"],
-            [
-                [
-                    clean(r.key, 48),
-                    r.status.value,
-                    str(r.attempts),
-                    fmt_time(r.started_at),
-                    clean(r.error or compact_json(r.result), 80)
-                    + (f" (next attempt {fmt_time(r.retry_at)})" if r.retry_at else ""),
-                ]
-                for r in journal
-            ],
-        )
-    return 0
-
-
-def _nested_text(out: Console, snap: Snapshot[Any]) -> str:
-    node = clean(str(snap.nested.get("node", "")), 60)
-    pointer = clean(str(snap.nested.get("pointer", "")), 60)
-    return f"subgraph {node} {out.sym('arrow')} at {pointer} (its state is saved with this one)"
-
-
-def _lineage_text(snap: Snapshot[Any]) -> str:
-    parent = f"{snap.parent_thread_id}@{snap.parent_revision}"
-    return f"from {clean(parent, 120)} (its history is its own from there)"
-
-
-def _wait_text(out: Console, snap: Snapshot[Any]) -> str:
-    dot = out.sym("dot")
-    parts = [f"for signal {clean(snap.waiting_for, 60)!r}" if snap.waiting_for else "asleep"]
-    if snap.wake_at is not None:
-        left = snap.wake_at - time.time()
-        when = "due now" if left <= 0 else f"in {left:.1f}s"
-        parts.append(f"until {fmt_time(snap.wake_at)} ({when})")
-        parts.append(f"then at {clean(snap.on_timeout or snap.execution_pointer, 60)}")
-    return f" {dot} ".join(parts)
-
-
 # ----------------------------------------------------------------------------- timers
 
 
@@ -472,130 +296,6 @@ async def cmd_timers(args: argparse.Namespace, out: Console) -> int:
             for t in timers
         ],
     )
-    return 0
-
-
-# ---------------------------------------------------------------------------- history
-
-
-async def print_history(
-    out: Console, checkpointer: Checkpointer[Any], store: Store, thread: str, limit: int
-) -> None:
-    """The revisions table of ``thread``, newest first."""
-    snaps = await _history(checkpointer, store, thread, limit)
-    out.table(
-        ["REV", "STATUS", "REASON", "POINTER", "HANDOFF", "SEGMENT", "STEPS", "UPDATED"],
-        [
-            [
-                str(s.revision),
-                s.status.value,
-                clean(s.reason, 32),
-                clean(s.execution_pointer, 32),
-                s.handoff_status.value,
-                str(s.segment),
-                str(s.total_steps),
-                fmt_time(s.updated_at),
-            ]
-            for s in snaps
-        ],
-        styler=status_styler(out, 1),
-    )
-
-
-async def _history(
-    checkpointer: Checkpointer[Any], store: Store, thread: str, limit: int
-) -> list[Snapshot[Any]]:
-    snaps = await checkpointer.get_history(thread, limit)
-    if not snaps:
-        try:
-            await checkpointer.load(thread)
-        except ThreadNotFoundError:
-            raise not_found(thread, store) from None
-    return snaps
-
-
-def state_diff(before: Any, after: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """What changed from ``before`` to ``after``, as ``(path, old, new)`` rows: keys of
-    mappings are followed, anything else that differs is one row (``...`` marks a
-    missing side)."""
-    if isinstance(before, Mapping) and isinstance(after, Mapping):
-        rows: list[tuple[str, Any, Any]] = []
-        old = cast(Mapping[str, Any], before)
-        new = cast(Mapping[str, Any], after)
-        for key in [*old, *(k for k in new if k not in old)]:
-            where = f"{path}.{key}" if path else str(key)
-            if key not in new:
-                rows.append((where, old[key], ...))
-            elif key not in old:
-                rows.append((where, ..., new[key]))
-            else:
-                rows.extend(state_diff(old[key], new[key], where))
-        return rows
-    if before != after:
-        return [(path or "state", before, after)]
-    return []
-
-
-def _print_diffs(out: Console, snaps: Sequence[Snapshot[Any]]) -> None:
-    """Each revision and how its state differs from the one before (oldest first)."""
-    ordered = sorted(snaps, key=lambda s: s.revision)
-    for older, newer in zip([None, *ordered], ordered, strict=False):
-        head = (
-            f"revision {newer.revision} {out.sym('dot')} {newer.status.value} "
-            f"{out.sym('dot')} at {clean(newer.execution_pointer, 40)}"
-        )
-        out.line(out.paint(head, "bold"))
-        if older is None:
-            out.line(f"  {compact_json(newer.state)[:200]}")
-            continue
-        changes = state_diff(_plain(older.state), _plain(newer.state))
-        if not changes:
-            out.line("  (state unchanged)")
-        for where, old, new in changes:
-            shown_old = "(absent)" if old is ... else compact_json(old)[:80]
-            shown_new = "(absent)" if new is ... else compact_json(new)[:80]
-            out.line(f"  {clean(where, 60)}: {shown_old} {out.sym('arrow')} {shown_new}")
-
-
-def _plain(state: Any) -> Any:
-    """A typed state as plain JSON values (what the diff compares)."""
-    return json.loads(compact_json(state))
-
-
-async def cmd_history(args: argparse.Namespace, out: Console) -> int:
-    """``flowy history``."""
-    store = locate(args.backend, args.db)
-    graph = load_graph(args.graph) if args.graph else None
-    async with open_store(store, codec_for(args.codec, graph)) as backend:
-        if args.diff:
-            snaps = await _history(backend.checkpointer, store, args.thread, args.limit)
-            if args.json:
-                ordered = sorted(snaps, key=lambda s: s.revision)
-                print_json(
-                    out,
-                    [
-                        {
-                            "revision": newer.revision,
-                            "changes": [
-                                {
-                                    "path": w,
-                                    "old": None if o is ... else o,
-                                    "new": None if n is ... else n,
-                                }
-                                for w, o, n in state_diff(_plain(older.state), _plain(newer.state))
-                            ],
-                        }
-                        for older, newer in itertools.pairwise(ordered)
-                    ],
-                )
-            else:
-                _print_diffs(out, snaps)
-            return 0
-        if args.json:
-            snaps = await _history(backend.checkpointer, store, args.thread, args.limit)
-            print_json(out, [_snapshot_json(s, s.revision) for s in snaps])
-        else:
-            await print_history(out, backend.checkpointer, store, args.thread, args.limit)
     return 0
 
 

@@ -25,7 +25,8 @@ from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
 from .._version import __version__
 from ._check import cmd_check
-from ._inspect import cmd_graph, cmd_history, cmd_show, cmd_threads, cmd_timers
+from ._history import cmd_history
+from ._inspect import cmd_graph, cmd_threads, cmd_timers
 from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
 from ._options import (
     CliError,
@@ -39,6 +40,7 @@ from ._options import (
 )
 from ._render import ColorMode, Console, set_console
 from ._serve import cmd_worker
+from ._show import cmd_show
 from ._store import ENV_VAR, scrub
 from ._story import DEFAULT_DEMO_DB, cmd_demo
 from ._ui import cmd_ui, port

@@ -20,7 +20,8 @@ from typing import Any, cast
 
 from .._errors import GraphValidationError
 from .._graph import Graph
-from ..storage import JSONCodec, ResumeToken, StateCodec
+from ..storage import ResumeToken, StateCodec
+from ..storage._codecs import codec_for_type
 from ._render import clean
 
 __all__ = [
@@ -337,10 +338,11 @@ def _is_state_type(obj: object) -> bool:
 
 def load_codec(spec: str) -> StateCodec[Any]:
     """The state codec named by ``spec``: a codec object, a codec class or factory, or a
-    state class (a dataclass, a TypedDict, …) that ``JSONCodec`` decodes states into."""
+    state class (a dataclass, a TypedDict, …) that ``JSONCodec`` decodes states into
+    (``PydanticCodec`` for a pydantic model)."""
     obj = load_object(spec, "--codec")
     if _is_state_type(obj):
-        return JSONCodec(obj)
+        return codec_for_type(obj)
     if isinstance(obj, type) or not isinstance(obj, StateCodec):
         obj = _call(obj, spec, "--codec")
     if isinstance(obj, type) or not isinstance(obj, StateCodec):

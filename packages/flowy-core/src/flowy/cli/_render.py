@@ -26,6 +26,7 @@ from .._events import EventType, RunEvent
 from .._graph import Graph
 from .._results import RunResult
 from ..storage import RunStatus
+from ..storage._codecs import is_pydantic_model
 
 __all__ = [
     "ColorMode",
@@ -174,6 +175,8 @@ def _jsonable(value: object) -> object:
         return value.isoformat()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if is_pydantic_model(type(value)):
+        return cast(Any, value).model_dump(mode="json", round_trip=True)
     if isinstance(value, set | frozenset | tuple):
         return list(cast(Any, value))
     if isinstance(value, bytes):

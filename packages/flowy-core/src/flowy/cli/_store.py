@@ -24,12 +24,12 @@ from ..sqlite import APPLICATION_ID, path_of
 from ..storage import (
     Backend,
     DeadLetter,
-    JSONCodec,
     OutboxConsumer,
     StateCodec,
     connect,
     redact_url,
 )
+from ..storage._codecs import codec_for_type
 from ..storage._connect import parse_url
 from ._options import CliError, load_codec, quote
 
@@ -164,12 +164,13 @@ def _read_application_id(path: str) -> int | None:
 
 
 def codec_for(spec: str | None, graph: Graph[Any, Any] | None) -> StateCodec[Any] | None:
-    """The codec states are read with: ``--codec``, else the state type of a typed
-    ``--graph``, else ``None`` (plain JSON values)."""
+    """The codec states are read with: ``--codec``, else the one the state type of a
+    typed ``--graph`` gets (``PydanticCodec`` for a pydantic model), else ``None`` (plain
+    JSON values)."""
     if spec:
         return load_codec(spec)
     if graph is not None and graph.state_type is not None:
-        return JSONCodec(graph.state_type)
+        return codec_for_type(graph.state_type)
     return None
 
 

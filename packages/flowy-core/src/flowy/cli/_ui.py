@@ -15,6 +15,10 @@ Actions go through the same public API as the other commands (``Runner.resume``,
 action that fails (a missing thread, an undecodable record, an unreachable store) shows
 one line on the page with a 4xx/5xx status; the traceback goes to the ``flowy.cli.ui``
 logger at debug level, never to the terminal.
+
+This module serves the app (host check, token, CSRF, routes) and runs the command; the
+pages and actions are in :mod:`._ui_pages`, their HTML building blocks in
+:mod:`._ui_html`.
 """
 
 from __future__ import annotations
@@ -23,34 +27,27 @@ import argparse
 import asyncio
 import contextlib
 import hmac
-import html
 import ipaddress
-import json
 import logging
 import secrets
 import signal
 import socket
-import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any, cast
 
 from .._errors import InvalidThreadIdError, StorageUnavailableError, ThreadNotFoundError
 from .._graph import Graph
-from .._runner import DEFAULT_LEASE_TTL, Runner, default_owner
 from ..storage import (
-    ActivityRecord,
     Backend,
-    DurableCheckpointer,
-    HandoffStatus,
-    ResumeToken,
-    RunStatus,
-    Snapshot,
 )
-from ._inspect import dead_letter_json, list_threads, state_diff
-from ._options import CliError, load_graph, one_line, parse_overlay
-from ._render import Console, compact_json, pretty_json
-from ._store import codec_for, dead_letters_by_thread, locate, open_store
+from ._options import CliError, load_graph, one_line
+from ._render import Console
+from ._store import codec_for, locate, open_store
+from ._ui_html import e, thread_path
+from ._ui_html import in_seconds as _in  # noqa: F401  # pyright: ignore[reportUnusedImport]
+from ._ui_html import when as _when  # noqa: F401  # pyright: ignore[reportUnusedImport]
+from ._ui_pages import Inspector
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -67,29 +64,7 @@ log = logging.getLogger("flowy.cli.ui")
 MAX_FORM = 1_000_000
 """The largest action form body accepted, in bytes."""
 
-_LIMIT = 500
-_STOP_ACTIONS_TIMEOUT = 15.0  # a cancelled resume's save is bounded at 10 s
-_STUCK = frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED})
-_RESUMABLE = frozenset(
-    {RunStatus.SUSPENDED, RunStatus.CANCELED, RunStatus.WAITING, RunStatus.FAILED}
-)
 _MISSING = 'flowy ui needs Starlette and uvicorn: pip install "flowy-core[ui]"'
-
-_CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-nav a{margin-right:1em}
-table{border-collapse:collapse;margin:.5em 0}
-th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
-th{background:#f3f3f3}
-pre{background:#f7f7f7;border:1px solid #ddd;padding:.5em;overflow:auto;max-height:30em}
-.msg{background:#e7f6e7;border:1px solid #7c7;padding:.5em}
-.err{background:#fbe9e9;border:1px solid #d77;padding:.5em}
-.status{font-weight:bold}
-form.inline{display:inline}
-textarea{width:30em;height:6em;font-family:monospace}
-dt{font-weight:bold;float:left;width:9em;clear:left}
-dd{margin-left:10em}
-"""
 
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
@@ -116,437 +91,6 @@ def cookie_name(port: int) -> str:
     """The token's cookie for an inspector on ``port``: cookies are not scoped to a port,
     so each inspector on one host needs a name of its own."""
     return f"{COOKIE}_{port}"
-
-
-# ------------------------------------------------------------------------------ html
-
-
-def e(value: object) -> str:
-    r"""``value`` as escaped HTML text; control, format (bidi) and other non-printable
-    characters but newlines shown as ``\uXXXX`` escapes, so stored text cannot
-    reorder or hide what the page shows."""
-    text = str(value)
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
-    return html.escape(text, quote=True)
-
-
-def _when(timestamp: float) -> str:
-    """``timestamp`` as local time; a time the platform cannot show as a date (past the
-    year 9999, or NaN) as its number of seconds."""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
-    except (OverflowError, OSError, ValueError):
-        return f"{timestamp:.6g} s since the epoch"
-
-
-def _in(seconds: float) -> str:
-    """``seconds`` from now, for a person."""
-    return f"in {seconds:.0f}s" if seconds < 1e12 else f"in {seconds:.3g}s"
-
-
-def _href(path: str, **params: str) -> str:
-    query = urllib.parse.urlencode({k: v for k, v in params.items() if v})
-    return e(path + ("?" + query if query else ""))
-
-
-def _thread_href(thread: str) -> str:
-    return _href("/threads/" + urllib.parse.quote(thread, safe=""))
-
-
-def _age(timestamp: float | None, now: float) -> str:
-    if not timestamp:
-        return "-"
-    return f"{max(now - timestamp, 0.0):.0f}s ago"
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], empty: str) -> str:
-    """A table of already-escaped cells."""
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    if not body:
-        return f"<p><em>{e(empty)}</em></p>"
-    head = "".join(f"<th>{e(h)}</th>" for h in headers)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _plain(state: Any) -> Any:
-    return json.loads(compact_json(state))
-
-
-def _ident(name: str) -> str:
-    """The Mermaid node id ``Graph.to_mermaid`` gives ``name``."""
-    return "n_" + "".join(c if c.isalnum() else "_" for c in name)
-
-
-def mermaid_marked(graph: Graph[Any, Any], snap: Snapshot[Any]) -> str:
-    """``graph.to_mermaid()`` with the node the thread is at (and, inside a subgraph,
-    its inner node) in the ``current`` class."""
-    text = graph.to_mermaid()
-    marked = [_ident(snap.execution_pointer)]
-    inner = snap.nested.get("pointer") if snap.nested else None
-    if inner is not None:
-        marked.append(_ident(snap.execution_pointer) + "__" + _ident(str(inner))[2:])
-    lines = ["    classDef current fill:#ffd54f,stroke:#e65100,stroke-width:3px"]
-    lines += [f"    class {m} current" for m in marked]
-    return text + "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------------- app
-
-
-class _Inspector:
-    """The pages and actions of one app (one backend, one graph)."""
-
-    def __init__(self, backend: Backend[Any], graph: Graph[Any, Any], token: str) -> None:
-        self.backend = backend
-        self.graph = graph
-        self.token = token
-        self.csrf = secrets.token_urlsafe(32)
-        self.codec = codec_for(None, graph)
-        self.runner: Runner[Any, Any] = Runner(
-            graph, backend, run_lease=(default_owner(), DEFAULT_LEASE_TTL)
-        )
-        self.acting: set[asyncio.Task[Any]] = set()  # the requests running an action
-        self.stopping = False
-
-    async def stop_actions(self) -> None:
-        """Cancel the actions in flight and wait for them: a resume saves its cancel
-        snapshot and lets go of its lease while the store is still open, and its request
-        is answered with 503."""
-        self.stopping = True
-        tasks = {t for t in self.acting if not t.done()}
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=_STOP_ACTIONS_TIMEOUT)
-
-    # -- layout
-
-    def page(self, title: str, body: str, request: Request) -> str:
-        """A whole HTML page around ``body`` (escaped already), with the flash message."""
-        flash = ""
-        if msg := request.query_params.get("msg"):
-            flash += f'<p class="msg" id="msg">{e(one_line(msg)[:500])}</p>'
-        if err := request.query_params.get("err"):
-            flash += f'<p class="err" id="err">{e(one_line(err)[:500])}</p>'
-        return (
-            "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>{e(title)} - flowy ui</title><style>{_CSS}</style></head><body>"
-            "<nav><a href='/'>Threads</a><a href='/dead-letters'>Dead letters</a></nav>"
-            f"<h1>{e(title)}</h1>{flash}{body}</body></html>"
-        )
-
-    def form(self, action: str, fields: Mapping[str, str], inner: str, label: str) -> str:
-        hidden = "".join(
-            f"<input type='hidden' name='{e(k)}' value='{e(v)}'>"
-            for k, v in {**fields, "csrf": self.csrf}.items()
-        )
-        return (
-            f"<form method='post' action='/actions/{e(action)}' class='inline'>{hidden}"
-            f"{inner}<button type='submit' name='do' value='{e(action)}'>{e(label)}</button>"
-            "</form>"
-        )
-
-    # -- pages
-
-    async def threads(self, request: Request) -> str:
-        status = request.query_params.get("status", "")
-        node = request.query_params.get("node", "")
-        rows, more = await list_threads(self.backend.checkpointer, limit=_LIMIT)
-        shown = [
-            s
-            for s in rows
-            if (not status or s.status.value == status)
-            and (not node or s.execution_pointer == node)
-        ]
-        dead = await dead_letters_by_thread(self.backend.consumer) if shown else {}
-        now = time.time()
-        options = "".join(
-            f"<option value='{e(v)}'{' selected' if v == status else ''}>{e(v or 'any')}</option>"
-            for v in ["", *(s.value for s in RunStatus)]
-        )
-        filters = (
-            "<form method='get' action='/'>"
-            f"<label>status <select name='status'>{options}</select></label> "
-            f"<label>node <input name='node' value='{e(node)}'></label> "
-            "<button type='submit'>Filter</button></form>"
-        )
-        table = _table(
-            ["thread", "status", "reason", "pointer", "revision", "hand-off", "updated"],
-            (
-                [
-                    f"<a href='{_thread_href(s.thread_id)}'>{e(s.thread_id)}</a>",
-                    f"<span class='status'>{e(s.status.value)}</span>",
-                    e(s.reason),
-                    e(s.execution_pointer),
-                    e(s.revision),
-                    e(s.handoff_status.value)
-                    + (" <strong>(dead letter)</strong>" if s.thread_id in dead else ""),
-                    e(_age(s.updated_at, now)),
-                ]
-                for s in shown
-            ),
-            "no threads" + (" match" if status or node else ""),
-        )
-        note = f"<p><em>only the first {_LIMIT} threads are listed</em></p>" if more else ""
-        return self.page("Threads", filters + table + note, request)
-
-    async def thread(self, request: Request, thread: str) -> str:
-        snap, token = await self.runner.head(thread)
-        cp = self.backend.checkpointer
-        history = sorted(await cp.get_history(thread, 50), key=lambda s: s.revision)
-        journal: list[ActivityRecord] = []
-        timers: list[float] = []
-        if isinstance(cp, DurableCheckpointer):
-            durable: DurableCheckpointer[Any] = cp
-            journal = await durable.journal(thread)
-            timers = [t.wake_at for t in await durable.timers(limit=1000) if t.thread_id == thread]
-        now = time.time()
-        head = [
-            ("status", f"<span class='status' id='status'>{e(snap.status.value)}</span>"),
-            ("reason", e(snap.reason or "-")),
-            ("pointer", e(snap.execution_pointer)),
-            ("revision", e(token.snapshot_revision)),
-            ("hand-off", e(snap.handoff_status.value)),
-            ("updated", e(_age(snap.updated_at, now))),
-            ("graph version", e(snap.graph_version or "-")),
-        ]
-        if snap.parent_thread_id:
-            parent = f"{snap.parent_thread_id}@{snap.parent_revision}"
-            head.append(
-                (
-                    "forked from",
-                    f"<a href='{_thread_href(snap.parent_thread_id)}'>{e(parent)}</a>",
-                )
-            )
-        if snap.nested:
-            where = f"subgraph {snap.nested.get('node', '')} at {snap.nested.get('pointer', '')}"
-            head.append(("inside", e(where)))
-        if snap.status is RunStatus.WAITING or snap.wake_at is not None or snap.waiting_for:
-            wait = f"for signal {snap.waiting_for!r}" if snap.waiting_for else "asleep"
-            if snap.wake_at is not None:
-                left = snap.wake_at - now
-                wait += ", due now" if left <= 0 else f", wakes {_in(left)}"
-            head.append(("waiting", e(wait)))
-        facts = "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in head) + "</dl>"
-        sections = [
-            facts,
-            self._actions(snap, token),
-            "<h2>State</h2>",
-            f"<pre id='state'>{e(pretty_json(snap.state))}</pre>",
-            "<h2>History</h2>",
-            self._history(history),
-            "<h2>Effects</h2>",
-            _table(
-                ["revision", "effect"],
-                (
-                    [e(s.revision), f"<code>{e(compact_json(x))}</code>"]
-                    for s in history
-                    for x in s.effects
-                ),
-                "no effects",
-            ),
-            "<h2>Activity journal</h2>",
-            _table(
-                ["key", "status", "attempts", "result / error"],
-                (
-                    [
-                        e(r.key),
-                        e(r.status.value),
-                        e(r.attempts),
-                        e(r.error or compact_json(r.result)),
-                    ]
-                    for r in journal
-                ),
-                "no activities",
-            ),
-            "<h2>Timers</h2>",
-            _table(
-                ["wake at", "when"],
-                (
-                    [
-                        e(_when(w)),
-                        e("due" if w <= now else _in(w - now)),
-                    ]
-                    for w in timers
-                ),
-                "no pending timers",
-            ),
-            "<h2>Graph (Mermaid)</h2>",
-            f"<pre id='graph'>{e(mermaid_marked(self.graph, snap))}</pre>",
-        ]
-        return self.page(f"Thread {thread}", "".join(sections), request)
-
-    def _history(self, history: Sequence[Snapshot[Any]]) -> str:
-        rows: list[list[str]] = []
-        for older, newer in zip([None, *history], history, strict=False):
-            if older is None:
-                change = f"<code>{e(compact_json(newer.state, 300))}</code>"
-            else:
-                diffs = state_diff(_plain(older.state), _plain(newer.state))
-                change = (
-                    "<br>".join(
-                        f"<code>{e(w)}: "
-                        f"{e('(absent)' if o is ... else compact_json(o, 120))} → "
-                        f"{e('(absent)' if n is ... else compact_json(n, 120))}</code>"
-                        for w, o, n in diffs
-                    )
-                    or "<em>(state unchanged)</em>"
-                )
-            rows.append(
-                [
-                    e(newer.revision),
-                    e(newer.status.value),
-                    e(newer.reason),
-                    e(newer.execution_pointer),
-                    e(newer.handoff_status.value),
-                    change,
-                ]
-            )
-        return (
-            "<div id='history'>"
-            + _table(
-                ["rev", "status", "reason", "pointer", "hand-off", "changes"],
-                reversed(rows),
-                "no history",
-            )
-            + "</div>"
-        )
-
-    def _actions(self, snap: Snapshot[Any], token: ResumeToken) -> str:
-        thread = snap.thread_id
-        revision = str(token.snapshot_revision)
-        parts: list[str] = ["<h2>Actions</h2>"]
-        if snap.status in _RESUMABLE:
-            parts.append(
-                "<p>"
-                + self.form(
-                    "resume",
-                    {"thread": thread, "revision": revision},
-                    "<label>state overlay (JSON)<br>"
-                    "<textarea name='overlay' id='overlay'>{}</textarea></label><br>",
-                    "Resume",
-                )
-                + "</p>"
-            )
-        if snap.handoff_status in _STUCK:
-            parts.append(
-                "<p>"
-                + self.form("recover", {"thread": thread, "back": "thread"}, "", "Recover hand-off")
-                + "</p>"
-            )
-        parts.append(
-            "<p>"
-            + self.form(
-                "fork",
-                {"thread": thread},
-                f"<label>revision <input name='revision' value='{e(revision)}' size='6'></label> "
-                "<label>new thread id <input name='new_thread'></label> ",
-                "Fork",
-            )
-            + "</p>"
-        )
-        return "".join(parts)
-
-    async def dead_letters(self, request: Request) -> str:
-        letters = [dead_letter_json(d) for d in await self.backend.consumer.dead_letters(1000)]
-        stuck, _ = await list_threads(self.backend.checkpointer, limit=_LIMIT, statuses=_STUCK)
-        now = time.time()
-        body = [
-            "<h2>Dead letters</h2>",
-            _table(
-                ["message", "thread", "revision", "attempts", "error", ""],
-                (
-                    [
-                        e(d["message_id"]),
-                        (
-                            f"<a href='{_thread_href(d['thread_id'])}'>{e(d['thread_id'])}</a>"
-                            if d["thread_id"] is not None
-                            else "<em>(undecodable)</em>"
-                        ),
-                        e(d["revision"] if d["revision"] is not None else "-"),
-                        e(d["attempts"]),
-                        e(one_line(d["error"])[:300]),
-                        self.form("requeue", {"message": d["message_id"]}, "", "Requeue"),
-                    ]
-                    for d in letters
-                ),
-                "no dead letters",
-            ),
-            "<h2>Stuck hand-offs (pending or orphaned)</h2>",
-            _table(
-                ["thread", "hand-off", "pointer", "revision", "pending since", ""],
-                (
-                    [
-                        f"<a href='{_thread_href(s.thread_id)}'>{e(s.thread_id)}</a>",
-                        e(s.handoff_status.value),
-                        e(s.execution_pointer),
-                        e(s.revision),
-                        e(_age(s.handoff_pending_at, now)),
-                        self.form(
-                            "recover",
-                            {"thread": s.thread_id, "back": "dead-letters"},
-                            "",
-                            "Recover",
-                        ),
-                    ]
-                    for s in stuck
-                ),
-                "no stuck hand-offs",
-            ),
-        ]
-        return self.page("Dead letters and stuck hand-offs", "".join(body), request)
-
-    # -- actions: each returns (where to go back to, the outcome message)
-
-    async def act(self, name: str, form: Mapping[str, str]) -> tuple[str, str]:
-        thread = form.get("thread", "")
-        if name == "resume":
-            revision = _whole(form.get("revision", ""), "revision")
-            try:
-                overlay = parse_overlay(form.get("overlay", "").strip() or "null", self.codec)
-            except CliError as exc:
-                raise ValueError(str(exc).replace("--overlay", "the overlay")) from None
-            result = await self.runner.resume(ResumeToken(thread, revision), state_overlay=overlay)
-            return _thread_href_raw(thread), (
-                f"resumed {thread}: {result.status.value} ({result.reason}) at "
-                f"{result.execution_pointer}, revision {result.revision}"
-            )
-        if name == "recover":
-            res = await self.runner.recover_stale_handoff(thread)
-            back = "/dead-letters" if form.get("back") == "dead-letters" else None
-            return back or _thread_href_raw(thread), (
-                f"re-enqueued the hand-off of {thread} at revision {res.snapshot_revision}"
-            )
-        if name == "fork":
-            revision = _whole(form.get("revision", ""), "revision")
-            new = form.get("new_thread", "").strip()
-            if not new:
-                raise ValueError("give the new thread's id")
-            token = await self.runner.fork(thread, at_revision=revision, new_thread_id=new)
-            return _thread_href_raw(new), (
-                f"forked {thread}@{revision} into {new} (resume token {token.thread_id}@"
-                f"{token.snapshot_revision})"
-            )
-        if name == "requeue":
-            message = form.get("message", "")
-            await self.backend.consumer.retry_dead_letter(message)
-            return "/dead-letters", f"requeued dead letter {message}"
-        raise ValueError(f"no action {name!r}")
-
-
-def _thread_href_raw(thread: str) -> str:
-    return "/threads/" + urllib.parse.quote(thread, safe="")
-
-
-def _whole(text: str, what: str) -> int:
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError(f"the {what} must be a whole number, got {text[:40]!r}") from None
-    if not 1 <= value <= 2**63 - 1:
-        raise ValueError(f"the {what} is out of range: {value}")
-    return value
 
 
 def _same(given: str | None, expected: str) -> bool:
@@ -589,7 +133,7 @@ def build_app(
 
     if not token:
         raise ValueError("the access token must not be empty")
-    ui = _Inspector(backend, graph, token)
+    ui = Inspector(backend, graph, token)
     cookie = cookie_name(port)
     host_allowed = _hosts(host, port)
 
@@ -667,7 +211,7 @@ def build_app(
             return refuse("the form's CSRF token is missing or wrong (reload the page)")
         name = cast(str, request.path_params["name"])
         thread = form.get("thread", "")
-        fallback = _thread_href_raw(thread) if thread else "/dead-letters"
+        fallback = thread_path(thread) if thread else "/dead-letters"
         task = asyncio.current_task()
         if task is not None:
             ui.acting.add(task)
@@ -747,7 +291,7 @@ async def cmd_ui(args: argparse.Namespace, out: Console) -> int:
                 )
             out.line("(Ctrl-C stops it)")
             config = uvicorn.Config(app, log_level="warning", lifespan="off")
-            inspector = cast(_Inspector, app.state.inspector)
+            inspector = cast(Inspector, app.state.inspector)
             stopped = await _serve_until_signal(
                 uvicorn.Server, config, sock, inspector.stop_actions
             )

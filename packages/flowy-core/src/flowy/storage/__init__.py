@@ -35,6 +35,7 @@ from ._base import show_id as show_id
 from ._capabilities import Capabilities as Capabilities
 from ._codecs import JSONCodec as JSONCodec
 from ._codecs import MsgspecCodec as MsgspecCodec
+from ._codecs import PydanticCodec as PydanticCodec
 from ._codecs import StateCodec as StateCodec
 from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from ._connect import Connecting as Connecting
@@ -131,6 +132,7 @@ __all__ = [
     "OutboxRow",
     "OutboxStats",
     "OutboxTransaction",
+    "PydanticCodec",
     "RawMessage",
     "Record",
     "Refused",

@@ -25,7 +25,7 @@ from .._types import S
 from ._backend import BaseBackend, redact_url
 from ._base import BaseCheckpointer
 from ._capabilities import Capabilities
-from ._codecs import JSONCodec, StateCodec, is_plain_json_type
+from ._codecs import JSONCodec, StateCodec, codec_for_type, is_plain_json_type
 from ._derive import derive_capabilities
 from ._guard import LeaseGuardCheckpointer
 from ._limits import Limits
@@ -258,13 +258,15 @@ def _typed(checkpointer: Checkpointer[S], state_type: Any) -> Checkpointer[S]:
 
     A checkpointer without a codec and without ``with_codec`` (a 0.1 wrapper) hands back
     plain JSON: fine for a state type plain JSON already is (``dict[str, Any]``, a
-    TypedDict, …), refused for one it cannot hand back (a dataclass, …)."""
+    TypedDict, …), refused for one it cannot hand back (a dataclass, …). The codec is
+    ``PydanticCodec`` for a pydantic model, else ``JSONCodec``."""
     if state_type is None:
         return checkpointer
+    codec = codec_for_type(state_type)
     if isinstance(checkpointer, BaseCheckpointer):
         if checkpointer.codec is not None:
             return checkpointer
-        return cast(Checkpointer[S], checkpointer.with_codec(JSONCodec(state_type)))
+        return cast(Checkpointer[S], checkpointer.with_codec(codec))
     if getattr(checkpointer, "codec", None) is not None:
         return checkpointer
     with_codec = getattr(checkpointer, "with_codec", None)
@@ -274,9 +276,10 @@ def _typed(checkpointer: Checkpointer[S], state_type: Any) -> Checkpointer[S]:
         raise TypeError(
             f"{type(checkpointer).__name__} has no codec, so it would hand this graph "
             f"plain JSON instead of {state_type!r}; give it "
-            f"codec=flowy.storage.JSONCodec({getattr(state_type, '__name__', '...')})"
+            f"codec=flowy.storage.{type(codec).__name__}"
+            f"({getattr(state_type, '__name__', '...')})"
         )
-    return cast(Checkpointer[S], with_codec(JSONCodec(state_type)))
+    return cast(Checkpointer[S], with_codec(codec))
 
 
 def bind(backend: Backend[S], state_type: Any) -> Binding[S]:

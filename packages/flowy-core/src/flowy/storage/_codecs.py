@@ -3,7 +3,10 @@
 ``JSONCodec`` uses only the standard library. Without a type it stores and returns plain
 JSON values; with ``state_type`` it encodes dataclasses, enums, datetimes, tuples and sets
 and decodes back into the declared types (TypedDicts are plain dicts). ``MsgspecCodec``
-(extra ``flowy-core[msgspec]``) does the same with msgspec's typed decoder.
+(extra ``flowy-core[msgspec]``) does the same with msgspec's typed decoder, and
+``PydanticCodec`` (extra ``flowy-core[pydantic]``) with a pydantic v2 ``TypeAdapter``;
+:func:`codec_for_type` picks it for a ``BaseModel`` state. Neither extra is imported
+unless its codec is made.
 """
 
 from __future__ import annotations
@@ -14,13 +17,23 @@ import datetime as dt
 import enum
 import functools
 import json
+import re
+import sys
 import types
 import typing
 from typing import Any, Generic, Protocol, cast, runtime_checkable
 
 from .._types import S
 
-__all__ = ["JSONCodec", "MsgspecCodec", "StateCodec", "json_default", "merge_fields"]
+__all__ = [
+    "JSONCodec",
+    "MsgspecCodec",
+    "PydanticCodec",
+    "StateCodec",
+    "codec_for_type",
+    "json_default",
+    "merge_fields",
+]
 
 
 @runtime_checkable
@@ -30,8 +43,8 @@ class StateCodec(Protocol[S]):
     A codec may also define ``merge(state, overlay) -> state | None``: the fields of the
     mapping ``overlay`` merged into ``state`` and the result validated (``ValueError``
     naming the field that does not fit), or ``None`` if it does not know the state's
-    fields. ``state_overlay`` and signal payloads are merged with it (``JSONCodec`` and
-    ``MsgspecCodec`` define it).
+    fields. ``state_overlay`` and signal payloads are merged with it (``JSONCodec``,
+    ``MsgspecCodec`` and ``PydanticCodec`` define it).
     """
 
     name: str
@@ -57,6 +70,8 @@ def json_default(value: Any) -> Any:
         return {name: getattr(value, name) for name in _field_names(type(value))}
     if isinstance(value, set | frozenset):
         return sorted(cast("set[Any]", value), key=repr)
+    if is_pydantic_model(cast(object, type(value))):
+        return cast(Any, value).model_dump(mode="json", round_trip=True)
     raise TypeError(
         f"JSONCodec cannot encode {type(value).__name__} {value!r}; use dataclasses, dicts, "
         "lists, enums, datetimes and JSON scalars, or pass another codec"
@@ -70,12 +85,23 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+JSON_CODEC_NAMES = frozenset({"json", "msgspec-json", "pydantic-json"})
+"""The names of the codecs whose state bytes are JSON text."""
+
 JSON_ENCODER = json.JSONEncoder(
     default=json_default, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
 """Compact JSON with :func:`json_default` (one instance: ``json.dumps`` with arguments
 builds a new encoder on every call). NaN and infinities are refused (``ValueError``):
 standard JSON has no such numbers, so they would not load back as they were given."""
+
+
+def is_pydantic_model(tp: object) -> bool:
+    """True if ``tp`` is a pydantic v2 ``BaseModel`` class. Nothing is imported: a class
+    can only be one once pydantic is loaded."""
+    pydantic = sys.modules.get("pydantic")
+    base = getattr(pydantic, "BaseModel", None)
+    return base is not None and isinstance(tp, type) and issubclass(tp, base)
 
 
 def _no_constant(name: str) -> object:
@@ -97,10 +123,12 @@ def _check_finite(value: object) -> None:
 
 
 def _state_fields(state: object, state_type: Any) -> tuple[str, ...] | None:
-    """The top-level field names of a dataclass or msgspec Struct state, or of a
-    TypedDict ``state_type``; ``None`` for any other state."""
+    """The top-level field names of a dataclass, msgspec Struct or pydantic model state,
+    or of a TypedDict ``state_type``; ``None`` for any other state."""
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         return _field_names(type(state))
+    if is_pydantic_model(type(state)):
+        return tuple(cast(Any, type(state)).model_fields)
     struct_fields = getattr(type(state), "__struct_fields__", None)
     if isinstance(struct_fields, tuple):
         return cast(tuple[str, ...], struct_fields)
@@ -122,8 +150,9 @@ def merge_fields(
     """The fields of ``overlay`` merged into ``state``, then validated as a whole.
 
     A field the overlay names replaces the state's value of it (a nested value is
-    replaced, not merged into); the fields it does not name are kept. Works on dataclass
-    and msgspec Struct states, and on dict states of a TypedDict ``state_type``; returns
+    replaced, not merged into); the fields it does not name are kept. Works on dataclass,
+    msgspec Struct and pydantic model states (``model_copy(update=...)``, which does not
+    validate: ``validate`` does), and on dict states of a TypedDict ``state_type``; returns
     ``None`` for any other state. ``validate(merged)`` gives the state to use (a codec
     passes ``decode(encode(merged))``, which also builds nested typed values from plain
     JSON ones).
@@ -147,6 +176,8 @@ def merge_fields(
         merged = cast(S, {**cast(dict[str, Any], state), **updates})
     elif dataclasses.is_dataclass(state):
         merged = cast(S, dataclasses.replace(cast(Any, state), **updates))
+    elif is_pydantic_model(type(state)):
+        merged = cast(S, cast(Any, state).model_copy(update=updates))
     else:  # a msgspec Struct: replace() does not validate, the round trip below does
         import msgspec
 
@@ -342,10 +373,11 @@ class JSONCodec(Generic[S]):
             raise ValueError(f"state does not match {self.state_type!r}: {exc}") from exc
 
     def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
-        """The fields of ``overlay`` merged into a dataclass, msgspec Struct or TypedDict
-        ``state`` (each one it names replaces the stored value, a nested one as a whole)
-        and validated by a round trip through this codec; ``None`` for a state without
-        known fields. ``ValueError`` names an unknown field or one that does not fit."""
+        """The fields of ``overlay`` merged into a dataclass, msgspec Struct, pydantic
+        model or TypedDict ``state`` (each one it names replaces the stored value, a
+        nested one as a whole) and validated by a round trip through this codec; ``None``
+        for a state without known fields. ``ValueError`` names an unknown field or one
+        that does not fit."""
         validate = None if self.state_type is None else self._round_trip
         return merge_fields(state, overlay, self.state_type, validate)
 
@@ -403,10 +435,11 @@ class MsgspecCodec(Generic[S]):
             raise ValueError(str(exc)) from exc
 
     def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
-        """The fields of ``overlay`` merged into a dataclass, msgspec Struct or TypedDict
-        ``state`` (each one it names replaces the stored value, a nested one as a whole)
-        and validated by a round trip through this codec; ``None`` for a state without
-        known fields. ``ValueError`` names an unknown field or one that does not fit."""
+        """The fields of ``overlay`` merged into a dataclass, msgspec Struct, pydantic
+        model or TypedDict ``state`` (each one it names replaces the stored value, a
+        nested one as a whole) and validated by a round trip through this codec; ``None``
+        for a state without known fields. ``ValueError`` names an unknown field or one
+        that does not fit."""
         validate = None if self.state_type is Any else self._round_trip
         return merge_fields(state, overlay, self.state_type, validate)
 
@@ -415,3 +448,123 @@ class MsgspecCodec(Generic[S]):
 
     def __repr__(self) -> str:
         return f"MsgspecCodec({self.state_type!r})"
+
+
+_MAX_INT_DIGITS = 4300
+"""The longest integer pydantic's JSON parser reads back (as Python's own ``int``)."""
+_LONG_DIGITS = re.compile(rb"\d{%d}" % (_MAX_INT_DIGITS + 1))
+_TOO_LONG = 10**_MAX_INT_DIGITS
+
+
+def _check_numbers(value: object) -> None:
+    """``ValueError`` if the plain value ``value`` holds a NaN, an infinity or an integer
+    too long to read back."""
+    _check_finite(value)
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            if abs(item) >= _TOO_LONG:
+                raise ValueError(
+                    f"an integer of more than {_MAX_INT_DIGITS} digits would not load back"
+                )
+        elif isinstance(item, dict):
+            stack.extend(cast(dict[object, object], item).values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(cast(list[object], item))
+
+
+def _problems(errors: list[Any]) -> str:
+    """Pydantic's validation errors on one line, each at its field: ``state.items[2].amount:
+    Input should be a valid integer (got 'a lot')``."""
+    parts: list[str] = []
+    for error in errors[:3]:
+        path = "state"
+        for key in error.get("loc", ()):
+            path = f"{path}[{key}]" if isinstance(key, int) else _at(path, key)
+        text = f"{path}: {error.get('msg', 'invalid')}"
+        if error.get("type") not in ("missing", "json_invalid"):
+            text += f" (got {error.get('input')!r:.80})"
+        parts.append(text)
+    if len(errors) > 3:
+        parts.append(f"and {len(errors) - 3} more")
+    return "; ".join(parts)
+
+
+class PydanticCodec(Generic[S]):
+    """Pydantic v2 JSON codec (``pip install "flowy-core[pydantic]"``): ``BaseModel``
+    states, and any type a pydantic ``TypeAdapter`` validates.
+
+    A graph whose state type is a ``BaseModel`` gets this codec without asking (see
+    :func:`codec_for_type`). States are stored as the model's JSON by field name (not by
+    alias; computed fields are left out) and loaded with the model's own validation:
+    its defaults fill fields an older record lacks, and a field the model no longer has
+    is ignored unless the model forbids extra fields.
+
+    Args:
+        state_type: the type states decode into (a ``BaseModel`` subclass, ``list[Msg]``,
+            a dataclass, ``Any``, …).
+
+    Raises:
+        ImportError: pydantic is not installed.
+    """
+
+    name = "pydantic-json"
+
+    def __init__(self, state_type: type[S] | Any = Any) -> None:
+        try:
+            import pydantic
+        except ImportError as exc:  # pragma: no cover - exercised only without the extra
+            raise ImportError(
+                'PydanticCodec needs pydantic v2: pip install "flowy-core[pydantic]"'
+            ) from exc
+        self._adapter: Any = pydantic.TypeAdapter(state_type)
+        self._invalid: type[Exception] = pydantic.ValidationError
+        self.state_type: Any = state_type
+
+    def _dump(self, state: S, warnings: Any) -> bytes:
+        try:
+            data = cast(bytes, self._adapter.dump_json(state, round_trip=True, warnings=warnings))
+        except ValueError as exc:  # pydantic's serialization error: not this type's value
+            text = " ".join(str(exc).split())
+            raise TypeError(f"{self!r} cannot encode {type(state).__name__}: {text:.300}") from None
+        if b"null" in data or _LONG_DIGITS.search(data):  # NaN and infinities become null
+            _check_numbers(self._adapter.dump_python(state, round_trip=True, warnings=False))
+        return data
+
+    def encode(self, state: S) -> bytes:
+        """Encode ``state`` as the model's compact JSON; ``TypeError`` if it is not a value
+        of ``state_type``, ``ValueError`` for NaN, an infinity (pydantic would write
+        ``null``) or an integer too long to read back."""
+        return self._dump(state, "error")
+
+    def decode(self, data: bytes) -> S:
+        """Decode and validate ``data`` into ``state_type``; ``ValueError`` naming each
+        field that does not fit (``state.items[0].amount: …``), never pydantic's own."""
+        try:
+            return cast(S, self._adapter.validate_json(data, by_alias=False, by_name=True))
+        except self._invalid as exc:
+            raise ValueError(_problems(cast(Any, exc).errors())) from None
+
+    def merge(self, state: S, overlay: collections.abc.Mapping[str, Any]) -> S | None:
+        """The fields of ``overlay`` merged into a pydantic model, dataclass, msgspec
+        Struct or TypedDict ``state`` (each one it names replaces the stored value, a
+        nested one as a whole) and validated by the model through a round trip of this
+        codec; ``None`` for a state without known fields. ``ValueError`` names an unknown
+        field or one that does not fit."""
+        return merge_fields(state, overlay, self.state_type, self._round_trip)
+
+    def _round_trip(self, state: S) -> S:
+        # A merged field may hold plain JSON (a dict for a nested model): written as it is.
+        return self.decode(self._dump(state, False))
+
+    def __repr__(self) -> str:
+        return f"PydanticCodec({_name(self.state_type)})"
+
+
+def codec_for_type(state_type: Any) -> StateCodec[Any]:
+    """The codec a graph of ``state_type`` stores its states with when none is given:
+    :class:`PydanticCodec` for a pydantic ``BaseModel``, else :class:`JSONCodec`."""
+    if is_pydantic_model(state_type):
+        return PydanticCodec(state_type)
+    return JSONCodec(state_type)

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from .._errors import LimitError, SnapshotEnvelopeInvalidError
 from .._types import JSON, S
-from ._codecs import JSON_ENCODER, JSONCodec, StateCodec
+from ._codecs import JSON_CODEC_NAMES, JSON_ENCODER, JSONCodec, StateCodec
 from ._intents import json_depth, loads_bounded
 from ._limits import MAX_DEPTH, MAX_TIMESTAMP, check_depth, check_time
 from ._model import HandoffStatus, RunStatus, Snapshot
@@ -37,7 +37,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 """The envelope format this code writes and reads (a record's fifth byte)."""
-_JSON_CODECS = frozenset({"json", "msgspec-json"})
+_JSON_CODECS = JSON_CODEC_NAMES
 _JSON: JSONCodec[Any] = JSONCodec()
 """The codec of plain JSON states (``codec=None``): one instance, it holds no state."""
 MAX_HEADER_BYTES = 1024 * 1024
