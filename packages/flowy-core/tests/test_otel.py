@@ -24,15 +24,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import flowy
 import flowy.otel
 from flowy.memory import MemoryBackend, MemoryConsumer, MemoryStore
-from flowy.storage import (
-    BaseCheckpointer,
-    HandoffIntent,
-    HandoffStatus,
-    OutboxStats,
-    ResumeToken,
-    Snapshot,
-)
+from flowy.storage import HandoffIntent, HandoffStatus, OutboxStats, ResumeToken, Snapshot
 from flowy.storage import _base as storage_base
+from flowy.storage.dialect import BaseCheckpointer
 
 pytestmark = pytest.mark.anyio
 

@@ -18,6 +18,7 @@ import pytest
 import flowy
 from flowy import errors, lifecycle, storage, stream_helpers
 from flowy import types as ftypes
+from flowy.storage import dialect
 
 SRC = Path(flowy.__file__).parent
 
@@ -117,7 +118,7 @@ def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:
         "types",
     }
     assert public - set(flowy.__all__) <= modules
-    for module in (errors, lifecycle, storage, stream_helpers, ftypes):
+    for module in (errors, lifecycle, storage, dialect, stream_helpers, ftypes):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -187,8 +188,9 @@ def test_from_flowy_import_checkpoint() -> None:
 @pytest.mark.parametrize("name", sorted(NAMES_0_1))
 def test_every_moved_name_of_0_1_resolves_with_a_deprecation_warning(name: str) -> None:
     home = importlib.import_module(NAMES_0_1[name])
-    with pytest.warns(DeprecationWarning, match=f"flowy.{name} moved to {home.__name__}"):
-        assert getattr(flowy, name) is getattr(home, name)
+    new = vars(flowy)["_RENAMED_SINCE"].get(name, name)
+    with pytest.warns(DeprecationWarning, match=f"flowy.{name} moved to {home.__name__}.{new}"):
+        assert getattr(flowy, name) is getattr(home, new)
     assert name not in flowy.__all__
 
 
@@ -197,6 +199,82 @@ def test_names_moved_after_0_2_resolve_with_a_deprecation_warning() -> None:
         assert flowy.HandoffError is errors.HandoffError
     assert "HandoffError" not in flowy.__all__
     assert "HandoffError" not in vars(flowy)
+
+
+
+# flowy.storage.__all__ of flowy-core 0.2: every name still resolves from flowy.storage.
+STORAGE_0_2 = """
+    BACKLOG_STATUSES ENTRY_POINT_GROUP FORMAT_VERSION MAX_DEPTH MAX_THREAD_ID_BYTES
+    MAX_TIMESTAMP SCRATCH_PREFIX SYSTEM_LEASE_PREFIX ActivityRecord ActivityStatus Backend
+    BaseBackend BaseCheckpointer BaseConsumer BaseLeaseManager BaseOutbox Busy Checkpointer
+    Connecting DeadLetter DecodeRecordOptions DurableCheckpointer EnqueueCallback
+    FencingCheckpointer HandoffIntent HandoffOutbox HandoffStatus JSONCodec Lease
+    LeaseGuardCheckpointer Limits LeaseManager MsgspecCodec OutboxConsumer OutboxMessage
+    OutboxRow OutboxStats OutboxTransaction RawMessage Record Refused ResumeToken RunStatus
+    Signal Snapshot StateCodec StoreURL ThreadSummary Timer TransactionalCheckpointer
+    TransactionalHandoffOutbox Write confirm_save connect decode_intent decode_record
+    decode_snapshot durable_save encode_intent encode_record encode_snapshot new_write_id
+    next_fencing_token open_scratch redact_url register_backend schemes show_id sibling_url
+    validate_thread_id
+""".split()
+RENAMED_0_2 = {"HandoffOutbox": "Outbox", "TransactionalHandoffOutbox": "TransactionalOutbox"}
+
+
+def test_storage_keeps_what_applications_use_and_dialect_what_stores_are_built_on() -> None:
+    # At most 40 names; two of them are kept free for the store's declared capabilities.
+    assert len(storage.__all__) <= 40, len(storage.__all__)
+    for module in (storage, dialect):
+        assert module.__all__ == sorted(module.__all__, key=lambda n: (not n.isupper(), n))
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                assert obj.__module__ in (module.__name__, "flowy"), f"{module.__name__}.{name}"
+                assert obj.__doc__, f"{module.__name__}.{name} has no docstring"
+    assert set(storage.__all__).isdisjoint(dialect.__all__)
+    bases = {"BaseBackend", "BaseCheckpointer", "BaseLeaseManager", "BaseOutbox", "BaseConsumer"}
+    assert bases | {"Write", "Refused", "register_backend"} <= set(dialect.__all__)
+    assert {"Backend", "connect", "Snapshot", "Outbox", "TransactionalOutbox"} <= set(
+        storage.__all__
+    )
+    assert len(STORAGE_0_2) == 70
+    moved = set(STORAGE_0_2) - set(storage.__all__) - set(RENAMED_0_2)
+    assert moved <= set(dialect.__all__), moved - set(dialect.__all__)
+
+
+@pytest.mark.parametrize("name", sorted(set(STORAGE_0_2) - set(storage.__all__)))
+def test_names_storage_exported_in_0_2_resolve_with_a_deprecation_warning(name: str) -> None:
+    assert name not in vars(storage)
+    if name in RENAMED_0_2:
+        new = getattr(storage, RENAMED_0_2[name])
+        match = rf"flowy.storage.{name} is renamed flowy.storage.{RENAMED_0_2[name]}.*0\.4"
+    else:
+        new = getattr(dialect, name)
+        match = rf"flowy.storage.{name} moved to flowy.storage.dialect.{name}.*0\.4"
+    with pytest.warns(DeprecationWarning, match=match):
+        assert getattr(storage, name) is new
+    with pytest.raises(AttributeError):
+        _ = storage.NoSuchName  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_our_own_modules_import_no_deprecated_name() -> None:
+    """Every module of flowy and of the adapters imports with DeprecationWarning as an
+    error: nothing of ours takes a name from where it used to be."""
+    code = (
+        "import importlib, pkgutil, flowy, flowy_postgres, flowy_redis, flowy_dynamodb\n"
+        "for package in (flowy, flowy_postgres, flowy_redis, flowy_dynamodb):\n"
+        "    for info in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        old = info.name in ('flowy.checkpoint', 'flowy._demo')\n"
+        "        if not old and not info.name.endswith('__main__'):\n"
+        "            importlib.import_module(info.name)\n"
+        "print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 @pytest.mark.anyio
@@ -213,7 +291,7 @@ async def test_renamed_attributes_and_methods_of_0_1_warn() -> None:
         assert recovery.recovered is True
     for url in ("memory://", "sqlite:///:memory:"):
         backend = await flowy.connect(url)
-        assert isinstance(backend, storage.BaseBackend)
+        assert isinstance(backend, dialect.BaseBackend)
         with pytest.warns(DeprecationWarning, match=r"close\(\) is deprecated; use aclose"):
             await backend.close()
         assert backend.closed

@@ -71,22 +71,24 @@ from flowy.sqlite._store import (
     _row_id,  # pyright: ignore[reportPrivateUsage]
 )
 from flowy.storage import (
-    BACKLOG_STATUSES,
-    Busy,
-    EnqueueCallback,
     HandoffStatus,
     Lease,
     OutboxMessage,
-    OutboxRow,
     OutboxStats,
     OutboxTransaction,
-    RawMessage,
-    Refused,
     RunStatus,
     Snapshot,
-    StoreURL,
     ThreadSummary,
     Timer,
+)
+from flowy.storage.dialect import (
+    BACKLOG_STATUSES,
+    Busy,
+    EnqueueCallback,
+    OutboxRow,
+    RawMessage,
+    Refused,
+    StoreURL,
     Write,
     decode_intent,
     decode_snapshot,

@@ -4,7 +4,7 @@
   a request that reached the table but whose response was lost (ambiguous outcome), a
   request that never arrived, throttling answered for the service, a transaction
   cancelled by a concurrent one. The save's own landed write is never reported as a
-  conflict and is never applied twice; ``flowy.storage.durable_save`` resolves the
+  conflict and is never applied twice; ``flowy.storage.dialect.durable_save`` resolves the
   outcomes the checkpointer cannot. A signal whose answer was lost is stored once.
 - Two OS processes racing on one thread: a single history chain, no lost update.
 - Oversized state: ``SnapshotTooLargeError`` naming the size, and nothing written.
@@ -43,9 +43,8 @@ from flowy.storage import (
     ResumeToken,
     Signal,
     Snapshot,
-    durable_save,
-    new_write_id,
 )
+from flowy.storage.dialect import durable_save, new_write_id
 from flowy_dynamodb import MAX_ITEM_BYTES, DynamoBackend, make_client
 
 pytestmark = pytest.mark.anyio

@@ -17,7 +17,8 @@ from pg_proxy import PgProxy
 from pg_support import Conn, acquired, connect, intent, opened, snap, sql, wait_until
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal, durable_save
+from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal
+from flowy.storage.dialect import durable_save
 from flowy_postgres import SCHEMA_VERSION, PostgresBackend, create_pool, migrate
 from flowy_postgres._schema import TableNames, thread_key
 

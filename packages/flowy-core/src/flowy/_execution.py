@@ -29,11 +29,8 @@ from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
 from ._waits import codec_of, durable_of, journal_store, limits_of, next_signal, take_signal
-from .storage import (
-    MAX_TIMESTAMP,
-    JSONCodec,
-    RunStatus,
-)
+from .storage import JSONCodec, RunStatus
+from .storage.dialect import MAX_TIMESTAMP
 
 __all__ = ["Execution"]
 

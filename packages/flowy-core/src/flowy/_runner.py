@@ -42,19 +42,17 @@ from ._waits import send_signal
 from .storage import (
     Backend,
     Checkpointer,
-    FencingCheckpointer,
-    HandoffOutbox,
     HandoffStatus,
     JSONCodec,
     LeaseGuardCheckpointer,
     LeaseManager,
+    Outbox,
     RunStatus,
     Signal,
     Snapshot,
-    new_write_id,
-    validate_thread_id,
 )
 from .storage._codecs import is_plain_json_type
+from .storage.dialect import FencingCheckpointer, new_write_id, validate_thread_id
 
 __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
@@ -158,7 +156,7 @@ class Runner(RunPreparation[S, E]):
         store: Backend[S] | Checkpointer[S] | None = None,
         *,
         lease_manager: LeaseManager | None = None,
-        handoff_outbox: HandoffOutbox | None = None,
+        handoff_outbox: Outbox | None = None,
         run_lease: tuple[str, float] | None = None,
         after_load: AfterLoad[S] | None = None,
         handoff_stale_after: float = DEFAULT_HANDOFF_STALE_AFTER,

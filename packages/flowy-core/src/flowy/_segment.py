@@ -20,17 +20,8 @@ from ._graph import CheckpointPolicy, Graph
 from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
 from ._results import Reason, RunResult
 from ._types import E, ResumeToken, S
-from .storage import (
-    Checkpointer,
-    HandoffOutbox,
-    HandoffStatus,
-    Lease,
-    LeaseManager,
-    RunStatus,
-    Snapshot,
-    durable_save,
-    new_write_id,
-)
+from .storage import Checkpointer, HandoffStatus, Lease, LeaseManager, Outbox, RunStatus, Snapshot
+from .storage.dialect import durable_save, new_write_id
 
 __all__ = [
     "InvariantValidator",
@@ -92,7 +83,7 @@ class Services(Generic[S, E]):
     graph: Graph[S, E]
     checkpointer: Checkpointer[S] | None
     lease_manager: LeaseManager | None
-    outbox: HandoffOutbox | None
+    outbox: Outbox | None
     clock: Callable[[], float]
     telemetry: Telemetry
 

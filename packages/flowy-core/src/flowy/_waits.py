@@ -20,22 +20,21 @@ from ._graph import Graph
 from ._segment import maybe_await
 from ._types import JSON, ResumeToken, S
 from .storage import (
-    BaseCheckpointer,
     Checkpointer,
     DurableCheckpointer,
     HandoffIntent,
-    HandoffOutbox,
     HandoffStatus,
     LeaseGuardCheckpointer,
     Limits,
+    Outbox,
     RunStatus,
     Signal,
     Snapshot,
     StateCodec,
-    validate_thread_id,
 )
 from .storage._codecs import merge_fields
 from .storage._durable import check_key
+from .storage.dialect import BaseCheckpointer, validate_thread_id
 
 __all__ = [
     "Wake",
@@ -167,7 +166,7 @@ async def wake(
 
 async def send_signal(
     cp: Checkpointer[Any] | None,
-    outbox: HandoffOutbox | None,
+    outbox: Outbox | None,
     thread_id: str,
     name: str,
     payload: JSON,

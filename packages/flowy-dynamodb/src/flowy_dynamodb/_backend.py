@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import BotoCoreError
 
 from flowy.errors import BackendURLError
-from flowy.storage import SCRATCH_PREFIX, BaseBackend, RunStatus, StateCodec, StoreURL, sibling_url
+from flowy.storage import RunStatus, StateCodec
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
 
 from ._schema import check_version, make_client, migrate, schema_version
 from ._store import DynamoCheckpointer, DynamoConsumer, DynamoLeaseManager, DynamoOutbox

@@ -29,7 +29,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
-from flowy.storage import decode_intent
+from flowy.storage.dialect import decode_intent
 
 from ._table import (
     DEAD_INDEX,

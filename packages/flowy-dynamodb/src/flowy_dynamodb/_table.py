@@ -45,7 +45,7 @@ from flowy.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from flowy.storage import show_id
+from flowy.storage.dialect import show_id
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient

@@ -10,18 +10,8 @@ from collections.abc import Hashable
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
-from flowy.storage import (
-    BaseCheckpointer,
-    HandoffStatus,
-    Lease,
-    Refused,
-    RunStatus,
-    StateCodec,
-    ThreadSummary,
-    Timer,
-    Write,
-    show_id,
-)
+from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary, Timer
+from flowy.storage.dialect import BaseCheckpointer, Refused, Write, show_id
 
 from ._keys import STATUS_DIGITS, ShardKeys
 from ._scripts import (

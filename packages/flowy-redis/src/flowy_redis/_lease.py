@@ -8,7 +8,8 @@ import uuid
 from collections.abc import Hashable
 from typing import Any
 
-from flowy.storage import BaseLeaseManager, Busy, Lease, show_id
+from flowy.storage import Lease
+from flowy.storage.dialect import BaseLeaseManager, Busy, show_id
 
 from ._checkpointer import lease_of
 from ._scripts import ACQUIRE, HOLDER, RELEASE, RENEW

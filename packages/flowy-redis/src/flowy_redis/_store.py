@@ -68,7 +68,7 @@ def translate(exc: BaseException, action: Action, *, reads: bool = False) -> Sto
         return StorageUnavailableError(
             f"Redis was unavailable while {what} ({type(exc).__name__}: {exc}); the outcome "
             "may be unknown. Check that the server is reachable; a save's outcome is "
-            "resolved by flowy.storage.durable_save, which compares write ids."
+            "resolved by flowy.storage.dialect.durable_save, which compares write ids."
         )
     return StorageError(f"Redis refused {what} ({type(exc).__name__}: {exc}).")
 

@@ -19,19 +19,19 @@ from .._errors import StorageUnavailableError
 from .._types import S
 from ..storage import (
     Checkpointer,
-    EnqueueCallback,
     HandoffIntent,
-    HandoffOutbox,
     HandoffStatus,
     Lease,
     LeaseManager,
+    Outbox,
     RunStatus,
     Snapshot,
     StateCodec,
     ThreadSummary,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
 )
+from ..storage.dialect import EnqueueCallback
 
 __all__ = ["Fault", "FaultyCheckpointer", "FaultyOutbox", "Phase", "phase_of"]
 
@@ -231,7 +231,7 @@ class FaultyCheckpointer(Generic[S]):
 class FaultyOutbox:
     """An outbox wrapper whose ``enqueue_intent`` fails when armed."""
 
-    def __init__(self, inner: HandoffOutbox) -> None:
+    def __init__(self, inner: Outbox) -> None:
         self.inner = inner
         self.faults: _Faults = _Faults()
 
@@ -251,7 +251,7 @@ class FaultyOutbox:
     @property
     def transactional(self) -> bool:
         """True if the wrapped outbox is transactional."""
-        return isinstance(self.inner, TransactionalHandoffOutbox)
+        return isinstance(self.inner, TransactionalOutbox)
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """``enqueue_intent`` of the wrapped outbox, failing at ``ENQUEUE``."""
@@ -265,7 +265,7 @@ class FaultyOutbox:
     async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
         """``enqueue_intent_tx`` of the wrapped outbox, failing at ``ENQUEUE``."""
         inner = self.inner
-        if not isinstance(inner, TransactionalHandoffOutbox):
+        if not isinstance(inner, TransactionalOutbox):
             raise TypeError("the wrapped outbox is not transactional")
         fault = self.faults.take(Phase.ENQUEUE)
         if fault is not None:

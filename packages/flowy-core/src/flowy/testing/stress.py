@@ -42,7 +42,7 @@ from ..memory import MemoryBackend, MemoryCheckpointer, MemoryConsumer, MemoryOu
 from ..storage import (
     DeadLetter,
     HandoffIntent,
-    HandoffOutbox,
+    Outbox,
     OutboxMessage,
     ResumeToken,
     RunStatus,
@@ -81,7 +81,7 @@ class _RandomFaults:
 
 
 class _PlainOutbox:
-    def __init__(self, inner: HandoffOutbox) -> None:
+    def __init__(self, inner: Outbox) -> None:
         self.inner = inner
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:

@@ -40,7 +40,8 @@ from .._graph import Graph, GraphBuilder
 from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
-from ..storage import Backend, HandoffIntent, HandoffOutbox, StoreURL, connect, redact_url
+from ..storage import Backend, HandoffIntent, Outbox, connect, redact_url
+from ..storage.dialect import StoreURL
 from .faults import Fault, FaultyCheckpointer, FaultyOutbox, Phase
 
 __all__ = ["graph", "main", "run"]
@@ -104,7 +105,7 @@ class _RandomFaults:
 class _PlainOutbox:
     """Hides the outbox's transactional side: hand-offs take the three-phase path."""
 
-    def __init__(self, inner: HandoffOutbox) -> None:
+    def __init__(self, inner: Outbox) -> None:
         self.inner = inner
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
@@ -129,7 +130,7 @@ async def _worker(url: str, seed: int, fault_rate: float, stats: Path, pace: flo
         },
     )
     cp.faults = cp_faults  # pyright: ignore[reportAttributeAccessIssue]
-    base_outbox: HandoffOutbox = (
+    base_outbox: Outbox = (
         backend.outbox if seed % 2 else _PlainOutbox(backend.outbox)  # both hand-off paths
     )
     outbox = FaultyOutbox(base_outbox)

@@ -29,13 +29,13 @@ from ..._worker import Worker
 from ...storage import (
     Backend,
     HandoffIntent,
-    HandoffOutbox,
+    Outbox,
     ResumeToken,
     RunStatus,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
-    durable_save,
+    TransactionalOutbox,
 )
+from ...storage.dialect import durable_save
 from ..faults import FaultyCheckpointer, FaultyOutbox, Phase
 from ._support import (
     Suite,
@@ -58,7 +58,7 @@ def _merge(state: State, update: State) -> State:
 class _PlainOutbox:
     """Hides the transactional side of an outbox, forcing the three-phase FSM."""
 
-    def __init__(self, inner: HandoffOutbox) -> None:
+    def __init__(self, inner: Outbox) -> None:
         self.inner = inner
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
@@ -210,7 +210,7 @@ class FaultSuite(Suite):
         outbox, consumer = require_consumer(bundle)
         if transactional and not (
             isinstance(bundle.checkpointer, TransactionalCheckpointer)
-            and isinstance(outbox, TransactionalHandoffOutbox)
+            and isinstance(outbox, TransactionalOutbox)
         ):
             pytest.skip(f"{type(bundle).__name__} has no transactional outbox")
         effects: list[str] = []
