@@ -201,22 +201,79 @@ def test_names_moved_after_0_2_resolve_with_a_deprecation_warning() -> None:
     assert "HandoffError" not in vars(flowy)
 
 
-
 # flowy.storage.__all__ of flowy-core 0.2: every name still resolves from flowy.storage.
-STORAGE_0_2 = """
-    BACKLOG_STATUSES ENTRY_POINT_GROUP FORMAT_VERSION MAX_DEPTH MAX_THREAD_ID_BYTES
-    MAX_TIMESTAMP SCRATCH_PREFIX SYSTEM_LEASE_PREFIX ActivityRecord ActivityStatus Backend
-    BaseBackend BaseCheckpointer BaseConsumer BaseLeaseManager BaseOutbox Busy Checkpointer
-    Connecting DeadLetter DecodeRecordOptions DurableCheckpointer EnqueueCallback
-    FencingCheckpointer HandoffIntent HandoffOutbox HandoffStatus JSONCodec Lease
-    LeaseGuardCheckpointer Limits LeaseManager MsgspecCodec OutboxConsumer OutboxMessage
-    OutboxRow OutboxStats OutboxTransaction RawMessage Record Refused ResumeToken RunStatus
-    Signal Snapshot StateCodec StoreURL ThreadSummary Timer TransactionalCheckpointer
-    TransactionalHandoffOutbox Write confirm_save connect decode_intent decode_record
-    decode_snapshot durable_save encode_intent encode_record encode_snapshot new_write_id
-    next_fencing_token open_scratch redact_url register_backend schemes show_id sibling_url
-    validate_thread_id
-""".split()
+STORAGE_0_2 = [
+    "BACKLOG_STATUSES",
+    "ENTRY_POINT_GROUP",
+    "FORMAT_VERSION",
+    "MAX_DEPTH",
+    "MAX_THREAD_ID_BYTES",
+    "MAX_TIMESTAMP",
+    "SCRATCH_PREFIX",
+    "SYSTEM_LEASE_PREFIX",
+    "ActivityRecord",
+    "ActivityStatus",
+    "Backend",
+    "BaseBackend",
+    "BaseCheckpointer",
+    "BaseConsumer",
+    "BaseLeaseManager",
+    "BaseOutbox",
+    "Busy",
+    "Checkpointer",
+    "Connecting",
+    "DeadLetter",
+    "DecodeRecordOptions",
+    "DurableCheckpointer",
+    "EnqueueCallback",
+    "FencingCheckpointer",
+    "HandoffIntent",
+    "HandoffOutbox",
+    "HandoffStatus",
+    "JSONCodec",
+    "Lease",
+    "LeaseGuardCheckpointer",
+    "Limits",
+    "LeaseManager",
+    "MsgspecCodec",
+    "OutboxConsumer",
+    "OutboxMessage",
+    "OutboxRow",
+    "OutboxStats",
+    "OutboxTransaction",
+    "RawMessage",
+    "Record",
+    "Refused",
+    "ResumeToken",
+    "RunStatus",
+    "Signal",
+    "Snapshot",
+    "StateCodec",
+    "StoreURL",
+    "ThreadSummary",
+    "Timer",
+    "TransactionalCheckpointer",
+    "TransactionalHandoffOutbox",
+    "Write",
+    "confirm_save",
+    "connect",
+    "decode_intent",
+    "decode_record",
+    "decode_snapshot",
+    "durable_save",
+    "encode_intent",
+    "encode_record",
+    "encode_snapshot",
+    "new_write_id",
+    "next_fencing_token",
+    "open_scratch",
+    "redact_url",
+    "register_backend",
+    "schemes",
+    "show_id",
+    "sibling_url",
+    "validate_thread_id",
+]
 RENAMED_0_2 = {"HandoffOutbox": "Outbox", "TransactionalHandoffOutbox": "TransactionalOutbox"}
 
 
