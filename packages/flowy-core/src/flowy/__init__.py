@@ -9,10 +9,10 @@ property of the state that ``flowy.testing.check`` verifies under crashes and fa
 
 The rest of the public API lives in a few modules: ``flowy.errors`` (the whole exception
 tree), ``flowy.types`` (secondary types), ``flowy.lifecycle`` (observers and counters),
-``flowy.storage`` (what stores implement), ``flowy.memory`` and ``flowy.sqlite`` (the
-stores in core), ``flowy.stream_helpers`` (the stream helpers as free functions),
-``flowy.patterns``, ``flowy.otel`` (OpenTelemetry, with the ``otel`` extra) and
-``flowy.testing``.
+``flowy.storage`` (the store protocols and values; ``flowy.storage.dialect`` for store
+authors), ``flowy.memory`` and ``flowy.sqlite`` (the stores in core),
+``flowy.stream_helpers`` (the stream helpers as free functions), ``flowy.patterns``,
+``flowy.otel`` (OpenTelemetry, with the ``otel`` extra) and ``flowy.testing``.
 """
 
 from __future__ import annotations
