@@ -32,7 +32,8 @@ from typing import Any
 
 import _common as c
 
-from flowy.storage import Snapshot, new_write_id
+from flowy.storage import Snapshot
+from flowy.storage.dialect import new_write_id
 
 WRITES = ("transact_write_items", "put_item", "update_item", "delete_item", "batch_write_item")
 

@@ -38,7 +38,8 @@ import _common as c
 
 import flowy
 from flowy.memory import MemoryCheckpointer
-from flowy.storage import Snapshot, as_backend, new_write_id
+from flowy.storage import Snapshot, as_backend
+from flowy.storage.dialect import new_write_id
 
 LEASE_OWNER = "bench-owner"
 

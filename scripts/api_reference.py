@@ -36,6 +36,7 @@ from typing import Any
 MODULES: list[str] = [
     "flowy",
     "flowy.storage",
+    "flowy.storage.dialect",
     "flowy.errors",
     "flowy.types",
     "flowy.lifecycle",

@@ -9,7 +9,8 @@ from typing import Any
 from check_graphs import safe_shop, shop_scenario
 
 from flowy.memory import MemoryBackend
-from flowy.storage import StateCodec, StoreURL, register_backend
+from flowy.storage import StateCodec
+from flowy.storage.dialect import StoreURL, register_backend
 
 __all__ = ["NoScratchBackend", "graph", "scenario"]
 

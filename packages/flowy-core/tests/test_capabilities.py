@@ -24,7 +24,8 @@ from flowy.memory import (
     MemoryOutbox,
     MemoryStore,
 )
-from flowy.storage import BaseCheckpointer, BaseConsumer, Capabilities, as_backend
+from flowy.storage import Capabilities, as_backend
+from flowy.storage.dialect import BaseCheckpointer, BaseConsumer
 from flowy.testing.faults import FaultyCheckpointer, FaultyOutbox
 
 pytestmark = pytest.mark.anyio

@@ -145,7 +145,7 @@ def test_the_checker_never_acks_a_message_it_did_not_create() -> None:
 def test_drop_scratch_refuses_a_store_that_is_not_a_scratch_store(tmp_path: Path) -> None:
     async def main() -> None:
         async with flowy.connect(f"sqlite:///{tmp_path / 'app.db'}") as backend:
-            assert isinstance(backend, flowy.storage.BaseBackend)
+            assert isinstance(backend, flowy.storage.dialect.BaseBackend)
             with pytest.raises(RuntimeError, match="not a scratch store"):
                 await backend.drop_scratch()
         assert (tmp_path / "app.db").exists()

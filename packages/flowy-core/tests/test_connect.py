@@ -12,7 +12,8 @@ import flowy
 from flowy.errors import BackendURLError
 from flowy.memory import MemoryBackend
 from flowy.sqlite import SQLiteBackend
-from flowy.storage import StoreURL, redact_url, register_backend, schemes
+from flowy.storage import redact_url, schemes
+from flowy.storage.dialect import StoreURL, register_backend
 
 pytestmark = pytest.mark.anyio
 

@@ -13,12 +13,8 @@ import pytest
 import flowy
 from flowy.errors import StorageUnavailableError, ThreadNotFoundError
 from flowy.memory import MemoryBackend
-from flowy.storage import (
-    Backend,
-    BaseCheckpointer,
-    HandoffStatus,
-    RunStatus,
-)
+from flowy.storage import Backend, HandoffStatus, RunStatus
+from flowy.storage.dialect import BaseCheckpointer
 from flowy.testing.faults import (
     PRIMITIVES,
     Fault,

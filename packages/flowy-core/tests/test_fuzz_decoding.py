@@ -20,15 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowy.errors import SnapshotEnvelopeInvalidError
-from flowy.storage import (
-    JSONCodec,
-    MsgspecCodec,
-    Snapshot,
-    decode_intent,
-    decode_record,
-    decode_snapshot,
-    encode_snapshot,
-)
+from flowy.storage import JSONCodec, MsgspecCodec, Snapshot
+from flowy.storage.dialect import decode_intent, decode_record, decode_snapshot, encode_snapshot
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

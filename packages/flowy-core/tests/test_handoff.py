@@ -302,7 +302,7 @@ def test_intent_wire_format_round_trip() -> None:
         execution_pointer="n",
         created_at=12.5,
     )
-    from flowy.storage import decode_intent, encode_intent
+    from flowy.storage.dialect import decode_intent, encode_intent
 
     assert decode_intent(encode_intent(intent)) == intent
     with pytest.raises(ValueError, match="malformed"):

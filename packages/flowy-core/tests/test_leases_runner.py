@@ -11,7 +11,7 @@ from core_graphs import State, approval_graph, linear_graph, merge
 import flowy
 from flowy import errors, storage
 from flowy.memory import MemoryBackend, MemoryCheckpointer, MemoryLeaseManager
-from flowy.storage import as_backend
+from flowy.storage import as_backend, dialect
 
 pytestmark = pytest.mark.anyio
 
@@ -147,7 +147,7 @@ async def test_a_fenced_save_validates_its_thread_id_once(monkeypatch: pytest.Mo
 
     def counting(thread_id: object) -> str:
         checked.append(thread_id)
-        return storage.validate_thread_id(thread_id)
+        return dialect.validate_thread_id(thread_id)
 
     mem: MemoryBackend[State] = MemoryBackend()
     lease = await mem.leases.acquire("t", "w1", 30)

@@ -21,22 +21,16 @@ import pytest
 import flowy
 from flowy.errors import LimitError, SnapshotEnvelopeInvalidError, ThreadNotFoundError
 from flowy.memory import MemoryCheckpointer
-from flowy.storage import (
-    MAX_DEPTH,
-    MAX_TIMESTAMP,
-    ActivityStatus,
-    Backend,
-    BaseBackend,
-    BaseCheckpointer,
-    Limits,
-    RunStatus,
-    Signal,
-    Snapshot,
-    Timer,
-    decode_record,
-)
+from flowy.storage import ActivityStatus, Backend, Limits, RunStatus, Signal, Snapshot, Timer
 from flowy.storage._durable import decode_activity, decode_signal
 from flowy.storage._limits import check_time, value_depth
+from flowy.storage.dialect import (
+    MAX_DEPTH,
+    MAX_TIMESTAMP,
+    BaseBackend,
+    BaseCheckpointer,
+    decode_record,
+)
 from flowy.testing.suite._limits import nested
 
 pytestmark = pytest.mark.anyio

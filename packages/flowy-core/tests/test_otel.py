@@ -25,7 +25,6 @@ import flowy
 import flowy.otel
 from flowy.memory import MemoryBackend, MemoryConsumer, MemoryStore
 from flowy.storage import (
-    BaseCheckpointer,
     HandoffIntent,
     HandoffStatus,
     OutboxStats,
@@ -34,6 +33,7 @@ from flowy.storage import (
     as_backend,
 )
 from flowy.storage import _base as storage_base
+from flowy.storage.dialect import BaseCheckpointer
 
 pytestmark = pytest.mark.anyio
 

@@ -18,6 +18,7 @@ import pytest
 import flowy
 from flowy import errors, lifecycle, storage, stream_helpers
 from flowy import types as ftypes
+from flowy.storage import dialect
 
 SRC = Path(flowy.__file__).parent
 
@@ -117,7 +118,7 @@ def test_public_surface_is_small_sorted_and_presented_as_flowy() -> None:
         "types",
     }
     assert public - set(flowy.__all__) <= modules
-    for module in (errors, lifecycle, storage, stream_helpers, ftypes):
+    for module in (errors, lifecycle, storage, dialect, stream_helpers, ftypes):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 
@@ -187,8 +188,9 @@ def test_from_flowy_import_checkpoint() -> None:
 @pytest.mark.parametrize("name", sorted(NAMES_0_1))
 def test_every_moved_name_of_0_1_resolves_with_a_deprecation_warning(name: str) -> None:
     home = importlib.import_module(NAMES_0_1[name])
-    with pytest.warns(DeprecationWarning, match=f"flowy.{name} moved to {home.__name__}"):
-        assert getattr(flowy, name) is getattr(home, name)
+    new = vars(flowy)["_RENAMED_SINCE"].get(name, name)
+    with pytest.warns(DeprecationWarning, match=f"flowy.{name} moved to {home.__name__}.{new}"):
+        assert getattr(flowy, name) is getattr(home, new)
     assert name not in flowy.__all__
 
 
@@ -215,11 +217,11 @@ def test_every_error_name_ends_in_error_and_old_names_warn() -> None:
 def test_durable_save_is_renamed_confirmed_save_and_warns() -> None:
     with pytest.warns(
         DeprecationWarning,
-        match=r"flowy.storage.durable_save is renamed flowy.storage.confirmed_save.*0\.4",
+        match=r"flowy.storage.durable_save is renamed flowy.storage.dialect.confirmed_save.*0\.4",
     ):
         old = storage.durable_save  # pyright: ignore[reportAttributeAccessIssue]
-    assert old is storage.confirmed_save
-    assert "durable_save" not in storage.__all__
+    assert old is storage.dialect.confirmed_save
+    assert "durable_save" not in storage.__all__ + storage.dialect.__all__
     with pytest.raises(AttributeError, match="no attribute 'nowhere'"):
         _ = storage.nowhere  # pyright: ignore[reportAttributeAccessIssue]
 
@@ -238,7 +240,7 @@ async def test_renamed_attributes_and_methods_of_0_1_warn() -> None:
         assert recovery.recovered is True
     for url in ("memory://", "sqlite:///:memory:"):
         backend = await flowy.connect(url)
-        assert isinstance(backend, storage.BaseBackend)
+        assert isinstance(backend, dialect.BaseBackend)
         with pytest.warns(DeprecationWarning, match=r"close\(\) is deprecated; use aclose"):
             await backend.close()
         assert backend.closed

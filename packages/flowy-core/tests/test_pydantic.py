@@ -42,8 +42,9 @@ from stores_support import Store, environment, fresh_store
 
 import flowy
 from flowy.errors import SnapshotEnvelopeInvalidError
-from flowy.storage import JSONCodec, PydanticCodec, Snapshot, decode_snapshot, encode_snapshot
+from flowy.storage import JSONCodec, PydanticCodec, Snapshot
 from flowy.storage._codecs import codec_for_type
+from flowy.storage.dialect import decode_snapshot, encode_snapshot
 
 
 def full_ticket() -> Ticket:

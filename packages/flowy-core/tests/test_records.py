@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 
 import flowy
 from flowy import errors, storage
-from flowy.storage import (
+from flowy.storage import JSONCodec, MsgspecCodec
+from flowy.storage.dialect import (
     DecodeRecordOptions,
-    JSONCodec,
-    MsgspecCodec,
     Record,
     decode_record,
     decode_snapshot,

@@ -30,14 +30,8 @@ from flowy.errors import (
 from flowy.memory import MemoryLeaseManager
 from flowy.sqlite import SQLiteBackend, SQLiteDatabase
 from flowy.sqlite import _db as sqlite_db
-from flowy.storage import (
-    HandoffIntent,
-    HandoffStatus,
-    OutboxTransaction,
-    ResumeToken,
-    Snapshot,
-    new_write_id,
-)
+from flowy.storage import HandoffIntent, HandoffStatus, OutboxTransaction, ResumeToken, Snapshot
+from flowy.storage.dialect import new_write_id
 from flowy.testing import corrupt_head
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,8 @@ import pytest
 import flowy
 from flowy.errors import ActivityFailedError, GraphValidationError, NoRunContextError
 from flowy.memory import MemoryBackend, MemoryCheckpointer
-from flowy.storage import ActivityStatus, RunStatus, Signal, Write
+from flowy.storage import ActivityStatus, RunStatus, Signal
+from flowy.storage.dialect import Write
 from flowy.types import ActivityRetry
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,8 @@ from typing import Any
 
 import flowy
 from flowy.errors import ConcurrencyConflictError, ThreadLeaseBusyError, ThreadNotFoundError
-from flowy.storage import Lease, Snapshot, new_write_id
+from flowy.storage import Lease, Snapshot
+from flowy.storage.dialect import new_write_id
 
 
 async def race(

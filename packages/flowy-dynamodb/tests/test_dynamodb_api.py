@@ -20,7 +20,6 @@ from flowy.errors import BackendURLError, SchemaVersionError, StorageError
 from flowy.storage import (
     ActivityRecord,
     ActivityStatus,
-    FencingCheckpointer,
     HandoffIntent,
     HandoffStatus,
     LeaseManager,
@@ -31,11 +30,9 @@ from flowy.storage import (
     Snapshot,
     Timer,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
-    encode_intent,
-    encode_snapshot,
-    new_write_id,
+    TransactionalOutbox,
 )
+from flowy.storage.dialect import FencingCheckpointer, encode_intent, encode_snapshot, new_write_id
 from flowy_dynamodb import DynamoBackend, thread_key
 
 pytestmark = pytest.mark.anyio
@@ -86,7 +83,7 @@ async def test_connect_opens_a_store_with_every_option(
         assert isinstance(backend.checkpointer, FencingCheckpointer)
         assert isinstance(backend.checkpointer, TransactionalCheckpointer)
         assert isinstance(backend.leases, LeaseManager)
-        assert isinstance(backend.outbox, TransactionalHandoffOutbox)
+        assert isinstance(backend.outbox, TransactionalOutbox)
         assert isinstance(backend.consumer, OutboxConsumer)
         domains = {c.domain for c in (backend.checkpointer, backend.leases, backend.outbox)}
         assert domains == {backend.consumer.domain}
@@ -166,7 +163,7 @@ async def test_a_missing_table_without_create_table(dynamo_endpoint: Any, table_
     url = dynamo_endpoint.store_url(table_name, create_table="false")
     with pytest.raises(StorageError, match=r"does not exist.*backend.setup\(\)"):
         await flowy.connect(url)
-    backend = await flowy_dynamodb.open_backend(flowy.storage.StoreURL.parse(url), codec=None)
+    backend = await flowy_dynamodb.open_backend(flowy.storage.dialect.StoreURL.parse(url), codec=None)
     try:  # setup() creates what open() refuses to create
         assert await backend.setup() == flowy_dynamodb.SCHEMA_VERSION
         await backend.open()

@@ -28,7 +28,6 @@ from flowy.errors import (
 )
 from flowy.memory import MemoryLeaseManager
 from flowy.storage import (
-    MAX_TIMESTAMP,
     ActivityRecord,
     ActivityStatus,
     HandoffIntent,
@@ -38,8 +37,8 @@ from flowy.storage import (
     Signal,
     Snapshot,
     Timer,
-    new_write_id,
 )
+from flowy.storage.dialect import MAX_TIMESTAMP, new_write_id
 from flowy_dynamodb import DynamoBackend, thread_key
 
 pytestmark = pytest.mark.anyio

@@ -43,9 +43,8 @@ from flowy.storage import (
     ResumeToken,
     Signal,
     Snapshot,
-    confirmed_save,
-    new_write_id,
 )
+from flowy.storage.dialect import confirmed_save, new_write_id
 from flowy_dynamodb import MAX_ITEM_BYTES, DynamoBackend, make_client
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,8 @@ import pytest
 
 import flowy
 from flowy.errors import LeaseLostError, ThreadLeaseBusyError
-from flowy.storage import RunStatus, Snapshot, new_write_id
+from flowy.storage import RunStatus, Snapshot
+from flowy.storage.dialect import new_write_id
 from flowy_dynamodb import ClockSkewError, DynamoBackend, thread_key
 from flowy_dynamodb._table import ClockWatch
 

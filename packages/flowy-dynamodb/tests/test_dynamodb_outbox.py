@@ -13,15 +13,8 @@ import pytest
 
 import flowy
 from flowy.errors import StorageError
-from flowy.storage import (
-    HandoffIntent,
-    HandoffStatus,
-    OutboxMessage,
-    ResumeToken,
-    Snapshot,
-    decode_intent,
-    new_write_id,
-)
+from flowy.storage import HandoffIntent, HandoffStatus, OutboxMessage, ResumeToken, Snapshot
+from flowy.storage.dialect import decode_intent, new_write_id
 from flowy_dynamodb import DynamoBackend, thread_key
 
 pytestmark = pytest.mark.anyio

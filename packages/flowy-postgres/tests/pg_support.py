@@ -13,7 +13,8 @@ from typing import Any, Protocol, cast
 import asyncpg
 
 import flowy
-from flowy.storage import HandoffIntent, HandoffStatus, ResumeToken, Snapshot, new_write_id
+from flowy.storage import HandoffIntent, HandoffStatus, ResumeToken, Snapshot
+from flowy.storage.dialect import new_write_id
 from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, connector_for, prepare
 

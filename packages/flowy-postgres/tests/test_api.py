@@ -11,12 +11,12 @@ import pytest
 import flowy_postgres
 from flowy.storage import (
     Backend,
-    FencingCheckpointer,
     LeaseManager,
     OutboxConsumer,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
 )
+from flowy.storage.dialect import FencingCheckpointer
 from flowy_postgres import PostgresBackend
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ async def test_the_backend_implements_the_protocols(backend: PostgresBackend[Any
     assert isinstance(backend.checkpointer, FencingCheckpointer)
     assert isinstance(backend.checkpointer, TransactionalCheckpointer)
     assert isinstance(backend.leases, LeaseManager)
-    assert isinstance(backend.outbox, TransactionalHandoffOutbox)
+    assert isinstance(backend.outbox, TransactionalOutbox)
     assert isinstance(backend.consumer, OutboxConsumer)
     parts = (backend.checkpointer, backend.leases, backend.outbox, backend.consumer)
     assert len({part.domain for part in parts}) == 1

@@ -17,7 +17,8 @@ from pg_proxy import PgProxy
 from pg_support import Conn, acquired, connect, intent, opened, set_up, snap, sql, wait_until
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal, confirmed_save
+from flowy.storage import ActivityRecord, ActivityStatus, Checkpointer, Signal
+from flowy.storage.dialect import confirmed_save
 from flowy_postgres import SCHEMA_VERSION, PostgresBackend, create_pool
 from flowy_postgres._schema import TableNames, thread_key
 

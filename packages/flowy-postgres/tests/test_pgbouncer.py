@@ -23,7 +23,7 @@ from pg_proxy import PgProxy
 from pg_support import Conn, intent, opened, snap, with_options
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import confirmed_save
+from flowy.storage.dialect import confirmed_save
 from flowy.testing.backends import backend_missing, port_open
 from flowy.testing.suite import *  # noqa: F403  # pyright: ignore[reportWildcardImportFromLibrary]
 

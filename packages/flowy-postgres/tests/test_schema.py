@@ -29,7 +29,8 @@ from pg_support import (
 import flowy
 import flowy_postgres
 from flowy.errors import SchemaVersionError
-from flowy.storage import ActivityRecord, ActivityStatus, Signal, Timer, encode_snapshot
+from flowy.storage import ActivityRecord, ActivityStatus, Signal, Timer
+from flowy.storage.dialect import encode_snapshot
 from flowy_postgres import (
     SCHEMA_VERSION,
     PostgresBackend,
@@ -141,7 +142,7 @@ async def test_an_older_schema_needs_setup_and_keeps_its_data(
         thread_key("old"),
         thread_key("live"),
     )
-    payload = flowy.storage.encode_intent(intent("old", 2))
+    payload = flowy.storage.dialect.encode_intent(intent("old", 2))
     await admin.execute(
         f"INSERT INTO {n.outbox} (thread_key, thread_id, committed_revision, payload) "
         "VALUES ($1, 'old', 2, $2)",
@@ -199,7 +200,7 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
         f"INSERT INTO {n.outbox} (thread_key, thread_id, committed_revision, payload) "
         "VALUES ($1, 'old', 2, $2)",
         thread_key("old"),
-        flowy.storage.encode_intent(intent("old", 2)),
+        flowy.storage.dialect.encode_intent(intent("old", 2)),
     )
     url = with_options(postgres_dsn, schema=pg_schema)
     with pytest.raises(SchemaVersionError, match=r"schema version 2, older .*backend.setup\(\)"):

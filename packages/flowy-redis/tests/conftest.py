@@ -29,7 +29,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from redis_support import BackendFactory, RedisTarget, client_for, corrupt_head, new_namespace
 
-from flowy.storage import Backend, StoreURL
+from flowy.storage import Backend
+from flowy.storage.dialect import StoreURL
 from flowy.testing import Dump
 from flowy.testing.backends import backend_missing, docker_available, port_open
 from flowy.testing.hooks import SetSchemaVersion

@@ -16,7 +16,8 @@ from typing import Any
 
 import flowy
 from flowy import ConcurrencyConflictError, ThreadLeaseBusyError, ThreadNotFoundError
-from flowy.storage import Backend, Snapshot, new_write_id
+from flowy.storage import Backend, Snapshot
+from flowy.storage.dialect import new_write_id
 
 
 async def _round(backend: Backend[Any], thread_id: str, worker: str, leased: bool) -> None:

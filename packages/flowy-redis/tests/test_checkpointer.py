@@ -20,7 +20,8 @@ import flowy_redis._checkpointer as checkpointer_module
 from flowy import ConcurrencyConflictError, ThreadNotFoundError
 from flowy.errors import SchemaVersionError, SnapshotTooLargeError, StorageUnavailableError
 from flowy.memory import MemoryLeaseManager
-from flowy.storage import HandoffStatus, RunStatus, Snapshot, new_write_id
+from flowy.storage import HandoffStatus, RunStatus, Snapshot
+from flowy.storage.dialect import new_write_id
 from flowy.testing.suite._support import make_intent
 from flowy_redis import RedisBackend, purge_namespace
 

@@ -19,16 +19,8 @@ from redis.backoff import NoBackoff
 from redis_support import BackendFactory, RedisTarget, raw_client
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import (
-    ActivityRecord,
-    ActivityStatus,
-    Limits,
-    RunStatus,
-    Signal,
-    Snapshot,
-    Timer,
-    new_write_id,
-)
+from flowy.storage import ActivityRecord, ActivityStatus, Limits, RunStatus, Signal, Snapshot, Timer
+from flowy.storage.dialect import new_write_id
 from flowy.testing.suite._support import make_intent
 from flowy_redis import RedisBackend
 

@@ -20,7 +20,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_support import BackendFactory, RedisTarget, raw_client
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import Snapshot, confirmed_save, new_write_id
+from flowy.storage import Snapshot
+from flowy.storage.dialect import confirmed_save, new_write_id
 from flowy.testing.suite._support import make_intent
 from flowy_redis import RedisBackend, RedisCheckpointer
 from flowy_redis._scripts import save_script

@@ -111,7 +111,7 @@ async def test_bad_option_values_name_the_option(query: str, named: str) -> None
 async def test_passwords_stay_out_of_errors_and_reprs(standalone: RedisTarget) -> None:
     host = standalone.url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
     url = f"redis://someone:hunter2@{host}/0?namespace=secret-test"
-    backend = await open_backend(flowy.storage.StoreURL.parse(url), codec=None)
+    backend = await open_backend(flowy.storage.dialect.StoreURL.parse(url), codec=None)
     try:
         assert "hunter2" not in repr(backend)
         assert "***" in repr(backend)

@@ -9,10 +9,10 @@ property of the state that ``flowy.testing.check`` verifies under crashes and fa
 
 The rest of the public API lives in a few modules: ``flowy.errors`` (the whole exception
 tree), ``flowy.types`` (secondary types), ``flowy.lifecycle`` (observers and counters),
-``flowy.storage`` (what stores implement), ``flowy.memory`` and ``flowy.sqlite`` (the
-stores in core), ``flowy.stream_helpers`` (the stream helpers as free functions),
-``flowy.patterns``, ``flowy.otel`` (OpenTelemetry, with the ``otel`` extra) and
-``flowy.testing``.
+``flowy.storage`` (the store protocols and values; ``flowy.storage.dialect`` for store
+authors), ``flowy.memory`` and ``flowy.sqlite`` (the stores in core),
+``flowy.stream_helpers`` (the stream helpers as free functions), ``flowy.patterns``,
+``flowy.otel`` (OpenTelemetry, with the ``otel`` extra) and ``flowy.testing``.
 """
 
 from __future__ import annotations
@@ -219,6 +219,13 @@ _MOVED_AFTER_0_2 = {
 }
 
 
+# Names of _MOVED that were renamed in their new home since.
+_RENAMED_SINCE = {
+    "HandoffOutbox": "Outbox",
+    "TransactionalHandoffOutbox": "TransactionalOutbox",
+}
+
+
 def __getattr__(name: str) -> _Any:
     """Resolve a name flowy exported here before, with a DeprecationWarning."""
     module, until = _MOVED.get(name), "0.3"
@@ -226,12 +233,13 @@ def __getattr__(name: str) -> _Any:
         module, until = _MOVED_AFTER_0_2.get(name), "0.4"
     if module is None:
         raise AttributeError(f"module 'flowy' has no attribute {name!r}")
+    new = _RENAMED_SINCE.get(name, name)
     _warnings.warn(
-        f"flowy.{name} moved to {module}.{name}; the old name goes away in flowy {until}",
+        f"flowy.{name} moved to {module}.{new}; the old name goes away in flowy {until}",
         DeprecationWarning,
         stacklevel=2,
     )
-    return getattr(_importlib.import_module(module), name)
+    return getattr(_importlib.import_module(module), new)
 
 
 def _present_as_flowy() -> None:

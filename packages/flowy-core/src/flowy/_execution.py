@@ -29,12 +29,9 @@ from ._results import Reason, RunResult
 from ._segment import Stop, maybe_await, unregister_run
 from ._types import E, S
 from ._waits import next_signal, take_signal
-from .storage import (
-    MAX_TIMESTAMP,
-    RunStatus,
-    StateCodec,
-)
+from .storage import RunStatus, StateCodec
 from .storage._codecs import codec_for_type
+from .storage.dialect import MAX_TIMESTAMP
 
 __all__ = ["Execution"]
 

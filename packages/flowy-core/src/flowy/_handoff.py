@@ -29,17 +29,15 @@ from ._types import E, ResumeToken, S
 from .storage import (
     Checkpointer,
     HandoffIntent,
-    HandoffOutbox,
     HandoffStatus,
     Lease,
+    Outbox,
     RunStatus,
     Snapshot,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
-    confirm_save,
-    confirmed_save,
-    new_write_id,
+    TransactionalOutbox,
 )
+from .storage.dialect import confirm_save, confirmed_save, new_write_id
 
 __all__ = ["HandoffSegment", "carrier", "three_phase_tail"]
 
@@ -74,7 +72,7 @@ def _failed(
 
 async def three_phase_tail(
     cp: Checkpointer[Any],
-    outbox: HandoffOutbox,
+    outbox: Outbox,
     pending: Snapshot[Any],
     pending_revision: int,
     lease: Lease | None,
@@ -238,7 +236,7 @@ class HandoffSegment(Segment[S, E]):
         return result
 
     async def _handoff_three_phase(
-        self, cp: Checkpointer[S], outbox: HandoffOutbox, reason: str
+        self, cp: Checkpointer[S], outbox: Outbox, reason: str
     ) -> tuple[str, HandoffStatus, BaseException | None]:
         snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, self.clock())
         try:
@@ -278,7 +276,7 @@ class HandoffSegment(Segment[S, E]):
     async def _handoff_tx(
         self,
         cp: TransactionalCheckpointer[S],
-        outbox: TransactionalHandoffOutbox,
+        outbox: TransactionalOutbox,
         reason: str,
     ) -> BaseException | None:
         snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, self.clock())

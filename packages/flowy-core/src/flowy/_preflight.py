@@ -42,16 +42,9 @@ from ._results import ResumeDecision, ResumeDecisionKind
 from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
 from ._types import E, ResumeToken, S
 from ._waits import Wake, merge_update, take_signal, wake_from
-from .storage import (
-    Checkpointer,
-    HandoffStatus,
-    Lease,
-    LeaseManager,
-    RunStatus,
-    Snapshot,
-    validate_thread_id,
-)
+from .storage import Checkpointer, HandoffStatus, Lease, LeaseManager, RunStatus, Snapshot
 from .storage._adapt import Merge
+from .storage.dialect import validate_thread_id
 
 __all__ = ["AfterLoad", "RunPreparation", "StateMerge"]
 

@@ -43,16 +43,15 @@ from ._waits import send_signal
 from .storage import (
     Backend,
     Checkpointer,
-    HandoffOutbox,
     HandoffStatus,
     LeaseManager,
+    Outbox,
     RunStatus,
     Signal,
     Snapshot,
-    new_write_id,
-    validate_thread_id,
 )
 from .storage._adapt import Binding, backend_of, bind, opened_backend
+from .storage.dialect import new_write_id, validate_thread_id
 
 __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
@@ -156,7 +155,7 @@ class Runner(RunPreparation[S, E]):
         store: Backend[S] | Checkpointer[S] | None = None,
         *,
         lease_manager: LeaseManager | None = None,
-        handoff_outbox: HandoffOutbox | None = None,
+        handoff_outbox: Outbox | None = None,
         run_lease: tuple[str, float] | None = None,
         after_load: AfterLoad[S] | None = None,
         handoff_stale_after: float = DEFAULT_HANDOFF_STALE_AFTER,
@@ -193,7 +192,7 @@ class Runner(RunPreparation[S, E]):
             store_binding.capabilities.system_leases
         )
         """Whether the lease manager takes flowy's own leases (the recovery leader's)."""
-        self.handoff_outbox: HandoffOutbox | None = store_binding.outbox if store_binding else None
+        self.handoff_outbox: Outbox | None = store_binding.outbox if store_binding else None
         self.run_lease = run_lease
         self.after_load = after_load
         self.handoff_stale_after = handoff_stale_after

@@ -23,16 +23,15 @@ from ._types import E, ResumeToken, S
 from .storage import (
     Checkpointer,
     DurableCheckpointer,
-    HandoffOutbox,
     HandoffStatus,
     Lease,
     LeaseManager,
+    Outbox,
     RunStatus,
     Snapshot,
-    confirmed_save,
-    new_write_id,
 )
 from .storage._adapt import Binding, Merge
+from .storage.dialect import confirmed_save, new_write_id
 
 __all__ = [
     "InvariantValidator",
@@ -112,7 +111,7 @@ class Services(Generic[S, E]):
     clock: Callable[[], float]
     telemetry: Telemetry
     checkpointer: Checkpointer[S] | None = field(init=False)
-    outbox: HandoffOutbox | None = field(init=False)
+    outbox: Outbox | None = field(init=False)
     store_name: str = field(init=False)
     """The class of the store's checkpointer (spans and messages say it)."""
 

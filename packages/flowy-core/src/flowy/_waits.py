@@ -23,17 +23,17 @@ from .storage import (
     Checkpointer,
     DurableCheckpointer,
     HandoffIntent,
-    HandoffOutbox,
     HandoffStatus,
     LeaseGuardCheckpointer,
+    Outbox,
     RunStatus,
     Signal,
     Snapshot,
-    validate_thread_id,
 )
 from .storage._adapt import Merge
 from .storage._codecs import merge_fields
 from .storage._durable import check_key
+from .storage.dialect import validate_thread_id
 
 __all__ = [
     "Wake",
@@ -148,7 +148,7 @@ async def wake_from(
 
 async def send_signal(
     durable: DurableCheckpointer[Any],
-    outbox: HandoffOutbox | None,
+    outbox: Outbox | None,
     thread_id: str,
     name: str,
     payload: JSON,

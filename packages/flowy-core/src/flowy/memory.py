@@ -18,24 +18,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
 from ._types import S
-from .storage import (
+from .storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
+from .storage.dialect import (
     BaseBackend,
     BaseCheckpointer,
     BaseConsumer,
     BaseLeaseManager,
     BaseOutbox,
     Busy,
-    HandoffStatus,
-    Lease,
     OutboxRow,
-    OutboxStats,
     RawMessage,
     Refused,
-    RunStatus,
-    StateCodec,
     StoreURL,
-    ThreadSummary,
-    Timer,
     Write,
     next_fencing_token,
 )

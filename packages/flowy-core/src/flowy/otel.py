@@ -53,15 +53,8 @@ from typing import Any
 
 from . import _tracing
 from ._version import __version__
-from .storage import (
-    BACKLOG_STATUSES,
-    Backend,
-    BaseCheckpointer,
-    BaseConsumer,
-    OutboxStats,
-    RunStatus,
-    redact_url,
-)
+from .storage import Backend, OutboxStats, RunStatus, redact_url
+from .storage.dialect import BACKLOG_STATUSES, BaseCheckpointer, BaseConsumer
 
 __all__ = ["instrument", "sample", "uninstrument"]
 
@@ -163,7 +156,7 @@ async def _read_backlog(
         if not isinstance(consumer, BaseConsumer):
             raise TypeError(
                 f"cannot read the outbox backlog of {type(consumer).__name__}: it is not a "
-                "flowy.storage.BaseConsumer"
+                "flowy.storage.dialect.BaseConsumer"
             )
         return await consumer.stats()
 
@@ -171,7 +164,7 @@ async def _read_backlog(
         if not isinstance(checkpointer, BaseCheckpointer):
             raise TypeError(
                 f"cannot read the oldest threads of {type(checkpointer).__name__}: it is not "
-                "a flowy.storage.BaseCheckpointer"
+                "a flowy.storage.dialect.BaseCheckpointer"
             )
         return await checkpointer.oldest_heads()
 

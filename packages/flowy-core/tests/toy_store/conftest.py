@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from toy_store.toy import _STORES, ToyBackend, open_backend  # pyright: ignore[reportPrivateUsage]
 
-from flowy.storage import Backend, register_backend
+from flowy.storage import Backend
+from flowy.storage.dialect import register_backend
 from flowy.testing import Corrupt, Dump
 
 register_backend("toy", open_backend)

@@ -25,23 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from flowy.errors import BackendURLError
-from flowy.storage import (
+from flowy.storage import HandoffStatus, Lease, OutboxStats, StateCodec, ThreadSummary, Timer
+from flowy.storage.dialect import (
     BaseBackend,
     BaseCheckpointer,
     BaseConsumer,
     BaseLeaseManager,
     BaseOutbox,
     Busy,
-    HandoffStatus,
-    Lease,
     OutboxRow,
-    OutboxStats,
     RawMessage,
     Refused,
-    StateCodec,
     StoreURL,
-    ThreadSummary,
-    Timer,
     Write,
 )
 
@@ -386,7 +381,8 @@ OPTIONS = {"max_attempts": "deliveries before a hand-off is dead-lettered (defau
 
 
 async def open_backend(url: StoreURL, *, codec: StateCodec[Any] | None) -> ToyBackend[Any]:
-    """The opener of ``toy://NAME`` (``flowy.storage.register_backend("toy", open_backend)``)."""
+    """The opener of ``toy://NAME``
+    (``flowy.storage.dialect.register_backend("toy", open_backend)``)."""
     url.check_options(OPTIONS)
     if url.path not in ("", "/"):
         raise BackendURLError(f"{url.redacted!r}: a toy store is named toy://NAME, no path")

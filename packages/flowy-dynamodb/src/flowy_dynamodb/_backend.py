@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from botocore.exceptions import BotoCoreError
 
 from flowy.errors import BackendURLError
-from flowy.storage import SCRATCH_PREFIX, BaseBackend, RunStatus, StateCodec, StoreURL, sibling_url
+from flowy.storage import RunStatus, StateCodec
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
 
 from ._checkpointer import DynamoCheckpointer
 from ._leases import DynamoLeaseManager

@@ -23,18 +23,8 @@ from flowy.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from flowy.storage import (
-    BaseCheckpointer,
-    HandoffStatus,
-    Lease,
-    Refused,
-    RunStatus,
-    StateCodec,
-    ThreadSummary,
-    Write,
-    new_write_id,
-    show_id,
-)
+from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary
+from flowy.storage.dialect import BaseCheckpointer, Refused, Write, new_write_id, show_id
 
 from ._durable import DurableTime
 from ._layout import (

@@ -16,7 +16,8 @@ import asyncio
 import random
 
 from flowy.errors import SnapshotEnvelopeInvalidError, StorageError, StorageUnavailableError
-from flowy.storage import Timer, show_id
+from flowy.storage import Timer
+from flowy.storage.dialect import show_id
 
 from ._layout import (
     ACTIVITIES,

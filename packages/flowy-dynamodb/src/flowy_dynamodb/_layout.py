@@ -33,7 +33,7 @@ from decimal import Decimal
 from typing import Any, cast
 
 from flowy.errors import SnapshotEnvelopeInvalidError
-from flowy.storage import show_id
+from flowy.storage.dialect import show_id
 
 __all__ = ["MAX_ITEM_BYTES", "A", "Expression", "thread_key"]
 

@@ -19,7 +19,8 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from flowy.errors import StorageUnavailableError
-from flowy.storage import BaseLeaseManager, Busy, Lease, next_fencing_token
+from flowy.storage import Lease
+from flowy.storage.dialect import BaseLeaseManager, Busy, next_fencing_token
 
 from ._layout import (
     TTL,

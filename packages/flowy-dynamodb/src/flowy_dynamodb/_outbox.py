@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
-from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, OutboxStats, RawMessage
+from flowy.storage import OutboxStats
+from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
 
 from ._layout import (
     DEAD_INDEX,

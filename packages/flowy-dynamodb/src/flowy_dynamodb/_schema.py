@@ -29,7 +29,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from flowy.errors import StorageError, StorageUnavailableError
-from flowy.storage import BaseBackend, decode_intent
+from flowy.storage.dialect import BaseBackend, decode_intent
 
 from ._layout import (
     DEAD_INDEX,

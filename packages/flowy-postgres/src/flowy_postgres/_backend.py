@@ -10,14 +10,8 @@ from typing import Any, Generic, TypeVar, cast
 import asyncpg
 
 from flowy.errors import BackendURLError
-from flowy.storage import (
-    SCRATCH_PREFIX,
-    BaseBackend,
-    StateCodec,
-    StoreURL,
-    redact_url,
-    sibling_url,
-)
+from flowy.storage import StateCodec, redact_url
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
 
 from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool

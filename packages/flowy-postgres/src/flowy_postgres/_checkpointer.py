@@ -25,19 +25,8 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
-from flowy.storage import (
-    BaseCheckpointer,
-    HandoffStatus,
-    Lease,
-    OutboxRow,
-    Refused,
-    RunStatus,
-    StateCodec,
-    ThreadSummary,
-    Timer,
-    Write,
-    show_id,
-)
+from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary, Timer
+from flowy.storage.dialect import BaseCheckpointer, OutboxRow, Refused, Write, show_id
 
 from ._conn import Connector, PgConnection, Row
 from ._schema import ID_PREFIX, TableNames, text_key, thread_key

@@ -16,7 +16,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from flowy.errors import BackendURLError, StorageUnavailableError
-from flowy.storage import StoreURL
+from flowy.storage.dialect import StoreURL
 
 from ._errors import translate
 from ._names import TableNames

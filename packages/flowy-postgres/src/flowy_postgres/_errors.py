@@ -22,7 +22,7 @@ import asyncpg
 import asyncpg.exceptions as pg
 
 from flowy.errors import FlowyError, SchemaVersionError, StorageError, StorageUnavailableError
-from flowy.storage import StoreURL
+from flowy.storage.dialect import StoreURL
 
 __all__ = ["translate"]
 

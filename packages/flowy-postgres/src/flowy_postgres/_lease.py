@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from flowy.storage import BaseLeaseManager, Busy, Lease, show_id
+from flowy.storage import Lease
+from flowy.storage.dialect import BaseLeaseManager, Busy, show_id
 
 from ._conn import Connector
 from ._schema import TableNames, thread_key

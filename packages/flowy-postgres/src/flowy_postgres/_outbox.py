@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Hashable
 
-from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, OutboxStats, RawMessage
+from flowy.storage import OutboxStats
+from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
 
 from ._conn import Connector, PgConnection, Row
 from ._schema import TableNames, thread_key

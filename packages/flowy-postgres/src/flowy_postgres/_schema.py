@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, cast
 
 import asyncpg
 
-from flowy.storage import BaseBackend
+from flowy.storage.dialect import BaseBackend
 
 from ._conn import Connector, PgConnection
 from ._names import DEFAULT_PREFIX, DEFAULT_SCHEMA, MAX_PREFIX, TableNames, check_identifier
@@ -98,7 +98,7 @@ def _create(n: TableNames) -> list[str]:
         f"""CREATE TABLE IF NOT EXISTS {n.outbox} (
     id bigserial PRIMARY KEY,
     thread_key bytea NOT NULL, thread_id text NOT NULL, committed_revision bigint NOT NULL,
-    payload bytea NOT NULL,  -- flowy.storage.encode_intent bytes
+    payload bytea NOT NULL,  -- flowy.storage.dialect.encode_intent bytes
     attempts integer NOT NULL DEFAULT 0,
     visible_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     dead boolean NOT NULL DEFAULT false,

@@ -11,7 +11,8 @@ from typing import Any, Generic, TypeVar
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import BackendURLError
-from flowy.storage import SCRATCH_PREFIX, BaseBackend, StateCodec, StoreURL, sibling_url
+from flowy.storage import StateCodec
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
 
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout

@@ -11,17 +11,8 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
-from flowy.storage import (
-    BaseCheckpointer,
-    HandoffStatus,
-    Lease,
-    Refused,
-    StateCodec,
-    ThreadSummary,
-    Timer,
-    Write,
-    show_id,
-)
+from flowy.storage import HandoffStatus, Lease, StateCodec, ThreadSummary, Timer
+from flowy.storage.dialect import BaseCheckpointer, Refused, Write, show_id
 
 from ._keys import STATUS_DIGITS
 from ._scripts import (

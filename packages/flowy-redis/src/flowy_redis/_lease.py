@@ -9,7 +9,8 @@ from collections.abc import Hashable
 from operator import attrgetter
 from typing import Any
 
-from flowy.storage import BaseLeaseManager, Busy, Lease
+from flowy.storage import Lease
+from flowy.storage.dialect import BaseLeaseManager, Busy
 
 from ._checkpointer import lease_of
 from ._scripts import ACQUIRE, HOLDER, RELEASE, RENEW

@@ -18,7 +18,8 @@ import uuid
 from collections.abc import Hashable
 from typing import Any
 
-from flowy.storage import BaseConsumer, BaseOutbox, OutboxRow, OutboxStats, RawMessage, show_id
+from flowy.storage import OutboxStats
+from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage, show_id
 
 from ._keys import ShardKeys
 from ._scripts import ACK, APPEND, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD, STATS

@@ -15,7 +15,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import SchemaVersionError, StorageError, StorageUnavailableError
-from flowy.storage import BaseBackend, show_id
+from flowy.storage.dialect import BaseBackend, show_id
 
 from ._keys import STATUS_DIGITS, KeyLayout, ThreadKeys
 from ._scripts import LAYOUT, READS, LuaScript

@@ -14,7 +14,8 @@ from typing import Generic, cast
 
 from .._errors import HandoffPendingError, LeaseError, ThreadLeaseBusyError
 from .._types import E, S
-from ..storage import BaseLeaseManager, HandoffStatus, Lease
+from ..storage import HandoffStatus, Lease
+from ..storage.dialect import BaseLeaseManager
 from ._options import RECOVERY_LEADER
 from ._shared import Shared
 

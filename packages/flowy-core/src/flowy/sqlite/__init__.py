@@ -16,7 +16,8 @@ from typing import Any, Generic, Literal
 
 from .._errors import BackendURLError
 from .._types import S
-from ..storage import BaseBackend, StateCodec, StoreURL
+from ..storage import StateCodec
+from ..storage.dialect import BaseBackend, StoreURL
 from ._db import APPLICATION_ID, SCHEMA_VERSION, Clock, SQLiteDatabase, StrPath
 from ._store import SQLiteCheckpointer, SQLiteConsumer, SQLiteLeaseManager, SQLiteOutbox
 

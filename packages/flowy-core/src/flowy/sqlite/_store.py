@@ -30,22 +30,16 @@ from typing import Any, Generic
 
 from .._errors import SnapshotTooLargeError
 from .._types import S
-from ..storage import (
+from ..storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
+from ..storage.dialect import (
     BaseCheckpointer,
     BaseConsumer,
     BaseLeaseManager,
     BaseOutbox,
     Busy,
-    HandoffStatus,
-    Lease,
     OutboxRow,
-    OutboxStats,
     RawMessage,
     Refused,
-    RunStatus,
-    StateCodec,
-    ThreadSummary,
-    Timer,
     Write,
     next_fencing_token,
 )

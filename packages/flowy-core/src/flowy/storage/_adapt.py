@@ -33,11 +33,11 @@ from ._protocols import (
     Backend,
     Checkpointer,
     DurableCheckpointer,
-    HandoffOutbox,
     LeaseManager,
+    Outbox,
     OutboxConsumer,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
 )
 
 __all__ = [
@@ -65,7 +65,7 @@ class ComponentBackend(Generic[S]):
         checkpointer: Checkpointer[S],
         *,
         leases: LeaseManager | None = None,
-        outbox: HandoffOutbox | None = None,
+        outbox: Outbox | None = None,
         consumer: OutboxConsumer | None = None,
         url: str = "",
     ) -> None:
@@ -94,7 +94,7 @@ class ComponentBackend(Generic[S]):
         return self._leases
 
     @property
-    def outbox(self) -> HandoffOutbox:
+    def outbox(self) -> Outbox:
         """The outbox it was given (``TypeError`` if none)."""
         if self._outbox is None:
             raise TypeError(
@@ -141,7 +141,7 @@ def as_backend(
     checkpointer: Checkpointer[S],
     *,
     leases: LeaseManager | None = None,
-    outbox: HandoffOutbox | None = None,
+    outbox: Outbox | None = None,
     consumer: OutboxConsumer | None = None,
     url: str = "",
 ) -> ComponentBackend[S]:
@@ -192,9 +192,7 @@ def _warn_loose(what: str) -> None:
     )
 
 
-def backend_of(
-    store: object, leases: LeaseManager | None, outbox: HandoffOutbox | None
-) -> Backend[Any]:
+def backend_of(store: object, leases: LeaseManager | None, outbox: Outbox | None) -> Backend[Any]:
     """The backend a runner talks to, from what it was given: ``store`` itself when it is
     a backend and no component replaces one of its own; otherwise its components (or the
     bare checkpointer ``store``) with ``leases`` / ``outbox``, through :func:`as_backend`,
@@ -235,8 +233,8 @@ class Binding(Generic[S]):
     """The checkpointer runs save through: decoding into the graph's state type, and
     wrapped in a ``LeaseGuardCheckpointer`` when the store does not fence its leases."""
     leases: LeaseManager | None
-    outbox: HandoffOutbox | None
-    transactional: tuple[TransactionalCheckpointer[S], TransactionalHandoffOutbox] | None
+    outbox: Outbox | None
+    transactional: tuple[TransactionalCheckpointer[S], TransactionalOutbox] | None
     """The checkpointer and outbox of a one-write hand-off (``None``: three phases)."""
     durable: DurableCheckpointer[S] | None
     """Timers and signals (``None``: the store keeps none)."""
@@ -312,7 +310,7 @@ def bind(backend: Backend[S], state_type: Any) -> Binding[S]:
     if caps.transactional_outbox and outbox is not None:
         transactional = (
             cast(TransactionalCheckpointer[S], guarded),
-            cast(TransactionalHandoffOutbox, outbox),
+            cast(TransactionalOutbox, outbox),
         )
     return Binding(
         backend=backend,

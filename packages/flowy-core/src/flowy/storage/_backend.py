@@ -385,7 +385,7 @@ class BaseBackend(abc.ABC, Generic[S]):
         schema, key namespace, table or file next to this store's), or ``None`` if this
         store cannot make one. Makes no connection and touches nothing.
 
-        ``name`` is lowercase letters, digits and ``_`` (``flowy.storage.open_scratch``
+        ``name`` is lowercase letters, digits and ``_`` (``flowy.storage.dialect.open_scratch``
         draws it from a random run id). Tools that write test data
         (``flowy check --backend``) run there, never in this store's own namespace.
         """
@@ -395,12 +395,12 @@ class BaseBackend(abc.ABC, Generic[S]):
         """Remove everything of this scratch store's namespace, then close it.
 
         Refused (``RuntimeError``) on a store not opened by
-        ``flowy.storage.open_scratch``: it never removes a store an application uses.
+        ``flowy.storage.dialect.open_scratch``: it never removes a store an application uses.
         """
         if not self._scratch:
             raise RuntimeError(
                 f"{redact_url(self.url)!r} is not a scratch store; drop_scratch() removes "
-                "only stores opened by flowy.storage.open_scratch"
+                "only stores opened by flowy.storage.dialect.open_scratch"
             )
         try:
             await self._drop_scratch()

@@ -20,7 +20,7 @@ from ._protocols import (
     FencingCheckpointer,
     LeaseManager,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
 )
 
 __all__ = ["derive_capabilities"]
@@ -90,7 +90,7 @@ def derive_capabilities(
         handoff_outbox=outbox is not None,
         transactional_outbox=outbox is not None
         and _transactional(cast(object, cp), TransactionalCheckpointer)
-        and _transactional(outbox, TransactionalHandoffOutbox),
+        and _transactional(outbox, TransactionalOutbox),
         consumer=consumer is not None,
         durable_timers_signals=_durable(cp, _SIGNALS),
         journal=_durable(cp, _JOURNAL),

@@ -70,7 +70,7 @@ class BaseOutbox(abc.ABC):
         ``row``'s payload, its attempts and error reset, visible now."""
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
-        """Durably enqueue ``intent`` (``HandoffOutbox.enqueue_intent``)."""
+        """Durably enqueue ``intent`` (``Outbox.enqueue_intent``)."""
         if not isinstance(intent, HandoffIntent):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise TypeError(f"expected a flowy.storage.HandoffIntent, got {type(intent).__name__}")
         await self._append(OutboxRow.of(intent))

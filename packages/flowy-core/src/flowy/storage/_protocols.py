@@ -2,7 +2,8 @@
 
 Each method's docstring states its contract; every sentence there is checked by the
 conformance suite in :mod:`flowy.testing`. A store rarely implements these directly:
-the bases in :mod:`flowy.storage` implement them over a few atomic primitives.
+the bases in :mod:`flowy.storage.dialect` implement them over a few atomic
+primitives.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ __all__ = [
     "DurableCheckpointer",
     "EnqueueCallback",
     "FencingCheckpointer",
-    "HandoffOutbox",
     "LeaseManager",
+    "Outbox",
     "OutboxConsumer",
     "TransactionalCheckpointer",
-    "TransactionalHandoffOutbox",
+    "TransactionalOutbox",
 ]
 
 EnqueueCallback = Callable[[object, int], Awaitable[None]]
@@ -128,7 +129,7 @@ class TransactionalCheckpointer(Checkpointer[S], Protocol[S]):
         """Save ``snapshot`` like ``save`` (``expected_revision`` and ``lease`` as there)
         and call ``enqueue`` as ``await enqueue(tx, new_revision)`` in the same
         transaction; if either fails nothing is committed. ``tx`` is the store's explicit
-        transaction handle, passed to ``TransactionalHandoffOutbox.enqueue_intent_tx``.
+        transaction handle, passed to ``TransactionalOutbox.enqueue_intent_tx``.
         """
         ...
 
@@ -201,8 +202,8 @@ class LeaseManager(Protocol):
 
 
 @runtime_checkable
-class HandoffOutbox(Protocol):
-    """Where hand-off intents go for background workers."""
+class Outbox(Protocol):
+    """The outbox: where hand-off intents go for background workers (``backend.outbox``)."""
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """Durably enqueue ``intent`` (at-least-once delivery to consumers). Enqueueing
@@ -211,7 +212,7 @@ class HandoffOutbox(Protocol):
 
 
 @runtime_checkable
-class TransactionalHandoffOutbox(HandoffOutbox, Protocol):
+class TransactionalOutbox(Outbox, Protocol):
     """An outbox that can write inside a checkpointer's transaction."""
 
     async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
@@ -293,7 +294,7 @@ class Backend(Protocol[S]):
         ...
 
     @property
-    def outbox(self) -> HandoffOutbox:
+    def outbox(self) -> Outbox:
         """Where hand-offs go (transactionally with ``checkpointer``)."""
         ...
 

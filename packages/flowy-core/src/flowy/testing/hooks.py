@@ -20,7 +20,8 @@ from ..memory import MemoryBackend
 from ..memory import _named as named_memory_stores  # pyright: ignore[reportPrivateUsage]
 from ..sqlite import SQLiteBackend, path_of
 from ..sqlite._db import immediate
-from ..storage import Backend, StoreURL
+from ..storage import Backend
+from ..storage.dialect import StoreURL
 
 __all__ = [
     "Corrupt",

@@ -39,7 +39,8 @@ from .._graph import Graph, GraphBuilder
 from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
-from ..storage import Backend, StoreURL, connect, redact_url
+from ..storage import Backend, connect, redact_url
+from ..storage.dialect import StoreURL
 from .faults import FaultyBackend
 from .stress import hand_off_faults
 

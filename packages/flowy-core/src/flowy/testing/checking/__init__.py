@@ -35,7 +35,7 @@ A failing run is shrunk to the fewest faults that still fail, and printed with i
 its schedule in words, the thread's history and a command that replays it. The memory
 store is the default (a fresh one per run, on a simulated clock); ``store=URL`` runs the
 same schedules on a real store, in a scratch store of its own next to the one ``URL``
-names (``flowy.storage.open_scratch``), removed when the check ends. See
+names (``flowy.storage.dialect.open_scratch``), removed when the check ends. See
 ``docs/checking.md``.
 
 Its parts: ``_report`` (scenarios, reports, schedules), ``_process`` (the simulated

@@ -18,18 +18,9 @@ from ..._graph import Graph
 from ..._results import RunResult
 from ..._runner import Runner
 from ..._worker import Worker
-from ...storage import (
-    ActivityStatus,
-    Backend,
-    HandoffIntent,
-    Lease,
-    OutboxMessage,
-    RawMessage,
-    Write,
-    decode_intent,
-    decode_record,
-)
+from ...storage import ActivityStatus, Backend, HandoffIntent, Lease, OutboxMessage
 from ...storage._durable import decode_activity, decode_signal
+from ...storage.dialect import RawMessage, Write, decode_intent, decode_record
 from ..faults import SAVES, Fault, FaultKind, FaultPlan, FaultyBackend, Operation, Phase
 from ._report import KINDS
 

@@ -17,7 +17,8 @@ from ..._graph import Graph
 from ..._invariants import is_invariant
 from ..._types import S
 from ...memory import MemoryBackend, MemoryStore
-from ...storage import Backend, BaseBackend, open_scratch, redact_url
+from ...storage import Backend, redact_url
+from ...storage.dialect import BaseBackend, open_scratch
 from ..faults import Fault, FaultKind
 from ._process import Clock, plain
 from ._report import KINDS, CheckReport, Counterexample, Scenario, parse_schedule

@@ -9,18 +9,8 @@ from types import TracebackType
 from typing import Any, Generic, Self
 
 from ..._types import S
-from ...storage import (
-    Backend,
-    BaseCheckpointer,
-    BaseConsumer,
-    BaseLeaseManager,
-    BaseOutbox,
-    Capabilities,
-    HandoffIntent,
-    HandoffOutbox,
-    Limits,
-    Write,
-)
+from ...storage import Backend, Capabilities, HandoffIntent, Limits, Outbox
+from ...storage.dialect import BaseCheckpointer, BaseConsumer, BaseLeaseManager, BaseOutbox, Write
 from ._model import (
     ArmedFaults,
     Fault,
@@ -130,7 +120,7 @@ class FaultyBackend(Generic[S]):
         )
         self.leases: BaseLeaseManager = self._wrap(inner.leases, BaseLeaseManager, domain)
         self.faulty_outbox: BaseOutbox = self._wrap(inner.outbox, BaseOutbox, domain)
-        self.outbox: HandoffOutbox = (
+        self.outbox: Outbox = (
             _ThreePhaseOutbox(self.faulty_outbox) if three_phase else self.faulty_outbox
         )
         self.consumer: BaseConsumer = self._wrap(inner.consumer, BaseConsumer, domain)

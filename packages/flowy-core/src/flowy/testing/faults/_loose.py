@@ -10,18 +10,18 @@ from ..._errors import StorageUnavailableError
 from ..._types import S
 from ...storage import (
     Checkpointer,
-    EnqueueCallback,
     HandoffIntent,
-    HandoffOutbox,
     HandoffStatus,
     Lease,
     LeaseManager,
+    Outbox,
     Snapshot,
     StateCodec,
     ThreadSummary,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
 )
+from ...storage.dialect import EnqueueCallback
 from ._model import ArmedFaults, Fault, FaultKind, Phase, phase_of
 
 __all__ = ["FaultyCheckpointer", "FaultyOutbox"]
@@ -172,7 +172,7 @@ class FaultyOutbox:
     """A loose outbox whose ``enqueue_intent`` fails when armed (a store's: use
     :class:`FaultyBackend`)."""
 
-    def __init__(self, inner: HandoffOutbox) -> None:
+    def __init__(self, inner: Outbox) -> None:
         self.inner = inner
         self.faults: ArmedFaults = ArmedFaults()
 
@@ -190,7 +190,7 @@ class FaultyOutbox:
     @property
     def transactional(self) -> bool:
         """True if the wrapped outbox is transactional."""
-        return isinstance(self.inner, TransactionalHandoffOutbox)
+        return isinstance(self.inner, TransactionalOutbox)
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
         """``enqueue_intent`` of the wrapped outbox, failing at ``ENQUEUE``."""
@@ -204,7 +204,7 @@ class FaultyOutbox:
     async def enqueue_intent_tx(self, tx: object, intent: HandoffIntent) -> None:
         """``enqueue_intent_tx`` of the wrapped outbox, failing at ``ENQUEUE``."""
         inner = self.inner
-        if not isinstance(inner, TransactionalHandoffOutbox):
+        if not isinstance(inner, TransactionalOutbox):
             raise TypeError("the wrapped outbox is not transactional")
         fault = self.faults.take(Phase.ENQUEUE)
         if fault is not None:

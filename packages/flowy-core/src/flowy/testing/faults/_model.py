@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._errors import StorageUnavailableError
-from ...storage import SYSTEM_LEASE_PREFIX, HandoffStatus, Lease, RunStatus, Snapshot
+from ...storage import HandoffStatus, Lease, RunStatus, Snapshot
+from ...storage.dialect import SYSTEM_LEASE_PREFIX
 
 __all__ = [
     "SAVES",

@@ -12,15 +12,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ...storage import (
-    Backend,
-    BaseCheckpointer,
-    BaseConsumer,
-    HandoffOutbox,
-    OutboxMessage,
-    OutboxStats,
-    RunStatus,
-)
+from ...storage import Backend, Outbox, OutboxMessage, OutboxStats, RunStatus
+from ...storage.dialect import BaseCheckpointer, BaseConsumer
 from ._support import (
     Suite,
     fixed_time,
@@ -37,7 +30,7 @@ GAP = 0.3
 """Seconds between two enqueues whose order the store's enqueue times must show."""
 
 
-def _backlog(backend: Backend[Any]) -> tuple[HandoffOutbox, BaseConsumer]:
+def _backlog(backend: Backend[Any]) -> tuple[Outbox, BaseConsumer]:
     outbox, consumer = require_consumer(backend)
     if not isinstance(consumer, BaseConsumer):
         pytest.skip(f"{type(consumer).__name__} is not a BaseConsumer: it reports no backlog")

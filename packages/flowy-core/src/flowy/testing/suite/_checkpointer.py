@@ -14,16 +14,8 @@ from ..._errors import (
     SnapshotEnvelopeInvalidError,
     ThreadNotFoundError,
 )
-from ...storage import (
-    MAX_THREAD_ID_BYTES,
-    Backend,
-    Checkpointer,
-    HandoffStatus,
-    RunStatus,
-    Snapshot,
-    ThreadSummary,
-    new_write_id,
-)
+from ...storage import Backend, Checkpointer, HandoffStatus, RunStatus, Snapshot, ThreadSummary
+from ...storage.dialect import MAX_THREAD_ID_BYTES, new_write_id
 from ._support import (
     Corrupt,
     Suite,

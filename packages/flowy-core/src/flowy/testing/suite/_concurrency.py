@@ -12,13 +12,13 @@ from ..._errors import ConcurrencyConflictError, ThreadLeaseBusyError
 from ...storage import (
     Backend,
     Checkpointer,
-    HandoffOutbox,
     Lease,
     LeaseManager,
+    Outbox,
     OutboxConsumer,
     OutboxMessage,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
 )
 from ._support import (
     Suite,
@@ -121,7 +121,7 @@ class ConcurrencySuite(Suite):
 
             def save(i: int) -> Awaitable[int]:
                 store = stores[i % 2]
-                outbox = cast(TransactionalHandoffOutbox, store.outbox)
+                outbox = cast(TransactionalOutbox, store.outbox)
 
                 async def enqueue(handle: object, revision: int) -> None:
                     await outbox.enqueue_intent_tx(handle, make_intent(tid, revision))
@@ -192,7 +192,7 @@ class ConcurrencySuite(Suite):
             await self._lease_race([leases, require_leases(peer)])
 
     async def _claim_race(
-        self, outbox: HandoffOutbox, consumers: list[OutboxConsumer], messages: int, limit: int
+        self, outbox: Outbox, consumers: list[OutboxConsumer], messages: int, limit: int
     ) -> None:
         intents = [make_intent(new_thread_id(f"claim-{i}"), 1) for i in range(messages)]
         for intent in intents:

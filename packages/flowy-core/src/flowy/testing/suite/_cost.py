@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from ...storage import Backend, BaseCheckpointer, BaseConsumer, RunStatus
+from ...storage import Backend, RunStatus
+from ...storage.dialect import BaseCheckpointer, BaseConsumer
 from ._support import (
     Suite,
     fixed_time,
@@ -122,7 +123,7 @@ def _checkpointer(backend: Backend[Any]) -> BaseCheckpointer[Any]:
     if not isinstance(cp, BaseCheckpointer):
         pytest.fail(
             f"the cost of {type(cp).__name__} is counted through its primitives: it must "
-            "subclass flowy.storage.BaseCheckpointer"
+            "subclass flowy.storage.dialect.BaseCheckpointer"
         )
     return cp
 
@@ -132,7 +133,7 @@ def _consumer(backend: Backend[Any]) -> BaseConsumer:
     if not isinstance(consumer, BaseConsumer):
         pytest.fail(
             f"the cost of {type(consumer).__name__} is counted through its primitives: it "
-            "must subclass flowy.storage.BaseConsumer"
+            "must subclass flowy.storage.dialect.BaseConsumer"
         )
     return consumer
 

@@ -18,7 +18,8 @@ from ..._errors import (
     ThreadLeaseBusyError,
     ThreadNotFoundError,
 )
-from ...storage import Backend, BaseLeaseManager, Lease, LeaseManager, Snapshot
+from ...storage import Backend, Lease, LeaseManager, Snapshot
+from ...storage.dialect import BaseLeaseManager
 from ._support import (
     Suite,
     history_revisions,

@@ -20,18 +20,9 @@ from ..._directives import Directive, completed, sleep
 from ..._errors import LimitError, ThreadNotFoundError
 from ..._graph import GraphBuilder
 from ..._runner import Runner
-from ...storage import (
-    MAX_DEPTH,
-    MAX_TIMESTAMP,
-    ActivityRecord,
-    ActivityStatus,
-    Backend,
-    BaseBackend,
-    Limits,
-    RunStatus,
-    Signal,
-)
+from ...storage import ActivityRecord, ActivityStatus, Backend, Limits, RunStatus, Signal
 from ...storage._durable import encode_activity, encode_signal
+from ...storage.dialect import MAX_DEPTH, MAX_TIMESTAMP, BaseBackend
 from ._durable import require_durable
 from ._support import Suite, fixed_time, make_snapshot, new_thread_id, require_capability
 
@@ -51,7 +42,7 @@ def nested(depth: int) -> Any:
 def set_limits(backend: Backend[Any], limits: Limits) -> None:
     """Give ``backend`` these limits (``BaseBackend.limits``)."""
     if not isinstance(backend, BaseBackend):
-        pytest.fail(f"{type(backend).__name__} must be a flowy.storage.BaseBackend")
+        pytest.fail(f"{type(backend).__name__} must be a flowy.storage.dialect.BaseBackend")
     backend.limits = limits
 
 

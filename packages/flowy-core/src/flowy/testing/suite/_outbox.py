@@ -14,16 +14,13 @@ import pytest
 from ..._errors import ConcurrencyConflictError
 from ...storage import (
     Backend,
-    BaseOutbox,
     HandoffIntent,
     HandoffStatus,
     OutboxConsumer,
     OutboxMessage,
-    OutboxRow,
     ResumeToken,
-    decode_intent,
-    encode_intent,
 )
+from ...storage.dialect import BaseOutbox, OutboxRow, decode_intent, encode_intent
 from ._support import (
     Suite,
     fixed_time,

@@ -31,10 +31,10 @@ from ...storage import (
     ResumeToken,
     RunStatus,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
     as_backend,
-    confirmed_save,
 )
+from ...storage.dialect import confirmed_save
 from ..faults import FaultKind, FaultyBackend, Phase
 from ._support import (
     Suite,
@@ -199,7 +199,7 @@ class FaultSuite(Suite):
         outbox, consumer = require_consumer(bundle)
         if transactional and not (
             isinstance(bundle.checkpointer, TransactionalCheckpointer)
-            and isinstance(outbox, TransactionalHandoffOutbox)
+            and isinstance(outbox, TransactionalOutbox)
         ):
             pytest.skip(f"{type(bundle).__name__} has no transactional outbox")
         effects: list[str] = []

@@ -14,7 +14,8 @@ from ..._directives import Directive, completed, handoff, wait_for
 from ..._errors import BackendURLError
 from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
-from ...storage import Backend, BaseBackend, RunStatus, redact_url
+from ...storage import Backend, RunStatus, redact_url
+from ...storage.dialect import BaseBackend
 from ..backends import require_backends
 from ..checking import Scenario, acheck
 from ..hooks import Dump

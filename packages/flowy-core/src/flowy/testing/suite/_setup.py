@@ -12,9 +12,10 @@ from typing import Any, cast
 import pytest
 
 from ..._errors import SchemaVersionError
-from ...storage import Backend, BaseBackend, connect
+from ...storage import Backend, connect
 from ...storage._connect import _opener, parse_url  # pyright: ignore[reportPrivateUsage]
 from ...storage._scratch import SCRATCH_PREFIX
+from ...storage.dialect import BaseBackend
 from ..hooks import SetSchemaVersion
 from ._support import Suite, make_intent, make_snapshot, new_thread_id
 

@@ -18,20 +18,19 @@ from ..._errors import ThreadNotFoundError
 from ...storage import (
     Backend,
     Checkpointer,
-    FencingCheckpointer,
     HandoffIntent,
-    HandoffOutbox,
     HandoffStatus,
     LeaseManager,
+    Outbox,
     OutboxConsumer,
     ResumeToken,
     RunStatus,
     Snapshot,
     TransactionalCheckpointer,
-    TransactionalHandoffOutbox,
+    TransactionalOutbox,
     connect,
-    new_write_id,
 )
+from ...storage.dialect import FencingCheckpointer, new_write_id
 from ..backends import require_backends
 from ..hooks import Corrupt
 
@@ -228,7 +227,7 @@ def require_fencing(backend: Backend[Any]) -> tuple[FencingCheckpointer[Any], Le
     return cp, leases
 
 
-def require_consumer(backend: Backend[Any]) -> tuple[HandoffOutbox, OutboxConsumer]:
+def require_consumer(backend: Backend[Any]) -> tuple[Outbox, OutboxConsumer]:
     """The store's outbox and consumer (skipped, with the reason, on a store without
     them)."""
     require_capability(backend, "handoff_outbox")
@@ -241,7 +240,7 @@ class Transactional:
     """The pieces of the transactional hand-off path of one store."""
 
     checkpointer: TransactionalCheckpointer[Any]
-    outbox: TransactionalHandoffOutbox
+    outbox: TransactionalOutbox
     consumer: OutboxConsumer
 
 
@@ -251,9 +250,7 @@ def require_transactional(backend: Backend[Any]) -> Transactional:
     require_capability(backend, "transactional_outbox")
     cp = backend.checkpointer
     outbox = backend.outbox
-    if not isinstance(cp, TransactionalCheckpointer) or not isinstance(
-        outbox, TransactionalHandoffOutbox
-    ):
+    if not isinstance(cp, TransactionalCheckpointer) or not isinstance(outbox, TransactionalOutbox):
         pytest.fail(
             f"{type(cp).__name__} / {type(outbox).__name__} must implement the "
             "transactional outbox (save_with_outbox / enqueue_intent_tx)"

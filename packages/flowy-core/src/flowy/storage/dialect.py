@@ -1,0 +1,120 @@
+"""What a store author subclasses and calls: the bases, the write and claim values of
+their primitives, URL handling, registration, the record envelope and the limits every
+store checks.
+
+Applications never need this module: they open a store with ``flowy.connect(url)`` and
+type against the protocols and values of :mod:`flowy.storage`. A new store subclasses
+:class:`BaseCheckpointer`, :class:`BaseLeaseManager`, :class:`BaseOutbox`,
+:class:`BaseConsumer` and :class:`BaseBackend`, implements their atomic primitives
+(a conditional write, a head read, a lease compare-and-set, a batch claim, ...),
+registers an opener in the ``flowy.backends`` entry-point group (:data:`ENTRY_POINT_GROUP`,
+or :func:`register_backend` in a test), and runs the conformance suite of
+:mod:`flowy.testing` (``docs/adapters.md``). The bases own validation, error diagnosis,
+summaries, the claim/ack/release/dead-letter loop and resource ownership, so the same
+bad input gives the same error on every store.
+
+Stored bytes are made with :func:`encode_record` and read with :func:`decode_record` /
+:func:`decode_snapshot`, which validate the envelope against its storage address and
+raise ``SnapshotEnvelopeInvalidError`` on any mismatch or corruption; no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+from ._backend import BaseBackend as BaseBackend
+from ._backend import StoreURL as StoreURL
+from ._base import BACKLOG_STATUSES as BACKLOG_STATUSES
+from ._base import BaseCheckpointer as BaseCheckpointer
+from ._base import BaseLeaseManager as BaseLeaseManager
+from ._base import Busy as Busy
+from ._base import OutboxRow as OutboxRow
+from ._base import Refused as Refused
+from ._base import Write as Write
+from ._base import show_id as show_id
+from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from ._connect import Connecting as Connecting
+from ._connect import register_backend as register_backend
+from ._intents import decode_intent as decode_intent
+from ._intents import encode_intent as encode_intent
+from ._limits import MAX_DEPTH as MAX_DEPTH
+from ._limits import MAX_TIMESTAMP as MAX_TIMESTAMP
+from ._limits import MAX_VALUE_BYTES as MAX_VALUE_BYTES
+from ._model import MAX_THREAD_ID_BYTES as MAX_THREAD_ID_BYTES
+from ._model import SYSTEM_LEASE_PREFIX as SYSTEM_LEASE_PREFIX
+from ._model import new_write_id as new_write_id
+from ._model import next_fencing_token as next_fencing_token
+from ._model import validate_thread_id as validate_thread_id
+from ._outbox import BaseConsumer as BaseConsumer
+from ._outbox import BaseOutbox as BaseOutbox
+from ._outbox import RawMessage as RawMessage
+from ._protocols import EnqueueCallback as EnqueueCallback
+from ._protocols import FencingCheckpointer as FencingCheckpointer
+from ._records import FORMAT_VERSION as FORMAT_VERSION
+from ._records import DecodeRecordOptions as DecodeRecordOptions
+from ._records import Record as Record
+from ._records import decode_record as decode_record
+from ._records import decode_snapshot as decode_snapshot
+from ._records import encode_record as encode_record
+from ._records import encode_snapshot as encode_snapshot
+from ._saving import confirm_save as confirm_save
+from ._saving import confirmed_save as confirmed_save
+from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
+from ._scratch import open_scratch as open_scratch
+from ._scratch import sibling_url as sibling_url
+
+__all__ = [
+    "BACKLOG_STATUSES",
+    "ENTRY_POINT_GROUP",
+    "FORMAT_VERSION",
+    "MAX_DEPTH",
+    "MAX_THREAD_ID_BYTES",
+    "MAX_TIMESTAMP",
+    "MAX_VALUE_BYTES",
+    "SCRATCH_PREFIX",
+    "SYSTEM_LEASE_PREFIX",
+    "BaseBackend",
+    "BaseCheckpointer",
+    "BaseConsumer",
+    "BaseLeaseManager",
+    "BaseOutbox",
+    "Busy",
+    "Connecting",
+    "DecodeRecordOptions",
+    "EnqueueCallback",
+    "FencingCheckpointer",
+    "OutboxRow",
+    "RawMessage",
+    "Record",
+    "Refused",
+    "StoreURL",
+    "Write",
+    "confirm_save",
+    "confirmed_save",
+    "decode_intent",
+    "decode_record",
+    "decode_snapshot",
+    "encode_intent",
+    "encode_record",
+    "encode_snapshot",
+    "new_write_id",
+    "next_fencing_token",
+    "open_scratch",
+    "register_backend",
+    "show_id",
+    "sibling_url",
+    "validate_thread_id",
+]
+
+
+def _present_as_public() -> None:
+    """Make reprs and tracebacks say ``flowy.storage.dialect.X``, not the private module."""
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("flowy.storage._"):
+            try:
+                obj.__module__ = __name__
+            except (AttributeError, TypeError):
+                pass
+
+
+_present_as_public()
+del _present_as_public
