@@ -4,7 +4,7 @@
   a request that reached the table but whose response was lost (ambiguous outcome), a
   request that never arrived, throttling answered for the service, a transaction
   cancelled by a concurrent one. The save's own landed write is never reported as a
-  conflict and is never applied twice; ``flowy.storage.confirmed_save`` resolves the
+  conflict and is never applied twice; ``flowy.storage.dialect.confirmed_save`` resolves the
   outcomes the checkpointer cannot. A signal whose answer was lost is stored once.
 - Two OS processes racing on one thread: a single history chain, no lost update.
 - Oversized state: ``SnapshotTooLargeError`` naming the size, and nothing written.

@@ -70,7 +70,7 @@ def translate(
         return StorageUnavailableError(
             f"could not {action}: PostgreSQL is unavailable or the connection broke "
             f"({detail}); a write may or may not have been applied, so reload before "
-            "retrying (flowy.storage.confirmed_save does this for saves)"
+            "retrying (flowy.storage.dialect.confirmed_save does this for saves)"
         )
     if isinstance(exc, _NOT_MIGRATED):
         return SchemaVersionError(

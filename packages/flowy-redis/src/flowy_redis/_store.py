@@ -70,7 +70,7 @@ def translate(exc: BaseException, action: Action, *, reads: bool = False) -> Sto
     return StorageUnavailableError(
         f"Redis was unavailable while {what} {detail}; the outcome may be unknown. Check "
         "that the server is reachable; a save's outcome is resolved by "
-        "flowy.storage.confirmed_save, which compares write ids."
+        "flowy.storage.dialect.confirmed_save, which compares write ids."
     )
 
 
