@@ -163,7 +163,9 @@ async def test_a_missing_table_without_create_table(dynamo_endpoint: Any, table_
     url = dynamo_endpoint.store_url(table_name, create_table="false")
     with pytest.raises(StorageError, match=r"does not exist.*backend.setup\(\)"):
         await flowy.connect(url)
-    backend = await flowy_dynamodb.open_backend(flowy.storage.dialect.StoreURL.parse(url), codec=None)
+    backend = await flowy_dynamodb.open_backend(
+        flowy.storage.dialect.StoreURL.parse(url), codec=None
+    )
     try:  # setup() creates what open() refuses to create
         assert await backend.setup() == flowy_dynamodb.SCHEMA_VERSION
         await backend.open()
