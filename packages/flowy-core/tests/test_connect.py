@@ -300,7 +300,7 @@ def test_mask_password_hides_the_urls_password_in_any_text() -> None:
 
 
 def test_sibling_url_replaces_the_netloc_and_keeps_other_options() -> None:
-    sibling = flowy.storage.sibling_url(
+    sibling = flowy.storage.dialect.sibling_url(
         "dynamodb://orders?region=eu-west-1", netloc="flowy_scratch_1", options={"a": "b"}
     )
     assert sibling == "dynamodb://flowy_scratch_1?region=eu-west-1&a=b"

@@ -1545,7 +1545,7 @@ import pytest
 
 from flowy import connect
 from flowy.memory import MemoryCheckpointer
-from flowy.storage import BaseCheckpointer
+from flowy.storage.dialect import BaseCheckpointer
 
 
 class Timerless(MemoryCheckpointer):
