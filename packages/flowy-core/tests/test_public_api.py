@@ -39,6 +39,7 @@ RANK = {
     "_version": 0,
     "memory": 4,
     "sqlite": 4,
+    "_compiled": 5,
     "_graph": 5,
     "_events": 6,
     "_segment": 7,

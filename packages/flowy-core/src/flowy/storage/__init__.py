@@ -19,7 +19,6 @@ from typing import Any as _Any
 from .._types import ResumeToken as ResumeToken
 from ._adapt import as_backend as as_backend
 from ._backend import redact_url as redact_url
-from ._base import OutboxTransaction as OutboxTransaction
 from ._capabilities import Capabilities as Capabilities
 from ._codecs import JSONCodec as JSONCodec
 from ._codecs import MsgspecCodec as MsgspecCodec
@@ -50,6 +49,7 @@ from ._protocols import Outbox as Outbox
 from ._protocols import OutboxConsumer as OutboxConsumer
 from ._protocols import TransactionalCheckpointer as TransactionalCheckpointer
 from ._protocols import TransactionalOutbox as TransactionalOutbox
+from ._writes import OutboxTransaction as OutboxTransaction
 
 __all__ = [
     "ActivityRecord",

@@ -1,11 +1,11 @@
-"""The bases of a checkpointer and a lease manager: everything but the atomic primitives.
+"""The base of a checkpointer: everything but the atomic primitives.
 
-A store subclasses :class:`BaseCheckpointer` and :class:`BaseLeaseManager` and
-implements the ``_``-prefixed abstract methods; the bases own argument checks, the
-record envelope, the translation of a refused write into the right error (with the same
-type and message on every store), summaries, the codec and the checks of what a store
-reports about its backlog (``oldest_heads``). ``docs/adapters.md`` walks through writing
-a store.
+A store subclasses :class:`BaseCheckpointer` and implements the ``_``-prefixed abstract
+methods; the base owns argument checks, the record envelope, the translation of a
+refused write into the right error (``_writes``), summaries, the codec and the checks of
+what a store reports about its backlog (``oldest_heads``). The values of a write are in
+``_writes``, the lease manager's base in ``_leases``. ``docs/adapters.md`` walks through
+writing a store.
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ import abc
 import copy
 import math
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from .._errors import (
-    ConcurrencyConflictError,
-    FlowyError,
     LeaseLostError,
     LimitError,
     SnapshotEnvelopeInvalidError,
@@ -29,14 +26,7 @@ from .._errors import (
     ThreadNotFoundError,
 )
 from .._types import S
-from ._checks import (
-    check_count,
-    check_lease,
-    check_owner,
-    check_revision,
-    check_seconds,
-    check_system_name,
-)
+from ._checks import check_count, check_lease, check_revision
 from ._codecs import StateCodec
 from ._durable import (
     ActivityRecord,
@@ -48,10 +38,9 @@ from ._durable import (
     encode_activity,
     encode_signal,
 )
-from ._intents import encode_intent
+from ._leases import BaseLeaseManager
 from ._limits import MAX_TIMESTAMP, Limits, check_time
 from ._model import (
-    HandoffIntent,
     HandoffStatus,
     Lease,
     RunStatus,
@@ -61,18 +50,9 @@ from ._model import (
 )
 from ._protocols import EnqueueCallback, LeaseManager
 from ._records import decode_snapshot, encode_snapshot
+from ._writes import OutboxTransaction, Refused, Write, refusal_error, show_id
 
-__all__ = [
-    "BACKLOG_STATUSES",
-    "BaseCheckpointer",
-    "BaseLeaseManager",
-    "Busy",
-    "OutboxRow",
-    "OutboxTransaction",
-    "Refused",
-    "Write",
-    "show_id",
-]
+__all__ = ["BACKLOG_STATUSES", "BaseCheckpointer"]
 
 
 BACKLOG_STATUSES: frozenset[RunStatus] = frozenset({RunStatus.SUSPENDED, RunStatus.WAITING})
@@ -81,139 +61,6 @@ outside moves them on (an answer, a signal, a timer)."""
 
 _SCAN_PAGE = 500
 """Heads per ``_list_heads`` call of the default ``_oldest_heads`` scan."""
-
-
-def show_id(thread_id: str, limit: int = 80) -> str:
-    """``thread_id`` for error messages: quoted, and shortened past ``limit`` characters."""
-    if len(thread_id) <= limit:
-        return repr(thread_id)
-    return f"{thread_id[:limit]!r}… ({len(thread_id)} characters)"
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    """One outbox message to write: unique per (``thread_id``, ``committed_revision``)."""
-
-    thread_id: str
-    """The thread handed off."""
-    committed_revision: int
-    """The revision its hand-off committed (the intent's ``committed_snapshot_revision``)."""
-    payload: bytes
-    """The encoded intent (``encode_intent``)."""
-
-    @classmethod
-    def of(cls, intent: HandoffIntent) -> OutboxRow:
-        """The row of ``intent`` (its payload is ``encode_intent(intent)``)."""
-        return cls(intent.thread_id, intent.committed_snapshot_revision, encode_intent(intent))
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """One conditional write, as the base hands it to ``BaseCheckpointer._write``.
-
-    Write ``record`` as revision ``expected_revision + 1`` of ``summary.thread_id`` —
-    head and history — together with every row of ``outbox`` (one per thread and
-    committed revision), in ONE atomic operation,
-    and only if (a) the thread's head is at ``expected_revision`` (0: the thread does not
-    exist) and (b) with ``lease``, that lease (owner and fencing token) is the thread's
-    live lease; without, no live lease holds the thread. ``summary`` carries the head's
-    columns (for listing without decoding records). ``native`` holds the application's
-    own actions (checked by ``BaseCheckpointer._native_action``), written in the same
-    atomic operation.
-    """
-
-    expected_revision: int
-    record: bytes
-    summary: ThreadSummary
-    lease: Lease | None
-    outbox: tuple[OutboxRow, ...] = ()
-    native: tuple[object, ...] = ()
-
-    @property
-    def thread_id(self) -> str:
-        """The thread written."""
-        return self.summary.thread_id
-
-    @property
-    def revision(self) -> int:
-        """The revision the write creates."""
-        return self.expected_revision + 1
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """Why a conditional write wrote nothing: what the store saw when it refused.
-
-    ``actual_revision`` is the head's revision (0 if the thread does not exist);
-    ``holder`` the thread's live lease, if any.
-    """
-
-    actual_revision: int
-    holder: Lease | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Busy:
-    """What ``BaseLeaseManager._acquire`` returns when a live lease holds the thread."""
-
-    holder: Lease
-    """That live lease."""
-
-
-@dataclass(eq=False)
-class OutboxTransaction:
-    """The transaction handle ``save_with_outbox`` passes to its enqueue callback.
-
-    ``enqueue_intent_tx(tx, intent)`` of an outbox of the same store adds a row to it,
-    and the checkpointer's ``add_action(tx, action)`` an action of the application in
-    the store's own terms (where the store takes them); the checkpointer writes both in
-    the same atomic operation as the snapshot, at ``revision``. The handle is usable
-    only inside the callback.
-    """
-
-    domain: Hashable
-    """The store's coordination domain; only its outboxes may add rows."""
-    thread_id: str
-    """The thread being saved."""
-    revision: int
-    """The revision the save creates."""
-    rows: list[OutboxRow] = field(default_factory=lambda: [])
-    """The rows added so far."""
-    native: list[object] = field(default_factory=lambda: [])
-    """The application's actions added so far (``add_native``)."""
-    open: bool = True
-    """False once the enqueue callback returned: nothing more can be added."""
-
-    def add(self, domain: Hashable, row: OutboxRow) -> None:
-        """Add ``row`` from an outbox of ``domain``; a row of a (thread, committed
-        revision) added already is ignored, as the outbox keeps a live message as it is.
-
-        Raises ``ValueError`` if ``domain`` is not this transaction's store, and
-        ``RuntimeError`` once the callback has returned.
-        """
-        self._check(domain)
-        key = (row.thread_id, row.committed_revision)
-        if all((r.thread_id, r.committed_revision) != key for r in self.rows):
-            self.rows.append(row)
-
-    def add_native(self, domain: Hashable, action: object) -> None:
-        """Add ``action``, an action of the application checked by a checkpointer of
-        ``domain`` (the native hook: ``BaseCheckpointer.add_action``); raises as
-        :meth:`add`."""
-        self._check(domain)
-        self.native.append(action)
-
-    def _check(self, domain: Hashable) -> None:
-        if not self.open:
-            raise RuntimeError(
-                "the save_with_outbox transaction is over; add to it through its handle "
-                "only inside the enqueue callback, before it returns"
-            )
-        if domain != self.domain:
-            raise ValueError(
-                "the outbox and the checkpointer are not in one store, so their writes "
-                "cannot commit together; use the .outbox and .checkpointer of one Backend"
-            )
 
 
 def _text(column: object) -> str:
@@ -226,43 +73,6 @@ def _optional_time(name: str, column: object) -> float | None:
     if column is None or column in ("", b""):
         return None
     return check_time(name, float(_text(column)))
-
-
-def _diagnose(write: Write, refused: Refused, *, final: bool) -> FlowyError | None:
-    """The error ``refused`` explains, checking the lease first as stores fence first."""
-    thread = show_id(write.thread_id)
-    holder = refused.holder
-    lease = write.lease
-    if lease is not None:
-        if (
-            holder is None
-            or holder.owner != lease.owner
-            or holder.fencing_token != lease.fencing_token
-        ):
-            now = (
-                f"held by {holder.owner!r} (fencing token {holder.fencing_token})"
-                if holder is not None
-                else "free"
-            )
-            return LeaseLostError(
-                f"save refused: lease {lease.fencing_token} of {lease.owner!r} on thread "
-                f"{thread} is no longer live (fenced; the thread is {now}); stop this "
-                "run, it lost the thread"
-            )
-    elif holder is not None:
-        return ThreadLeaseBusyError(
-            f"thread {thread} is leased by {holder.owner!r} (fencing token "
-            f"{holder.fencing_token}); save with its lease, or wait for it to end"
-        )
-    if refused.actual_revision != write.expected_revision or final:
-        return ConcurrencyConflictError(
-            f"thread {thread} is at revision {refused.actual_revision}, not "
-            f"{write.expected_revision}; reload it and decide again",
-            thread_id=write.thread_id,
-            expected=write.expected_revision,
-            actual=refused.actual_revision,
-        )
-    return None
 
 
 class BaseCheckpointer(abc.ABC, Generic[S]):
@@ -528,9 +338,9 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         refused = await self._write(write)
         if refused is None:
             return write.revision
-        error = _diagnose(write, refused, final=False)
+        error = refusal_error(write, refused, final=False)
         if error is None:
-            error = _diagnose(write, await self._diagnose(write), final=True)
+            error = refusal_error(write, await self._diagnose(write), final=True)
         assert error is not None
         raise error
 
@@ -768,92 +578,3 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(codec={self.codec!r})"
-
-
-class BaseLeaseManager(abc.ABC):
-    """Exclusive, expiring, fenced leases over four primitives.
-
-    Subclasses set ``domain`` to the same value as their store's checkpointer.
-    """
-
-    domain: Hashable = None
-
-    @abc.abstractmethod
-    async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
-        """Atomically: if no live lease holds the thread, take it for ``ttl`` seconds
-        with a fencing token greater than every earlier one of the thread (release and
-        delete never reset it) and return it; else return :class:`Busy` with the holder."""
-
-    @abc.abstractmethod
-    async def _renew(self, lease: Lease, ttl: float) -> Lease | None:
-        """Atomically extend ``lease`` to now + ``ttl`` if it is the live lease (same
-        owner, compared exactly, and fencing token); else ``None``."""
-
-    @abc.abstractmethod
-    async def _release(self, lease: Lease) -> bool:
-        """Atomically give ``lease`` up if it is the live lease (keeping the token
-        counter); ``False`` if it expired or was taken over."""
-
-    @abc.abstractmethod
-    async def _holder(self, thread_id: str) -> Lease | None:
-        """The live lease on the thread, or ``None``."""
-
-    async def acquire(self, thread_id: str, owner: str, ttl: float) -> Lease:
-        """Take ``thread_id`` for ``owner`` for ``ttl`` seconds (``LeaseManager.acquire``)."""
-        validate_thread_id(thread_id)
-        check_owner(owner)
-        seconds = check_seconds(ttl, "lease ttl")
-        got = await self._acquire(thread_id, owner, seconds)
-        if isinstance(got, Busy):
-            holder = got.holder
-            raise ThreadLeaseBusyError(
-                f"thread {show_id(thread_id)} is leased by {holder.owner!r} (fencing token "
-                f"{holder.fencing_token}) until {holder.expires_at:.3f}; wait for it to end"
-            )
-        return got
-
-    async def acquire_system(self, name: str, owner: str, ttl: float) -> Lease:
-        """Take flowy's own lease ``name`` (e.g. the recovery leader's) for ``owner`` for
-        ``ttl`` seconds. Its key starts with ``SYSTEM_LEASE_PREFIX``, which no thread id can, so
-        it never collides with a thread; renew and release it like any lease."""
-        key = check_system_name(name)
-        check_owner(owner)
-        seconds = check_seconds(ttl, "lease ttl")
-        got = await self._acquire(key, owner, seconds)
-        if isinstance(got, Busy):
-            raise ThreadLeaseBusyError(
-                f"the {name!r} lease is held by {got.holder.owner!r} until "
-                f"{got.holder.expires_at:.3f}"
-            )
-        return got
-
-    async def renew(self, lease: Lease, ttl: float) -> Lease:
-        """Extend the live ``lease`` to now + ``ttl``; ``LeaseLostError`` if it is not
-        current."""
-        check_lease(lease)
-        seconds = check_seconds(ttl, "lease ttl")
-        renewed = await self._renew(lease, seconds)
-        if renewed is None:
-            raise self._lost(lease, "renew")
-        return renewed
-
-    async def release(self, lease: Lease) -> None:
-        """Give ``lease`` up; ``LeaseLostError`` if it expired or was taken over."""
-        check_lease(lease)
-        if not await self._release(lease):
-            raise self._lost(lease, "release")
-
-    async def holder(self, thread_id: str) -> Lease | None:
-        """The live lease on ``thread_id``, or ``None``."""
-        validate_thread_id(thread_id)
-        return await self._holder(thread_id)
-
-    @staticmethod
-    def _lost(lease: Lease, action: str) -> LeaseLostError:
-        return LeaseLostError(
-            f"cannot {action} lease {lease.fencing_token} of {lease.owner!r} on thread "
-            f"{show_id(lease.thread_id)}: it expired or was taken over"
-        )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol, cast, runtime_checkable
 
-from ._base import BaseCheckpointer, BaseLeaseManager
+from ._base import BaseCheckpointer
 from ._capabilities import Capabilities
 from ._guard import LeaseGuardCheckpointer
+from ._leases import BaseLeaseManager
 from ._model import Lease
 from ._outbox import BaseConsumer, BaseOutbox
 from ._protocols import (

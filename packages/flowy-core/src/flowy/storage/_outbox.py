@@ -18,10 +18,10 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 
 from .._errors import StorageError
-from ._base import OutboxRow, OutboxTransaction
 from ._checks import check_count, check_seconds
 from ._intents import decode_intent
 from ._model import DeadLetter, HandoffIntent, OutboxMessage, OutboxStats
+from ._writes import OutboxRow, OutboxTransaction
 
 __all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage"]
 

@@ -24,17 +24,12 @@ from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
 from ._base import BACKLOG_STATUSES as BACKLOG_STATUSES
 from ._base import BaseCheckpointer as BaseCheckpointer
-from ._base import BaseLeaseManager as BaseLeaseManager
-from ._base import Busy as Busy
-from ._base import OutboxRow as OutboxRow
-from ._base import Refused as Refused
-from ._base import Write as Write
-from ._base import show_id as show_id
 from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from ._connect import Connecting as Connecting
 from ._connect import register_backend as register_backend
 from ._intents import decode_intent as decode_intent
 from ._intents import encode_intent as encode_intent
+from ._leases import BaseLeaseManager as BaseLeaseManager
 from ._limits import MAX_DEPTH as MAX_DEPTH
 from ._limits import MAX_TIMESTAMP as MAX_TIMESTAMP
 from ._limits import MAX_VALUE_BYTES as MAX_VALUE_BYTES
@@ -60,6 +55,11 @@ from ._saving import confirmed_save as confirmed_save
 from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
 from ._scratch import open_scratch as open_scratch
 from ._scratch import sibling_url as sibling_url
+from ._writes import Busy as Busy
+from ._writes import OutboxRow as OutboxRow
+from ._writes import Refused as Refused
+from ._writes import Write as Write
+from ._writes import show_id as show_id
 
 __all__ = [
     "BACKLOG_STATUSES",

@@ -30,6 +30,7 @@ from ._delivery import *  # noqa: F403
 from ._durable import *  # noqa: F403
 from ._fanout import *  # noqa: F403
 from ._fork import *  # noqa: F403
+from ._integrity import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
