@@ -187,7 +187,7 @@ class HandoffSegment(Segment[S, E]):
             and self.state == self.start_state
         )
 
-    async def _handoff(self, reason: str) -> RunResult[S, E]:
+    async def handoff(self, reason: str) -> RunResult[S, E]:
         """Persist a hand-off at ``self.pointer`` (transactional or three-phase)."""
         if self._no_progress():
             self._warn_no_progress()
@@ -195,13 +195,13 @@ class HandoffSegment(Segment[S, E]):
         outbox = self.services.outbox
         store = self.services.store
         if cp is None or store is None:
-            result = self._result(RunStatus.HANDOFF, reason)
-            self._emit(EventType.HANDOFF, reason=reason, execution_pointer=self.pointer)
+            result = self.result(RunStatus.HANDOFF, reason)
+            self.emit(EventType.HANDOFF, reason=reason, execution_pointer=self.pointer)
             return result
         error: BaseException | None = None
         handoff_status = HandoffStatus.NONE
         if outbox is None:
-            error = await self._save_or_stop(self._snapshot(RunStatus.HANDOFF, reason), "handoff")
+            error = await self.save_or_stop(self.snapshot(RunStatus.HANDOFF, reason), "handoff")
         elif store.transactional is not None:
             error = await self._handoff_tx(*store.transactional, reason)
             handoff_status = HandoffStatus.ENQUEUED
@@ -209,7 +209,7 @@ class HandoffSegment(Segment[S, E]):
             reason, handoff_status, error = await self._handoff_three_phase(cp, outbox, reason)
         persisted = not isinstance(error, CheckpointSkippedError)
         if persisted:
-            reason, retention_error = await self._retention(reason, "handoff")
+            reason, retention_error = await self.retention(reason, "handoff")
             if retention_error is not None:
                 if isinstance(error, HandoffEnqueueFailedError):
                     # Still catchable as what it is, and still saying handoff_orphaned
@@ -224,10 +224,10 @@ class HandoffSegment(Segment[S, E]):
         else:
             reason = Reason.HANDOFF_CHECKPOINT_SKIPPED
             handoff_status = HandoffStatus.NONE
-        result = self._result(
+        result = self.result(
             RunStatus.HANDOFF, reason, token=persisted, error=error, handoff_status=handoff_status
         )
-        self._emit(
+        self.emit(
             EventType.HANDOFF,
             reason=reason,
             execution_pointer=self.pointer,
@@ -238,7 +238,7 @@ class HandoffSegment(Segment[S, E]):
     async def _handoff_three_phase(
         self, cp: Checkpointer[S], outbox: Outbox, reason: str
     ) -> tuple[str, HandoffStatus, BaseException | None]:
-        snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, self.clock())
+        snap = self.snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, self.clock())
         try:
             await self._save(snap)
         except LeaseLostError as exc:
@@ -279,7 +279,7 @@ class HandoffSegment(Segment[S, E]):
         outbox: TransactionalOutbox,
         reason: str,
     ) -> BaseException | None:
-        snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, self.clock())
+        snap = self.snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, self.clock())
         thread_id = self.thread_id
         clock = self.clock
 

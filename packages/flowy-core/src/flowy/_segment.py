@@ -1,6 +1,8 @@
 """What every part of a run segment shares: its mutable state, the services it uses,
 results and snapshots built from it, saves with their failure policy, events and the
-lifecycle telemetry. ``_handoff`` and ``_execution`` build on this class.
+lifecycle telemetry, terminal results. ``_handoff`` and ``_execution`` build on this
+class; the collaborators of an ``Execution`` (``_routing``, ``_pauses``, ``_superstep``,
+``_nested``) use its methods without the leading underscore, their shared surface.
 """
 
 from __future__ import annotations
@@ -131,6 +133,10 @@ class Segment(Generic[S, E]):
     """The state of one run segment (a start or a resume) and its shared machinery."""
 
     interrupt_kind: InterruptKind | None
+    in_node: bool = False
+    """A node of the run is being awaited (an interrupt cancels it)."""
+    step_state: Any = None
+    """The state before the current step (a paused superstep goes back to it)."""
 
     def __init__(
         self,
@@ -179,7 +185,7 @@ class Segment(Generic[S, E]):
         self.start_state = state
 
     # -- the store's optional parts (chosen when the runner was built) -----------------
-    def _durable(self, what: str) -> DurableCheckpointer[S]:
+    def durable(self, what: str) -> DurableCheckpointer[S]:
         """The store's timers and inbox; ``TypeError`` naming ``what`` if it keeps none."""
         store = self.services.store
         durable = store.durable if store is not None else None
@@ -196,13 +202,13 @@ class Segment(Generic[S, E]):
         return type(store.backend.checkpointer).__name__ if store is not None else "NoneType"
 
     @property
-    def _merge(self) -> Merge | None:
+    def merge(self) -> Merge | None:
         """The store codec's ``merge``, which validates merged fields (``None``: none)."""
         store = self.services.store
         return store.merge if store is not None else None
 
     # -- events and telemetry --------------------------------------------------------
-    def _emit(self, type_: EventType, **kw: Any) -> None:
+    def emit(self, type_: EventType, **kw: Any) -> None:
         if self.sink is not None:
             self.sink.emit(RunEvent(type_, self.thread_id, **kw))
 
@@ -235,7 +241,7 @@ class Segment(Generic[S, E]):
         self._publish(type_, status=status.value, error=error)
 
     # -- results and snapshots -------------------------------------------------------
-    def _result(
+    def result(
         self,
         status: RunStatus,
         reason: str,
@@ -261,7 +267,7 @@ class Segment(Generic[S, E]):
             revision=self.revision,
         )
 
-    def _snapshot(
+    def snapshot(
         self,
         status: RunStatus,
         reason: str,
@@ -328,14 +334,14 @@ class Segment(Generic[S, E]):
         if tracing is not None:
             tracing.lease_lost(self.thread_id)
         self._publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
-        result = self._result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
-        self._emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)
+        result = self.result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
+        self.emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)
         return Stop(result)
 
     def _skipped(self, kind: str, exc: BaseException) -> CheckpointSkippedError:
         """SKIP_ON_SAVE_ERROR skipped the ``kind`` checkpoint: event, observer, log."""
         reason = f"{kind}_checkpoint_skipped"
-        self._emit(
+        self.emit(
             EventType.CHECKPOINT_FAILED,
             reason=reason,
             execution_pointer=self.pointer,
@@ -354,11 +360,11 @@ class Segment(Generic[S, E]):
         the result, the event and the observer."""
         reason = f"{kind}_save_failed"
         self._publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
-        result = self._result(RunStatus.FAILED, reason, error=exc)
-        self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
+        result = self.result(RunStatus.FAILED, reason, error=exc)
+        self.emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         raise Stop(result) from exc
 
-    async def _save_or_stop(self, snap: Snapshot[S], kind: str) -> BaseException | None:
+    async def save_or_stop(self, snap: Snapshot[S], kind: str) -> BaseException | None:
         """Save ``snap``: ``None`` once persisted, the ``CheckpointSkippedError`` when the
         policy skipped it; a hard failure raises ``Stop`` (reason ``{kind}_save_failed``)."""
         try:
@@ -371,7 +377,7 @@ class Segment(Generic[S, E]):
                 return self._skipped(kind, exc)
             self._save_failed(kind, exc)
 
-    async def _retention(self, base_reason: str, kind: str) -> tuple[str, BaseException | None]:
+    async def retention(self, base_reason: str, kind: str) -> tuple[str, BaseException | None]:
         """In-loop prune after a persisted suspend/handoff/cancel save."""
         limit = self.graph.retention_limit
         if limit is None or self.cp is None:
@@ -383,10 +389,28 @@ class Segment(Generic[S, E]):
             return f"{kind}_retention_failed", exc
         return base_reason, None
 
-    def _fail_unsaved(self, reason: str, error: BaseException) -> RunResult[S, E]:
+    async def _terminal(self, status: RunStatus, reason: str, event: EventType) -> RunResult[S, E]:
+        """Save a completed/failed snapshot and build the result."""
+        kind = "completed" if status is RunStatus.COMPLETED else "failed"
+        error: BaseException | None = None
+        if self.cp is not None:
+            error = await self.save_or_stop(self.snapshot(status, reason), kind)
+            if error is not None:
+                reason = f"{kind}_checkpoint_skipped"
+        result = self.result(status, reason, error=error)
+        self.emit(event, reason=reason, execution_pointer=self.pointer, state=self.state)
+        return result
+
+    async def fail(self, reason: str, error: BaseException | None = None) -> RunResult[S, E]:
+        result = await self._terminal(RunStatus.FAILED, reason, EventType.FAILED)
+        if error is not None and result.error is None:
+            result.error = error
+        return result
+
+    def fail_unsaved(self, reason: str, error: BaseException) -> RunResult[S, E]:
         """A node/reducer/router exception: nothing is saved; the last checkpoint stays."""
-        result = self._result(RunStatus.FAILED, reason, error=error)
-        self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
+        result = self.result(RunStatus.FAILED, reason, error=error)
+        self.emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         return result
 
 
