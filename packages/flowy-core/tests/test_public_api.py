@@ -52,6 +52,7 @@ RANK = {
     "_nested": 9,
     "_execution": 9,
     "_preflight": 10,
+    "_fork": 10,
     "_runner": 10,
     "_worker": 11,
     "patterns": 11,

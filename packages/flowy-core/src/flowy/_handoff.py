@@ -23,7 +23,7 @@ from ._errors import (
 )
 from ._events import EventType
 from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
-from ._results import Reason, RunResult
+from ._results import HandoffRecoveryResult, Reason, ResumeDecision, RunResult
 from ._segment import Segment
 from ._types import E, ResumeToken, S
 from .storage import (
@@ -39,7 +39,7 @@ from .storage import (
 )
 from .storage.dialect import confirm_save, confirmed_save, new_write_id
 
-__all__ = ["HandoffSegment", "carrier", "three_phase_tail"]
+__all__ = ["HandoffSegment", "carrier", "recover_handoff", "three_phase_tail"]
 
 logger = logging.getLogger("flowy")
 
@@ -331,3 +331,52 @@ class HandoffSegment(Segment[S, E]):
             self.pointer,
         )
         self._publish(LifecycleEventType.NO_PROGRESS, reason=self.pointer)
+
+
+async def recover_handoff(
+    cp: Checkpointer[Any],
+    outbox: Outbox,
+    snap: Snapshot[Any],
+    revision: int,
+    decision: ResumeDecision,
+    clock: Callable[[], float],
+    telemetry: Telemetry,
+) -> HandoffRecoveryResult:
+    """Re-enqueue the hand-off of ``snap`` (head revision ``revision``, already judged
+    recoverable by ``decision``) by the three-phase path, and report it to ``telemetry``."""
+    pending = replace(snap, handoff_pending_at=snap.handoff_pending_at or clock())
+    try:
+        token = await three_phase_tail(cp, outbox, pending, revision, None, clock, telemetry)
+    except HandoffEnqueueFailedError as exc:
+        telemetry.publish(
+            LifecycleEvent(
+                LifecycleEventType.HANDOFF_RECOVERY_FAILED,
+                snap.thread_id,
+                revision=revision,
+                error=str(exc),
+            )
+        )
+        failed_at = exc.resume_token
+        exc.result = HandoffRecoveryResult(
+            decision=decision,
+            resume_token=failed_at,
+            snapshot_revision=failed_at.snapshot_revision if failed_at else revision,
+            handoff_status=HandoffStatus.ORPHANED if exc.orphaned else HandoffStatus.ENQUEUED,
+            recovered_from=snap.handoff_status,
+            forced=snap.handoff_status is HandoffStatus.ENQUEUED,
+            error=exc,
+        )
+        raise
+    telemetry.publish(
+        LifecycleEvent(
+            LifecycleEventType.HANDOFF_RECOVERED, snap.thread_id, revision=token.snapshot_revision
+        )
+    )
+    return HandoffRecoveryResult(
+        decision=decision,
+        resume_token=token,
+        snapshot_revision=token.snapshot_revision,
+        handoff_status=HandoffStatus.ENQUEUED,
+        recovered_from=snap.handoff_status,
+        forced=snap.handoff_status is HandoffStatus.ENQUEUED,
+    )
