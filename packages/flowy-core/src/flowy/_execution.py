@@ -5,7 +5,7 @@ interrupts (stop, local hand-off, lost lease, cancellation).
 everything between the first node and the terminal result happens here, with
 collaborators it composes: ``_routing`` (where a completed node goes), ``_pauses``
 (suspends and waits), ``_superstep`` (parallel edges and fan-outs) and ``_nested``
-(subgraph nodes). The hand-off paths are in ``_handoff``, the shared machinery (state,
+(subgraph nodes). Hand-offs are ``_handoff``'s ``Handoffs``, the shared machinery (state,
 saves, terminal results) in ``_segment``.
 """
 
@@ -23,13 +23,13 @@ from ._directives import Directive, DirectiveKind
 from ._errors import LeaseLostError, UnknownNodeError
 from ._events import EventType, InterruptKind
 from ._fanout import SAME_STATE, Branch
-from ._handoff import HandoffSegment
+from ._handoff import Handoffs
 from ._nested import Subgraphs
 from ._observer import LifecycleEventType
 from ._pauses import Pauses
 from ._results import Reason, RunResult
 from ._routing import route
-from ._segment import Stop, maybe_await, unregister_run
+from ._segment import Segment, Stop, maybe_await, unregister_run
 from ._superstep import Supersteps
 from ._types import E, S
 from .storage import RunStatus
@@ -41,7 +41,7 @@ logger = logging.getLogger("flowy")
 _CANCEL_SAVE_TIMEOUT = 10.0
 
 
-class Execution(HandoffSegment[S, E]):
+class Execution(Segment[S, E]):
     """One run segment: the loop of a start or a resume, with its lease and interrupts."""
 
     task: asyncio.Task[Any] | None = None
@@ -55,14 +55,19 @@ class Execution(HandoffSegment[S, E]):
         return Pauses(self)
 
     @cached_property
+    def handoffs(self) -> Handoffs[S, E]:
+        """Hand-offs (transactional or three-phase)."""
+        return Handoffs(self)
+
+    @cached_property
     def supersteps(self) -> Supersteps[S, E]:
         """Parallel edges and fan-outs."""
-        return Supersteps(self, self.pauses)
+        return Supersteps(self, self.pauses, self.handoffs)
 
     @cached_property
     def subgraphs(self) -> Subgraphs[S, E]:
         """Subgraph nodes."""
-        return Subgraphs(self, self.pauses, self._after_step, self._on_interrupt)
+        return Subgraphs(self, self.pauses, self.handoffs, self._after_step, self._on_interrupt)
 
     # -------------------------------------------------------------- control
     def interrupt(self, kind: InterruptKind) -> None:
@@ -230,7 +235,7 @@ class Execution(HandoffSegment[S, E]):
             if meta.step_count >= max_steps:
                 return await self.fail(Reason.MAX_STEPS_EXCEEDED)
             if max_total is not None and meta.total_steps >= max_total:
-                self._publish(LifecycleEventType.STEP_LIMIT_EXCEEDED, reason=pointer)
+                self.publish(LifecycleEventType.STEP_LIMIT_EXCEEDED, reason=pointer)
                 return await self.fail(Reason.MAX_TOTAL_STEPS_EXCEEDED)
             meta.node = pointer
             if pointer in subgraphs:
@@ -374,7 +379,7 @@ class Execution(HandoffSegment[S, E]):
                     UnknownNodeError(f"handoff resume_at names unknown node {target!r}"),
                 )
             self.pointer = target
-            return await self.handoff(directive.reason)
+            return await self.handoffs.handoff(directive.reason)
         else:  # pragma: no cover - every kind is handled above
             raise AssertionError(f"unhandled directive {directive!r}")
         if save_steps:
@@ -388,9 +393,9 @@ class Execution(HandoffSegment[S, E]):
                     f"the lease on thread {self.thread_id!r:.200} was lost; the run stopped "
                     "without saving (another worker may own the thread now)"
                 )
-                raise self._lease_lost(err)
+                raise self.lease_lost(err)
             if kind == "handoff":
-                return await self.handoff(Reason.LOCAL_HANDOFF)
+                return await self.handoffs.handoff(Reason.LOCAL_HANDOFF)
             return await self._cancel_save()
         except Stop as stop:
             return cast(RunResult[S, E], stop.result)
@@ -405,18 +410,18 @@ class Execution(HandoffSegment[S, E]):
         persisted = False
         if self.cp is not None:
             try:
-                await self._save(self.snapshot(RunStatus.CANCELED, reason))
+                await self.save(self.snapshot(RunStatus.CANCELED, reason))
                 persisted = True
             except LeaseLostError as exc:
-                raise self._lease_lost(exc) from exc
+                raise self.lease_lost(exc) from exc
             except Exception as exc:  # noqa: BLE001 - a failed cancel save is reported on the result and event
                 if self.skip_saves:
                     reason = Reason.CONTEXT_CANCELED_CHECKPOINT_SKIPPED
-                    error = self._skipped("context_canceled", exc)
+                    error = self.skipped("context_canceled", exc)
                 else:
                     reason = Reason.CONTEXT_CANCELED_SAVE_FAILED
                     error = exc
-                    self._publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
+                    self.publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
                     logger.warning(
                         "flowy: the cancel checkpoint of thread %r failed: %r", self.thread_id, exc
                     )

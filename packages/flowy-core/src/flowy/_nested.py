@@ -12,11 +12,11 @@ from typing import Any, Generic, cast
 from ._activities import RetryLater
 from ._directives import Directive, DirectiveKind
 from ._events import EventType, InterruptKind
-from ._handoff import HandoffSegment
+from ._handoff import Handoffs
 from ._pauses import Pauses
 from ._results import Reason, RunResult
 from ._routing import route
-from ._segment import maybe_await
+from ._segment import Segment, maybe_await
 from ._types import E, S
 from ._waits import next_signal, take_signal
 from .storage import RunStatus, StateCodec
@@ -27,18 +27,20 @@ __all__ = ["Subgraphs"]
 
 class Subgraphs(Generic[S, E]):
     """The subgraph nodes of the segment ``seg``: a pause inside goes through
-    ``pauses``, an interrupt to ``on_interrupt``, the node's own directive (once the
-    child ended) to ``after_step``."""
+    ``pauses`` (a hand-off through ``handoffs``), an interrupt to ``on_interrupt``, the
+    node's own directive (once the child ended) to ``after_step``."""
 
     def __init__(
         self,
-        seg: HandoffSegment[S, E],
+        seg: Segment[S, E],
         pauses: Pauses[S, E],
+        handoffs: Handoffs[S, E],
         after_step: Callable[[str, Directive[E], bool], Awaitable[RunResult[S, E] | None]],
         on_interrupt: Callable[[InterruptKind], Awaitable[RunResult[S, E]]],
     ) -> None:
         self.seg = seg
         self.pauses = pauses
+        self.handoffs = handoffs
         self.after_step = after_step
         self.on_interrupt = on_interrupt
 
@@ -128,7 +130,7 @@ class Subgraphs(Generic[S, E]):
                 )
             elif kind is DirectiveKind.HANDOFF:
                 self.nest(name, target, cstate, codec)
-                return await seg.handoff(directive.reason)
+                return await self.handoffs.handoff(directive.reason)
             elif kind is DirectiveKind.WAIT:
                 signal = directive.signal
                 timeout_to = directive.on_timeout or child.timeout_routes.get(cptr, "")

@@ -1,8 +1,9 @@
 """What every part of a run segment shares: its mutable state, the services it uses,
 results and snapshots built from it, saves with their failure policy, events and the
-lifecycle telemetry, terminal results. ``_handoff`` and ``_execution`` build on this
-class; the collaborators of an ``Execution`` (``_routing``, ``_pauses``, ``_superstep``,
-``_nested``) use its methods without the leading underscore, their shared surface.
+lifecycle telemetry, terminal results. ``_execution`` builds on this class; the
+collaborators of an ``Execution`` (``_routing``, ``_pauses``, ``_superstep``, ``_nested``,
+``_handoff``) take the segment and use its methods without a leading underscore, their
+shared surface.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ class Segment(Generic[S, E]):
         if self.sink is not None:
             self.sink.emit(RunEvent(type_, self.thread_id, **kw))
 
-    def _publish(
+    def publish(
         self,
         type_: LifecycleEventType,
         *,
@@ -233,12 +234,12 @@ class Segment(Generic[S, E]):
             )
         )
 
-    def _count(
+    def count(
         self, status: HandoffMetricStatus, type_: LifecycleEventType, error: BaseException
     ) -> None:
         """Count a failed hand-off under its metric label and tell the observers."""
         self.telemetry.count_handoff(status)
-        self._publish(type_, status=status.value, error=error)
+        self.publish(type_, status=status.value, error=error)
 
     # -- results and snapshots -------------------------------------------------------
     def result(
@@ -307,7 +308,7 @@ class Segment(Generic[S, E]):
         )
 
     # -- saves -----------------------------------------------------------------------
-    async def _save(self, snap: Snapshot[S]) -> None:
+    async def save(self, snap: Snapshot[S]) -> None:
         assert self.cp is not None
         tracing = _tracing.active()
         if tracing is None:
@@ -328,17 +329,17 @@ class Segment(Generic[S, E]):
         finally:
             tracing.save(self.thread_id, self.store, time.perf_counter() - started, outcome)
 
-    def _lease_lost(self, exc: BaseException) -> Stop:
+    def lease_lost(self, exc: BaseException) -> Stop:
         self.interrupt_kind = "lease_lost"
         tracing = _tracing.active()
         if tracing is not None:
             tracing.lease_lost(self.thread_id)
-        self._publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
+        self.publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
         result = self.result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
         self.emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)
         return Stop(result)
 
-    def _skipped(self, kind: str, exc: BaseException) -> CheckpointSkippedError:
+    def skipped(self, kind: str, exc: BaseException) -> CheckpointSkippedError:
         """SKIP_ON_SAVE_ERROR skipped the ``kind`` checkpoint: event, observer, log."""
         reason = f"{kind}_checkpoint_skipped"
         self.emit(
@@ -347,7 +348,7 @@ class Segment(Generic[S, E]):
             execution_pointer=self.pointer,
             node=self.pointer,
         )
-        self._publish(LifecycleEventType.CHECKPOINT_SKIPPED, reason=reason, error=exc)
+        self.publish(LifecycleEventType.CHECKPOINT_SKIPPED, reason=reason, error=exc)
         logger.warning("flowy: %s checkpoint of %r skipped: %s", kind, self.thread_id, exc)
         skipped = CheckpointSkippedError(
             f"the {kind} checkpoint of thread {self.thread_id!r:.200} was skipped: {exc}"
@@ -355,11 +356,11 @@ class Segment(Generic[S, E]):
         skipped.__cause__ = exc
         return skipped
 
-    def _save_failed(self, kind: str, exc: BaseException) -> NoReturn:
+    def save_failed(self, kind: str, exc: BaseException) -> NoReturn:
         """A hard save failure (FAIL_ON_SAVE_ERROR): a failed result, the same reason on
         the result, the event and the observer."""
         reason = f"{kind}_save_failed"
-        self._publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
+        self.publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
         result = self.result(RunStatus.FAILED, reason, error=exc)
         self.emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         raise Stop(result) from exc
@@ -368,14 +369,14 @@ class Segment(Generic[S, E]):
         """Save ``snap``: ``None`` once persisted, the ``CheckpointSkippedError`` when the
         policy skipped it; a hard failure raises ``Stop`` (reason ``{kind}_save_failed``)."""
         try:
-            await self._save(snap)
+            await self.save(snap)
             return None
         except LeaseLostError as exc:
-            raise self._lease_lost(exc) from exc
+            raise self.lease_lost(exc) from exc
         except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
             if self.skip_saves:
-                return self._skipped(kind, exc)
-            self._save_failed(kind, exc)
+                return self.skipped(kind, exc)
+            self.save_failed(kind, exc)
 
     async def retention(self, base_reason: str, kind: str) -> tuple[str, BaseException | None]:
         """In-loop prune after a persisted suspend/handoff/cancel save."""
@@ -385,7 +386,7 @@ class Segment(Generic[S, E]):
         try:
             await self.cp.prune(self.thread_id, limit)
         except Exception as exc:  # noqa: BLE001 - reported on the result; the run is not failed
-            self._publish(LifecycleEventType.RETENTION_FAILED, reason=kind, error=exc)
+            self.publish(LifecycleEventType.RETENTION_FAILED, reason=kind, error=exc)
             return f"{kind}_retention_failed", exc
         return base_reason, None
 

@@ -8,10 +8,10 @@ from typing import Generic
 from ._directives import Directive, DirectiveKind
 from ._events import EventType
 from ._fanout import Branch, journal_of, run_branches
-from ._handoff import HandoffSegment
+from ._handoff import Handoffs
 from ._pauses import Pauses
 from ._results import Reason, RunResult
-from ._segment import maybe_await
+from ._segment import Segment, maybe_await
 from ._types import E, S
 
 __all__ = ["Supersteps"]
@@ -19,11 +19,12 @@ __all__ = ["Supersteps"]
 
 class Supersteps(Generic[S, E]):
     """The supersteps of the segment ``seg``; a paused branch pauses it with ``pauses``
-    (or hands it off)."""
+    (or hands it off with ``handoffs``)."""
 
-    def __init__(self, seg: HandoffSegment[S, E], pauses: Pauses[S, E]) -> None:
+    def __init__(self, seg: Segment[S, E], pauses: Pauses[S, E], handoffs: Handoffs[S, E]) -> None:
         self.seg = seg
         self.pauses = pauses
+        self.handoffs = handoffs
 
     async def run(
         self, origin: str, branches: list[Branch], then: str, concurrency: int | None
@@ -82,7 +83,7 @@ class Supersteps(Generic[S, E]):
                 return await self.pauses.suspend(
                     Directive(DirectiveKind.SUSPEND, reason=first.reason, resume_at=origin)
                 )
-            return await seg.handoff(first.reason)
+            return await self.handoffs.handoff(first.reason)
         reducer = graph.reducer
         try:
             for outcome in outcomes:
