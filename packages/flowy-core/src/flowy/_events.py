@@ -1,4 +1,5 @@
-"""Run events and the ``StreamHandle``: watch a run, stop it, hand it off, collect it.
+"""Run events and the ``StreamHandle``: watch a run, stop it, hand it off, collect it
+(``StreamStart`` is what ``Runner.stream`` returns before the handle).
 
 Events are best-effort progress: a slow or absent consumer never blocks the run (the
 buffer drops the oldest progress events when full, never the terminal one). The
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Protocol
@@ -30,6 +31,7 @@ __all__ = [
     "RunEvent",
     "StreamCollectResult",
     "StreamHandle",
+    "StreamStart",
 ]
 
 
@@ -360,3 +362,34 @@ class StreamHandle(Generic[S, E]):
                 raise
         if self._collector is not None and not self._collector.done():
             self._collector.cancel()
+
+
+class StreamStart(Generic[S, E]):
+    """What ``Runner.stream`` / ``resume_stream`` return: await it for the
+    ``StreamHandle``, or use it as ``async with`` so the run is stopped (with its
+    terminal save) and awaited when the block ends.
+
+    Args:
+        opening: the coroutine that runs the preflight, starts the run and returns its
+            handle (awaited once).
+    """
+
+    def __init__(self, opening: Coroutine[Any, Any, StreamHandle[S, E]]) -> None:
+        self._opening = opening
+        self._handle: StreamHandle[S, E] | None = None
+
+    def __await__(self) -> Generator[Any, None, StreamHandle[S, E]]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> StreamHandle[S, E]:
+        self._handle = await self._opening
+        return self._handle
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._handle is not None:
+            await self._handle.__aexit__(exc_type, exc, tb)

@@ -1,6 +1,6 @@
 """Hand-offs: the transactional path (one ``save_with_outbox``) and the three-phase FSM
 (save pending → patch enqueued → enqueue the intent; an enqueue failure patches the
-snapshot orphaned), shared by runs (``HandoffSegment``) and recovery
+snapshot orphaned), shared by runs (``Handoffs``) and recovery
 (``three_phase_tail``).
 
 Every failure is counted under its ``handoff_enqueued_total`` label and published to
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Generic
 
 from . import _tracing
 from ._errors import (
@@ -23,7 +23,7 @@ from ._errors import (
 )
 from ._events import EventType
 from ._observer import HandoffMetricStatus, LifecycleEvent, LifecycleEventType, Telemetry
-from ._results import Reason, RunResult
+from ._results import HandoffRecoveryResult, Reason, ResumeDecision, RunResult
 from ._segment import Segment
 from ._types import E, ResumeToken, S
 from .storage import (
@@ -39,7 +39,7 @@ from .storage import (
 )
 from .storage.dialect import confirm_save, confirmed_save, new_write_id
 
-__all__ = ["HandoffSegment", "carrier", "three_phase_tail"]
+__all__ = ["Handoffs", "carrier", "recover_handoff", "three_phase_tail"]
 
 logger = logging.getLogger("flowy")
 
@@ -175,33 +175,38 @@ async def three_phase_tail(
     return token
 
 
-class HandoffSegment(Segment[S, E]):
-    """The hand-off terminal path of a segment."""
+class Handoffs(Generic[S, E]):
+    """The hand-off terminal path of the segment ``seg``."""
+
+    def __init__(self, seg: Segment[S, E]) -> None:
+        self.seg = seg
 
     def _no_progress(self) -> bool:
         """True when the segment hands off where it started with the state it started
         with: a graph that hands off to itself without doing anything."""
+        seg = self.seg
         return (
-            self.meta.step_count > 0
-            and self.pointer == self.start_pointer
-            and self.state == self.start_state
+            seg.meta.step_count > 0
+            and seg.pointer == seg.start_pointer
+            and seg.state == seg.start_state
         )
 
-    async def _handoff(self, reason: str) -> RunResult[S, E]:
-        """Persist a hand-off at ``self.pointer`` (transactional or three-phase)."""
+    async def handoff(self, reason: str) -> RunResult[S, E]:
+        """Persist a hand-off at the segment's pointer (transactional or three-phase)."""
+        seg = self.seg
         if self._no_progress():
             self._warn_no_progress()
-        cp = self.cp
-        outbox = self.services.outbox
-        store = self.services.store
+        cp = seg.cp
+        outbox = seg.services.outbox
+        store = seg.services.store
         if cp is None or store is None:
-            result = self._result(RunStatus.HANDOFF, reason)
-            self._emit(EventType.HANDOFF, reason=reason, execution_pointer=self.pointer)
+            result = seg.result(RunStatus.HANDOFF, reason)
+            seg.emit(EventType.HANDOFF, reason=reason, execution_pointer=seg.pointer)
             return result
         error: BaseException | None = None
         handoff_status = HandoffStatus.NONE
         if outbox is None:
-            error = await self._save_or_stop(self._snapshot(RunStatus.HANDOFF, reason), "handoff")
+            error = await seg.save_or_stop(seg.snapshot(RunStatus.HANDOFF, reason), "handoff")
         elif store.transactional is not None:
             error = await self._handoff_tx(*store.transactional, reason)
             handoff_status = HandoffStatus.ENQUEUED
@@ -209,7 +214,7 @@ class HandoffSegment(Segment[S, E]):
             reason, handoff_status, error = await self._handoff_three_phase(cp, outbox, reason)
         persisted = not isinstance(error, CheckpointSkippedError)
         if persisted:
-            reason, retention_error = await self._retention(reason, "handoff")
+            reason, retention_error = await seg.retention(reason, "handoff")
             if retention_error is not None:
                 if isinstance(error, HandoffEnqueueFailedError):
                     # Still catchable as what it is, and still saying handoff_orphaned
@@ -224,13 +229,13 @@ class HandoffSegment(Segment[S, E]):
         else:
             reason = Reason.HANDOFF_CHECKPOINT_SKIPPED
             handoff_status = HandoffStatus.NONE
-        result = self._result(
+        result = seg.result(
             RunStatus.HANDOFF, reason, token=persisted, error=error, handoff_status=handoff_status
         )
-        self._emit(
+        seg.emit(
             EventType.HANDOFF,
             reason=reason,
-            execution_pointer=self.pointer,
+            execution_pointer=seg.pointer,
             resume_token=result.resume_token,
         )
         return result
@@ -238,39 +243,38 @@ class HandoffSegment(Segment[S, E]):
     async def _handoff_three_phase(
         self, cp: Checkpointer[S], outbox: Outbox, reason: str
     ) -> tuple[str, HandoffStatus, BaseException | None]:
-        snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, self.clock())
+        seg = self.seg
+        snap = seg.snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, seg.clock())
         try:
-            await self._save(snap)
+            await seg.save(snap)
         except LeaseLostError as exc:
-            raise self._lease_lost(exc) from exc
+            raise seg.lease_lost(exc) from exc
         except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
-            self._count(
-                HandoffMetricStatus.SAVE_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc
-            )
-            if not self.skip_saves:
-                self._save_failed("handoff", exc)
-            return reason, HandoffStatus.NONE, self._skipped("handoff", exc)
+            seg.count(HandoffMetricStatus.SAVE_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc)
+            if not seg.skip_saves:
+                seg.save_failed("handoff", exc)
+            return reason, HandoffStatus.NONE, seg.skipped("handoff", exc)
         try:
             token = await three_phase_tail(
                 cp,
                 outbox,
-                snap.at_revision(self.revision),
-                self.revision,
-                self.lease,
-                self.clock,
-                self.telemetry,
+                snap.at_revision(seg.revision),
+                seg.revision,
+                seg.lease,
+                seg.clock,
+                seg.telemetry,
             )
         except LeaseLostError as exc:
-            raise self._lease_lost(exc) from exc
+            raise seg.lease_lost(exc) from exc
         except HandoffPatchFailedError as exc:
             return reason, HandoffStatus.PENDING, exc
         except HandoffEnqueueFailedError as exc:
             if exc.resume_token is not None:
-                self.revision = exc.resume_token.snapshot_revision
+                seg.revision = exc.resume_token.snapshot_revision
             if exc.orphaned:
                 return Reason.HANDOFF_ORPHANED, HandoffStatus.ORPHANED, exc
             return reason, HandoffStatus.ENQUEUED, exc
-        self.revision = token.snapshot_revision
+        seg.revision = token.snapshot_revision
         return reason, HandoffStatus.ENQUEUED, None
 
     async def _handoff_tx(
@@ -279,9 +283,10 @@ class HandoffSegment(Segment[S, E]):
         outbox: TransactionalOutbox,
         reason: str,
     ) -> BaseException | None:
-        snap = self._snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, self.clock())
-        thread_id = self.thread_id
-        clock = self.clock
+        seg = self.seg
+        snap = seg.snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, seg.clock())
+        thread_id = seg.thread_id
+        clock = seg.clock
 
         async def enqueue(tx: object, revision: int) -> None:
             await outbox.enqueue_intent_tx(
@@ -301,33 +306,81 @@ class HandoffSegment(Segment[S, E]):
             )
 
         try:
-            self.revision = await cp.save_with_outbox(
-                self.revision, snap, enqueue, lease=self.lease
-            )
+            seg.revision = await cp.save_with_outbox(seg.revision, snap, enqueue, lease=seg.lease)
         except LeaseLostError as exc:
-            raise self._lease_lost(exc) from exc
+            raise seg.lease_lost(exc) from exc
         except Exception as exc:  # noqa: BLE001 - any commit failure: resolve the outcome, then the policy
             try:
-                landed = await confirm_save(cp, self.revision, snap)
+                landed = await confirm_save(cp, seg.revision, snap)
             except Exception:  # noqa: BLE001 - still unknown: treated as not landed
                 landed = None
             if landed is None:
-                self._count(
+                seg.count(
                     HandoffMetricStatus.COMMIT_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc
                 )
-                if not self.skip_saves:
-                    self._save_failed("handoff", exc)
-                return self._skipped("handoff", exc)
-            self.revision = landed
-        self.telemetry.count_handoff(HandoffMetricStatus.SUCCESS)
-        self._publish(LifecycleEventType.HANDOFF_ENQUEUED, status=HandoffMetricStatus.SUCCESS.value)
+                if not seg.skip_saves:
+                    seg.save_failed("handoff", exc)
+                return seg.skipped("handoff", exc)
+            seg.revision = landed
+        seg.telemetry.count_handoff(HandoffMetricStatus.SUCCESS)
+        seg.publish(LifecycleEventType.HANDOFF_ENQUEUED, status=HandoffMetricStatus.SUCCESS.value)
         return None
 
     def _warn_no_progress(self) -> None:
+        seg = self.seg
         logger.warning(
             "flowy: thread %r hands off at %r with the state it started the segment with: "
             "no progress (a node that hands off to itself?)",
-            self.thread_id,
-            self.pointer,
+            seg.thread_id,
+            seg.pointer,
         )
-        self._publish(LifecycleEventType.NO_PROGRESS, reason=self.pointer)
+        seg.publish(LifecycleEventType.NO_PROGRESS, reason=seg.pointer)
+
+
+async def recover_handoff(
+    cp: Checkpointer[Any],
+    outbox: Outbox,
+    snap: Snapshot[Any],
+    revision: int,
+    decision: ResumeDecision,
+    clock: Callable[[], float],
+    telemetry: Telemetry,
+) -> HandoffRecoveryResult:
+    """Re-enqueue the hand-off of ``snap`` (head revision ``revision``, already judged
+    recoverable by ``decision``) by the three-phase path, and report it to ``telemetry``."""
+    pending = replace(snap, handoff_pending_at=snap.handoff_pending_at or clock())
+    try:
+        token = await three_phase_tail(cp, outbox, pending, revision, None, clock, telemetry)
+    except HandoffEnqueueFailedError as exc:
+        telemetry.publish(
+            LifecycleEvent(
+                LifecycleEventType.HANDOFF_RECOVERY_FAILED,
+                snap.thread_id,
+                revision=revision,
+                error=str(exc),
+            )
+        )
+        failed_at = exc.resume_token
+        exc.result = HandoffRecoveryResult(
+            decision=decision,
+            resume_token=failed_at,
+            snapshot_revision=failed_at.snapshot_revision if failed_at else revision,
+            handoff_status=HandoffStatus.ORPHANED if exc.orphaned else HandoffStatus.ENQUEUED,
+            recovered_from=snap.handoff_status,
+            forced=snap.handoff_status is HandoffStatus.ENQUEUED,
+            error=exc,
+        )
+        raise
+    telemetry.publish(
+        LifecycleEvent(
+            LifecycleEventType.HANDOFF_RECOVERED, snap.thread_id, revision=token.snapshot_revision
+        )
+    )
+    return HandoffRecoveryResult(
+        decision=decision,
+        resume_token=token,
+        snapshot_revision=token.snapshot_revision,
+        handoff_status=HandoffStatus.ENQUEUED,
+        recovered_from=snap.handoff_status,
+        forced=snap.handoff_status is HandoffStatus.ENQUEUED,
+    )

@@ -3,7 +3,7 @@
 overlay, segment reset, run-metadata merge, resume-target policy, pointer validation),
 registration of the thread in this process and its run lease.
 
-``Runner`` (``_runner``) builds on :class:`RunPreparation`; nothing here awaits a node.
+``Runner`` (``_runner``) composes a :class:`RunPreparation`; nothing here awaits a node.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from .storage import Checkpointer, HandoffStatus, Lease, LeaseManager, RunStatus
 from .storage._adapt import Merge
 from .storage.dialect import validate_thread_id
 
-__all__ = ["AfterLoad", "RunPreparation", "StateMerge"]
+__all__ = ["AfterLoad", "RunPreparation", "StateMerge", "check_run_lease"]
 
 logger = logging.getLogger("flowy")
 
@@ -71,41 +71,62 @@ def _renamed(path: list[MigrationStep], pointer: str) -> str:
     return pointer
 
 
+def check_run_lease(run_lease: object, lease_manager: LeaseManager | None) -> None:
+    """Refuse a ``run_lease`` without a lease manager, or not ``(owner, ttl)``."""
+    if lease_manager is None:
+        raise ValueError(
+            "run_lease was given but this Runner has no lease manager, so nothing would "
+            "be leased; build the Runner on a Backend or pass lease_manager=..."
+        )
+    if (
+        not isinstance(run_lease, tuple)
+        or len(cast(tuple[object, ...], run_lease)) != 2
+        or not isinstance(run_lease[0], str)
+        or not run_lease[0]
+        or isinstance(run_lease[1], bool)
+        or not isinstance(run_lease[1], int | float)
+        or not run_lease[1] > 0
+    ):
+        raise LeaseRequiredError(
+            f"run_lease needs a non-empty owner and a positive ttl, got {run_lease!r:.200}"
+        )
+
+
 class RunPreparation(Generic[S, E]):
-    """The checks and steps before a run starts (the base of ``Runner``)."""
+    """The checks and steps before a run starts; ``Runner`` composes one, built from its
+    own settings, and asks it for each ``Execution`` it runs.
 
-    graph: Graph[S, E]
-    checkpointer: Checkpointer[S] | None
-    lease_manager: LeaseManager | None
-    run_lease: tuple[str, float] | None
-    after_load: AfterLoad[S] | None
-    handoff_stale_after: float
-    clock: Callable[[], float]
-    telemetry: Telemetry
-    _services: Services[S, E]
-    _store_key: object
+    Args:
+        graph: the graph runs execute.
+        services: what every segment of a run uses (store, leases, clock, telemetry).
+        store_key: the identity of the store, with a thread id the key of a run
+            registered in this process.
+        run_lease: the default ``(owner, ttl)`` of a run's lease.
+        after_load: applied to every loaded state before a resume uses it.
+        handoff_stale_after: seconds after which a pending hand-off counts as stale.
+    """
 
-    @staticmethod
-    def _check_run_lease(run_lease: object, lease_manager: LeaseManager | None) -> None:
-        if lease_manager is None:
-            raise ValueError(
-                "run_lease was given but this Runner has no lease manager, so nothing would "
-                "be leased; build the Runner on a Backend or pass lease_manager=..."
-            )
-        if (
-            not isinstance(run_lease, tuple)
-            or len(cast(tuple[object, ...], run_lease)) != 2
-            or not isinstance(run_lease[0], str)
-            or not run_lease[0]
-            or isinstance(run_lease[1], bool)
-            or not isinstance(run_lease[1], int | float)
-            or not run_lease[1] > 0
-        ):
-            raise LeaseRequiredError(
-                f"run_lease needs a non-empty owner and a positive ttl, got {run_lease!r:.200}"
-            )
+    def __init__(
+        self,
+        graph: Graph[S, E],
+        services: Services[S, E],
+        store_key: object,
+        run_lease: tuple[str, float] | None,
+        after_load: AfterLoad[S] | None,
+        handoff_stale_after: float,
+    ) -> None:
+        self.graph = graph
+        self.checkpointer: Checkpointer[S] | None = services.checkpointer
+        self.lease_manager: LeaseManager | None = services.lease_manager
+        self.run_lease = run_lease
+        self.after_load = after_load
+        self.handoff_stale_after = handoff_stale_after
+        self.clock: Callable[[], float] = services.clock
+        self.telemetry: Telemetry = services.telemetry
+        self._services = services
+        self._store_key = store_key
 
-    def _require_checkpointer(self, what: str) -> Checkpointer[S]:
+    def require_checkpointer(self, what: str) -> Checkpointer[S]:
         if self.checkpointer is None:
             raise TypeError(f"{what} needs a store: Runner(graph, backend)")
         return self.checkpointer
@@ -157,10 +178,10 @@ class RunPreparation(Generic[S, E]):
             handoff_pending_at=snap.handoff_pending_at,
         )
 
-    async def _preflight(self, token: ResumeToken) -> _Preflight[S]:
+    async def preflight(self, token: ResumeToken) -> _Preflight[S]:
         """Steps 1 and 2 of every resume: validate the token, load the head, decide."""
         thread_id = self._validate_token(token)
-        cp = self._require_checkpointer("resume")
+        cp = self.require_checkpointer("resume")
         try:
             snap, revision = await cp.load(thread_id)
         except ThreadNotFoundError:
@@ -224,7 +245,7 @@ class RunPreparation(Generic[S, E]):
             current=self.graph.version,
         )
 
-    async def _migrated(self, snap: Snapshot[S]) -> Snapshot[S]:
+    async def migrated(self, snap: Snapshot[S]) -> Snapshot[S]:
         """``snap`` brought to this graph's version by the declared migrations (itself if
         it is on this version); ``GraphVersionMismatchError`` if none covers it."""
         path = self.graph.migration_path(snap.graph_version)
@@ -249,7 +270,7 @@ class RunPreparation(Generic[S, E]):
             graph_version=self.graph.version,
         )
 
-    def _recovery_decision(
+    def recovery_decision(
         self,
         snap: Snapshot[Any],
         revision: int,
@@ -294,7 +315,7 @@ class RunPreparation(Generic[S, E]):
 
     async def _acquire(self, thread_id: str, run_lease: tuple[str, float] | None) -> Lease | None:
         if run_lease is not None:
-            self._check_run_lease(run_lease, self.lease_manager)
+            check_run_lease(run_lease, self.lease_manager)
         if self.lease_manager is None:
             return None
         run_lease = run_lease or self.run_lease
@@ -319,7 +340,7 @@ class RunPreparation(Generic[S, E]):
         finally:
             tracing.lease(thread_id, time.perf_counter() - started, outcome)
 
-    async def _prepare_start(
+    async def prepare_start(
         self,
         thread_id: str,
         state: S,
@@ -362,7 +383,7 @@ class RunPreparation(Generic[S, E]):
             self._services, key, state, self.graph.entry, 0, meta, lease, ttl, invariant, sink
         )
 
-    async def _prepare_resume(
+    async def prepare_resume(
         self,
         token: ResumeToken,
         overlay: S | Mapping[str, Any] | None,
@@ -376,18 +397,18 @@ class RunPreparation(Generic[S, E]):
     ) -> Execution[S, E]:
         # 1. token validation
         thread_id = self._validate_token(token)
-        self._require_checkpointer("resume")
+        self.require_checkpointer("resume")
         key = self._register(thread_id)
         lease: Lease | None = None
         try:
             lease = await self._acquire(thread_id, run_lease)
             # 2. load + OCC (the preflight evaluate_resume shares)
-            pre = await self._preflight(token)
+            pre = await self.preflight(token)
             self._refuse(pre, token, policy is not None)
             snap, revision = pre.snapshot, pre.revision
             assert snap is not None
             lineage = (snap.parent_thread_id, snap.parent_revision)
-            snap = await self._migrated(snap)
+            snap = await self.migrated(snap)
             # The run context exists from here on: after_load, the overlay merge and the
             # policy may read run_metadata() and binding().
             meta = RunMetadata(
@@ -423,7 +444,7 @@ class RunPreparation(Generic[S, E]):
                             )
                 # 4. state overlay
                 if overlay is not None:
-                    state = self._overlay(state, overlay, merge)
+                    state = self.overlay(state, overlay, merge)
                 # 5. segment reset: step_count starts at 0, budget counts kept (above)
                 # 6. run-metadata merge: given budget counts replace the stored ones
                 if run_metadata is not None:
@@ -465,7 +486,7 @@ class RunPreparation(Generic[S, E]):
             ex.nested, ex.nested_wake = dict(snap.nested), nested_wake
         return ex
 
-    def _overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
+    def overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:
         """Step 4: ``merge(state, overlay)`` if given; a mapping of fields into a
         dataclass, msgspec Struct, pydantic model or TypedDict state, validated by the
         store's codec; else the graph's reducer."""

@@ -18,24 +18,21 @@ import socket
 import time
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
-from dataclasses import replace
-from types import TracebackType
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, cast
 
 from ._context import RunBindings, RunMetadataInput
 from ._errors import (
-    HandoffEnqueueFailedError,
     ThreadNotFoundError,
-    UnknownNodeError,
 )
-from ._events import EventSink, StreamHandle
+from ._events import EventSink, StreamHandle, StreamStart
 from ._execution import Execution
+from ._fork import fork_revision
 from ._graph import Graph
-from ._handoff import three_phase_tail
-from ._observer import GLOBAL, LifecycleEvent, LifecycleEventType, LifecycleObserver, Telemetry
+from ._handoff import recover_handoff
+from ._observer import GLOBAL, LifecycleObserver, Telemetry
 from ._plan import ResumeTargetPolicy
-from ._preflight import AfterLoad, RunPreparation, StateMerge
+from ._preflight import AfterLoad, RunPreparation, StateMerge, check_run_lease
 from ._results import HandoffRecoveryResult, ResumeDecision, RunResult
 from ._segment import InvariantValidator, Services, require_durable
 from ._types import JSON, E, ResumeToken, S
@@ -43,21 +40,18 @@ from ._waits import send_signal
 from .storage import (
     Backend,
     Checkpointer,
-    HandoffStatus,
     LeaseManager,
     Outbox,
-    RunStatus,
     Signal,
     Snapshot,
 )
 from .storage._adapt import Binding, backend_of, bind, opened_backend
-from .storage.dialect import new_write_id, validate_thread_id
+from .storage.dialect import validate_thread_id
 
 __all__ = [
     "DEFAULT_HANDOFF_STALE_AFTER",
     "DEFAULT_LEASE_TTL",
     "Runner",
-    "StreamStart",
     "default_owner",
 ]
 
@@ -75,38 +69,7 @@ def default_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class StreamStart(Generic[S, E]):
-    """What ``Runner.stream`` / ``resume_stream`` return: await it for the
-    ``StreamHandle``, or use it as ``async with`` so the run is stopped (with its
-    terminal save) and awaited when the block ends.
-
-    Args:
-        opening: the coroutine that runs the preflight, starts the run and returns its
-            handle (awaited once).
-    """
-
-    def __init__(self, opening: Coroutine[Any, Any, StreamHandle[S, E]]) -> None:
-        self._opening = opening
-        self._handle: StreamHandle[S, E] | None = None
-
-    def __await__(self) -> Generator[Any, None, StreamHandle[S, E]]:
-        return self._opening.__await__()
-
-    async def __aenter__(self) -> StreamHandle[S, E]:
-        self._handle = await self._opening
-        return self._handle
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._handle is not None:
-            await self._handle.__aexit__(exc_type, exc, tb)
-
-
-class Runner(RunPreparation[S, E]):
+class Runner(Generic[S, E]):
     """Runs a compiled graph against a store.
 
     The runner talks to one ``Backend``: it reads the backend's ``capabilities`` once,
@@ -181,7 +144,7 @@ class Runner(RunPreparation[S, E]):
                 stacklevel=2,
             )
         if run_lease is not None:
-            self._check_run_lease(run_lease, lease_manager)
+            check_run_lease(run_lease, lease_manager)
         self._store: Binding[S] | None = store_binding
         self._store_key: object = store_binding.domain if store_binding else id(self)
         self.checkpointer: Checkpointer[S] | None = (
@@ -200,6 +163,9 @@ class Runner(RunPreparation[S, E]):
         self.telemetry: Telemetry = Telemetry(observer, GLOBAL)
         self._services: Services[S, E] = Services(
             graph, store_binding, lease_manager, clock, self.telemetry
+        )
+        self._prep: RunPreparation[S, E] = RunPreparation(
+            graph, self._services, self._store_key, run_lease, after_load, handoff_stale_after
         )
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -239,7 +205,7 @@ class Runner(RunPreparation[S, E]):
         Returns:
             The terminal result of the run (the source of truth).
         """
-        ex = await self._prepare_start(
+        ex = await self._prep.prepare_start(
             thread_id, state, bindings, run_lease, metadata, invariant_validator, None
         )
         return await ex.run()
@@ -275,7 +241,7 @@ class Runner(RunPreparation[S, E]):
 
         async def opening() -> StreamHandle[S, E]:
             sink: EventSink[S, E] = EventSink(max_buffer)
-            ex = await self._prepare_start(
+            ex = await self._prep.prepare_start(
                 thread_id, state, bindings, run_lease, metadata, invariant_validator, sink
             )
             return self._launch(ex, sink)
@@ -326,7 +292,7 @@ class Runner(RunPreparation[S, E]):
         Returns:
             The terminal result of the resumed segment.
         """
-        ex = await self._prepare_resume(
+        ex = await self._prep.prepare_resume(
             token,
             state_overlay,
             merge,
@@ -376,7 +342,7 @@ class Runner(RunPreparation[S, E]):
 
         async def opening() -> StreamHandle[S, E]:
             sink: EventSink[S, E] = EventSink(max_buffer)
-            ex = await self._prepare_resume(
+            ex = await self._prep.prepare_resume(
                 token,
                 state_overlay,
                 merge,
@@ -483,51 +449,9 @@ class Runner(RunPreparation[S, E]):
         validate_thread_id(new_thread_id)
         if isinstance(at_revision, bool) or not isinstance(at_revision, int) or at_revision < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise ValueError(f"at_revision must be an int >= 1, got {at_revision!r:.40}")
-        cp = self._require_checkpointer("fork")
-        _, head = await cp.load(thread_id)
-        found = [
-            snap
-            for snap in await cp.get_history(thread_id, max(head - at_revision + 1, 1))
-            if snap.revision == at_revision
-        ]
-        if not found:
-            raise ThreadNotFoundError(
-                f"revision {at_revision} of thread {thread_id!r:.200} is not in its history "
-                f"(the head is revision {head}; older revisions may have been pruned)"
-            )
-        source = await self._migrated(found[0])
-        state = source.state
-        if state_overlay is not None:
-            state = self._overlay(state, state_overlay, merge)
-        pointer = resume_at or source.execution_pointer
-        if not self.graph.has_node(pointer):
-            raise UnknownNodeError(
-                f"the fork cannot resume at {pointer!r}: not a node of this graph "
-                f"(known: {sorted(self.graph.nodes)})"
-            )
-        fork = replace(
-            source,
-            thread_id=new_thread_id,
-            state=state,
-            execution_pointer=pointer,
-            status=RunStatus.SUSPENDED,
-            reason="forked",
-            revision=0,
-            step_count=0,
-            handoff_status=HandoffStatus.NONE,
-            handoff_pending_at=None,
-            updated_at=self.clock(),
-            write_id=new_write_id(),
-            wake_at=None,
-            waiting_for="",
-            on_timeout="",
-            signal_cursors={},
-            graph_version=self.graph.version,
-            parent_thread_id=thread_id,
-            parent_revision=at_revision,
+        return await fork_revision(
+            self._prep, thread_id, at_revision, new_thread_id, state_overlay, merge, resume_at
         )
-        revision = await cp.save(0, fork)
-        return ResumeToken(new_thread_id, revision)
 
     async def resume_from(
         self,
@@ -575,7 +499,7 @@ class Runner(RunPreparation[S, E]):
         Never raises for stale, finished or hand-off states: they are decision kinds.
         ``RESUMABLE`` means ``resume(token)`` passes its preflight.
         """
-        return (await self._preflight(token)).decision
+        return (await self._prep.preflight(token)).decision
 
     async def evaluate_handoff_recovery(
         self,
@@ -599,9 +523,9 @@ class Runner(RunPreparation[S, E]):
                 outbox message is known to be lost).
         """
         validate_thread_id(thread_id)
-        cp = self._require_checkpointer("evaluate_handoff_recovery")
+        cp = self._prep.require_checkpointer("evaluate_handoff_recovery")
         snap, revision = await cp.load(thread_id)
-        return self._recovery_decision(snap, revision, stale_after, force_reenqueue)
+        return self._prep.recovery_decision(snap, revision, stale_after, force_reenqueue)
 
     async def recover_stale_handoff(
         self,
@@ -625,49 +549,14 @@ class Runner(RunPreparation[S, E]):
             force_reenqueue: also recover a hand-off that is already enqueued (its
                 outbox message is known to be lost).
         """
-        cp = self._require_checkpointer("recover_stale_handoff")
+        cp = self._prep.require_checkpointer("recover_stale_handoff")
         if self.handoff_outbox is None:
             raise TypeError("recover_stale_handoff needs Runner(handoff_outbox=...) or a Backend")
         validate_thread_id(thread_id)
         snap, revision = await cp.load(thread_id)
-        decision = self._recovery_decision(snap, revision, stale_after, force_reenqueue)
-        pending = replace(snap, handoff_pending_at=snap.handoff_pending_at or self.clock())
-        try:
-            token = await three_phase_tail(
-                cp, self.handoff_outbox, pending, revision, None, self.clock, self.telemetry
-            )
-        except HandoffEnqueueFailedError as exc:
-            self.telemetry.publish(
-                LifecycleEvent(
-                    LifecycleEventType.HANDOFF_RECOVERY_FAILED,
-                    thread_id,
-                    revision=revision,
-                    error=str(exc),
-                )
-            )
-            failed_at = exc.resume_token
-            exc.result = HandoffRecoveryResult(
-                decision=decision,
-                resume_token=failed_at,
-                snapshot_revision=failed_at.snapshot_revision if failed_at else revision,
-                handoff_status=HandoffStatus.ORPHANED if exc.orphaned else HandoffStatus.ENQUEUED,
-                recovered_from=snap.handoff_status,
-                forced=snap.handoff_status is HandoffStatus.ENQUEUED,
-                error=exc,
-            )
-            raise
-        self.telemetry.publish(
-            LifecycleEvent(
-                LifecycleEventType.HANDOFF_RECOVERED, thread_id, revision=token.snapshot_revision
-            )
-        )
-        return HandoffRecoveryResult(
-            decision=decision,
-            resume_token=token,
-            snapshot_revision=token.snapshot_revision,
-            handoff_status=HandoffStatus.ENQUEUED,
-            recovered_from=snap.handoff_status,
-            forced=snap.handoff_status is HandoffStatus.ENQUEUED,
+        decision = self._prep.recovery_decision(snap, revision, stale_after, force_reenqueue)
+        return await recover_handoff(
+            cp, self.handoff_outbox, snap, revision, decision, self.clock, self.telemetry
         )
 
     # ------------------------------------------------------------------ internals

@@ -1,6 +1,9 @@
 """What every part of a run segment shares: its mutable state, the services it uses,
 results and snapshots built from it, saves with their failure policy, events and the
-lifecycle telemetry. ``_handoff`` and ``_execution`` build on this class.
+lifecycle telemetry, terminal results. ``_execution`` builds on this class; the
+collaborators of an ``Execution`` (``_routing``, ``_pauses``, ``_superstep``, ``_nested``,
+``_handoff``) take the segment and use its methods without a leading underscore, their
+shared surface.
 """
 
 from __future__ import annotations
@@ -131,6 +134,10 @@ class Segment(Generic[S, E]):
     """The state of one run segment (a start or a resume) and its shared machinery."""
 
     interrupt_kind: InterruptKind | None
+    in_node: bool = False
+    """A node of the run is being awaited (an interrupt cancels it)."""
+    step_state: Any = None
+    """The state before the current step (a paused superstep goes back to it)."""
 
     def __init__(
         self,
@@ -179,7 +186,7 @@ class Segment(Generic[S, E]):
         self.start_state = state
 
     # -- the store's optional parts (chosen when the runner was built) -----------------
-    def _durable(self, what: str) -> DurableCheckpointer[S]:
+    def durable(self, what: str) -> DurableCheckpointer[S]:
         """The store's timers and inbox; ``TypeError`` naming ``what`` if it keeps none."""
         store = self.services.store
         durable = store.durable if store is not None else None
@@ -196,17 +203,17 @@ class Segment(Generic[S, E]):
         return type(store.backend.checkpointer).__name__ if store is not None else "NoneType"
 
     @property
-    def _merge(self) -> Merge | None:
+    def merge(self) -> Merge | None:
         """The store codec's ``merge``, which validates merged fields (``None``: none)."""
         store = self.services.store
         return store.merge if store is not None else None
 
     # -- events and telemetry --------------------------------------------------------
-    def _emit(self, type_: EventType, **kw: Any) -> None:
+    def emit(self, type_: EventType, **kw: Any) -> None:
         if self.sink is not None:
             self.sink.emit(RunEvent(type_, self.thread_id, **kw))
 
-    def _publish(
+    def publish(
         self,
         type_: LifecycleEventType,
         *,
@@ -227,15 +234,15 @@ class Segment(Generic[S, E]):
             )
         )
 
-    def _count(
+    def count(
         self, status: HandoffMetricStatus, type_: LifecycleEventType, error: BaseException
     ) -> None:
         """Count a failed hand-off under its metric label and tell the observers."""
         self.telemetry.count_handoff(status)
-        self._publish(type_, status=status.value, error=error)
+        self.publish(type_, status=status.value, error=error)
 
     # -- results and snapshots -------------------------------------------------------
-    def _result(
+    def result(
         self,
         status: RunStatus,
         reason: str,
@@ -261,7 +268,7 @@ class Segment(Generic[S, E]):
             revision=self.revision,
         )
 
-    def _snapshot(
+    def snapshot(
         self,
         status: RunStatus,
         reason: str,
@@ -301,7 +308,7 @@ class Segment(Generic[S, E]):
         )
 
     # -- saves -----------------------------------------------------------------------
-    async def _save(self, snap: Snapshot[S]) -> None:
+    async def save(self, snap: Snapshot[S]) -> None:
         assert self.cp is not None
         tracing = _tracing.active()
         if tracing is None:
@@ -322,26 +329,26 @@ class Segment(Generic[S, E]):
         finally:
             tracing.save(self.thread_id, self.store, time.perf_counter() - started, outcome)
 
-    def _lease_lost(self, exc: BaseException) -> Stop:
+    def lease_lost(self, exc: BaseException) -> Stop:
         self.interrupt_kind = "lease_lost"
         tracing = _tracing.active()
         if tracing is not None:
             tracing.lease_lost(self.thread_id)
-        self._publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
-        result = self._result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
-        self._emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)
+        self.publish(LifecycleEventType.LEASE_LOST, reason=Reason.LEASE_LOST, error=exc)
+        result = self.result(RunStatus.FAILED, Reason.LEASE_LOST, error=exc)
+        self.emit(EventType.FAILED, reason=result.reason, execution_pointer=self.pointer)
         return Stop(result)
 
-    def _skipped(self, kind: str, exc: BaseException) -> CheckpointSkippedError:
+    def skipped(self, kind: str, exc: BaseException) -> CheckpointSkippedError:
         """SKIP_ON_SAVE_ERROR skipped the ``kind`` checkpoint: event, observer, log."""
         reason = f"{kind}_checkpoint_skipped"
-        self._emit(
+        self.emit(
             EventType.CHECKPOINT_FAILED,
             reason=reason,
             execution_pointer=self.pointer,
             node=self.pointer,
         )
-        self._publish(LifecycleEventType.CHECKPOINT_SKIPPED, reason=reason, error=exc)
+        self.publish(LifecycleEventType.CHECKPOINT_SKIPPED, reason=reason, error=exc)
         logger.warning("flowy: %s checkpoint of %r skipped: %s", kind, self.thread_id, exc)
         skipped = CheckpointSkippedError(
             f"the {kind} checkpoint of thread {self.thread_id!r:.200} was skipped: {exc}"
@@ -349,29 +356,29 @@ class Segment(Generic[S, E]):
         skipped.__cause__ = exc
         return skipped
 
-    def _save_failed(self, kind: str, exc: BaseException) -> NoReturn:
+    def save_failed(self, kind: str, exc: BaseException) -> NoReturn:
         """A hard save failure (FAIL_ON_SAVE_ERROR): a failed result, the same reason on
         the result, the event and the observer."""
         reason = f"{kind}_save_failed"
-        self._publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
-        result = self._result(RunStatus.FAILED, reason, error=exc)
-        self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
+        self.publish(LifecycleEventType.CHECKPOINT_FAILED, reason=reason, error=exc)
+        result = self.result(RunStatus.FAILED, reason, error=exc)
+        self.emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         raise Stop(result) from exc
 
-    async def _save_or_stop(self, snap: Snapshot[S], kind: str) -> BaseException | None:
+    async def save_or_stop(self, snap: Snapshot[S], kind: str) -> BaseException | None:
         """Save ``snap``: ``None`` once persisted, the ``CheckpointSkippedError`` when the
         policy skipped it; a hard failure raises ``Stop`` (reason ``{kind}_save_failed``)."""
         try:
-            await self._save(snap)
+            await self.save(snap)
             return None
         except LeaseLostError as exc:
-            raise self._lease_lost(exc) from exc
+            raise self.lease_lost(exc) from exc
         except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
             if self.skip_saves:
-                return self._skipped(kind, exc)
-            self._save_failed(kind, exc)
+                return self.skipped(kind, exc)
+            self.save_failed(kind, exc)
 
-    async def _retention(self, base_reason: str, kind: str) -> tuple[str, BaseException | None]:
+    async def retention(self, base_reason: str, kind: str) -> tuple[str, BaseException | None]:
         """In-loop prune after a persisted suspend/handoff/cancel save."""
         limit = self.graph.retention_limit
         if limit is None or self.cp is None:
@@ -379,14 +386,32 @@ class Segment(Generic[S, E]):
         try:
             await self.cp.prune(self.thread_id, limit)
         except Exception as exc:  # noqa: BLE001 - reported on the result; the run is not failed
-            self._publish(LifecycleEventType.RETENTION_FAILED, reason=kind, error=exc)
+            self.publish(LifecycleEventType.RETENTION_FAILED, reason=kind, error=exc)
             return f"{kind}_retention_failed", exc
         return base_reason, None
 
-    def _fail_unsaved(self, reason: str, error: BaseException) -> RunResult[S, E]:
+    async def _terminal(self, status: RunStatus, reason: str, event: EventType) -> RunResult[S, E]:
+        """Save a completed/failed snapshot and build the result."""
+        kind = "completed" if status is RunStatus.COMPLETED else "failed"
+        error: BaseException | None = None
+        if self.cp is not None:
+            error = await self.save_or_stop(self.snapshot(status, reason), kind)
+            if error is not None:
+                reason = f"{kind}_checkpoint_skipped"
+        result = self.result(status, reason, error=error)
+        self.emit(event, reason=reason, execution_pointer=self.pointer, state=self.state)
+        return result
+
+    async def fail(self, reason: str, error: BaseException | None = None) -> RunResult[S, E]:
+        result = await self._terminal(RunStatus.FAILED, reason, EventType.FAILED)
+        if error is not None and result.error is None:
+            result.error = error
+        return result
+
+    def fail_unsaved(self, reason: str, error: BaseException) -> RunResult[S, E]:
         """A node/reducer/router exception: nothing is saved; the last checkpoint stays."""
-        result = self._result(RunStatus.FAILED, reason, error=error)
-        self._emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
+        result = self.result(RunStatus.FAILED, reason, error=error)
+        self.emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         return result
 
 

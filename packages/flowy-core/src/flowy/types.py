@@ -10,6 +10,7 @@ from ._context import RunMetadata as RunMetadata
 from ._directives import DirectiveKind as DirectiveKind
 from ._events import InterruptKind as InterruptKind
 from ._events import StreamCollectResult as StreamCollectResult
+from ._events import StreamStart as StreamStart
 from ._graph import Node as Node
 from ._graph import Reducer as Reducer
 from ._graph import Router as Router
@@ -19,7 +20,6 @@ from ._plan import ResumeTargetPolicy as ResumeTargetPolicy
 from ._preflight import StateMerge as StateMerge
 from ._runner import DEFAULT_HANDOFF_STALE_AFTER as DEFAULT_HANDOFF_STALE_AFTER
 from ._runner import DEFAULT_LEASE_TTL as DEFAULT_LEASE_TTL
-from ._runner import StreamStart as StreamStart
 from ._segment import InvariantValidator as InvariantValidator
 from ._types import JSON as JSON
 from ._worker import Failure as Failure
