@@ -59,6 +59,11 @@ State = dict[str, Any]
 _KILL = "FLOWY_CRASH_KILL"
 _CALLS = "FLOWY_CRASH_CALLS"
 _LEASE_TTL = 1.0
+_TIMER_LEASE_TTL = 30.0
+"""The timer race kills no process, so nothing waits for its leases to run out: a lease
+long enough that no loaded machine stalls a holder past it, as in production. (With 1 s,
+a holder paused past its lease lets the other process run the node again, which is the
+at-least-once a lost lease allows, not a double firing.)"""
 _VISIBILITY = 2.0
 
 
@@ -249,12 +254,13 @@ _GRAPHS = {
 
 async def _worker_main(url: str, graph: str, workdir: str, mode: str) -> None:
     os.environ[_CALLS] = str(Path(workdir) / "calls.log")
+    ttl = _TIMER_LEASE_TTL if mode == "timers" else _LEASE_TTL
     async with await connect(url) as backend:
-        runner = Runner(_GRAPHS[graph](), backend, run_lease=(f"p{os.getpid()}", _LEASE_TTL))
+        runner = Runner(_GRAPHS[graph](), backend, run_lease=(f"p{os.getpid()}", ttl))
         worker = Worker(
             runner,
             owner=f"p{os.getpid()}",
-            lease_ttl=_LEASE_TTL,
+            lease_ttl=ttl,
             visibility_timeout=_VISIBILITY,
             timer_interval=0.01,
             retry_delay=0.1,
