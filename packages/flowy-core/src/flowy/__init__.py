@@ -71,6 +71,7 @@ from ._graph import CheckpointPolicy as CheckpointPolicy
 from ._graph import Graph as Graph
 from ._graph import GraphBuilder as GraphBuilder
 from ._invariants import invariant as invariant
+from ._moved import present_as_public as _present_as_public
 from ._plan import resume_current as resume_current
 from ._plan import resume_to as resume_to
 from ._results import HandoffRecoveryResult as HandoffRecoveryResult
@@ -242,16 +243,5 @@ def __getattr__(name: str) -> _Any:
     return getattr(_importlib.import_module(module), new)
 
 
-def _present_as_flowy() -> None:
-    """Make tracebacks and reprs say ``flowy.X`` instead of ``flowy._module.X``."""
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy._"):
-            try:
-                obj.__module__ = "flowy"
-            except (AttributeError, TypeError):
-                pass
-
-
-_present_as_flowy()
-del _present_as_flowy
+# Tracebacks and reprs say flowy.X instead of flowy._module.X.
+_present_as_public("flowy", globals(), __all__, "flowy._")

@@ -1,10 +1,11 @@
-"""Module names that moved: the old module keeps importing, with a warning, until 0.3."""
+"""Where public names are presented, and module names that moved (the old module keeps
+importing, with a warning, until 0.3)."""
 
 from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
 
@@ -23,3 +24,17 @@ def moved_module(old: str, new: str) -> Callable[[str], Any]:
         return getattr(target, name)
 
     return __getattr__
+
+
+def present_as_public(
+    module: str, namespace: MutableMapping[str, Any], names: Iterable[str], private: str
+) -> None:
+    """Make reprs and tracebacks of ``names`` say ``module.X`` instead of the private
+    module (``__module__`` starting with ``private``) they are defined in."""
+    for name in names:
+        obj = namespace[name]
+        if getattr(obj, "__module__", "").startswith(private):
+            try:
+                obj.__module__ = module
+            except (AttributeError, TypeError):
+                pass

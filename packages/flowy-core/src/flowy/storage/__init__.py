@@ -16,6 +16,7 @@ import importlib as _importlib
 import warnings as _warnings
 from typing import Any as _Any
 
+from .._moved import present_as_public as _present_as_public
 from .._types import ResumeToken as ResumeToken
 from ._adapt import as_backend as as_backend
 from ._backend import redact_url as redact_url
@@ -175,18 +176,7 @@ def __getattr__(name: str) -> _Any:
     raise AttributeError(f"module 'flowy.storage' has no attribute {name!r}")
 
 
-def _present_as_public() -> None:
-    """Make reprs and tracebacks say ``flowy.storage.X`` rather than the private module."""
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy.storage._"):
-            try:
-                obj.__module__ = __name__
-            except (AttributeError, TypeError):
-                pass
-
-
-_present_as_public()
-del _present_as_public
+# Reprs and tracebacks say flowy.storage.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy.storage._")
 
 from . import dialect as dialect  # noqa: E402  (its names say flowy.storage.dialect.X)

@@ -20,6 +20,7 @@ raise ``SnapshotEnvelopeInvalidError`` on any mismatch or corruption; no pickle 
 
 from __future__ import annotations
 
+from .._moved import present_as_public as _present_as_public
 from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
 from ._base import BACKLOG_STATUSES as BACKLOG_STATUSES
@@ -105,16 +106,5 @@ __all__ = [
 ]
 
 
-def _present_as_public() -> None:
-    """Make reprs and tracebacks say ``flowy.storage.dialect.X``, not the private module."""
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy.storage._"):
-            try:
-                obj.__module__ = __name__
-            except (AttributeError, TypeError):
-                pass
-
-
-_present_as_public()
-del _present_as_public
+# Reprs and tracebacks say flowy.storage.dialect.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy.storage._")

@@ -70,8 +70,9 @@ class SetupSuite(Suite):
     ) -> None:
         if flowy_schema_version is None:
             pytest.skip(
-                "no flowy_schema_version fixture: a store that records a schema version "
-                "defines one that records a given version in the store at a URL"
+                "this store's tests define no flowy_schema_version fixture: a store that "
+                "keeps nothing past its process (memory://) records no schema version; a "
+                "store that records one defines the fixture to write a given version"
             )
         backend, scratch = await _unopened_scratch(flowy_url)
         try:
