@@ -1,0 +1,147 @@
+"""FlowySaver's own contracts, beyond LangGraph's conformance suite: bad input, fencing
+of one out-of-date writer, ``keep_last`` retention, the sync methods, and a real
+``StateGraph`` resuming from the store."""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import uuid
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.graph import END, START, StateGraph
+from lg_support import STORES
+
+import flowy
+from flowy.errors import ConcurrencyConflictError
+from flowy_langgraph import FlowySaver, ThreadForkedError
+
+pytestmark = pytest.mark.anyio
+
+
+def config(thread: str, checkpoint_id: str | None = None, ns: str = "") -> Any:
+    configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
+    if checkpoint_id:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def checkpoint(step: int) -> Any:
+    made: Any = empty_checkpoint()
+    return {**made, "id": str(uuid6(clock_seq=step)), "channel_values": {"n": step}}
+
+
+async def chain(saver: FlowySaver, thread: str, n: int) -> list[str]:
+    ids: list[str] = []
+    parent: str | None = None
+    for step in range(n):
+        stored = await saver.aput(config(thread, parent), checkpoint(step), {"step": step}, {})
+        parent = stored["configurable"]["checkpoint_id"]
+        ids.append(parent)
+    return ids
+
+
+async def test_bad_arguments_are_one_line_errors() -> None:
+    async with flowy.connect("memory://") as backend:
+        for bad in (0, -1, True, 2.5, "3"):
+            with pytest.raises(ValueError, match="keep_last must be an int >= 1"):
+                FlowySaver(backend, keep_last=bad)  # type: ignore[arg-type]
+        saver = FlowySaver(backend)
+        with pytest.raises(ValueError, match="no configurable thread_id"):
+            await saver.aget_tuple({"configurable": {}})
+        with pytest.raises(ValueError, match="needs the config of a stored checkpoint"):
+            await saver.aput_writes(config("t"), [("ch", 1)], "task")
+        with pytest.raises(ValueError, match="unknown prune strategy 'oldest'"):
+            await saver.aprune(["t"], strategy="oldest")
+
+
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
+async def test_fenced_refuses_a_stale_parent_and_stores_nothing(store_url: str) -> None:
+    async with FlowySaver.from_url(store_url, fenced=True) as saver:
+        first, second = await chain(saver, "t", 2)
+        with pytest.raises(ThreadForkedError, match=f"its latest is '{second}'") as caught:
+            await saver.aput(config("t", first), checkpoint(9), {"step": 9}, {})
+        assert isinstance(caught.value, ConcurrencyConflictError)
+        with pytest.raises(ThreadForkedError, match="its latest is"):
+            await saver.aput(config("t"), checkpoint(9), {"step": 9}, {})  # no parent
+        assert [t.checkpoint["id"] async for t in saver.alist(config("t"))] == [second, first]
+        # A new thread starts without a parent; the next checkpoint follows the latest.
+        await saver.aput(config("u"), checkpoint(0), {}, {})
+        await saver.aput(config("t", second), checkpoint(3), {"step": 3}, {})
+
+
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
+async def test_unfenced_accepts_a_fork_like_langgraphs_own_savers(store_url: str) -> None:
+    async with FlowySaver.from_url(store_url) as saver:
+        first, _ = await chain(saver, "t", 2)
+        fork = await saver.aput(config("t", first), checkpoint(9), {"step": 9}, {})
+        latest = await saver.aget_tuple(config("t"))
+        assert latest is not None
+        assert latest.config == fork
+        assert latest.parent_config == config("t", first)
+
+
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
+async def test_keep_last_keeps_the_newest_checkpoints_of_each_namespace(store_url: str) -> None:
+    async with FlowySaver.from_url(store_url, keep_last=3) as saver:
+        ids = await chain(saver, "t", 7)
+        await saver.aput(config("t", ns="child:1"), checkpoint(0), {}, {})
+        listed = [t.checkpoint["id"] async for t in saver.alist(config("t"))]
+        assert listed == list(reversed(ids[-3:]))
+        assert await saver.aget_tuple(config("t", ids[0])) is None
+        child = [t async for t in saver.alist(config("t", ns="child:1"))]
+        assert len(child) == 1
+        other = [t async for t in saver.alist(config("other"))]
+        assert other == []
+
+
+async def test_sync_methods_run_on_the_savers_loop_from_another_thread() -> None:
+    async with FlowySaver.from_url("memory://") as saver:
+        with pytest.raises(asyncio.InvalidStateError, match="another thread"):
+            saver.get_tuple(config("t"))
+
+        def work() -> tuple[Any, list[Any]]:
+            stored = saver.put(config("t"), checkpoint(0), {"step": 0}, {})
+            saver.put_writes(stored, [("ch", "v")], "task")
+            return saver.get_tuple(config("t")), list(saver.list(config("t")))
+
+        got, listed = await asyncio.to_thread(work)
+        assert got.pending_writes == [("task", "ch", "v")]
+        assert [t.config for t in listed] == [got.config]
+        await asyncio.to_thread(saver.delete_thread, "t")
+        assert await saver.aget_tuple(config("t")) is None
+
+
+async def test_a_saver_made_outside_an_event_loop_says_so() -> None:
+    async with flowy.connect("memory://") as backend:
+        saver = await asyncio.to_thread(FlowySaver, backend)
+        with pytest.raises(asyncio.InvalidStateError, match="made outside an event loop"):
+            saver.get_tuple(config("t"))
+
+
+class Counter(TypedDict):
+    messages: Annotated[list[str], operator.add]
+
+
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
+async def test_a_state_graph_resumes_from_the_store(store_url: str) -> None:
+    def graph(saver: FlowySaver) -> Any:
+        async def say(state: Counter) -> dict[str, list[str]]:
+            return {"messages": [f"m{len(state['messages'])}"]}
+
+        builder = StateGraph(Counter)
+        builder.add_node("say", say)
+        builder.add_edge(START, "say")
+        builder.add_edge("say", END)
+        return builder.compile(checkpointer=saver)
+
+    thread = {"configurable": {"thread_id": f"g-{uuid.uuid4().hex[:6]}"}}
+    async with FlowySaver.from_url(store_url) as saver:
+        await graph(saver).ainvoke({"messages": ["hi"]}, thread)
+    async with FlowySaver.from_url(store_url) as saver:  # a new process would do the same
+        result = await graph(saver).ainvoke({"messages": ["again"]}, thread)
+        assert result["messages"] == ["hi", "m1", "again", "m3"]
+        assert len([t async for t in saver.alist(thread)]) == 6
