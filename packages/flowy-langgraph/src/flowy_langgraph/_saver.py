@@ -54,6 +54,7 @@ _PREFIX = "langgraph\x1e"
 _SEP = "\x1e"
 _PAGE = 500
 _ALL = 1_000_000  # "every history entry": a keep_last saver keeps a handful
+_REMEMBERED = 10_000  # threads whose last written head a saver remembers
 
 
 class ThreadForkedError(ConcurrencyConflictError):
@@ -150,6 +151,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
         self.fenced = fenced
         self.keep_last = keep_last
         self._store = cast(DurableCheckpointer[Any], backend.checkpointer)
+        self._heads: dict[str, tuple[int, str]] = {}
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -336,17 +338,26 @@ class FlowySaver(BaseCheckpointSaver[str]):
             execution_pointer=checkpoint["id"],
             updated_at=time.time(),
         )
+        # The head this saver wrote last, if the new checkpoint follows it, saves a read;
+        # the save's revision check still decides (a conflict reads the head).
+        known = self._heads.get(address)
+        revision = known[0] if known is not None and known[1] == parent else None
         while True:
-            head, revision = await self._head(address)
-            if self.fenced and (head["id"] if head else None) != parent:
-                raise self._forked(thread_id, ns, parent, head)
+            if revision is None:
+                head, revision = await self._head(address)
+                if self.fenced and (head["id"] if head else None) != parent:
+                    raise self._forked(thread_id, ns, parent, head)
             try:
                 revision = await self._store.save(revision, snapshot)
                 break
             except ConcurrencyConflictError as exc:
                 if self.fenced:
                     raise self._forked(thread_id, ns, parent, None) from exc
-                # Unfenced: like LangGraph's own savers, the later writer also succeeds.
+                # Unfenced, like LangGraph's own savers: the later writer also succeeds.
+                revision = None
+        if len(self._heads) >= _REMEMBERED:
+            self._heads.clear()
+        self._heads[address] = (revision, checkpoint["id"])
         if self.keep_last is not None and revision > self.keep_last:
             await self._store.prune(address, self.keep_last)
         return {
@@ -410,6 +421,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of ``thread_id``, in every namespace."""
         for address in await self._addresses(str(thread_id)):
+            self._heads.pop(address, None)
             await self._store.delete(address)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -434,6 +446,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
             if len(keep) == len(history):
                 continue
             writes = await self._writes(address)
+            self._heads.pop(address, None)
             await self._store.delete(address)
             await self._append(address, list(reversed(keep)))
             await self._put_raw_writes(address, writes, {s["id"] for s in keep})
