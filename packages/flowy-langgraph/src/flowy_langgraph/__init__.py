@@ -8,8 +8,10 @@ keeps a thread's newest checkpoints only. See ``docs/langgraph.md``.
 
 from __future__ import annotations
 
+import importlib.metadata as _metadata
+
 from ._saver import FlowySaver as FlowySaver
 from ._saver import ThreadForkedError as ThreadForkedError
 
 __all__ = ["FlowySaver", "ThreadForkedError"]
-__version__ = "0.1.0"
+__version__: str = _metadata.version("flowy-langgraph")
