@@ -18,6 +18,7 @@ from lg_support import STORES
 import flowy
 from flowy.errors import ConcurrencyConflictError
 from flowy_langgraph import FlowySaver, ThreadForkedError
+from flowy_langgraph._saver import _address, _writes_address  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.anyio
 
@@ -34,14 +35,24 @@ def checkpoint(step: int) -> Any:
     return {**made, "id": str(uuid6(clock_seq=step)), "channel_values": {"n": step}}
 
 
-async def chain(saver: FlowySaver, thread: str, n: int) -> list[str]:
+async def chain(saver: FlowySaver, thread: str, n: int, *, writes: bool = False) -> list[str]:
     ids: list[str] = []
     parent: str | None = None
     for step in range(n):
         stored = await saver.aput(config(thread, parent), checkpoint(step), {"step": step}, {})
+        if writes:
+            await saver.aput_writes(stored, [("ch", step), ("other", "x")], f"task-{step}")
         parent = stored["configurable"]["checkpoint_id"]
         ids.append(parent)
     return ids
+
+
+async def stored_writes(saver: FlowySaver, thread: str, ids: list[str]) -> list[int]:
+    """How many pending writes the store holds for each of ``ids`` (of the root
+    namespace of ``thread``), read from the store itself."""
+    store: Any = saver.backend.checkpointer
+    address = _address(thread, "")
+    return [len(await store.journal(_writes_address(address, i))) for i in ids]
 
 
 async def test_bad_arguments_are_one_line_errors() -> None:
@@ -74,6 +85,20 @@ async def test_fenced_refuses_a_stale_parent_and_stores_nothing(store_url: str) 
 
 
 @pytest.mark.parametrize("store_url", STORES, indirect=True)
+async def test_prune_and_delete_thread_remove_the_writes_too(store_url: str) -> None:
+    async with FlowySaver.from_url(store_url) as saver:
+        ids = await chain(saver, "t", 4, writes=True)
+        assert await stored_writes(saver, "t", ids) == [2, 2, 2, 2]
+        await saver.aprune(["t"], strategy="keep_latest")
+        assert await stored_writes(saver, "t", ids) == [0, 0, 0, 2]
+        latest = await saver.aget_tuple(config("t"))
+        assert latest is not None
+        assert latest.pending_writes == [("task-3", "ch", 3), ("task-3", "other", "x")]
+        await saver.adelete_thread("t")
+        assert await stored_writes(saver, "t", ids) == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
 async def test_unfenced_accepts_a_fork_like_langgraphs_own_savers(store_url: str) -> None:
     async with FlowySaver.from_url(store_url) as saver:
         first, _ = await chain(saver, "t", 2)
@@ -87,15 +112,22 @@ async def test_unfenced_accepts_a_fork_like_langgraphs_own_savers(store_url: str
 @pytest.mark.parametrize("store_url", STORES, indirect=True)
 async def test_keep_last_keeps_the_newest_checkpoints_of_each_namespace(store_url: str) -> None:
     async with FlowySaver.from_url(store_url, keep_last=3) as saver:
-        ids = await chain(saver, "t", 7)
+        ids = await chain(saver, "t", 7, writes=True)
         await saver.aput(config("t", ns="child:1"), checkpoint(0), {}, {})
-        listed = [t.checkpoint["id"] async for t in saver.alist(config("t"))]
-        assert listed == list(reversed(ids[-3:]))
+        listed = [t async for t in saver.alist(config("t"))]
+        assert [t.checkpoint["id"] for t in listed] == list(reversed(ids[-3:]))
+        assert [t.pending_writes for t in listed] == [
+            [(f"task-{n}", "ch", n), (f"task-{n}", "other", "x")] for n in (6, 5, 4)
+        ]
         assert await saver.aget_tuple(config("t", ids[0])) is None
+        # The writes of pruned checkpoints go with them.
+        assert await stored_writes(saver, "t", ids) == [0, 0, 0, 0, 2, 2, 2]
         child = [t async for t in saver.alist(config("t", ns="child:1"))]
         assert len(child) == 1
         other = [t async for t in saver.alist(config("other"))]
         assert other == []
+        await saver.adelete_thread("t")
+        assert await stored_writes(saver, "t", ids) == [0] * 7
 
 
 async def test_sync_methods_run_on_the_savers_loop_from_another_thread() -> None:

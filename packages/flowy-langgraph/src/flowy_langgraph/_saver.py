@@ -7,8 +7,10 @@ Where things go, through the store's public primitives only:
 - each LangGraph checkpoint is one save on that flowy thread (strict OCC: the revision
   read is the revision written over), so a thread's history is its checkpoints in the
   order they were put, the head the latest;
-- each pending write is one entry of that flowy thread's activity journal, keyed by
-  checkpoint id, task id and write index (a second put of the same key replaces it).
+- the pending writes of a checkpoint are the activity journal of a flowy thread of their
+  own (the address and the checkpoint id), which has no snapshot: one entry per write,
+  keyed by task id and write index (a second put of the same key replaces it), deleted
+  with the checkpoint (``keep_last``, ``prune``, ``delete_thread``, ``delete_for_runs``).
 
 Checkpoints, metadata and written values are encoded with the saver's ``serde``
 (LangGraph's own serializer) and stored base64 in a JSON state, so nothing stored is
@@ -101,8 +103,13 @@ def _where(config: RunnableConfig) -> tuple[str, str, str | None]:
     return str(thread_id), str(configurable.get("checkpoint_ns") or ""), checkpoint_id or None
 
 
-def _write_key(checkpoint_id: str, task_id: str, idx: int) -> str:
-    return f"{checkpoint_id}{_SEP}{task_id}{_SEP}{idx}"
+def _writes_address(address: str, checkpoint_id: str) -> str:
+    """The flowy thread whose journal holds the pending writes of ``checkpoint_id``."""
+    return f"{address}{_SEP}{checkpoint_id}"
+
+
+def _write_key(task_id: str, idx: int) -> str:
+    return f"{task_id}{_SEP}{idx}"
 
 
 class FlowySaver(BaseCheckpointSaver[str]):
@@ -151,7 +158,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
         self.fenced = fenced
         self.keep_last = keep_last
         self._store = cast(DurableCheckpointer[Any], backend.checkpointer)
-        self._heads: dict[str, tuple[int, str]] = {}
+        self._heads: dict[str, tuple[int, str, list[str]]] = {}
         try:
             self.loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -194,10 +201,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
         thread_id, ns = _split(address)
         checkpoint_id = state["id"]
         parent = state.get("parent")
-        mine = sorted(
-            (w for w in writes if w["checkpoint"] == checkpoint_id),
-            key=lambda w: (w.get("path", ""), w["task"], w["idx"]),
-        )
+        mine = sorted(writes, key=lambda w: (w.get("path", ""), w["task"], w["idx"]))
         return CheckpointTuple(
             config={
                 "configurable": {
@@ -222,10 +226,16 @@ class FlowySaver(BaseCheckpointSaver[str]):
             pending_writes=[(w["task"], w["channel"], self._load(w["value"])) for w in mine],
         )
 
-    async def _writes(self, address: str) -> list[dict[str, Any]]:
-        return [
-            cast(dict[str, Any], record.result) for record in await self._store.journal(address)
-        ]
+    async def _writes(self, address: str, checkpoint_id: str) -> list[dict[str, Any]]:
+        """The pending writes of ``checkpoint_id`` stored at ``address``."""
+        journal = await self._store.journal(_writes_address(address, checkpoint_id))
+        return [cast(dict[str, Any], record.result) for record in journal]
+
+    async def _drop(self, address: str, checkpoint_ids: Sequence[str]) -> None:
+        """Delete the pending writes of ``checkpoint_ids`` stored at ``address``."""
+        await asyncio.gather(
+            *(self._store.delete(_writes_address(address, c)) for c in checkpoint_ids)
+        )
 
     async def _head(self, address: str) -> tuple[dict[str, Any] | None, int]:
         try:
@@ -261,7 +271,13 @@ class FlowySaver(BaseCheckpointSaver[str]):
         thread and namespace; ``None`` if there is none."""
         thread_id, ns, wanted = _where(config)
         address = _address(thread_id, ns)
-        (head, _), writes = await asyncio.gather(self._head(address), self._writes(address))
+        if wanted:
+            (head, _), writes = await asyncio.gather(
+                self._head(address), self._writes(address, wanted)
+            )
+        else:
+            head, _ = await self._head(address)
+            writes = None
         if head is None:
             return None
         if wanted and head["id"] != wanted:
@@ -269,6 +285,8 @@ class FlowySaver(BaseCheckpointSaver[str]):
             if not found:
                 return None
             head = found[0]
+        if writes is None:
+            writes = await self._writes(address, head["id"])
         return self._tuple(address, head, writes)
 
     async def alist(
@@ -300,7 +318,6 @@ class FlowySaver(BaseCheckpointSaver[str]):
                     continue
                 found.append((state["id"], address, state))
         found.sort(key=lambda item: item[0], reverse=True)
-        writes: dict[str, list[dict[str, Any]]] = {}
         count = 0
         for _, address, state in found:
             if limit is not None and count >= limit:
@@ -309,10 +326,8 @@ class FlowySaver(BaseCheckpointSaver[str]):
                 metadata = self._load(state["metadata"])
                 if not all(k in metadata and metadata[k] == v for k, v in filter.items()):
                     continue
-            if address not in writes:
-                writes[address] = await self._writes(address)
             count += 1
-            yield self._tuple(address, state, writes[address])
+            yield self._tuple(address, state, await self._writes(address, state["id"]))
 
     async def aput(
         self,
@@ -326,7 +341,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
         checkpoint raises ``ThreadForkedError`` and stores nothing."""
         thread_id, ns, parent = _where(config)
         address = _address(thread_id, ns)
-        state = {
+        state: dict[str, Any] = {
             "id": checkpoint["id"],
             "parent": parent,
             "checkpoint": self._dump(checkpoint),
@@ -341,12 +356,17 @@ class FlowySaver(BaseCheckpointSaver[str]):
         # The head this saver wrote last, if the new checkpoint follows it, saves a read;
         # the save's revision check still decides (a conflict reads the head).
         known = self._heads.get(address)
-        revision = known[0] if known is not None and known[1] == parent else None
+        revision, recent = (known[0], known[2]) if known and known[1] == parent else (None, [])
         while True:
             if revision is None:
                 head, revision = await self._head(address)
                 if self.fenced and (head["id"] if head else None) != parent:
                     raise self._forked(thread_id, ns, parent, head)
+                recent = list(head.get("recent", [])) if head else []
+            # With keep_last, each checkpoint names the newest ones kept before it: what
+            # falls out of that window is pruned, and its writes deleted, without a read.
+            kept = [checkpoint["id"], *recent][: self.keep_last] if self.keep_last else []
+            state["recent"] = kept
             try:
                 revision = await self._store.save(revision, snapshot)
                 break
@@ -357,9 +377,12 @@ class FlowySaver(BaseCheckpointSaver[str]):
                 revision = None
         if len(self._heads) >= _REMEMBERED:
             self._heads.clear()
-        self._heads[address] = (revision, checkpoint["id"])
+        self._heads[address] = (revision, checkpoint["id"], kept)
         if self.keep_last is not None and revision > self.keep_last:
-            await self._store.prune(address, self.keep_last)
+            dropped = [c for c in recent if c not in kept]
+            await asyncio.gather(
+                self._store.prune(address, self.keep_last), self._drop(address, dropped)
+            )
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -399,7 +422,7 @@ class FlowySaver(BaseCheckpointSaver[str]):
         now = time.time()
         records = [
             ActivityRecord(
-                key=_write_key(checkpoint_id, task_id, idx),
+                key=_write_key(task_id, idx),
                 status=ActivityStatus.SUCCEEDED,
                 name=channel,
                 result={
@@ -416,12 +439,14 @@ class FlowySaver(BaseCheckpointSaver[str]):
             for i, (channel, value) in enumerate(writes)
             for idx in (WRITES_IDX_MAP.get(channel, i),)
         ]
-        await asyncio.gather(*(self._store.put_activity(address, r) for r in records))
+        where = _writes_address(address, checkpoint_id)
+        await asyncio.gather(*(self._store.put_activity(where, r) for r in records))
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint and write of ``thread_id``, in every namespace."""
         for address in await self._addresses(str(thread_id)):
             self._heads.pop(address, None)
+            await self._drop(address, [s["id"] for s in await self._history(address)])
             await self._store.delete(address)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -430,8 +455,11 @@ class FlowySaver(BaseCheckpointSaver[str]):
         for address in await self._addresses(str(source_thread_id)):
             _, ns = _split(address)
             target = _address(str(target_thread_id), ns)
-            await self._append(target, list(reversed(await self._history(address))))
-            await self._put_raw_writes(target, await self._writes(address), None)
+            self._heads.pop(target, None)
+            history = list(reversed(await self._history(address)))
+            await self._append(target, history)
+            for state in history:
+                await self._copy_writes(address, target, state["id"])
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete every checkpoint whose metadata ``run_id`` is in ``run_ids``, with its
@@ -445,15 +473,14 @@ class FlowySaver(BaseCheckpointSaver[str]):
             keep = [s for s in history if self._load(s["metadata"]).get("run_id") not in runs]
             if len(keep) == len(history):
                 continue
-            writes = await self._writes(address)
             self._heads.pop(address, None)
             await self._store.delete(address)
             await self._append(address, list(reversed(keep)))
-            await self._put_raw_writes(address, writes, {s["id"] for s in keep})
+            await self._drop(address, [s["id"] for s in history if s not in keep])
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``keep_latest``: keep only the latest checkpoint of each namespace of each
-        thread; ``delete``: delete the threads."""
+        thread, with its writes; ``delete``: delete the threads."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'")
         for thread_id in thread_ids:
@@ -461,7 +488,9 @@ class FlowySaver(BaseCheckpointSaver[str]):
                 await self.adelete_thread(thread_id)
                 continue
             for address in await self._addresses(str(thread_id)):
+                older = [s["id"] for s in await self._history(address)][1:]
                 await self._store.prune(address, 1)
+                await self._drop(address, older)
 
     async def _append(self, address: str, states: list[dict[str, Any]]) -> None:
         _, revision = await self._head(address)
@@ -474,27 +503,10 @@ class FlowySaver(BaseCheckpointSaver[str]):
             )
             revision = await self._store.save(revision, snapshot)
 
-    async def _put_raw_writes(
-        self, address: str, writes: list[dict[str, Any]], only: set[str] | None
-    ) -> None:
-        now = time.time()
-        await asyncio.gather(
-            *(
-                self._store.put_activity(
-                    address,
-                    ActivityRecord(
-                        key=_write_key(w["checkpoint"], w["task"], w["idx"]),
-                        status=ActivityStatus.SUCCEEDED,
-                        name=w["channel"],
-                        result=w,
-                        started_at=now,
-                        updated_at=now,
-                    ),
-                )
-                for w in writes
-                if only is None or w["checkpoint"] in only
-            )
-        )
+    async def _copy_writes(self, source: str, target: str, checkpoint_id: str) -> None:
+        where = _writes_address(target, checkpoint_id)
+        journal = await self._store.journal(_writes_address(source, checkpoint_id))
+        await asyncio.gather(*(self._store.put_activity(where, record) for record in journal))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """A channel version after ``current``: zero-padded so versions order as
