@@ -10,10 +10,8 @@ import uuid
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from langgraph.checkpoint.base import empty_checkpoint
-from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import END, START, StateGraph
-from lg_support import STORES
+from lg_support import STORES, chain, checkpoint, config
 
 import flowy
 from flowy.errors import ConcurrencyConflictError
@@ -21,30 +19,6 @@ from flowy_langgraph import FlowySaver, ThreadForkedError
 from flowy_langgraph._saver import _address, _writes_address  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.anyio
-
-
-def config(thread: str, checkpoint_id: str | None = None, ns: str = "") -> Any:
-    configurable: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ns}
-    if checkpoint_id:
-        configurable["checkpoint_id"] = checkpoint_id
-    return {"configurable": configurable}
-
-
-def checkpoint(step: int) -> Any:
-    made: Any = empty_checkpoint()
-    return {**made, "id": str(uuid6(clock_seq=step)), "channel_values": {"n": step}}
-
-
-async def chain(saver: FlowySaver, thread: str, n: int, *, writes: bool = False) -> list[str]:
-    ids: list[str] = []
-    parent: str | None = None
-    for step in range(n):
-        stored = await saver.aput(config(thread, parent), checkpoint(step), {"step": step}, {})
-        if writes:
-            await saver.aput_writes(stored, [("ch", step), ("other", "x")], f"task-{step}")
-        parent = stored["configurable"]["checkpoint_id"]
-        ids.append(parent)
-    return ids
 
 
 async def stored_writes(saver: FlowySaver, thread: str, ids: list[str]) -> list[int]:
