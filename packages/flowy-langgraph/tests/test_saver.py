@@ -15,6 +15,7 @@ from lg_support import STORES, chain, checkpoint, config
 
 import flowy
 from flowy.errors import ConcurrencyConflictError
+from flowy.storage import JSONCodec
 from flowy_langgraph import FlowySaver, ThreadForkedError
 from flowy_langgraph._saver import _address, _writes_address  # pyright: ignore[reportPrivateUsage]
 
@@ -27,6 +28,14 @@ async def stored_writes(saver: FlowySaver, thread: str, ids: list[str]) -> list[
     store: Any = saver.backend.checkpointer
     address = _address(thread, "")
     return [len(await store.journal(_writes_address(address, i))) for i in ids]
+
+
+async def test_a_store_opened_with_a_typed_codec_is_refused() -> None:
+    async with flowy.connect("memory://", codec=JSONCodec(Counter)) as backend:
+        with pytest.raises(TypeError, match="stores plain JSON states"):
+            FlowySaver(backend)
+    async with flowy.connect("memory://", codec=JSONCodec()) as backend:
+        FlowySaver(backend)
 
 
 async def test_bad_arguments_are_one_line_errors() -> None:

@@ -46,8 +46,10 @@ from flowy.storage import (
     ActivityStatus,
     Backend,
     DurableCheckpointer,
+    JSONCodec,
     Snapshot,
     connect,
+    redact_url,
 )
 
 __all__ = ["FlowySaver", "ThreadForkedError"]
@@ -152,6 +154,13 @@ class FlowySaver(BaseCheckpointSaver[str]):
             raise TypeError(
                 f"{type(backend).__name__} has no activity journal, where FlowySaver keeps "
                 "pending writes; use a store that has one (every store flowy ships does)"
+            )
+        codec = backend.checkpointer.codec
+        if codec is not None and not (isinstance(codec, JSONCodec) and codec.state_type is None):
+            raise TypeError(
+                f"FlowySaver stores plain JSON states, but {redact_url(backend.url)!r} was "
+                f"opened with the state codec {codec!r}; open the store without a codec "
+                "(flowy.connect(url)) for the saver"
             )
         super().__init__(serde=serde)
         self.backend = backend
