@@ -29,6 +29,8 @@ MEASURED = {
     "memory.worker_rss",
     "memory.worker_traced",
     "memory.suspended",
+    # langgraph is a dev dependency (flowy-langgraph's tests): the fan-out peer runs here.
+    "peer.langgraph_send",
 }
 # Rows that need a server (or --full): present, and skipped in quick mode.
 SKIPPED = {
@@ -45,7 +47,6 @@ SKIPPED = {
     "redis.outbox_worker",
     "postgres.handoff_latency",
     "peer.langgraph",
-    "peer.langgraph_send",
 }
 BUDGETED = {
     "engine",
