@@ -6,9 +6,11 @@ middle of a conversation that, carried on by another process, bills no completio
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -259,3 +261,54 @@ async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_agai
         "model:6": 1,
     }
     assert entries[stuck].attempts == 2  # the hung tool (idempotent) was called again
+
+
+# -- the page is the example ---------------------------------------------------------------
+
+PAGE = ROOT / "docs" / "llm-agent.md"
+EXAMPLE = ROOT / "examples" / "llm_agent"
+SECTION_OR_BLOCK = re.compile(r"^(##[^#\n][^\n]*)$|^```(\w*)\n(.*?)^```$", re.M | re.S)
+MODULE_IN_HEADING = re.compile(r"examples/llm_agent/(\w+\.py)")
+# What a module of a package needs but a page run as one script cannot have: imports of
+# a sibling module and the __main__ guard. The page names them in its text instead.
+PACKAGE_ONLY = re.compile(
+    r'^from \.\w+ import [^\n]*\n|^if __name__ == "__main__":\n    \w+\(\)\n', re.M
+)
+
+
+def shown_modules() -> dict[str, str]:
+    """The page's python blocks, joined by the module the heading of their section names."""
+    modules: dict[str, list[str]] = {}
+    current: str | None = None
+    for match in SECTION_OR_BLOCK.finditer(PAGE.read_text()):
+        heading, lang, body = match.groups()
+        if heading is not None:
+            named = MODULE_IN_HEADING.search(heading)
+            current = named.group(1) if named else None
+        elif lang == "python" and current is not None:
+            modules.setdefault(current, []).append(body.strip("\n"))
+    return {name: "\n\n\n".join(blocks) for name, blocks in modules.items()}
+
+
+def normalised(code: str) -> str:
+    return re.sub(r"\n{3,}", "\n\n\n", code.strip("\n")) + "\n"
+
+
+def test_the_page_shows_every_module_of_the_example_line_for_line() -> None:
+    shown = shown_modules()
+    on_disk = sorted(p.name for p in EXAMPLE.glob("*.py") if p.name != "__init__.py")
+    assert sorted(shown) == on_disk
+    text = " ".join(PAGE.read_text().split())
+    for name in on_disk:
+        source = (EXAMPLE / name).read_text()
+        for line in PACKAGE_ONLY.findall(source):
+            assert f"`{' '.join(line.split())}`" in text, f"{name}: name {line.strip()!r}"
+        diff = "".join(
+            difflib.unified_diff(
+                normalised(PACKAGE_ONLY.sub("", source)).splitlines(keepends=True),
+                normalised(shown[name]).splitlines(keepends=True),
+                f"examples/llm_agent/{name}",
+                f"docs/llm-agent.md ({name})",
+            )
+        )
+        assert not diff, f"the page and the example differ (edit both):\n{diff}"

@@ -12,8 +12,6 @@ recorded.
     python3 -m examples.llm_agent.agent --thread trip-1 "What's the weather in Lisbon?"
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import json
@@ -28,6 +26,7 @@ from .chat import ChatModel, Message, OnToken
 
 SYSTEM = "You are a travel assistant. Use the tools for facts; answer in one short paragraph."
 MAX_TURNS = 8
+FINISHED = (flowy.RunStatus.COMPLETED, flowy.RunStatus.FAILED)
 
 
 @dataclass
@@ -37,9 +36,6 @@ class Conversation:
     messages: list[dict[str, Any]]
     turns: int = 0
     answer: str = ""
-
-
-# -- tools ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -66,7 +62,7 @@ class Tool:
 class Toolbox:
     tools: dict[str, Tool] = field(default_factory=lambda: {})
 
-    def with_tool(self, tool: Tool) -> Toolbox:
+    def with_tool(self, tool: Tool) -> "Toolbox":
         return Toolbox({**self.tools, tool.name: tool})
 
     def schemas(self) -> list[dict[str, Any]]:
@@ -112,8 +108,6 @@ def default_tools() -> Toolbox:
         )
     )
 
-
-# -- the graph --------------------------------------------------------------------------
 
 MODEL = flowy.BindingKey[ChatModel]("model")
 TOOLS = flowy.BindingKey[Toolbox]("tools")
@@ -179,9 +173,6 @@ builder.add_node("turn", turn).add_edge("turn", "turn")
 graph = builder.compile(max_steps=MAX_TURNS)
 
 
-# -- running a conversation ---------------------------------------------------------------
-
-
 def new_conversation(question: str) -> Conversation:
     return Conversation(
         [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
@@ -199,7 +190,8 @@ async def converse(
     on_turn: Callable[[Conversation], None] | None = None,
     lease_ttl: float = 30.0,
 ) -> flowy.RunResult[Conversation, flowy.NoEffect]:
-    """Ask ``question`` in a new thread, or carry on ``thread_id`` where it stopped.
+    """Ask ``question`` in a new thread, or carry on ``thread_id`` where it stopped (a
+    finished thread is not run again: its result is its last snapshot).
 
     A thread whose last process died is taken over once that process's lease runs out
     (``lease_ttl`` seconds at most). ``on_turn`` sees the state after each turn, from the
@@ -216,6 +208,11 @@ async def converse(
             head = await runner.head(thread_id)
         except flowy.ThreadNotFoundError:
             head = None
+        if head is not None and head[0].status in FINISHED:  # nothing to run: say how it ended
+            done = head[0]
+            return flowy.RunResult(
+                thread_id, done.state, done.status, done.reason, done.execution_pointer
+            )
         try:
             if head is None:
                 start = runner.stream(thread_id, new_conversation(question), bindings=bindings)

@@ -9,8 +9,6 @@ adds the pieces up into one assistant message, and hands each piece of text to
 ``on_token`` as it arrives.
 """
 
-from __future__ import annotations
-
 import asyncio
 import http.client
 import json
@@ -45,7 +43,7 @@ class ChatModel:
     @classmethod
     def from_env(
         cls, base_url: str | None = None, api_key: str | None = None, model: str | None = None
-    ) -> ChatModel:
+    ) -> "ChatModel":
         return cls(
             base_url=base_url or os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1"),
             api_key=api_key or os.environ.get("OPENAI_API_KEY", ""),

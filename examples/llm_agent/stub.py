@@ -12,8 +12,6 @@ random, as a real model's are, so a call made twice would not look the same.
     python3 -m examples.llm_agent.stub --port 8001
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import threading
@@ -69,7 +67,7 @@ class StubModel:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def __enter__(self) -> StubModel:
+    def __enter__(self) -> "StubModel":
         self._thread.start()
         return self
 
