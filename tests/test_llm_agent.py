@@ -129,6 +129,25 @@ async def test_an_endpoint_that_refuses_fails_the_run_with_its_answer(stub: Stub
         await ChatModel("ftp://x", "k", "m").reply([], [])
 
 
+async def test_a_busy_endpoint_is_asked_again_without_failing_the_turn() -> None:
+    with StubModel(busy=2, delay=0) as stub:
+        model = ChatModel(stub.base_url, "sk-test", "stub-1", attempts=3)
+        async with flowy.connect("memory://") as backend:
+            result = await agent.converse(backend, "t", "weather?", model)
+            journal = await journal_of(backend, "t")
+    assert result.status is flowy.RunStatus.COMPLETED and result.state.answer == ANSWER
+    assert stub.calls == 3 and stub.busy == 0  # two 503s, then three completions
+    assert all(e.attempts == 1 for e in journal)  # retried inside one activity attempt
+
+    with StubModel(busy=5, delay=0) as stub:
+        model = ChatModel(stub.base_url, "sk-test", "stub-1", attempts=2)
+        async with flowy.connect("memory://") as backend:
+            result = await agent.converse(backend, "t", "weather?", model)
+            [entry] = await journal_of(backend, "t")
+    assert result.status is flowy.RunStatus.FAILED and stub.calls == 0 and stub.busy == 3
+    assert entry.status is ActivityStatus.FAILED and "HTTP 503" in (entry.error or "")
+
+
 def test_the_model_never_shows_its_key() -> None:
     assert "sk-secret" not in repr(ChatModel("http://x/v1", "sk-secret", "m"))
 
@@ -189,9 +208,10 @@ async def store_url(
             server.stop()
 
 
-def agent_command(code: str | None, url: str, thread: str) -> list[str]:
+def agent_command(code: str | None, url: str, thread: str, lease_ttl: float) -> list[str]:
     runner = ["-c", code] if code else ["-m", "examples.llm_agent.agent"]
-    return [sys.executable, *runner, "--backend", url, "--thread", thread, "--lease-ttl", "2"]
+    options = ("--backend", url, "--thread", thread, "--lease-ttl", str(lease_ttl))
+    return [sys.executable, *runner, *options]
 
 
 def agent_env(stub: StubModel) -> dict[str, str]:
@@ -206,7 +226,7 @@ async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_agai
     # 1. A process asks; in turn 2, after the model's reply, its tool call hangs: SIGKILL.
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            *agent_command(STUCK_AGENT, store_url, thread),
+            *agent_command(STUCK_AGENT, store_url, thread, lease_ttl=3),  # soon taken over
             cwd=ROOT,
             env=agent_env(stub),
             stdout=out,
@@ -236,7 +256,7 @@ async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_agai
 
     # 2. Another process carries the conversation on (once the dead one's lease is out).
     proc2 = await asyncio.create_subprocess_exec(
-        *agent_command(None, store_url, thread),
+        *agent_command(None, store_url, thread, lease_ttl=30),
         cwd=ROOT,
         env=agent_env(stub),
         stdout=asyncio.subprocess.PIPE,

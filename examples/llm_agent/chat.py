@@ -26,6 +26,10 @@ class ModelError(Exception):
     """The endpoint refused the request or sent something that is not a chat completion."""
 
 
+class EndpointBusyError(ModelError):
+    """No answer yet: the endpoint is unreachable, or busy (HTTP 429 or 5xx)."""
+
+
 @dataclass(frozen=True)
 class ChatModel:
     """An OpenAI-compatible endpoint: ``{base_url}/chat/completions``.
@@ -39,6 +43,9 @@ class ChatModel:
     api_key: str
     model: str
     timeout: float = 120.0
+    attempts: int = 3
+    """Tries of one reply while the endpoint is busy, a second apart, then two, ...; a reply
+    that has begun to stream is never asked for again here."""
 
     @classmethod
     def from_env(
@@ -67,6 +74,11 @@ class ChatModel:
             if on_token is not None:
                 loop.call_soon_threadsafe(on_token, text)
 
+        for attempt in range(1, self.attempts):
+            try:
+                return await asyncio.to_thread(self._reply, messages, tools, forward)
+            except EndpointBusyError:
+                await asyncio.sleep(2 ** (attempt - 1))
         return await asyncio.to_thread(self._reply, messages, tools, forward)
 
     def _reply(
@@ -83,20 +95,25 @@ class ChatModel:
         if tools:
             body["tools"] = tools
         try:
-            conn.request(
-                "POST",
-                url.path,
-                body=json.dumps(body),
-                headers={
-                    "Authorization": f"Bearer {self.api_key}",
-                    "Content-Type": "application/json",
-                    "Accept": "text/event-stream",
-                },
-            )
-            response = conn.getresponse()
+            try:
+                conn.request(
+                    "POST",
+                    url.path,
+                    body=json.dumps(body),
+                    headers={
+                        "Authorization": f"Bearer {self.api_key}",
+                        "Content-Type": "application/json",
+                        "Accept": "text/event-stream",
+                    },
+                )
+                response = conn.getresponse()
+            except OSError as exc:  # refused, reset, timed out: nothing was streamed
+                raise EndpointBusyError(f"{self.base_url} is unreachable: {exc}") from exc
             if response.status != 200:
                 detail = response.read(500).decode(errors="replace")
-                raise ModelError(f"{self.base_url} answered HTTP {response.status}: {detail}")
+                busy = response.status == 429 or response.status >= 500
+                error = EndpointBusyError if busy else ModelError
+                raise error(f"{self.base_url} answered HTTP {response.status}: {detail}")
             return assemble(events(response), on_token)
         finally:
             conn.close()

@@ -45,12 +45,14 @@ class StubModel:
     """The server, on 127.0.0.1 and a free port, in a thread of this process.
 
     ``with StubModel() as stub:`` serves until the block ends; ``stub.base_url`` is what
-    the agent is given. ``delay`` is the pause between two streamed pieces.
+    the agent is given. ``delay`` is the pause between two streamed pieces; the first
+    ``busy`` requests are answered HTTP 503 (and not billed).
     """
 
     script: Sequence[Reply] = WEATHER_SCRIPT
     port: int = 0
     delay: float = 0.01
+    busy: int = 0
     calls: int = 0
     """Completions served (billed)."""
     requests: list[dict[str, Any]] = field(default_factory=lambda: [])
@@ -77,10 +79,13 @@ class StubModel:
         self._server.shutdown()
         self._server.server_close()
 
-    def bill(self, body: dict[str, Any]) -> Reply:
-        """Count the completion and pick its reply."""
+    def bill(self, body: dict[str, Any]) -> Reply | None:
+        """Count the completion and pick its reply (``None``: busy, try again)."""
         position = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
         with self._lock:
+            if self.busy > 0:
+                self.busy -= 1
+                return None
             self.calls += 1
             self.requests.append(body)
         return self.script[min(position, len(self.script) - 1)]
@@ -132,6 +137,9 @@ def _handler(stub: StubModel) -> type[BaseHTTPRequestHandler]:
                 return
             body = cast(dict[str, Any], body)
             reply = stub.bill(body)
+            if reply is None:
+                self._error(503, "the model is overloaded: try again")
+                return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
