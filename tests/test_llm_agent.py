@@ -218,15 +218,14 @@ def agent_env(stub: StubModel) -> dict[str, str]:
     return {**os.environ, "OPENAI_BASE_URL": stub.base_url, "OPENAI_API_KEY": "sk-test"}
 
 
-async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_again(
-    stub: StubModel, store_url: str, tmp_path: Path
+async def kill_when(
+    code: str | None, url: str, thread: str, stub: StubModel, printed: str, tmp_path: Path
 ) -> None:
-    thread = "trip-crash"
+    """Run the agent (``code``, else the module) until it prints ``printed``: SIGKILL."""
     log = tmp_path / "killed.log"
-    # 1. A process asks; in turn 2, after the model's reply, its tool call hangs: SIGKILL.
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            *agent_command(STUCK_AGENT, store_url, thread, lease_ttl=3),  # soon taken over
+            *agent_command(code, url, thread, lease_ttl=3),  # soon taken over
             cwd=ROOT,
             env=agent_env(stub),
             stdout=out,
@@ -234,15 +233,39 @@ async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_agai
         )
     try:
         deadline = time.monotonic() + DEADLINE
-        while "convert_currency started" not in log.read_text():
+        while printed not in log.read_text():
             assert proc.returncode is None, log.read_text()
-            assert time.monotonic() < deadline, f"never reached turn 2:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"never printed {printed!r}:\n{log.read_text()}"
             await asyncio.sleep(0.05)
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGKILL)
         await proc.wait()
     assert proc.returncode == -signal.SIGKILL
+
+
+async def carry_on(url: str, thread: str, stub: StubModel) -> str:
+    """The agent's command for ``thread`` again, in a new process, to its end: its output."""
+    proc = await asyncio.create_subprocess_exec(
+        *agent_command(None, url, thread, lease_ttl=30),
+        cwd=ROOT,
+        env=agent_env(stub),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE)
+    output = out.decode()
+    assert proc.returncode == 0, output
+    assert f"{thread}: completed after 3 turn(s)" in output, output
+    return output
+
+
+async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_again(
+    stub: StubModel, store_url: str, tmp_path: Path
+) -> None:
+    thread = "trip-crash"
+    # 1. A process asks; in turn 2, after the model's reply, its tool call hangs: SIGKILL.
+    await kill_when(STUCK_AGENT, store_url, thread, stub, "convert_currency started", tmp_path)
     assert stub.calls == 2  # turn 1's completion and turn 2's, both billed once
 
     async with flowy.connect(store_url) as backend:
@@ -255,17 +278,8 @@ async def test_a_conversation_killed_mid_turn_is_carried_on_without_billing_agai
     [stuck] = [k for k, s in journal.items() if s is ActivityStatus.STARTED]
 
     # 2. Another process carries the conversation on (once the dead one's lease is out).
-    proc2 = await asyncio.create_subprocess_exec(
-        *agent_command(None, store_url, thread, lease_ttl=30),
-        cwd=ROOT,
-        env=agent_env(stub),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc2.communicate(), DEADLINE)
-    output = out.decode()
-    assert proc2.returncode == 0, output
-    assert f"{thread}: completed after 3 turn(s)" in output and ANSWER in output, output
+    output = await carry_on(store_url, thread, stub)
+    assert ANSWER in output, output
 
     # Three completions in all: turn 2 ran again from the journal's copy of its reply.
     assert stub.calls == 3, [len(r["messages"]) for r in stub.requests]
@@ -332,3 +346,27 @@ def test_the_page_shows_every_module_of_the_example_line_for_line() -> None:
             )
         )
         assert not diff, f"the page and the example differ (edit both):\n{diff}"
+
+
+async def test_a_reply_cut_off_by_a_crash_is_asked_for_again_and_only_that_one(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'chats.db'}"
+    thread = "trip-cut"
+    # The answer (third completion) stalls after a few words; the process dies meanwhile.
+    with StubModel(delay=0.002, stall=2) as stub:
+        await kill_when(None, url, thread, stub, "It is 21", tmp_path)
+        assert stub.calls == 3
+        output = await carry_on(url, thread, stub)
+        positions = [len(r["messages"]) for r in stub.requests]
+    assert output.count(ANSWER) == 1, output  # streamed again, whole, by the new process
+    # Billed: the two tool-call completions once, the answer twice (it was cut off).
+    assert positions == [2, 4, 6, 6], positions
+    async with flowy.connect(url) as backend:
+        entries = {e.key: e for e in await journal_of(backend, thread)}
+    assert {k: e.attempts for k, e in entries.items() if k.startswith("model:")} == {
+        "model:2": 1,
+        "model:4": 1,
+        "model:6": 2,
+    }
+    assert all(e.status is ActivityStatus.SUCCEEDED for e in entries.values())

@@ -46,13 +46,16 @@ class StubModel:
 
     ``with StubModel() as stub:`` serves until the block ends; ``stub.base_url`` is what
     the agent is given. ``delay`` is the pause between two streamed pieces; the first
-    ``busy`` requests are answered HTTP 503 (and not billed).
+    ``busy`` requests are answered HTTP 503 (and not billed). The first reply at position
+    ``stall`` (billed) stops after a few pieces, as if the model hung, until the server
+    stops.
     """
 
     script: Sequence[Reply] = WEATHER_SCRIPT
     port: int = 0
     delay: float = 0.01
     busy: int = 0
+    stall: int | None = None
     calls: int = 0
     """Completions served (billed)."""
     requests: list[dict[str, Any]] = field(default_factory=lambda: [])
@@ -60,6 +63,7 @@ class StubModel:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self.stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -76,19 +80,24 @@ class StubModel:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.stopping.set()
         self._server.shutdown()
         self._server.server_close()
 
-    def bill(self, body: dict[str, Any]) -> Reply | None:
-        """Count the completion and pick its reply (``None``: busy, try again)."""
+    def bill(self, body: dict[str, Any]) -> tuple[Reply | None, bool]:
+        """Count the completion and pick its reply (``None``: busy, try again), and
+        whether to stall in the middle of it."""
         position = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
         with self._lock:
             if self.busy > 0:
                 self.busy -= 1
-                return None
+                return None, False
             self.calls += 1
             self.requests.append(body)
-        return self.script[min(position, len(self.script) - 1)]
+            stall = position == self.stall
+            if stall:
+                self.stall = None  # once
+        return self.script[min(position, len(self.script) - 1)], stall
 
 
 def chunks(reply: Reply, model: str) -> list[dict[str, Any]]:
@@ -136,7 +145,7 @@ def _handler(stub: StubModel) -> type[BaseHTTPRequestHandler]:
                 self._error(400, "send a JSON body with stream: true")
                 return
             body = cast(dict[str, Any], body)
-            reply = stub.bill(body)
+            reply, stall = stub.bill(body)
             if reply is None:
                 self._error(503, "the model is overloaded: try again")
                 return
@@ -145,12 +154,18 @@ def _handler(stub: StubModel) -> type[BaseHTTPRequestHandler]:
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            for piece in chunks(reply, str(body.get("model", "stub"))):
-                self.wfile.write(f"data: {json.dumps(piece)}\n\n".encode())
-                self.wfile.flush()
-                time.sleep(stub.delay)
-            self.wfile.write(b"data: [DONE]\n\n")
             self.close_connection = True
+            try:
+                for i, piece in enumerate(chunks(reply, str(body.get("model", "stub")))):
+                    if stall and i == 4:
+                        stub.stopping.wait()
+                        return
+                    self.wfile.write(f"data: {json.dumps(piece)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(stub.delay)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):  # the client went away
+                return
 
         def _error(self, code: int, message: str) -> None:
             data = json.dumps({"error": {"message": message}}).encode()
