@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 import flowy
 from examples.llm_agent import agent
-from examples.llm_agent.chat import ChatModel, ModelError
+from examples.llm_agent.chat import ChatModel, ModelError, assemble, events
 from examples.llm_agent.stub import WEATHER_SCRIPT, Reply, StubModel
 from flowy.storage import ActivityRecord, ActivityStatus, DurableCheckpointer
 from flowy.testing.backends import backend_missing, port_open
@@ -146,6 +146,54 @@ async def test_a_busy_endpoint_is_asked_again_without_failing_the_turn() -> None
             [entry] = await journal_of(backend, "t")
     assert result.status is flowy.RunStatus.FAILED and stub.calls == 0 and stub.busy == 3
     assert entry.status is ActivityStatus.FAILED and "HTTP 503" in (entry.error or "")
+
+
+def sse(*events: str) -> list[bytes]:
+    """The lines of an event stream whose events are ``events`` (each maybe several lines)."""
+    return [f"{line}\r\n".encode() for event in events for line in [*event.split("\n"), ""]]
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+    return "data: " + json.dumps({"choices": [{"delta": delta, "finish_reason": finish}]})
+
+
+def test_the_event_stream_parser_takes_what_servers_send() -> None:
+    lines = sse(
+        ": keep-alive",  # a comment
+        "event: message\nid: 1\n" + chunk({"content": "Hel"}),
+        'data: {"choices": [{"delta":\ndata: {"content": "lo"}}]}',  # one event, two lines
+        chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g"}}]}),
+        chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f"}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"x":'}}]}),
+        chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": " 1}"}}]}),
+        chunk({}, "tool_calls"),
+        "data: [DONE]",
+        chunk({"content": "after the end"}),
+    )
+    tokens: list[str] = []
+    message = assemble(events(lines), tokens.append)
+    assert tokens == ["Hel", "lo"] and message["content"] == "Hello"
+    assert [(c["id"], c["function"]) for c in message["tool_calls"]] == [
+        ("a", {"name": "f", "arguments": "{}"}),
+        ("b", {"name": "g", "arguments": '{"x": 1}'}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("lines", "error"),
+    [
+        (sse(chunk({"content": "cut"})), "ended before the reply did"),
+        (sse(chunk({"content": "cut"}))[:-1], "ended in the middle of an event"),
+        (sse("data: {not json"), "not JSON"),
+        (sse('data: {"error": {"message": "overloaded"}}'), "sent an error"),
+    ],
+)
+def test_a_stream_that_is_cut_or_garbled_is_an_error_not_a_reply(
+    lines: list[bytes], error: str
+) -> None:
+    with pytest.raises(ModelError, match=error):
+        assemble(events(lines), lambda text: None)
 
 
 def test_the_model_never_shows_its_key() -> None:

@@ -14,7 +14,7 @@ import http.client
 import json
 import os
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,14 +119,15 @@ class ChatModel:
             conn.close()
 
 
-def events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
-    """The JSON payloads of a server-sent-events stream, up to ``data: [DONE]``.
+def events(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON payloads of a server-sent-events stream (the lines of an HTTP response
+    body), up to ``data: [DONE]``.
 
     An event is one or more ``data:`` lines ended by a blank line; other fields
     (``event:``, ``id:``, comments starting with ``:``) carry nothing we need.
     """
     data: list[str] = []
-    for raw in response:
+    for raw in lines:
         line = raw.decode().rstrip("\r\n")
         if line:
             if line.startswith("data:"):
@@ -148,14 +149,18 @@ def events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
 
 
 def assemble(chunks: Iterator[dict[str, Any]], on_token: OnToken) -> Message:
-    """Add the deltas of a streamed completion up into one assistant message."""
+    """Add the deltas of a streamed completion up into one assistant message; a stream
+    that ends before the reply says it is finished (``finish_reason``) is an error, never
+    a shorter reply."""
     text: list[str] = []
+    finished = False
     calls: dict[int, dict[str, Any]] = {}
     for chunk in chunks:
         if "error" in chunk:
             raise ModelError(f"the endpoint sent an error: {chunk['error']}")
         choices: list[dict[str, Any]] = chunk.get("choices") or []
         for choice in choices[:1]:
+            finished = finished or bool(choice.get("finish_reason"))
             delta: dict[str, Any] = choice.get("delta") or {}
             if delta.get("content"):
                 text.append(delta["content"])
@@ -170,6 +175,8 @@ def assemble(chunks: Iterator[dict[str, Any]], on_token: OnToken) -> Message:
                 function: dict[str, Any] = piece.get("function") or {}
                 call["function"]["name"] += function.get("name") or ""
                 call["function"]["arguments"] += function.get("arguments") or ""
+    if not finished:
+        raise ModelError("the stream ended before the reply did (no finish_reason)")
     message: Message = {"role": "assistant", "content": "".join(text) or None}
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
