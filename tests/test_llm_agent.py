@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -194,6 +195,25 @@ def test_a_stream_that_is_cut_or_garbled_is_an_error_not_a_reply(
 ) -> None:
     with pytest.raises(ModelError, match=error):
         assemble(events(lines), lambda text: None)
+
+
+def test_the_command_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "k"}
+    command = [sys.executable, "-m", "examples.llm_agent.agent", "--thread", "t"]
+    bad_url = subprocess.run(
+        [*command, "--backend", "nope://x"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert bad_url.returncode == 2 and bad_url.stdout == "", bad_url
+    assert bad_url.stderr.startswith("error: unknown store scheme 'nope'"), bad_url.stderr
+    assert len(bad_url.stderr.splitlines()) == 1, bad_url.stderr
+    # Nothing answers on the endpoint: the run fails, and says why.
+    url = f"sqlite:///{tmp_path / 'chats.db'}"
+    down = subprocess.run(
+        [*command, "--backend", url], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert down.returncode == 1 and "Traceback" not in down.stderr, down
+    assert "t: failed after 0 turn(s)" in down.stdout, down.stdout
+    assert "is unreachable" in down.stderr and len(down.stderr.splitlines()) == 1, down.stderr
 
 
 def test_the_model_never_shows_its_key() -> None:

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -239,7 +240,12 @@ def print_turn(state: Conversation) -> None:
 
 async def run(args: argparse.Namespace, tools: Toolbox | None = None) -> int:
     model = ChatModel.from_env(args.base_url, None, args.model)
-    async with flowy.connect(args.backend) as backend:
+    try:
+        backend = await flowy.connect(args.backend)
+    except (flowy.BackendURLError, flowy.StorageError) as exc:  # a bad URL, a store down
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    async with backend:
         result = await converse(
             backend,
             args.thread,
@@ -251,7 +257,11 @@ async def run(args: argparse.Namespace, tools: Toolbox | None = None) -> int:
             lease_ttl=args.lease_ttl,
         )
     print(f"\n{args.thread}: {result.status} after {result.state.turns} turn(s)", flush=True)
-    return 0 if result.status is flowy.RunStatus.COMPLETED else 1
+    if result.status is flowy.RunStatus.COMPLETED:
+        return 0
+    cause = f": {result.error}" if result.error is not None else ""
+    print(f"error: {args.thread} {result.status} ({result.reason}){cause}", file=sys.stderr)
+    return 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
