@@ -225,7 +225,7 @@ def test_thread_page_shows_head_state_history_and_marked_graph(client: TestClien
     history = page[page.index("id='history'") : page.index("<h2>Effects")]
     assert "<td>1</td><td>running</td>" in history and "(state unchanged)" in history
     assert "{&quot;kind&quot;: &quot;approval&quot;}" in page  # the effect
-    assert "classDef current" in page and "class n_ask current" in page
+    assert re.search(r"<g class='n current[^']*' data-node='ask'>", page)  # the graph, drawn
     assert "name='overlay'" in page  # the resume (approval) form
     assert client.get("/threads/nope").status_code == 404
 
@@ -242,7 +242,7 @@ def test_thread_page_shows_the_journal_and_timer_of_a_waiting_thread(store: Stor
     )
     timers = page[page.index("<h2>Timers") : page.index("<h2>Graph")]
     assert re.search(r"<td>in 3[56]\d\ds</td>", timers), timers
-    assert "class n_done current" in page
+    assert re.search(r"<g class='n current[^']*' data-node='done'>", page)
 
 
 def test_resume_action_approves_and_redirects_with_the_outcome(

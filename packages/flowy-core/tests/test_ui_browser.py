@@ -192,7 +192,8 @@ def test_thread_page_shows_state_and_history(browser: webdriver.Chrome, served: 
     assert '"planned": true' in browser.find_element(By.ID, "state").text
     history = browser.find_element(By.ID, "history").text
     assert "awaiting_approval" in history and "running" in history
-    assert "class n_ask current" in browser.find_element(By.ID, "graph").text
+    current = browser.find_elements(By.CSS_SELECTOR, "#graph g.current")
+    assert [g.get_attribute("data-node") for g in current] == ["ask"]
     _screenshot(browser, "ui-thread.png")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from .._graph import Graph
 from ..storage import Snapshot
 from ._render import compact_json
+from ._svg import to_svg
 
 __all__ = [
     "CSS",
@@ -22,7 +23,8 @@ __all__ = [
     "e",
     "href",
     "in_seconds",
-    "mermaid_marked",
+    "drawn_graph",
+    "path_of",
     "plain",
     "table",
     "thread_href",
@@ -99,22 +101,37 @@ def plain(state: Any) -> Any:
     return json.loads(compact_json(state))
 
 
-def mermaid_id(name: str) -> str:
-    """The Mermaid node id ``Graph.to_mermaid`` gives ``name``."""
-    return "n_" + "".join(c if c.isalnum() else "_" for c in name)
+def path_of(history: Sequence[Snapshot[Any]]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The nodes a thread reached along ``history`` (oldest first) with how many times
+    each (a run of revisions at one node is one visit), and the edges it went along."""
+    visits: dict[str, int] = {}
+    taken: list[tuple[str, str]] = []
+    previous: str | None = None
+    for snap in history:
+        node = snap.execution_pointer
+        if node != previous:
+            visits[node] = visits.get(node, 0) + 1
+            if previous is not None:
+                taken.append((previous, node))
+        previous = node
+    return visits, taken
 
 
-def mermaid_marked(graph: Graph[Any, Any], snap: Snapshot[Any]) -> str:
-    """``graph.to_mermaid()`` with the node the thread is at (and, inside a subgraph,
-    its inner node) in the ``current`` class."""
-    text = graph.to_mermaid()
-    marked = [mermaid_id(snap.execution_pointer)]
+def drawn_graph(
+    graph: Graph[Any, Any], snap: Snapshot[Any], history: Sequence[Snapshot[Any]]
+) -> str:
+    """``graph`` as inline SVG with the node the thread is at (and, inside a subgraph,
+    its inner node) marked, and the path of ``history`` with visit counts."""
+    visits, taken = path_of(history)
     inner = snap.nested.get("pointer") if snap.nested else None
-    if inner is not None:
-        marked.append(mermaid_id(snap.execution_pointer) + "__" + mermaid_id(str(inner))[2:])
-    lines = ["    classDef current fill:#ffd54f,stroke:#e65100,stroke-width:3px"]
-    lines += [f"    class {m} current" for m in marked]
-    return text + "\n".join(lines) + "\n"
+    return to_svg(
+        graph,
+        current=snap.execution_pointer,
+        inner_current=None if inner is None else str(inner),
+        visits=visits,
+        taken=taken,
+        title=f"the graph, at {snap.execution_pointer}",
+    )
 
 
 def thread_path(thread: str) -> str:

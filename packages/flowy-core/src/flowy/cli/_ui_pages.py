@@ -33,9 +33,9 @@ from ._store import codec_for, dead_letters_by_thread
 from ._ui_html import (
     CSS,
     age,
+    drawn_graph,
     e,
     in_seconds,
-    mermaid_marked,
     plain,
     table,
     thread_href,
@@ -234,8 +234,8 @@ class Inspector:
                 ),
                 "no pending timers",
             ),
-            "<h2>Graph (Mermaid)</h2>",
-            f"<pre id='graph'>{e(mermaid_marked(self.graph, snap))}</pre>",
+            "<h2>Graph</h2>",
+            f"<div id='graph' class='graph'>{drawn_graph(self.graph, snap, history)}</div>",
         ]
         return self.page(f"Thread {thread}", "".join(sections), request)
 
