@@ -10,8 +10,10 @@ chromium-driver``); nothing is downloaded here. Without them the tests skip, unl
 Every page is saved as a screenshot 1280 px and 390 px wide, as tall as it is, under
 ``.artifacts/ui-screenshots/STORE/`` (``FLOWY_UI_SCREENSHOTS=DIR`` puts them under DIR
 instead): ``threads``, ``thread``, ``thread-advanced``, ``dead-letters`` and
-``threads-page-2``, each ``-1280.png`` and ``-390.png``. ``docs/images`` holds the
-SQLite ones at 1280 px.
+``threads-page-2``, each ``-1280.png`` and ``-390.png``, and the first three in dark
+mode too (``thread-dark-1280.png``, ...). ``docs/images`` holds the
+SQLite ones at 1280 px (``thread-advanced`` as ``ui-thread.png``, which the README
+shows too).
 """
 
 from __future__ import annotations
@@ -213,6 +215,7 @@ def test_the_fleet_page_counts_lists_and_names_the_store(
     assert "1\nsuspended" in statuses
     assert "1\ndead letters" in browser.find_element(By.ID, "backlog").text
     _screenshot(browser, served.store.name, "threads")
+    _readable_narrow_and_dark(browser, served.store.name, "threads")
     # A count is a link to the list of those threads.
     browser.find_element(By.XPATH, "//div[@id='by-status']//a[contains(., 'suspended')]").click()
     WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("status=suspended"))
@@ -239,6 +242,7 @@ def test_the_thread_page_tells_the_story(browser: webdriver.Chrome, served: Serv
     # The effect appears once, at the revision that emitted it.
     effects = [r[0] for r in timeline if r[6]]
     assert effects == [str(served.threads.susp_revision)]
+    _screenshot(browser, served.store.name, "thread")
     # State changes are folded until opened.
     diff = browser.find_element(By.CSS_SELECTOR, "#timeline details")
     assert not diff.find_element(By.XPATH, "./*[not(self::summary)]").is_displayed()
@@ -250,7 +254,32 @@ def test_the_thread_page_tells_the_story(browser: webdriver.Chrome, served: Serv
     assert '"thread_id": "susp"' in head.find_element(By.TAG_NAME, "pre").text
     assert approval_graph().version in browser.find_element(By.ID, "graph-version").text
     assert "no pending timers" in browser.find_element(By.ID, "live").text
-    _screenshot(browser, served.store.name, "thread")
+    _readable_narrow_and_dark(browser, served.store.name, "thread")
+
+
+def _readable_narrow_and_dark(browser: webdriver.Chrome, store: str, name: str) -> None:
+    """At 390 px the page does not scroll sideways (wide tables and the graph scroll in
+    their own box); with the system in dark mode the page is dark, saved as
+    ``NAME-dark-WIDTH.png``."""
+    narrow = {"width": 390, "height": 800, "deviceScaleFactor": 1, "mobile": True}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", narrow)
+    try:
+        wide = browser.execute_script("return document.documentElement.scrollWidth")
+        assert wide <= 390, f"the page is {wide} px wide at 390 px"
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    background = "return getComputedStyle(document.body).backgroundColor"
+    light = browser.execute_script(background)
+    dark = {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", dark)
+    try:
+        shade = browser.execute_script(background)
+        assert shade != light
+        red, green, blue = (int(c) for c in re.findall(r"\d+", shade)[:3])
+        assert red + green + blue < 150, shade
+        _screenshot(browser, store, f"{name}-dark")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
 
 def test_the_approval_form_resumes_the_run(browser: webdriver.Chrome, served: Served) -> None:
@@ -363,6 +392,7 @@ def test_dead_letters_page_requeues_and_recovers(browser: webdriver.Chrome, serv
     orphan = browser.find_element(By.LINK_TEXT, "orph").find_element(By.XPATH, "./ancestor::tr")
     assert orphan.text.startswith("orph orphaned act") and "Recover" in orphan.text
     _screenshot(browser, served.store.name, "dead-letters")
+    _readable_narrow_and_dark(browser, served.store.name, "dead-letters")
 
     browser.find_element(By.XPATH, "//button[text()='Requeue']").click()
     done = WebDriverWait(browser, WAIT).until(

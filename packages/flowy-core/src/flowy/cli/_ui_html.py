@@ -57,6 +57,7 @@ main{padding:.5em 1em 2em;max-width:1400px}
 h1{font-size:1.35em;margin:.6em 0 .3em;overflow-wrap:anywhere}
 h2{font-size:1.1em;margin:1.3em 0 .4em}
 .num,td,th,time,.count{font-variant-numeric:tabular-nums}
+td time,td.num{white-space:nowrap}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.4em 0;background:var(--card)}
 th,td{border:1px solid var(--line);padding:.3em .55em;text-align:left;vertical-align:top}
@@ -88,7 +89,8 @@ textarea{width:min(30em,100%);height:6em;font-family:ui-monospace,monospace}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em;margin:.4em 0}
 dl.facts dt{font-weight:600;color:var(--muted)}dl.facts dd{margin:0;overflow-wrap:anywhere}
 details>summary{cursor:pointer;color:var(--link)}
-.graph{overflow-x:auto;background:var(--card);border:1px solid var(--line);padding:.3em}
+.graph{width:fit-content;max-width:100%;overflow-x:auto;background:var(--card);
+border:1px solid var(--line);padding:.3em}
 .graph svg{display:block;max-width:none}
 .pager{display:flex;gap:1em;margin:.5em 0}
 .grid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:0 1.5em}
@@ -121,6 +123,8 @@ def span(seconds: float) -> str:
     if seconds != seconds:  # NaN
         return "? s"
     seconds = abs(seconds)
+    if seconds < 10:
+        return f"{seconds:.1f}".rstrip("0").rstrip(".") + " s"
     if seconds < 60:
         return f"{seconds:.0f} s"
     if seconds < 3600:
