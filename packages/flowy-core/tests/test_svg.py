@@ -168,9 +168,19 @@ def test_hostile_node_names_are_escaped() -> None:
     ET.fromstring(svg)
 
 
-def test_the_docs_drawing_of_the_demo_graph_is_current() -> None:
-    """``docs/cli.md`` shows ``docs/images/demo-graph.svg``, which ``flowy graph
-    flowy.cli.demo:build_graph --svg docs/images/demo-graph.svg`` rewrites."""
-    shown = Path(__file__).parents[3] / "docs" / "images" / "demo-graph.svg"
-    title = "the graph flowy.cli.demo:build_graph"
-    assert shown.read_text(encoding="utf-8") == to_svg(demo_graph(), title=title) + "\n"
+DRAWN_IN_THE_DOCS = {
+    "demo-graph.svg": "flowy.cli.demo:build_graph",
+    "conditional-routing.svg": "examples.conditional_routing:build_graph",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRAWN_IN_THE_DOCS))
+def test_the_docs_drawings_are_current(name: str) -> None:
+    """The docs show ``docs/images/NAME``, which ``flowy graph SPEC --svg
+    docs/images/NAME`` (run at the repository's root) rewrites."""
+    spec = DRAWN_IN_THE_DOCS[name]
+    module, _, attr = spec.partition(":")
+    graph = getattr(importlib.import_module(module), attr)()
+    shown = Path(__file__).parents[3] / "docs" / "images" / name
+    expected = to_svg(graph, title=f"the graph {spec}") + "\n"
+    assert shown.read_text(encoding="utf-8") == expected, f"run: flowy graph {spec} --svg {shown}"

@@ -300,6 +300,28 @@ def test_the_approval_form_resumes_the_run(browser: webdriver.Chrome, served: Se
     assert head.state["approved"] is True
 
 
+def test_a_fork_from_the_thread_page_links_back_to_its_parent(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/threads/susp")
+    fork = browser.find_element(By.CSS_SELECTOR, "form[action='/actions/fork']")
+    revision = fork.find_element(By.CSS_SELECTOR, "input[name='revision']:not([type='hidden'])")
+    revision.clear()
+    revision.send_keys("1")
+    browser.find_element(By.NAME, "new_thread").send_keys("susp-copy")
+    browser.find_element(By.XPATH, "//button[text()='Fork']").click()
+    message = WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "msg"))
+    )
+    assert message.text.startswith("forked susp@1 into susp-copy")
+    assert browser.current_url.split("?")[0].endswith("/threads/susp-copy")
+    lineage = browser.find_element(By.ID, "lineage")
+    assert lineage.text == "susp@1"
+    lineage.find_element(By.LINK_TEXT, "susp").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("/threads/susp"))
+    assert browser.find_element(By.ID, "status").text == "suspended"
+
+
 def test_a_live_update_appears_while_another_process_advances_the_thread(
     browser: webdriver.Chrome, served: Served
 ) -> None:
