@@ -139,6 +139,11 @@ def test_routes_are_labelled_and_a_subgraph_is_drawn_inside_its_node() -> None:
     assert {"_router", "timeout", "retries used up", "parallel", "fan-out"} <= labels
     nodes = {g.get("data-node") for g in svg.iter(f"{SVG}g")}
     assert {"inner", "inner/first", "inner/second", "late", END} <= nodes
+    inside = ET.fromstring(to_svg(_composite(), current="inner", inner_current="second"))
+    marked = [
+        g.get("data-node") for g in inside.iter(f"{SVG}g") if "current" in (g.get("class") or "")
+    ]
+    assert marked == ["inner", "inner/second"]
     outer = layout(_composite()).boxes["inner"]
     assert outer.inner is not None and set(outer.inner.boxes) >= {"first", "second"}
 
