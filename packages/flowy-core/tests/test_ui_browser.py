@@ -72,8 +72,7 @@ def _missing_browser() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
+def _chromium() -> webdriver.Chrome:
     missing = _missing_browser()
     if missing is not None:
         if os.environ.get("FLOWY_REQUIRE_BROWSER") == "1":
@@ -91,6 +90,12 @@ def browser() -> Iterator[webdriver.Chrome]:
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    driver = _chromium()
     try:
         yield driver
     finally:
@@ -322,15 +327,12 @@ def test_a_fork_from_the_thread_page_links_back_to_its_parent(
     assert browser.find_element(By.ID, "status").text == "suspended"
 
 
-def test_a_live_update_appears_while_another_process_advances_the_thread(
-    browser: webdriver.Chrome, served: Served
-) -> None:
-    served.open(browser, "/threads/susp")
-    assert browser.find_element(By.ID, "status").text == "suspended"
-    browser.execute_script("window.notReloaded = true")
+def _approve_elsewhere(served: Served) -> None:
+    """Approve ``susp`` from another process (a thread of this one for a memory store,
+    which lives in this process only), as an operator's terminal would."""
     revision = served.threads.susp_revision
     if served.store.name == "memory":
-        # A memory store lives in this process only: a thread of it advances the run.
+
         async def approve() -> None:
             async with flowy.connect(served.store.url) as backend:
                 await flowy.Runner(approval_graph(), backend).resume(
@@ -338,19 +340,45 @@ def test_a_live_update_appears_while_another_process_advances_the_thread(
                 )
 
         threading.Thread(target=asyncio.run, args=(approve(),)).start()
-    else:
-        proc = run_flowy(
-            "resume",
-            f"susp@{revision}",
-            "--backend",
-            served.store.url,
-            "--graph",
-            GRAPH,
-            "--overlay",
-            '{"approved": true}',
-            env=served.store.env,
+        return
+    proc = run_flowy(
+        "resume",
+        f"susp@{revision}",
+        "--backend",
+        served.store.url,
+        "--graph",
+        GRAPH,
+        "--overlay",
+        '{"approved": true}',
+        env=served.store.env,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_live_update_appears_with_javascript_off_by_a_plain_refresh(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+    try:
+        served.open(browser, "/threads/susp")
+        assert browser.find_element(By.ID, "status").text == "suspended"
+        _approve_elsewhere(served)
+        WebDriverWait(browser, WAIT).until(
+            expected_conditions.text_to_be_present_in_element((By.ID, "status"), "handoff")
         )
-        assert proc.returncode == 0, proc.stderr
+        # No script ran (it would have written "updated" there): the page reloaded.
+        assert browser.find_element(By.ID, "updated").text.startswith("live: every")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": False})
+
+
+def test_a_live_update_appears_while_another_process_advances_the_thread(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/threads/susp")
+    assert browser.find_element(By.ID, "status").text == "suspended"
+    browser.execute_script("window.notReloaded = true")
+    _approve_elsewhere(served)
     WebDriverWait(browser, WAIT).until(
         expected_conditions.text_to_be_present_in_element((By.ID, "status"), "handoff")
     )
