@@ -265,7 +265,7 @@ class Inspector:
                         ),
                         e(d["revision"] if d["revision"] is not None else "-"),
                         e(d["attempts"]),
-                        _error(d["error"]),
+                        _error(d["error"], f"error-{d['message_id']}"),
                         self.form("requeue", {"message": d["message_id"]}, "", "Requeue"),
                     ]
                     for d in letters
@@ -334,12 +334,16 @@ class Inspector:
         raise ValueError(f"no action {name!r}")
 
 
-def _error(text: str) -> str:
-    """An error: its first line, and the whole of it (a traceback) behind a toggle."""
+def _error(text: str, ident: str) -> str:
+    """An error: its first line, and the whole of it (a traceback) behind a toggle
+    (``ident`` keeps it open across live refreshes)."""
     first = one_line(text)[:300]
     if "\n" not in text.strip():
         return f"<span class='err-text'>{e(first)}</span>"
-    return f"<details><summary>{e(first)}</summary><pre class='traceback'>{e(text)}</pre></details>"
+    return (
+        f"<details id='{e(ident)}'><summary>{e(first)}</summary>"
+        f"<pre class='traceback'>{e(text)}</pre></details>"
+    )
 
 
 def _whole(text: str, what: str) -> int:

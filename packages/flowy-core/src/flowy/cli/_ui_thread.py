@@ -139,7 +139,10 @@ def journal(records: Sequence[ActivityRecord], now: float) -> str:
             first, _, rest = r.error.partition("\n")
             outcome = f"<span class='err-text'>{e(first)}</span>"
             if rest.strip():
-                outcome = f"<details><summary>{e(first)}</summary><pre>{e(r.error)}</pre></details>"
+                outcome = (
+                    f"<details id='error-{e(r.key)}'><summary>{e(first)}</summary>"
+                    f"<pre>{e(r.error)}</pre></details>"
+                )
         else:
             outcome = f"<code>{e(compact_json(r.result, 300))}</code>"
         rows.append(
