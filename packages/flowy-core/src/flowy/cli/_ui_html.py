@@ -217,15 +217,18 @@ LIVE_JS = """// flowy ui: refresh the live part of the page in place every few s
     var s = document.getElementById("updated");
     if (s) { s.textContent = text; }
   }
-  function later() { setTimeout(tick, every); }
+  var took = 0;  // how long the last page took: a slow store is asked less often
+  function later() { setTimeout(tick, Math.max(every, 5 * took)); }
   function tick() {
     if (document.hidden || busy()) { later(); return; }
+    var started = Date.now();
     fetch(location.href, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) {
         if (!r.ok) { throw new Error("HTTP " + r.status); }
         return r.text();
       })
       .then(function (text) {
+        took = Date.now() - started;
         var doc = new DOMParser().parseFromString(text, "text/html");
         var fresh = doc.getElementById("live"), old = document.getElementById("live");
         if (fresh && old && !busy()) {
