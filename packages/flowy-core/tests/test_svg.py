@@ -1,10 +1,12 @@
-"""The graph drawn as SVG (``flowy/cli/_svg.py``): no two boxes overlap on any example
-graph nor on random graphs of 40 nodes, a subgraph fits inside its node, the document
-is well-formed XML, and a thread's drawing marks its node, its visits and its path."""
+"""The graph drawn as SVG (``flowy/cli/_svg.py``): no two boxes overlap and no line runs
+through a box it does not join, on any example graph nor on random graphs of 40 nodes;
+a subgraph fits inside its node, the document is well-formed XML, and a thread's
+drawing marks its node, its visits and its path."""
 
 from __future__ import annotations
 
 import importlib
+import itertools
 import random
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -97,7 +99,37 @@ def _overlap(a: Box, b: Box) -> bool:
     )
 
 
+def _crosses(box: Box, a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """Whether the segment ``a``-``b`` enters the inside of ``box`` (Liang-Barsky
+    clipping against the box shrunk by a pixel, so touching its edge is not crossing)."""
+    (x1, y1), (x2, y2) = a, b
+    dx, dy = x2 - x1, y2 - y1
+    low, high = 0.0, 1.0
+    left, right = box.x + 1, box.x + box.width - 1
+    top, bottom = box.y + 1, box.y + box.height - 1
+    for p, q in ((-dx, x1 - left), (dx, right - x1), (-dy, y1 - top), (dy, bottom - y1)):
+        if p == 0:
+            if q < 0:
+                return False
+            continue
+        t = q / p
+        if p < 0:
+            low = max(low, t)
+        else:
+            high = min(high, t)
+        if low > high:
+            return False
+    return True
+
+
 def _check(drawing: Drawing) -> None:
+    for edge, line in drawing.edges:  # no line runs through a box it does not join
+        if edge.source == edge.target:
+            continue
+        for a, b in itertools.pairwise(line):
+            for name, box in drawing.boxes.items():
+                if name not in (edge.source, edge.target):
+                    assert not _crosses(box, a, b), (edge, name)
     boxes = list(drawing.boxes.values())
     for i, a in enumerate(boxes):
         assert a.x >= 0 and a.y >= 0, a

@@ -225,7 +225,7 @@ def layout(graph: Graph[Any, Any]) -> Drawing:
     heights = {lv: max((size(n)[1] for n in row), default=0.0) for lv, row in order.items()}
     total_w = max(widths.values(), default=0.0) + 2 * _MARGIN
     boxes: dict[str, Box] = {}
-    points: dict[str, tuple[float, float]] = {}
+    points: dict[str, tuple[float, float, float]] = {}  # centre x, band top, band bottom
     y = _MARGIN
     for lv in levels:
         x = (total_w - widths[lv]) / 2
@@ -234,7 +234,7 @@ def layout(graph: Graph[Any, Any]) -> Drawing:
             top = y + (heights[lv] - h) / 2
             if n in sizes:
                 boxes[n] = Box(n, x, top, w, h, inner.get(n))
-            points[n] = (x + w / 2, y + heights[lv] / 2)
+            points[n] = (x + w / 2, y, y + heights[lv])
             x += w + _GAP_X
         y += heights[lv] + _GAP_Y
     total_h = y - _GAP_Y + _MARGIN
@@ -248,13 +248,23 @@ def layout(graph: Graph[Any, Any]) -> Drawing:
             continue
         reverse = (edge.source, edge.target) in back
         chain = chains[(edge.target, edge.source) if reverse else (edge.source, edge.target)]
-        if reverse:
-            chain = chain[::-1]
-        line = [points[n] for n in chain]
+        # Downwards along the chain: each slanted stretch lies in the gap between two
+        # layers, which holds no box; within a layer the line runs straight down its
+        # own slot (a dummy's, or below or above its own box).
         a, b = boxes[chain[0]], boxes[chain[-1]]
-        going_down = line[-1][1] > line[0][1]
-        line[0] = (line[0][0], a.y + a.height if going_down else a.y)
-        line[-1] = (line[-1][0], b.y if going_down else b.y + b.height)
+        ax, _, a_bottom = points[chain[0]]
+        line = [(ax, a.y + a.height)]
+        if a.y + a.height < a_bottom:
+            line.append((ax, a_bottom))
+        for dummy in chain[1:-1]:
+            dx, top, bottom = points[dummy]
+            line += [(dx, top), (dx, bottom)]
+        bx, b_top, _ = points[chain[-1]]
+        line.append((bx, b_top))
+        if b.y > b_top:
+            line.append((bx, b.y))
+        if reverse:
+            line.reverse()
         drawn.append((edge, line))
     for edge, line in drawn:  # room for the labels, which may stick out on the right
         if edge.label:
