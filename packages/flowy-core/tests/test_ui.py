@@ -636,3 +636,23 @@ def test_control_and_bidi_characters_are_shown_escaped(tmp_path: Path) -> None:
     assert "\\u202eevil" in pages[0].text and "\\u202eevil" in pages[1].text
     assert "\\x1b[31mred" in pages[2].text or "\\u001b[31mred" in pages[2].text
     assert "\\u202eevil" in pages[3].text
+
+
+def test_a_long_timeline_shows_the_latest_revisions_and_says_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'long.db'}"
+
+    async def fill() -> None:
+        async with flowy.connect(url) as backend:
+            snap = flowy.storage.Snapshot[Any](
+                thread_id="long", state={"n": 0}, execution_pointer="ask"
+            )
+            for n in range(205):
+                await backend.checkpointer.save(n, replace(snap, state={"n": n}))
+
+    asyncio.run(fill())
+    with _client(url) as c:
+        page = c.get("/threads/long").text
+    timeline = page[page.index("id='timeline'") : page.index("<h2>Activity journal")]
+    revisions = re.findall(r"<tr><td class='num'>(\d+)</td>", timeline)
+    assert revisions == [str(n) for n in range(205, 5, -1)]
+    assert "the latest 200 revisions" in timeline

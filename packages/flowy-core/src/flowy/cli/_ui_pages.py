@@ -186,6 +186,12 @@ class Inspector:
             "</div></div>",
             "<h2>Timeline</h2>",
             timeline(history, now),
+            (
+                f"<p class='muted'><em>the latest {_HISTORY} revisions (the visit counts "
+                "count these)</em></p>"
+                if len(history) >= _HISTORY
+                else ""
+            ),
             "<h2>Activity journal</h2>",
             journal(records, now),
             "<div class='grid'><div><h2>Timers</h2>",
