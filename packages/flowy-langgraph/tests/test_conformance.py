@@ -50,3 +50,32 @@ async def test_the_langgraph_conformance_suite_passes_in_full(
     assert not failures, failures
     assert report.conformance_level() == "FULL"
     assert {n for n, r in results["results"].items() if r["detected"]} >= EXTENDED
+
+
+# The suite's tests that put a second checkpoint on a thread without naming its parent:
+# a fork, which a fenced saver refuses by design.
+FORKING = {
+    "list": {"test_list_metadata_filter_multiple_keys", "test_list_metadata_custom_keys"},
+    "delete_for_runs": {"test_delete_for_runs_preserves_other_runs"},
+}
+
+
+@pytest.mark.parametrize("store_url", ["memory", "postgres"], indirect=True)
+async def test_fenced_fails_only_the_suites_forks(store_url: str) -> None:
+    @checkpointer_test(name="FlowySaver[fenced]")
+    async def factory() -> AsyncIterator[FlowySaver]:
+        async with FlowySaver.from_url(store_url, fenced=True) as saver:
+            yield saver
+
+    report = await validate(factory, progress=ProgressCallbacks.quiet())
+    results: dict[str, Any] = report.to_dict()["results"]
+    failed = {
+        name: {f.split(":")[0] for f in r["failures"]}
+        for name, r in results.items()
+        if r["failures"]
+    }
+    assert failed == FORKING
+    for r in results.values():
+        for failure in r["failures"]:
+            assert "parent is None" in failure and "moved on since this run read it" in failure
+    assert sum(r["tests_passed"] for r in results.values()) == 78

@@ -1,4 +1,5 @@
-"""Two real LangGraph invocations on one thread, from two processes at once.
+"""Two real LangGraph invocations on one thread, from two processes at once, on every
+store two processes can share (SQLite, PostgreSQL, Redis, DynamoDB).
 
 Unfenced, ``FlowySaver`` behaves like LangGraph's own savers: both invocations succeed,
 the thread's history forks (two checkpoints with the same parent) and the latest state
@@ -63,7 +64,7 @@ async def history(saver: FlowySaver, thread: str) -> tuple[list[str], dict[str |
     return list(latest.checkpoint["channel_values"]["messages"]), dict(children)
 
 
-@pytest.mark.parametrize("store_url", ["postgres", "redis"], indirect=True)
+@pytest.mark.parametrize("store_url", ["sqlite", "postgres", "redis", "dynamodb"], indirect=True)
 @pytest.mark.parametrize("fenced", [False, True], ids=["unfenced", "fenced"])
 async def test_two_processes_on_one_thread(store_url: str, fenced: bool, tmp_path: Path) -> None:
     thread = f"race-{uuid.uuid4().hex[:8]}"
