@@ -30,7 +30,17 @@ def present_as_public(
     module: str, namespace: MutableMapping[str, Any], names: Iterable[str], private: str
 ) -> None:
     """Make reprs and tracebacks of ``names`` say ``module.X`` instead of the private
-    module (``__module__`` starting with ``private``) they are defined in."""
+    module (``__module__`` starting with ``private``) they are defined in.
+
+    A package's ``__init__`` calls it last:
+    ``present_as_public(__name__, globals(), __all__, "mypackage._")``.
+
+    Args:
+        module: the public module's name.
+        namespace: the public module's globals, where ``names`` are found.
+        names: the public names (its ``__all__``).
+        private: the prefix of the private modules' names.
+    """
     for name in names:
         obj = namespace[name]
         if getattr(obj, "__module__", "").startswith(private):

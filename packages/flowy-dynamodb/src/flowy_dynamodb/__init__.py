@@ -12,6 +12,8 @@ import warnings
 from importlib import metadata as _metadata
 from typing import Any
 
+from flowy.storage.dialect import present_as_public as _present_as_public
+
 from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
 from ._backend import open_backend as open_backend
@@ -59,13 +61,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'flowy_dynamodb' has no attribute {name!r}")
 
 
-def _present_as_public() -> None:
-    """Make tracebacks and reprs say ``flowy_dynamodb.X`` rather than the private module."""
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy_dynamodb."):
-            obj.__module__ = __name__
-
-
-_present_as_public()
-del _present_as_public
+# Reprs and tracebacks say flowy_dynamodb.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy_dynamodb._")

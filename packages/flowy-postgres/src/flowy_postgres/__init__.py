@@ -13,6 +13,8 @@ from __future__ import annotations
 import warnings
 from importlib import metadata as _metadata
 
+from flowy.storage.dialect import present_as_public as _present_as_public
+
 from ._backend import DRIVER_OPTIONS as DRIVER_OPTIONS
 from ._backend import OPTIONS as OPTIONS
 from ._backend import PostgresBackend as PostgresBackend
@@ -57,11 +59,5 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'flowy_postgres' has no attribute {name!r}")
 
 
-def _present_as_public() -> None:
-    for name in __all__:  # reprs and tracebacks say flowy_postgres.X, not a private module
-        if getattr(obj := globals()[name], "__module__", "").startswith("flowy_postgres._"):
-            obj.__module__ = __name__
-
-
-_present_as_public()
-del _present_as_public
+# Reprs and tracebacks say flowy_postgres.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy_postgres._")
