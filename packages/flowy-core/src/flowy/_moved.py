@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 
@@ -48,3 +48,26 @@ def present_as_public(
                 obj.__module__ = module
             except (AttributeError, TypeError):
                 pass
+
+
+def deprecated_names(module: str, names: Mapping[str, tuple[str, str]]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` that still resolves names ``module`` no longer
+    exports, each with a ``DeprecationWarning`` saying what to use instead.
+
+    A package's ``__init__`` sets ``__getattr__ = deprecated_names(__name__, {...})``.
+
+    Args:
+        module: the module's name (``__name__``).
+        names: for each old name, where it is now (``"package.module:attribute"``) and
+            what to do instead (``"use PostgresConsumer"``).
+    """
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        target, instead = names[name]
+        warnings.warn(f"{module}.{name} is deprecated; {instead}", DeprecationWarning, 2)
+        where, _, attribute = target.partition(":")
+        return getattr(importlib.import_module(where), attribute)
+
+    return __getattr__

@@ -20,6 +20,7 @@ raise ``SnapshotEnvelopeInvalidError`` on any mismatch or corruption; no pickle 
 
 from __future__ import annotations
 
+from .._moved import deprecated_names as deprecated_names
 from .._moved import present_as_public as present_as_public
 from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
@@ -96,6 +97,7 @@ __all__ = [
     "decode_intent",
     "decode_record",
     "decode_snapshot",
+    "deprecated_names",
     "encode_intent",
     "encode_record",
     "encode_snapshot",
