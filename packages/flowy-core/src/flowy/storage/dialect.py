@@ -56,6 +56,8 @@ from ._saving import confirmed_save as confirmed_save
 from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
 from ._scratch import open_scratch as open_scratch
 from ._scratch import sibling_url as sibling_url
+from ._watch import Inbox as Inbox
+from ._watch import decode_message as decode_message
 from ._writes import Busy as Busy
 from ._writes import OutboxRow as OutboxRow
 from ._writes import Refused as Refused
@@ -82,6 +84,7 @@ __all__ = [
     "DecodeRecordOptions",
     "EnqueueCallback",
     "FencingCheckpointer",
+    "Inbox",
     "OutboxRow",
     "RawMessage",
     "Record",
@@ -91,6 +94,7 @@ __all__ = [
     "confirm_save",
     "confirmed_save",
     "decode_intent",
+    "decode_message",
     "decode_record",
     "decode_snapshot",
     "encode_intent",

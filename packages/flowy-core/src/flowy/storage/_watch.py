@@ -1,0 +1,169 @@
+"""Following a thread: the events ``Backend.watch`` yields, the messages progress travels
+in, and the in-process hub that carries them where a store has no channel of its own.
+
+A watcher reads the thread's saved snapshots from the store (its head, then its history
+to fill whatever it missed) and hears the progress events of the process running the
+thread through the store's channel (PostgreSQL ``NOTIFY``, Redis pub/sub) or, for a store
+without one, through :data:`HUB` (progress of runs in this process only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal
+
+from .._types import JSON, RunStatus, S
+from ._model import Snapshot
+
+__all__ = [
+    "HUB",
+    "MAX_PROGRESS_BYTES",
+    "TERMINAL_STATUSES",
+    "Inbox",
+    "ProgressHub",
+    "WatchEvent",
+    "decode_message",
+    "encode_progress",
+]
+
+MAX_PROGRESS_BYTES = 7000
+"""The largest progress event, in bytes of compact JSON (PostgreSQL's ``NOTIFY`` takes
+payloads under 8000 bytes; every store keeps the same limit)."""
+
+TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
+"""The statuses after which a thread does not run again: a watch ends there."""
+
+
+@dataclass(frozen=True)
+class WatchEvent(Generic[S]):
+    """One event of a watched thread (``Backend.watch``).
+
+    A ``"snapshot"`` event carries a saved snapshot (``snapshot``, at ``revision``); a
+    ``"progress"`` event carries what a node passed to ``flowy.live.progress`` (``data``,
+    from ``node``; ``revision`` is the thread's revision when it was sent). Progress is
+    ephemeral: a watcher that falls behind or reconnects may miss some; snapshots are
+    never missed while the store keeps them.
+    """
+
+    kind: Literal["snapshot", "progress"]
+    """``"snapshot"`` or ``"progress"``."""
+    thread_id: str
+    """The watched thread."""
+    revision: int
+    """The snapshot's revision, or the revision a progress event was sent at."""
+    snapshot: Snapshot[S] | None = None
+    """The saved snapshot (``"snapshot"`` events)."""
+    data: JSON = None
+    """What the node sent (``"progress"`` events)."""
+    node: str = ""
+    """The node that sent it (``"progress"`` events), or the snapshot's pointer."""
+
+    @property
+    def terminal(self) -> bool:
+        """True for the last event of a watch: a snapshot of a completed or failed run."""
+        return self.snapshot is not None and self.snapshot.status in TERMINAL_STATUSES
+
+
+def encode_progress(node: str, revision: int, data: object) -> bytes:
+    """The message carrying one progress event; ``TypeError`` if ``data`` is not JSON,
+    ``ValueError`` if it is larger than :data:`MAX_PROGRESS_BYTES`."""
+    try:
+        text = json.dumps(
+            {"n": node, "r": revision, "d": data}, separators=(",", ":"), allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"progress data must be a JSON value: {exc}") from None
+    message = text.encode()
+    if len(message) > MAX_PROGRESS_BYTES:
+        raise ValueError(
+            f"a progress event is {len(message)} bytes as JSON; the limit is "
+            f"{MAX_PROGRESS_BYTES} bytes (send smaller pieces)"
+        )
+    return message
+
+
+def decode_message(message: bytes | str) -> tuple[str, int, JSON] | None:
+    """``(node, revision, data)`` of the progress ``message``, or ``None`` for one that
+    is not (a stray message on the channel is ignored, never fatal)."""
+    try:
+        value: Any = json.loads(message)
+        node, revision, data = value["n"], value["r"], value["d"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(node, str) or not isinstance(revision, int):
+        return None
+    return node, revision, data
+
+
+class Inbox:
+    """What a watcher has heard and not yet taken: bounded, the oldest dropped first
+    when full (``dropped`` counts them), with an event to wait on.
+
+    Args:
+        size: the most messages it holds.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self.messages: deque[bytes] = deque()
+        self.size: int = size
+        self.dropped: int = 0
+        self.ready: asyncio.Event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def put(self, message: bytes) -> None:
+        """Add ``message`` (from the watcher's own event loop)."""
+        if len(self.messages) >= self.size:
+            self.messages.popleft()
+            self.dropped += 1
+        self.messages.append(message)
+        self.ready.set()
+
+    def put_threadsafe(self, message: bytes) -> None:
+        """Add ``message`` from any thread or event loop."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self.put(message)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.put, message)
+
+
+class ProgressHub:
+    """Progress of runs in this process, for watchers in this process: by store
+    (its domain) and thread. Delivering to a thread nobody watches is one lookup."""
+
+    def __init__(self) -> None:
+        self._inboxes: dict[tuple[Hashable, str], set[Inbox]] = {}
+
+    def listening(self, domain: Hashable, thread_id: str) -> bool:
+        """True if a watcher in this process follows the thread."""
+        return (domain, thread_id) in self._inboxes
+
+    def deliver(self, domain: Hashable, thread_id: str, message: bytes) -> None:
+        """Give ``message`` to every watcher of the thread in this process."""
+        for inbox in tuple(self._inboxes.get((domain, thread_id), ())):
+            inbox.put_threadsafe(message)
+
+    def subscribe(self, domain: Hashable, thread_id: str, inbox: Inbox) -> Callable[[], None]:
+        """Deliver the thread's progress to ``inbox``; returns the unsubscribe call."""
+        key = (domain, thread_id)
+        self._inboxes.setdefault(key, set()).add(inbox)
+
+        def unsubscribe() -> None:
+            inboxes = self._inboxes.get(key)
+            if inboxes is not None:
+                inboxes.discard(inbox)
+                if not inboxes:
+                    del self._inboxes[key]
+
+        return unsubscribe
+
+
+HUB = ProgressHub()
+"""The process's hub (stores without a channel of their own, and loose components)."""
