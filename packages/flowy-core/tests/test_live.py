@@ -5,7 +5,7 @@ what ``Backend.watch`` checks before it follows a thread (``flowy/live.py``,
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from core_graphs import State, merge
@@ -136,7 +136,7 @@ async def test_a_stray_message_on_the_channel_is_ignored() -> None:
 
         task = asyncio.ensure_future(follow())
         await asyncio.sleep(0.05)
-        await backend._publish("t", [b"not json", b'{"n": 1}'])  # pyright: ignore[reportPrivateUsage]
+        await cast(Any, backend)._publish("t", [b"not json", b'{"n": 1}'])
         await runner.start("t", {})
         await asyncio.wait_for(task, 10)
     assert ("progress", "a") in seen

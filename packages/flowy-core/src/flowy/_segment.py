@@ -34,8 +34,6 @@ from .storage import (
     Snapshot,
 )
 from .storage._adapt import Binding, Merge
-from .storage._backend import BaseBackend
-from .storage._watch import HUB, encode_progress
 from .storage.dialect import confirmed_save, new_write_id
 
 __all__ = [
@@ -220,15 +218,11 @@ class Segment(Generic[S, E]):
         it is streamed) and the thread's watchers (through the store)."""
         sink, thread_id, meta = self.sink, self.thread_id, self.meta
         store = self.services.store
-        backend = store.backend if store is not None else None
-        base = backend if isinstance(backend, BaseBackend) else None
-        domain = store.domain if store is not None else None
+        publish = store.progress if store is not None else None
 
         def send(data: Any) -> None:
-            if base is not None:
-                base.publish_progress(thread_id, meta.node, self.revision, data)
-            elif domain is not None and HUB.listening(domain, thread_id):
-                HUB.deliver(domain, thread_id, encode_progress(meta.node, self.revision, data))
+            if publish is not None:
+                publish(thread_id, meta.node, self.revision, data)
             if sink is not None:
                 sink.emit(RunEvent(EventType.PROGRESS, thread_id, node=meta.node, data=data))
 

@@ -14,8 +14,6 @@ import abc
 import asyncio
 import functools
 import logging
-import math
-import time
 import urllib.parse
 import warnings
 from collections import deque
@@ -32,20 +30,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
-from .._errors import BackendURLError, SchemaVersionError, ThreadNotFoundError
+from .._errors import BackendURLError, SchemaVersionError
 from .._types import S
 from ._capabilities import Capabilities
 from ._derive import derive_capabilities
 from ._limits import Limits
-from ._model import Snapshot, validate_thread_id
-from ._watch import HUB, TERMINAL_STATUSES, Inbox, WatchEvent, decode_message, encode_progress
+from ._watch import HUB, Inbox, WatchEvent, encode_progress, follow_thread, subscribe_hub
 
 _log = logging.getLogger("flowy")
 
 _LIVE_QUEUE = 1024
 """Progress events a backend holds for its channel before it drops the oldest."""
-_HISTORY_PAGE = 10_000
-"""The most snapshots a watch reads from the history at once."""
 
 __all__ = ["BaseBackend", "StoreURL", "redact_url"]
 
@@ -278,20 +273,6 @@ class StoreURL:
         return self.option(name, lambda text: _count(text, maximum), default)
 
 
-def _progress_before(thread_id: str, inbox: Inbox, revision: int) -> list[WatchEvent[Any]]:
-    """Take from ``inbox`` the progress events sent at a revision below ``revision``."""
-    events: list[WatchEvent[Any]] = []
-    while inbox.messages:
-        decoded = decode_message(inbox.messages[0])
-        if decoded is not None:
-            node, sent_at, data = decoded
-            if sent_at >= revision:
-                break
-            events.append(WatchEvent("progress", thread_id, sent_at, data=data, node=node))
-        inbox.messages.popleft()
-    return events
-
-
 @functools.cache
 def _channel_of(cls: type) -> bool:
     """True if backends of ``cls`` implement the progress channel's two primitives."""
@@ -502,7 +483,7 @@ class BaseBackend(abc.ABC, Generic[S]):
                 self.progress_dropped += len(batch)
                 _log.warning("flowy: sending progress of %r failed: %r", thread_id[:200], exc)
 
-    async def watch(
+    def watch(
         self, thread_id: str, *, after: int | None = None, poll: float = 0.2
     ) -> AsyncIterator[WatchEvent[S]]:
         """Follow ``thread_id`` from any process: every saved snapshot, in order of
@@ -525,92 +506,21 @@ class BaseBackend(abc.ABC, Generic[S]):
             InvalidThreadIdError: the thread id is not usable.
             ValueError: ``after`` is negative or ``poll`` is not a positive number.
         """
-        validate_thread_id(thread_id)
-        if after is not None and (
-            isinstance(after, bool) or not isinstance(after, int) or after < 0  # pyright: ignore[reportUnnecessaryIsInstance]
-        ):
-            raise ValueError(f"after must be a revision (an int >= 0) or None, got {after!r:.80}")
-        if not (isinstance(poll, int | float) and math.isfinite(poll) and poll > 0):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise ValueError(f"poll must be a positive number of seconds, got {poll!r:.80}")
-        inbox = Inbox()
-        stop: Callable[[], Awaitable[None]]
         if self._has_channel():
-            stop = await self._subscribe(thread_id, inbox)
-        else:
-            unsubscribe = HUB.subscribe(self._live_domain, thread_id, inbox)
-
-            async def leave() -> None:
-                unsubscribe()
-
-            stop = leave
-
-        try:
-            async for event in self._follow(thread_id, after, poll, inbox):
-                yield event
-        finally:
-            await stop()
-
-    async def _follow(
-        self, thread_id: str, after: int | None, poll: float, inbox: Inbox
-    ) -> AsyncIterator[WatchEvent[S]]:
-        cp: Any = cast(Any, self).checkpointer
-        last = after
-        seen = after is not None and after > 0
-        reloaded = 0  # the newest revision a progress event made us read the store for
-        while True:
-            # The snapshots saved since the last one yielded: the head, then the history
-            # below it for whatever came between.
-            try:
-                head: Snapshot[S]
-                head, revision = await cp.load(thread_id)
-            except ThreadNotFoundError:
-                if seen:
-                    return  # deleted while watched (delete_on_success, retention)
-                last = 0  # not saved yet: every snapshot it gets is new
-            else:
-                seen = True
-                if last is None or revision > last:
-                    news: list[Snapshot[S]] = [head]
-                    if last is not None and revision - last > 1:
-                        older: list[Snapshot[S]] = await cp.get_history(
-                            thread_id, min(revision - last, _HISTORY_PAGE)
-                        )
-                        news = [s for s in reversed(older) if last < s.revision < revision]
-                        news.append(head)
-                    for snapshot in news:
-                        # Progress sent before this snapshot was saved comes first.
-                        for event in _progress_before(thread_id, inbox, snapshot.revision):
-                            yield event
-                        yield WatchEvent("snapshot", thread_id, snapshot.revision, snapshot)
-                    last = revision
-                    if head.status in TERMINAL_STATUSES:
-                        return
-            # Wait for progress, or the next poll.
-            deadline = time.monotonic() + poll
-            while True:
-                if not inbox.messages:
-                    inbox.ready.clear()
-                    try:
-                        await asyncio.wait_for(
-                            inbox.ready.wait(), max(deadline - time.monotonic(), 0)
-                        )
-                    except TimeoutError:
-                        break
-                moved = False
-                while inbox.messages:
-                    decoded = decode_message(inbox.messages[0])
-                    if decoded is None:
-                        inbox.messages.popleft()
-                        continue
-                    node, sent_at, data = decoded
-                    if sent_at > (last or 0) and sent_at > reloaded:
-                        reloaded = sent_at  # read the snapshots it follows first, once
-                        moved = True
-                        break
-                    inbox.messages.popleft()
-                    yield WatchEvent("progress", thread_id, sent_at, data=data, node=node)
-                if moved or time.monotonic() >= deadline:
-                    break
+            return follow_thread(
+                cast(Any, self).checkpointer,
+                thread_id,
+                after,
+                poll,
+                lambda inbox: self._subscribe(thread_id, inbox),
+            )
+        return follow_thread(
+            cast(Any, self).checkpointer,
+            thread_id,
+            after,
+            poll,
+            lambda inbox: subscribe_hub(self._live_domain, thread_id, inbox),
+        )
 
     async def close(self) -> None:
         """Deprecated alias of :meth:`aclose` (removed in 0.3)."""

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal
 
+from .._errors import ThreadNotFoundError
 from .._types import JSON, RunStatus, S
-from ._model import Snapshot
+from ._model import Snapshot, validate_thread_id
 
 __all__ = [
     "HUB",
@@ -28,6 +31,8 @@ __all__ = [
     "WatchEvent",
     "decode_message",
     "encode_progress",
+    "follow_thread",
+    "subscribe_hub",
 ]
 
 MAX_PROGRESS_BYTES = 7000
@@ -167,3 +172,117 @@ class ProgressHub:
 
 HUB = ProgressHub()
 """The process's hub (stores without a channel of their own, and loose components)."""
+
+
+Subscribe = Callable[[Inbox], Awaitable[Callable[[], Awaitable[None]]]]
+"""Starts delivering a thread's messages into an inbox; returns the call that stops."""
+
+_HISTORY_PAGE = 10_000
+"""The most snapshots a watch reads from the history at once."""
+
+
+async def subscribe_hub(
+    domain: Hashable, thread_id: str, inbox: Inbox
+) -> Callable[[], Awaitable[None]]:
+    """Deliver the thread's progress in this process (:data:`HUB`) into ``inbox``."""
+    unsubscribe = HUB.subscribe(domain, thread_id, inbox)
+
+    async def stop() -> None:
+        unsubscribe()
+
+    return stop
+
+
+async def follow_thread(
+    checkpointer: Any, thread_id: str, after: int | None, poll: float, subscribe: Subscribe
+) -> AsyncIterator[WatchEvent[Any]]:
+    """What ``Backend.watch`` yields: the snapshots of ``checkpointer`` (a
+    ``Checkpointer``) and the progress ``subscribe`` delivers (its docstring says how)."""
+    validate_thread_id(thread_id)
+    if after is not None and (
+        isinstance(after, bool) or not isinstance(after, int) or after < 0  # pyright: ignore[reportUnnecessaryIsInstance]
+    ):
+        raise ValueError(f"after must be a revision (an int >= 0) or None, got {after!r:.80}")
+    if not (isinstance(poll, int | float) and math.isfinite(poll) and poll > 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise ValueError(f"poll must be a positive number of seconds, got {poll!r:.80}")
+    inbox = Inbox()
+    stop = await subscribe(inbox)
+    try:
+        async for event in _follow(checkpointer, thread_id, after, poll, inbox):
+            yield event
+    finally:
+        await stop()
+
+
+async def _follow(
+    cp: Any, thread_id: str, after: int | None, poll: float, inbox: Inbox
+) -> AsyncIterator[WatchEvent[Any]]:
+    last = after
+    seen = after is not None and after > 0
+    reloaded = 0  # the newest revision a progress event made us read the store for
+    while True:
+        # The snapshots saved since the last one yielded: the head, then the history
+        # below it for whatever came between.
+        try:
+            head: Snapshot[Any]
+            head, revision = await cp.load(thread_id)
+        except ThreadNotFoundError:
+            if seen:
+                return  # deleted while watched (delete_on_success, retention)
+            last = 0  # not saved yet: every snapshot it gets is new
+        else:
+            seen = True
+            if last is None or revision > last:
+                news: list[Snapshot[Any]] = [head]
+                if last is not None and revision - last > 1:
+                    older: list[Snapshot[Any]] = await cp.get_history(
+                        thread_id, min(revision - last, _HISTORY_PAGE)
+                    )
+                    news = [s for s in reversed(older) if last < s.revision < revision]
+                    news.append(head)
+                for snapshot in news:
+                    # Progress sent before this snapshot was saved comes first.
+                    for event in _progress_before(thread_id, inbox, snapshot.revision):
+                        yield event
+                    yield WatchEvent("snapshot", thread_id, snapshot.revision, snapshot)
+                last = revision
+                if head.status in TERMINAL_STATUSES:
+                    return
+        # Wait for progress, or the next poll.
+        deadline = time.monotonic() + poll
+        while True:
+            if not inbox.messages:
+                inbox.ready.clear()
+                try:
+                    await asyncio.wait_for(inbox.ready.wait(), max(deadline - time.monotonic(), 0))
+                except TimeoutError:
+                    break
+            moved = False
+            while inbox.messages:
+                decoded = decode_message(inbox.messages[0])
+                if decoded is None:
+                    inbox.messages.popleft()
+                    continue
+                node, sent_at, data = decoded
+                if sent_at > (last or 0) and sent_at > reloaded:
+                    reloaded = sent_at  # read the snapshots it follows first, once
+                    moved = True
+                    break
+                inbox.messages.popleft()
+                yield WatchEvent("progress", thread_id, sent_at, data=data, node=node)
+            if moved or time.monotonic() >= deadline:
+                break
+
+
+def _progress_before(thread_id: str, inbox: Inbox, revision: int) -> list[WatchEvent[Any]]:
+    """Take from ``inbox`` the progress events sent at a revision below ``revision``."""
+    events: list[WatchEvent[Any]] = []
+    while inbox.messages:
+        decoded = decode_message(inbox.messages[0])
+        if decoded is not None:
+            node, sent_at, data = decoded
+            if sent_at >= revision:
+                break
+            events.append(WatchEvent("progress", thread_id, sent_at, data=data, node=node))
+        inbox.messages.popleft()
+    return events
