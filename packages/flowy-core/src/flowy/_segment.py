@@ -184,6 +184,7 @@ class Segment(Generic[S, E]):
         # Where the segment started, to notice one that hands off without progress.
         self.start_pointer = pointer
         self.start_state = state
+        self.progress_sent = False  # progress went to the store since the last save
 
     # -- the store's optional parts (chosen when the runner was built) -----------------
     def durable(self, what: str) -> DurableCheckpointer[S]:
@@ -223,6 +224,7 @@ class Segment(Generic[S, E]):
         def send(data: Any) -> None:
             if publish is not None:
                 publish(thread_id, meta.node, self.revision, data)
+                self.progress_sent = True
             if sink is not None:
                 sink.emit(RunEvent(EventType.PROGRESS, thread_id, node=meta.node, data=data))
 
@@ -323,8 +325,18 @@ class Segment(Generic[S, E]):
         )
 
     # -- saves -----------------------------------------------------------------------
+    async def flush_progress(self) -> None:
+        """Let the progress sent since the last save leave before the next save (so a
+        watcher hears it before that snapshot)."""
+        self.progress_sent = False
+        store = self.services.store
+        if store is not None and store.flush_progress is not None:
+            await store.flush_progress()
+
     async def save(self, snap: Snapshot[S]) -> None:
         assert self.cp is not None
+        if self.progress_sent:
+            await self.flush_progress()
         tracing = _tracing.active()
         if tracing is None:
             self.revision = await confirmed_save(self.cp, self.revision, snap, lease=self.lease)

@@ -102,6 +102,7 @@ class _LiveChannels:
                     del self._inboxes[channel]
                     raise
             inboxes.add(inbox)
+        inbox.sync = self._sync
 
         async def stop() -> None:
             async with self._lock:
@@ -118,6 +119,18 @@ class _LiveChannels:
                         await conn.remove_listener(channel, self._deliver)
 
         return stop
+
+    async def _sync(self) -> None:
+        # PostgreSQL sends a session its notifications before the answer to its next
+        # statement; asyncpg calls the listeners soon after.
+        async with self._lock:
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                return
+            with contextlib.suppress(Exception):
+                await conn.execute("SELECT 1")
+        for _ in range(2):
+            await asyncio.sleep(0)
 
     async def aclose(self) -> None:
         async with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -69,6 +70,7 @@ class _LiveChannels:
         self._reader: asyncio.Task[None] | None = None
         self._inboxes: dict[bytes, set[Inbox]] = {}
         self._lock = asyncio.Lock()
+        self._pongs: dict[bytes, asyncio.Future[None]] = {}
 
     def channel(self, thread_id: str) -> bytes:
         digest = hashlib.sha256(thread_id.encode()).hexdigest()[:40]
@@ -84,7 +86,14 @@ class _LiveChannels:
             except Exception:  # noqa: BLE001 - the connection dropped: try again shortly
                 await asyncio.sleep(0.5)
                 continue
-            if message is None or message.get("type") != "message":
+            if message is None:
+                continue
+            if message.get("type") == "pong":
+                waiter = self._pongs.pop(message["data"], None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                continue
+            if message.get("type") != "message":
                 continue
             channel, data = message["channel"], message["data"]
             for inbox in tuple(self._inboxes.get(channel, ())):
@@ -105,6 +114,7 @@ class _LiveChannels:
             inboxes.add(inbox)
             if self._reader is None or self._reader.done():
                 self._reader = asyncio.get_running_loop().create_task(self._read())
+        inbox.sync = self._sync
 
         async def stop() -> None:
             async with self._lock:
@@ -119,6 +129,22 @@ class _LiveChannels:
                     await self._pubsub.unsubscribe(channel)
 
         return stop
+
+    async def _sync(self) -> None:
+        # Redis answers a PING on the subscribed connection after the messages it
+        # pushed before: once the reader sees the answer, they are in the inboxes.
+        pubsub = self._pubsub
+        if pubsub is None:
+            return
+        token = os.urandom(8).hex().encode()
+        waiter = self._pongs[token] = asyncio.get_running_loop().create_future()
+        try:
+            await pubsub.execute_command("PING", token)
+            await asyncio.wait_for(waiter, 5.0)
+        except Exception:  # noqa: BLE001 - progress is best effort; snapshots go on
+            return
+        finally:
+            self._pongs.pop(token, None)
 
     async def aclose(self) -> None:
         async with self._lock:

@@ -16,7 +16,7 @@ This is the only place where components that are not built on the bases of
 from __future__ import annotations
 
 import warnings
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Protocol, Self, cast, runtime_checkable
@@ -264,6 +264,8 @@ class Binding(Generic[S]):
     """The store's identity (one run of a thread at a time per store, in a process)."""
     progress: Progress
     """Sends a run's progress to its thread's watchers (``flowy.live.progress``)."""
+    flush_progress: Callable[[], Awaitable[None]] | None
+    """Waits until the progress sent so far has left (before the next save)."""
 
 
 Progress = Callable[[str, str, int, object], None]
@@ -363,4 +365,7 @@ def bind(backend: Backend[S], state_type: Any) -> Binding[S]:
         limits=base.limits if base is not None else Limits(),
         domain=domain,
         progress=_progress_of(backend, domain),
+        flush_progress=cast(
+            "Callable[[], Awaitable[None]] | None", getattr(backend, "flush_progress", None)
+        ),
     )

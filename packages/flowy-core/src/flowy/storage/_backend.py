@@ -469,6 +469,18 @@ class BaseBackend(abc.ABC, Generic[S]):
         if self._live_task is None or self._live_task.done():
             self._live_task = asyncio.get_running_loop().create_task(self._send_progress())
 
+    async def flush_progress(self, within: float = 1.0) -> None:
+        """Wait (up to ``within`` seconds) until the progress queued so far is sent:
+        a runner calls it before it saves the next snapshot, so watchers hear a node's
+        progress before the snapshot that follows it. Never raises."""
+        task = self._live_task
+        if task is None or task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), within)
+        except (TimeoutError, Exception):  # noqa: BLE001 - progress is best effort
+            return
+
     async def _send_progress(self) -> None:
         queue = self._live_queue
         assert queue is not None

@@ -108,6 +108,11 @@ class Inbox:
     """What a watcher has heard and not yet taken: bounded, the oldest dropped first
     when full (``dropped`` counts them), with an event to wait on.
 
+    A store whose channel delivers asynchronously sets ``sync`` in ``_subscribe``: a
+    call that returns once every message sent before it was called is in the inbox (a
+    round trip on the listening connection). The watch calls it before it yields newly
+    read snapshots, so progress sent before a snapshot is never yielded after it.
+
     Args:
         size: the most messages it holds.
     """
@@ -117,6 +122,7 @@ class Inbox:
         self.size: int = size
         self.dropped: int = 0
         self.ready: asyncio.Event = asyncio.Event()
+        self.sync: Callable[[], Awaitable[None]] | None = None
         self._loop = asyncio.get_running_loop()
 
     def put(self, message: bytes) -> None:
@@ -233,13 +239,12 @@ async def _follow(
         else:
             seen = True
             if last is None or revision > last:
+                if inbox.sync is not None:
+                    await inbox.sync()  # what was sent before this snapshot is here now
                 news: list[Snapshot[Any]] = [head]
                 if last is not None and revision - last > 1:
-                    older: list[Snapshot[Any]] = await cp.get_history(
-                        thread_id, min(revision - last, _HISTORY_PAGE)
-                    )
-                    news = [s for s in reversed(older) if last < s.revision < revision]
-                    news.append(head)
+                    older = await _history_between(cp, thread_id, last, revision)
+                    news = [*older, head]
                 for snapshot in news:
                     # Progress sent before this snapshot was saved comes first.
                     for event in _progress_before(thread_id, inbox, snapshot.revision):
@@ -272,6 +277,25 @@ async def _follow(
                 yield WatchEvent("progress", thread_id, sent_at, data=data, node=node)
             if moved or time.monotonic() >= deadline:
                 break
+
+
+async def _history_between(
+    cp: Any, thread_id: str, last: int, revision: int
+) -> list[Snapshot[Any]]:
+    """The kept snapshots strictly between revisions ``last`` and ``revision``, oldest
+    first. A store may give fewer entries than the limit asked for (``get_history``
+    promises "up to"): ask for more until they are all there or no more come."""
+    wanted = set(range(last + 1, revision))
+    limit = min(revision - last, _HISTORY_PAGE)
+    found: list[Snapshot[Any]] = []
+    while True:
+        older: list[Snapshot[Any]] = await cp.get_history(thread_id, limit)
+        grew = len(older) > len(found)
+        found = older
+        if wanted <= {s.revision for s in found} or not grew or limit >= _HISTORY_PAGE:
+            break
+        limit = min(limit * 2, _HISTORY_PAGE)
+    return [s for s in reversed(found) if last < s.revision < revision]
 
 
 def _progress_before(thread_id: str, inbox: Inbox, revision: int) -> list[WatchEvent[Any]]:

@@ -39,6 +39,7 @@ from ._scratch import *  # noqa: F403
 from ._setup import *  # noqa: F403
 from ._subgraph import *  # noqa: F403
 from ._waits import *  # noqa: F403
+from ._watch import *  # noqa: F403
 
 __all__ = [
     "ActivitySuite",
@@ -68,5 +69,6 @@ __all__ = [
     "TransactionalOutboxSuite",
     "VersionSuite",
     "WaitSuite",
+    "WatchSuite",
     "WriteOwnershipSuite",
 ]
