@@ -141,3 +141,33 @@ async def test_a_stray_message_on_the_channel_is_ignored() -> None:
         await asyncio.wait_for(task, 10)
     assert ("progress", "a") in seen
     assert seen[-1][0] == "snapshot"
+
+
+async def test_a_channel_that_falls_behind_drops_the_oldest_and_counts_them() -> None:
+    # 2000 events sent without a pause: the backend queues at most 1024 for its channel.
+    async with await flowy.connect("memory://") as backend:
+        runner = flowy.Runner(talking_graph(list(range(2000))), store=backend)
+        seen: list[Any] = []
+
+        async def follow() -> None:
+            async for event in backend.watch("t", after=0, poll=0.05):
+                if event.kind == "progress":
+                    seen.append(event.data)
+
+        task = asyncio.ensure_future(follow())
+        await asyncio.sleep(0.05)
+        result = await runner.start("t", {})
+        await asyncio.wait_for(task, 10)
+        dropped = cast(Any, backend).progress_dropped
+    assert result.status is RunStatus.COMPLETED
+    assert dropped == 2000 - 1024
+    assert seen == list(range(dropped, 2000))  # the newest kept, in order
+
+
+async def test_progress_costs_a_lookup_when_no_one_can_listen(tmp_path: Any) -> None:
+    # SQLite has no channel: with no watcher in the process, nothing is encoded or sent,
+    # so even a value that is not JSON passes unnoticed (it would fail a watcher).
+    async with await flowy.connect(f"sqlite:///{tmp_path / 'quiet.db'}") as backend:
+        assert backend.capabilities.live_progress is False
+        result = await flowy.Runner(talking_graph([object()]), store=backend).start("t", {})
+    assert result.status is RunStatus.COMPLETED
