@@ -587,6 +587,9 @@ async def test_the_events_of_a_request_follow_it_to_the_end(
     assert [d["revision"] for k, d, _ in sse_events(resumed.text) if k == "snapshot"] == [
         len(snapshots)
     ]
+    # Seen to the end: 204, which tells an EventSource not to reconnect.
+    last = {"Last-Event-ID": str(len(snapshots))}
+    assert (await client.get(f"/requests/{thread_id}/events", headers=last)).status_code == 204
     assert (await client.get("/requests/req-nope/events")).status_code == 404
     bad = await client.get(f"/requests/{thread_id}/events", params={"after": "-1"})
     assert bad.status_code == 400 and "'after' must be a revision" in bad.json()["error"]

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import flowy
@@ -179,12 +179,13 @@ def server_sent(event: str, data: object, event_id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
-async def request_events(request: Request) -> StreamingResponse:
+async def request_events(request: Request) -> Response:
     """Follow a request live: each snapshot it saves (``event: snapshot``, its revision
     as the id) and its nodes' progress (``event: progress``), then ``event: end``.
 
     A browser's ``EventSource`` reconnects by itself with ``Last-Event-ID``: the stream
-    then goes on after that revision, missing no snapshot. ``?after=N`` does the same.
+    then goes on after that revision, missing no snapshot (``?after=N`` does the same);
+    once it has seen the end, the answer is 204, which stops it.
     """
     thread_id: str = request.path_params["thread_id"]
     backend: flowy.Backend[Any] = request.app.state.backend
@@ -195,9 +196,12 @@ async def request_events(request: Request) -> StreamingResponse:
             raise Refused(400, f"'after' must be a revision (a whole number), got {last!r:.40}")
         after = int(last)
     try:
-        await runner_of(request).head(thread_id)
+        head, token = await runner_of(request).head(thread_id)
     except (flowy.ThreadNotFoundError, flowy.InvalidResumeTokenError):
         raise Refused(404, f"no request {thread_id!r}") from None
+    finished = head.status in (flowy.RunStatus.COMPLETED, flowy.RunStatus.FAILED)
+    if finished and after is not None and after >= token.snapshot_revision:
+        return Response(status_code=204)  # seen to the end: EventSource stops reconnecting
 
     async def stream() -> AsyncIterator[str]:
         async for event in backend.watch(thread_id, after=after):

@@ -251,8 +251,8 @@ async def _follow(
                         yield event
                     yield WatchEvent("snapshot", thread_id, snapshot.revision, snapshot)
                 last = revision
-                if head.status in TERMINAL_STATUSES:
-                    return
+            if head.status in TERMINAL_STATUSES:
+                return  # done: also when it was already, at or below ``after``
         # Wait for progress, or the next poll.
         deadline = time.monotonic() + poll
         while True:

@@ -144,6 +144,9 @@ class WatchSuite(Suite):
         assert _revisions(whole) == [1, 2, 3, 4, 5, 6]
         head = await asyncio.wait_for(_collect(flowy_backend, thread_id), TIMEOUT)
         assert _revisions(head) == [6]  # after=None: from the current head
+        # After the last revision of a finished thread: nothing more will come.
+        assert await asyncio.wait_for(_collect(flowy_backend, thread_id, after=6), TIMEOUT) == []
+        assert await asyncio.wait_for(_collect(flowy_backend, thread_id, after=9), TIMEOUT) == []
 
     async def test_a_failed_run_ends_the_watch(self, flowy_backend: Backend[Any]) -> None:
         thread_id = new_thread_id("watch-fail")
