@@ -171,3 +171,23 @@ async def test_progress_costs_a_lookup_when_no_one_can_listen(tmp_path: Any) -> 
         assert backend.capabilities.live_progress is False
         result = await flowy.Runner(talking_graph([object()]), store=backend).start("t", {})
     assert result.status is RunStatus.COMPLETED
+
+
+async def test_loose_components_carry_progress_to_watchers_in_their_process() -> None:
+    from flowy.memory import MemoryCheckpointer
+    from flowy.storage import as_backend
+
+    store = as_backend(MemoryCheckpointer[Any]())
+    assert store.capabilities.live_progress is False
+    runner = flowy.Runner(talking_graph(["a", "b"], save_every_step=True), store=store)
+    seen: list[Any] = []
+
+    async def follow() -> None:
+        async for event in store.watch("t", after=0, poll=0.05):
+            seen.append(event.data if event.kind == "progress" else event.revision)
+
+    task = asyncio.ensure_future(follow())
+    await asyncio.sleep(0.05)
+    await runner.start("t", {})
+    await asyncio.wait_for(task, 10)
+    assert seen == ["a", "b", 1, 2]
