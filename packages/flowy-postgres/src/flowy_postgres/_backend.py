@@ -124,10 +124,12 @@ class _LiveChannels:
         # PostgreSQL sends a session its notifications before the answer to its next
         # statement; asyncpg calls the listeners soon after.
         async with self._lock:
-            conn = self._conn
-            if conn is None or conn.is_closed():
+            if not self._inboxes:
                 return
             with contextlib.suppress(Exception):
+                # A lost connection is made again here, its channels listened to again:
+                # progress resumes from the next snapshot on (snapshots never stopped).
+                conn = await self._connection()
                 await conn.execute("SELECT 1")
         for _ in range(2):
             await asyncio.sleep(0)
