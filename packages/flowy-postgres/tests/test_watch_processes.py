@@ -132,7 +132,7 @@ async def test_progress_resumes_after_the_listening_connection_is_lost(
             while live_channels._conn is None:  # noqa: ASYNC110 - the watch's own task sets it
                 await asyncio.sleep(0.01)
             # The server drops the listening session (a restart, a pooler, a timeout).
-            admin = await asyncpg.connect(postgres_dsn)
+            admin: Any = await cast(Any, asyncpg).connect(postgres_dsn)
             try:
                 pid = live_channels._conn.get_server_pid()
                 await admin.execute("SELECT pg_terminate_backend($1)", pid)
