@@ -25,6 +25,7 @@ from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
 from ._base import BACKLOG_STATUSES as BACKLOG_STATUSES
 from ._base import BaseCheckpointer as BaseCheckpointer
+from ._capabilities import RoundTrips as RoundTrips
 from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from ._connect import Connecting as Connecting
 from ._connect import register_backend as register_backend
@@ -89,6 +90,7 @@ __all__ = [
     "RawMessage",
     "Record",
     "Refused",
+    "RoundTrips",
     "StoreURL",
     "Write",
     "confirm_save",
