@@ -41,6 +41,7 @@ MODULES: list[str] = [
     "flowy.types",
     "flowy.lifecycle",
     "flowy.stream_helpers",
+    "flowy.live",
     "flowy.otel",
     "flowy.memory",
     "flowy.sqlite",

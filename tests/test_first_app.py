@@ -10,14 +10,18 @@ from __future__ import annotations
 import asyncio
 import difflib
 import importlib
+import importlib.util
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -544,3 +548,150 @@ async def test_the_guides_sample_outputs_have_the_columns_the_commands_print(
         header = output.splitlines()[0].split()
         shown = guide.split(f"$ flowy {args[0]} --db approvals.db", 1)[1].splitlines()[1]
         assert shown.split() == header, f"flowy {args[0]}: the guide shows {shown!r}"
+
+
+# -- following a request live (server-sent events) -------------------------------------
+
+
+def sse_events(body: str) -> list[tuple[str, Json, str | None]]:
+    """``(event, data, id)`` of each server-sent event of ``body``."""
+    events: list[tuple[str, Json, str | None]] = []
+    for block in body.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        events.append((fields["event"], json.loads(fields["data"]), fields.get("id")))
+    return events
+
+
+async def test_the_events_of_a_request_follow_it_to_the_end(
+    client: httpx.AsyncClient, worker: WorkerProcess
+) -> None:
+    asked = await ask(client, "ben", THRESHOLD, "train ticket")  # paid without approval
+    thread_id = asked["thread_id"]
+    await completed(client, thread_id, worker)
+    whole = await client.get(f"/requests/{thread_id}/events", params={"after": 0})
+    assert whole.status_code == 200, whole.text
+    assert whole.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(whole.text)
+    snapshots = [data for kind, data, _ in events if kind == "snapshot"]
+    assert [s["revision"] for s in snapshots] == list(range(1, len(snapshots) + 1))
+    assert snapshots[-1]["status"] == "completed"
+    assert snapshots[-1]["expense"]["payment_id"] == f"pay-{thread_id}"
+    assert [kind for kind, _, _ in events][-1] == "end"
+    assert [event_id for kind, _, event_id in events if kind == "snapshot"] == [
+        str(s["revision"]) for s in snapshots
+    ]
+    # A reconnecting EventSource sends Last-Event-ID: the stream goes on after it.
+    resumed = await client.get(
+        f"/requests/{thread_id}/events", headers={"Last-Event-ID": str(len(snapshots) - 1)}
+    )
+    assert [d["revision"] for k, d, _ in sse_events(resumed.text) if k == "snapshot"] == [
+        len(snapshots)
+    ]
+    # Seen to the end: 204, which tells an EventSource not to reconnect.
+    last = {"Last-Event-ID": str(len(snapshots))}
+    assert (await client.get(f"/requests/{thread_id}/events", headers=last)).status_code == 204
+    assert (await client.get("/requests/req-nope/events")).status_code == 404
+    bad = await client.get(f"/requests/{thread_id}/events", params={"after": "-1"})
+    assert bad.status_code == 400 and "'after' must be a revision" in bad.json()["error"]
+
+
+CHROMIUM = os.environ.get("FLOWY_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("FLOWY_CHROMEDRIVER", "/usr/bin/chromedriver")
+
+FOLLOW = """
+window.followed = [];
+const source = new EventSource(arguments[0]);
+for (const kind of ["snapshot", "progress"]) {
+  source.addEventListener(kind, (e) => window.followed.push([kind, JSON.parse(e.data)]));
+}
+source.addEventListener("end", () => { window.followed.push(["end", {}]); source.close(); });
+"""
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium through Selenium (the system's; skipped without it, unless
+    FLOWY_REQUIRE_BROWSER=1)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing or importlib.util.find_spec("selenium") is None:
+        why = f"no {missing or 'selenium'}: apt-get install chromium chromium-driver"
+        if os.environ.get("FLOWY_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"FLOWY_REQUIRE_BROWSER=1 but {why}")
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def served(store_url: str) -> Iterator[str]:
+    """The app under uvicorn on a free port, in a thread of its own (its lifespan on)."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    config = uvicorn.Config(create_app(store_url), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=asyncio.run, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + DEADLINE
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(DEADLINE)
+
+
+async def test_a_browser_follows_a_request_while_the_worker_pays_it(
+    browser: Any, served: str, store_url: str, worker: WorkerProcess
+) -> None:
+    async with httpx.AsyncClient(base_url=served) as http:
+        asked = await ask(http, "ana", THRESHOLD + 150, "conference ticket")
+        thread_id = asked["thread_id"]
+        browser.get(f"{served}/requests/{thread_id}")  # the app's origin
+        browser.execute_script(FOLLOW, f"/requests/{thread_id}/events")
+
+        def followed() -> list[list[Any]]:
+            return browser.execute_script("return window.followed")
+
+        async def seen(kind: str, status: str | None = None) -> bool | None:
+            return (
+                any(
+                    k == kind and (status is None or d.get("status") == status)
+                    for k, d in followed()
+                )
+                or None
+            )
+
+        await until(lambda: seen("snapshot", "suspended"), "the browser to see it wait", worker.log)
+        approved = await approve(http, thread_id, asked["resume_token"])
+        assert approved.status_code == 200, approved.text
+        await until(lambda: seen("end"), "the browser to see the end", worker.log)
+    events = followed()
+    statuses = [d["status"] for k, d in events if k == "snapshot"]
+    assert statuses[0] == "suspended" and statuses[-1] == "completed"
+    assert "handoff" in statuses  # the hand-off to the worker process
+    revisions = [d["revision"] for k, d in events if k == "snapshot"]
+    assert revisions == list(range(revisions[0], revisions[0] + len(revisions)))  # no gaps
+    assert events[-1] == ["end", {}]
+    assert events[-2][1]["expense"]["payment_id"] == f"pay-{thread_id}"
+    progress = [d["data"] for k, d in events if k == "progress"]
+    if store_url.startswith("postgresql"):
+        # PostgreSQL carries the worker's progress to the web process (LISTEN/NOTIFY).
+        assert progress == [{"paying": 250}, {"paid": f"pay-{thread_id}"}]
+    else:
+        assert progress == []  # SQLite: snapshots only from another process

@@ -96,7 +96,10 @@ async def review(state: Expense) -> Step:
 async def pay(state: Expense) -> Step:
     payments = flowy.binding(PAYMENTS)
     request = flowy.run_metadata().thread_id  # the idempotency key: one payment per request
+    # Live progress for whoever follows the request (GET /requests/{id}/events); never saved.
+    flowy.live.progress({"paying": state.amount})
     payment_id = await payments.pay(request, state.who, state.amount)
+    flowy.live.progress({"paid": payment_id})
     return replace(state, payment_id=payment_id), flowy.completed()
 
 

@@ -1,17 +1,18 @@
-"""The web app: start a request, show what it waits for, approve it.
+"""The web app: start a request, show what it waits for, approve it, follow it live.
 
 Serve it with any ASGI server, e.g. ``uvicorn examples.approval_app.web:app``.
 """
 
 import contextlib
+import json
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import asdict
 from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 import flowy
@@ -25,6 +26,7 @@ ExpenseRunner = flowy.Runner[Expense, flowy.NoEffect]
 async def lifespan(app: Starlette) -> AsyncGenerator[None]:
     # One store for the app's lifetime: opened at startup, closed at shutdown.
     async with flowy.connect(app.state.backend_url) as backend:
+        app.state.backend = backend
         app.state.runner = flowy.Runner(graph, backend)
         yield
 
@@ -171,12 +173,63 @@ async def approve_request(request: Request) -> JSONResponse:
     return JSONResponse(outcome(result))
 
 
+def server_sent(event: str, data: object, event_id: int | None = None) -> str:
+    """One server-sent event: its id (the revision, for Last-Event-ID), type and data."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+async def request_events(request: Request) -> Response:
+    """Follow a request live: each snapshot it saves (``event: snapshot``, its revision
+    as the id) and its nodes' progress (``event: progress``), then ``event: end``.
+
+    A browser's ``EventSource`` reconnects by itself with ``Last-Event-ID``: the stream
+    then goes on after that revision, missing no snapshot (``?after=N`` does the same);
+    once it has seen the end, the answer is 204, which stops it.
+    """
+    thread_id: str = request.path_params["thread_id"]
+    backend: flowy.Backend[Any] = request.app.state.backend
+    last = request.headers.get("last-event-id") or request.query_params.get("after")
+    after: int | None = None
+    if last is not None:
+        if not last.isdecimal() or len(last) > 18:
+            raise Refused(400, f"'after' must be a revision (a whole number), got {last!r:.40}")
+        after = int(last)
+    try:
+        head, token = await runner_of(request).head(thread_id)
+    except (flowy.ThreadNotFoundError, flowy.InvalidResumeTokenError):
+        raise Refused(404, f"no request {thread_id!r}") from None
+    finished = head.status in (flowy.RunStatus.COMPLETED, flowy.RunStatus.FAILED)
+    if finished and after is not None and after >= token.snapshot_revision:
+        return Response(status_code=204)  # seen to the end: EventSource stops reconnecting
+
+    async def stream() -> AsyncIterator[str]:
+        async for event in backend.watch(thread_id, after=after):
+            if event.snapshot is None:
+                yield server_sent("progress", {"node": event.node, "data": event.data})
+                continue
+            snap = event.snapshot
+            state = {
+                "revision": event.revision,
+                "status": snap.status.value,
+                "reason": snap.reason,
+                "waiting_for": waiting_for(snap.status),
+                "expense": snap.state,
+            }
+            yield server_sent("snapshot", state, event.revision)
+        yield server_sent("end", {})
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
 def create_app(backend_url: str | None = None) -> Starlette:
     app = Starlette(
         routes=[
             Route("/requests", create_request, methods=["POST"]),
             Route("/requests/{thread_id}", show_request, methods=["GET"]),
             Route("/requests/{thread_id}/approve", approve_request, methods=["POST"]),
+            Route("/requests/{thread_id}/events", request_events, methods=["GET"]),
         ],
         exception_handlers={Refused: refused},
         lifespan=lifespan,

@@ -40,6 +40,7 @@ EVERYTHING = Capabilities(
     durable_timers_signals=True,
     journal=True,
     backlog=True,
+    live_progress=True,
 )
 
 
@@ -72,7 +73,8 @@ async def test_the_memory_store_can_do_everything() -> None:
 
 async def test_the_sqlite_store_can_do_everything(tmp_path: Path) -> None:
     async with await flowy.connect(f"sqlite:///{tmp_path / 'caps.db'}") as backend:
-        assert backend.capabilities == EVERYTHING
+        # A file has no channel: progress reaches watchers in the running process only.
+        assert backend.capabilities == dataclasses.replace(EVERYTHING, live_progress=False)
 
 
 async def test_capabilities_are_a_frozen_value() -> None:
@@ -105,7 +107,8 @@ def test_loose_components_have_what_they_implement() -> None:
         outbox=MemoryOutbox(store),
         consumer=MemoryConsumer(store),
     )
-    assert full.capabilities == EVERYTHING
+    # Loose components have no channel: progress reaches watchers in this process only.
+    assert full.capabilities == dataclasses.replace(EVERYTHING, live_progress=False)
     bare = as_backend(cp)
     assert bare.capabilities.missing() == (
         "run_leases",
@@ -115,6 +118,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "transactional_outbox",
         "consumer",
         "backlog",
+        "live_progress",
     )
     with pytest.raises(TypeError, match="without a consumer"):
         _ = bare.consumer
@@ -155,7 +159,7 @@ async def test_a_runner_given_loose_leases_and_outbox_warns_and_hands_off() -> N
         )
     assert len(caught) == 1
     assert runner.backend is not None and runner.backend.capabilities == dataclasses.replace(
-        EVERYTHING, consumer=False, backlog=False
+        EVERYTHING, consumer=False, backlog=False, live_progress=False
     )
     result = await runner.start("t", {}, run_lease=("me", 30.0))
     assert result.status is flowy.RunStatus.HANDOFF

@@ -19,9 +19,10 @@ backlog that loses the messages in flight, an index of parked threads that keeps
 that moved on, a fork that copies its parent's inbox, journal entries written behind the
 call, wake-up times read back in the wrong unit, ``list_threads`` paging from ``after``
 included, a dead letter revived with its old payload, signal ids kept past a delete, an
-ack or a release that touches a dead letter, and a save that reads the head before it
-writes. The suite's test methods are called directly with the broken backend; two more
-tests run the suite through pytest in a subprocess the way a store's own tests do.
+ack or a release that touches a dead letter, a save that reads the head before it writes,
+and a progress channel that drops events. The suite's test methods are called directly
+with the broken backend; two more tests run the suite through pytest in a subprocess the
+way a store's own tests do.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import textwrap
 import urllib.parse
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -847,6 +848,14 @@ class ClaimsTimersBackend(MemoryBackend[Any]):
         return replace(super().capabilities, durable_timers_signals=True)
 
 
+class ConflatingChannelBackend(MemoryBackend[Any]):
+    """A progress channel that sends only the newest of the events queued together (a
+    "latest value" channel): watchers miss progress."""
+
+    async def _publish(self, thread_id: str, messages: Sequence[bytes]) -> None:
+        await super()._publish(thread_id, messages[-1:])
+
+
 # --- stores -------------------------------------------------------------------------------
 
 
@@ -1247,6 +1256,15 @@ CASES = [
         ),
     ),
     Case(
+        "a progress channel that keeps only the newest of the events sent together",
+        "memory",
+        {"backend": ConflatingChannelBackend},
+        (
+            (S.WatchSuite, "test_progress_of_a_run_in_this_process"),
+            (S.WatchSuite, "test_progress_reaches_a_watcher_on_another_connection"),
+        ),
+    ),
+    Case(
         "list_threads reads every head and filters in Python",
         "sqlite",
         {"checkpointer": ScanningListSQLiteCheckpointer},
@@ -1338,7 +1356,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 51
+    assert len(CASES) == 52
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

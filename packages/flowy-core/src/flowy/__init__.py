@@ -11,7 +11,8 @@ The rest of the public API lives in a few modules: ``flowy.errors`` (the whole e
 tree), ``flowy.types`` (secondary types), ``flowy.lifecycle`` (observers and counters),
 ``flowy.storage`` (the store protocols and values; ``flowy.storage.dialect`` for store
 authors), ``flowy.memory`` and ``flowy.sqlite`` (the stores in core),
-``flowy.stream_helpers`` (the stream helpers as free functions), ``flowy.patterns``,
+``flowy.stream_helpers`` (the stream helpers as free functions), ``flowy.live``
+(progress from inside a node, ``Backend.watch``'s events), ``flowy.patterns``,
 ``flowy.otel`` (OpenTelemetry, with the ``otel`` extra) and ``flowy.testing``.
 """
 
@@ -23,6 +24,7 @@ from typing import Any as _Any
 
 from . import errors as errors  # the public modules, one attribute away
 from . import lifecycle as lifecycle
+from . import live as live
 from . import stream_helpers as stream_helpers
 from . import types as types
 from ._activities import activity as activity

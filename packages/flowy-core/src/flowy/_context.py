@@ -7,7 +7,7 @@ Nodes read them with ``binding(key)``, ``use_budget(name)``, ``budget_used(name)
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, cast
@@ -115,6 +115,11 @@ class RunMetadata:
 
 
 current_run: ContextVar[RunMetadata | None] = ContextVar("flowy_run", default=None)
+
+current_progress: ContextVar[Callable[[Any], None] | None] = ContextVar(
+    "flowy_progress", default=None
+)
+"""Where ``flowy.live.progress`` sends, in a running node (set by the execution)."""
 
 
 def _require() -> RunMetadata:

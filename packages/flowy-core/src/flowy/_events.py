@@ -44,6 +44,9 @@ class EventType(enum.StrEnum):
     """A node returned and its update was merged (``node``, ``step``, ``state``)."""
     EFFECT = "effect"
     """A node emitted an effect (``effect``)."""
+    PROGRESS = "progress"
+    """A node sent progress with ``flowy.live.progress`` (``node``, ``data``); never
+    saved, the first dropped when the consumer falls behind."""
     CHECKPOINT_FAILED = "checkpoint_failed"
     """A save failed and ``SKIP_ON_SAVE_ERROR`` let the run go on
     (reason ``*_checkpoint_skipped``)."""
@@ -97,6 +100,8 @@ class RunEvent(Generic[S, E]):
     has_effect: bool = False
     resume_token: ResumeToken | None = None
     """The token of the persisted snapshot, on terminal events that persisted one."""
+    data: Any = None
+    """What the node sent, on ``progress`` events."""
 
     @property
     def terminal(self) -> bool:
@@ -133,15 +138,21 @@ class EventSink(Generic[S, E]):
         self.dropped: int = 0
 
     def emit(self, event: RunEvent[S, E]) -> None:
-        """Buffer ``event``; when full, drop the oldest progress event (never a terminal)."""
+        """Buffer ``event``; when full, drop the oldest ``progress`` event, else the
+        oldest other event that is not terminal."""
         if self.closed:
             return
         if len(self.events) >= self.max_buffer:
-            for i, old in enumerate(self.events):
-                if not old.terminal:
-                    del self.events[i]
-                    self.dropped += 1
-                    break
+            # The oldest progress event goes first, then the oldest other non-terminal.
+            victim = next(
+                (i for i, old in enumerate(self.events) if old.type is EventType.PROGRESS),
+                None,
+            )
+            if victim is None:
+                victim = next((i for i, old in enumerate(self.events) if not old.terminal), None)
+            if victim is not None:
+                del self.events[victim]
+                self.dropped += 1
         self.events.append(event)
         self.ready.set()
 

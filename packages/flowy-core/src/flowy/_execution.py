@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from . import _tracing
 from ._activities import ActivityScope, RetryLater, current_scope
-from ._context import current_run
+from ._context import current_progress, current_run
 from ._directives import Directive, DirectiveKind
 from ._errors import LeaseLostError, UnknownNodeError
 from ._events import EventType, InterruptKind
@@ -128,6 +128,7 @@ class Execution(Segment[S, E]):
         if self.lease is not None:
             self.renewer = asyncio.ensure_future(self._renew_loop())
         ctx_token = current_run.set(self.meta)
+        progress_token = current_progress.set(self.progress_sender())
         scope_token = current_scope.set(
             ActivityScope(
                 lambda: self._journal("flowy.activity()"),
@@ -159,6 +160,7 @@ class Execution(Segment[S, E]):
         finally:
             current_scope.reset(scope_token)
             current_run.reset(ctx_token)
+            current_progress.reset(progress_token)
             if span is not None:
                 if result is None:
                     span.end("canceled", error=asyncio.CancelledError())

@@ -306,6 +306,8 @@ class Handoffs(Generic[S, E]):
             )
 
         try:
+            if seg.progress_sent:
+                await seg.flush_progress()
             seg.revision = await cp.save_with_outbox(seg.revision, snap, enqueue, lease=seg.lease)
         except LeaseLostError as exc:
             raise seg.lease_lost(exc) from exc

@@ -185,6 +185,7 @@ class Segment(Generic[S, E]):
         # Where the segment started, to notice one that hands off without progress.
         self.start_pointer = pointer
         self.start_state = state
+        self.progress_sent = False  # progress went to the store since the last save
 
     # -- the store's optional parts (chosen when the runner was built) -----------------
     def durable(self, what: str) -> DurableCheckpointer[S]:
@@ -213,6 +214,22 @@ class Segment(Generic[S, E]):
     def emit(self, type_: EventType, **kw: Any) -> None:
         if self.sink is not None:
             self.sink.emit(RunEvent(type_, self.thread_id, **kw))
+
+    def progress_sender(self) -> Callable[[Any], None]:
+        """What ``flowy.live.progress`` calls in this run's nodes: the run's stream (if
+        it is streamed) and the thread's watchers (through the store)."""
+        sink, thread_id, meta = self.sink, self.thread_id, self.meta
+        store = self.services.store
+        publish = store.progress if store is not None else None
+
+        def send(data: Any) -> None:
+            if publish is not None:
+                publish(thread_id, meta.node, self.revision, data)
+                self.progress_sent = True
+            if sink is not None:
+                sink.emit(RunEvent(EventType.PROGRESS, thread_id, node=meta.node, data=data))
+
+        return send
 
     def publish(
         self,
@@ -313,8 +330,18 @@ class Segment(Generic[S, E]):
         )
 
     # -- saves -----------------------------------------------------------------------
+    async def flush_progress(self) -> None:
+        """Let the progress sent since the last save leave before the next save (so a
+        watcher hears it before that snapshot)."""
+        self.progress_sent = False
+        store = self.services.store
+        if store is not None and store.flush_progress is not None:
+            await store.flush_progress()
+
     async def save(self, snap: Snapshot[S]) -> None:
         assert self.cp is not None
+        if self.progress_sent:
+            await self.flush_progress()
         tracing = _tracing.active()
         if tracing is None:
             self.revision = await confirmed_save(self.cp, self.revision, snap, lease=self.lease)

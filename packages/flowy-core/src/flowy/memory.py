@@ -12,12 +12,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
 from ._types import S
 from .storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
+from .storage._watch import HUB, Inbox
 from .storage.dialect import (
     BaseBackend,
     BaseCheckpointer,
@@ -451,6 +452,19 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
 
     async def _close(self) -> None:
         return None
+
+    async def _publish(self, thread_id: str, messages: Sequence[bytes]) -> None:
+        # The store lives in this process: its channel is the process's hub.
+        for message in messages:
+            HUB.deliver(self.store, thread_id, message)
+
+    async def _subscribe(self, thread_id: str, inbox: Inbox) -> Callable[[], Awaitable[None]]:
+        unsubscribe = HUB.subscribe(self.store, thread_id, inbox)
+
+        async def stop() -> None:
+            unsubscribe()
+
+        return stop
 
     def scratch_url(self, name: str) -> str | None:
         """A new private store (``memory://``): nothing is shared with this one."""

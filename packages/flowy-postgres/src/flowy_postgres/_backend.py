@@ -4,14 +4,18 @@ URLs for ``flowy.connect``."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import warnings
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 import asyncpg
 
 from flowy.errors import BackendURLError
 from flowy.storage import StateCodec, redact_url
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, Inbox, StoreURL, sibling_url
 
 from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool
@@ -50,6 +54,93 @@ DRIVER_OPTIONS = {
 }
 """Connection parameters a URL passes to asyncpg unchanged. A password goes in the URL's
 user part or a passfile, not in the query (where messages would show it)."""
+
+
+_NOTIFY = "SELECT pg_notify($1, m) FROM unnest($2::text[]) AS m"
+
+
+class _LiveChannels:
+    """The backend's one LISTEN connection for watchers of its threads: a channel per
+    watched thread (named from a hash of the schema, prefix and thread id), each fanned
+    out to the inboxes of the watchers in this process."""
+
+    def __init__(self, hooks: ListenHooks, names: TableNames) -> None:
+        self._hooks = hooks
+        self._names = names
+        self._conn: PgConnection | None = None
+        self._inboxes: dict[str, set[Inbox]] = {}
+        self._lock = asyncio.Lock()
+
+    def channel(self, thread_id: str) -> str:
+        key = f"{self._names.schema}\x00{self._names.prefix}\x00{thread_id}"
+        return "flowy_live_" + hashlib.sha256(key.encode()).hexdigest()[:40]
+
+    def _deliver(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        for inbox in tuple(self._inboxes.get(channel, ())):
+            inbox.put_threadsafe(payload.encode())
+
+    async def _connection(self) -> PgConnection:
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            self._conn = None
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._hooks[1](conn)
+            conn = self._conn = await self._hooks[0]()
+            for channel in self._inboxes:
+                await conn.add_listener(channel, self._deliver)
+        return conn
+
+    async def subscribe(self, channel: str, inbox: Inbox) -> Callable[[], Awaitable[None]]:
+        async with self._lock:
+            conn = await self._connection()
+            inboxes = self._inboxes.setdefault(channel, set())
+            if not inboxes:
+                try:
+                    await conn.add_listener(channel, self._deliver)
+                except BaseException:
+                    del self._inboxes[channel]
+                    raise
+            inboxes.add(inbox)
+        inbox.sync = self._sync
+
+        async def stop() -> None:
+            async with self._lock:
+                inboxes = self._inboxes.get(channel)
+                if inboxes is None:
+                    return
+                inboxes.discard(inbox)
+                if inboxes:
+                    return
+                del self._inboxes[channel]
+                conn = self._conn
+                if conn is not None and not conn.is_closed():
+                    with contextlib.suppress(Exception):
+                        await conn.remove_listener(channel, self._deliver)
+
+        return stop
+
+    async def _sync(self) -> None:
+        # PostgreSQL sends a session its notifications before the answer to its next
+        # statement; asyncpg calls the listeners soon after.
+        async with self._lock:
+            if not self._inboxes:
+                return
+            with contextlib.suppress(Exception):
+                # A lost connection is made again here, its channels listened to again:
+                # progress resumes from the next snapshot on (snapshots never stopped).
+                conn = await self._connection()
+                await conn.execute("SELECT 1")
+        for _ in range(2):
+            await asyncio.sleep(0)
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            self._inboxes.clear()
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._hooks[1](conn)
 
 
 class PostgresBackend(BaseBackend[S], Generic[S]):
@@ -107,6 +198,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         self.consumer: PostgresConsumer = PostgresConsumer(
             self.connector, max_attempts=max_attempts, poll_interval=poll_interval, listen=hooks
         )
+        self._live = _LiveChannels(self._listen_hooks(pool), self.names)
 
     @classmethod
     def from_pool(cls, pool: asyncpg.Pool, **options: Any) -> PostgresBackend[S]:
@@ -188,7 +280,16 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         await self._pool()
         return await prepare(self.connector, upgrade=True)
 
+    async def _publish(self, thread_id: str, messages: Sequence[bytes]) -> None:
+        channel = self._live.channel(thread_id)
+        texts = [message.decode() for message in messages]
+        await self.connector.execute("send progress", _NOTIFY, channel, texts)
+
+    async def _subscribe(self, thread_id: str, inbox: Inbox) -> Callable[[], Awaitable[None]]:
+        return await self._live.subscribe(self._live.channel(thread_id), inbox)
+
     async def _close(self) -> None:
+        await self._live.aclose()
         await self.consumer.aclose()
         await self.connector.release_kept()
         pool, self.connector.pool = self.connector.pool, None

@@ -5,14 +5,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import os
 import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import BackendURLError
 from flowy.storage import StateCodec
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, Inbox, StoreURL, sibling_url
 
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
@@ -51,6 +56,108 @@ CLIENT_OPTIONS = {
     "ssl_check_hostname": "redis-py (rediss): check the server's host name (true/false)",
 }
 """redis-py's options a Redis URL may carry; they go to the client as they are."""
+
+
+class _LiveChannels:
+    """The backend's one pub/sub connection for watchers of its threads: a channel per
+    watched thread (the namespace and a hash of the thread id), each fanned out to the
+    inboxes of the watchers in this process by one reading task."""
+
+    def __init__(self, client: RedisClient, namespace: str) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._inboxes: dict[bytes, set[Inbox]] = {}
+        self._lock = asyncio.Lock()
+        self._pongs: dict[bytes, asyncio.Future[None]] = {}
+
+    def channel(self, thread_id: str) -> bytes:
+        digest = hashlib.sha256(thread_id.encode()).hexdigest()[:40]
+        return f"{self._namespace}:live:{digest}".encode()
+
+    async def _read(self) -> None:
+        pubsub = self._pubsub
+        while True:
+            try:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - the connection dropped: try again shortly
+                await asyncio.sleep(0.5)
+                continue
+            if message is None:
+                continue
+            if message.get("type") == "pong":
+                waiter = self._pongs.pop(message["data"], None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                continue
+            if message.get("type") != "message":
+                continue
+            channel, data = message["channel"], message["data"]
+            for inbox in tuple(self._inboxes.get(channel, ())):
+                inbox.put(data)
+
+    async def subscribe(self, channel: bytes, inbox: Inbox) -> Callable[[], Awaitable[None]]:
+        async with self._lock:
+            if self._pubsub is None:
+                client: Any = self._client
+                self._pubsub = client.pubsub()
+            inboxes = self._inboxes.setdefault(channel, set())
+            if not inboxes:
+                try:
+                    await self._pubsub.subscribe(channel)
+                except BaseException:
+                    del self._inboxes[channel]
+                    raise
+            inboxes.add(inbox)
+            if self._reader is None or self._reader.done():
+                self._reader = asyncio.get_running_loop().create_task(self._read())
+        inbox.sync = self._sync
+
+        async def stop() -> None:
+            async with self._lock:
+                inboxes = self._inboxes.get(channel)
+                if inboxes is None:
+                    return
+                inboxes.discard(inbox)
+                if inboxes:
+                    return
+                del self._inboxes[channel]
+                with contextlib.suppress(Exception):
+                    await self._pubsub.unsubscribe(channel)
+
+        return stop
+
+    async def _sync(self) -> None:
+        # Redis answers a PING on the subscribed connection after the messages it
+        # pushed before: once the reader sees the answer, they are in the inboxes.
+        pubsub = self._pubsub
+        if pubsub is None:
+            return
+        token = os.urandom(8).hex().encode()
+        waiter = self._pongs[token] = asyncio.get_running_loop().create_future()
+        try:
+            await pubsub.execute_command("PING", token)
+            await asyncio.wait_for(waiter, 5.0)
+        except Exception:  # noqa: BLE001 - progress is best effort; snapshots go on
+            return
+        finally:
+            self._pongs.pop(token, None)
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            reader, self._reader = self._reader, None
+            pubsub, self._pubsub = self._pubsub, None
+            self._inboxes.clear()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
 
 class RedisBackend(BaseBackend[S], Generic[S]):
@@ -111,6 +218,7 @@ class RedisBackend(BaseBackend[S], Generic[S]):
             max_record_bytes=max_record_bytes,
         )
         self.leases: RedisLeaseManager = RedisLeaseManager(self.store)
+        self._live = _LiveChannels(client, namespace)
         self.outbox: RedisOutbox = RedisOutbox(self.store)
         self.consumer: RedisConsumer = RedisConsumer(
             self.store,
@@ -142,7 +250,16 @@ class RedisBackend(BaseBackend[S], Generic[S]):
     async def _setup(self) -> int:
         return await self.store.migrate()
 
+    async def _publish(self, thread_id: str, messages: Sequence[bytes]) -> None:
+        channel = self._live.channel(thread_id)
+        for message in messages:
+            await self.store.execute("send progress", "PUBLISH", channel, message)
+
+    async def _subscribe(self, thread_id: str, inbox: Inbox) -> Callable[[], Awaitable[None]]:
+        return await self._live.subscribe(self._live.channel(thread_id), inbox)
+
     async def _close(self) -> None:
+        await self._live.aclose()
         await self.store.aclose()
 
     def scratch_url(self, name: str) -> str | None:

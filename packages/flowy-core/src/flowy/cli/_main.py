@@ -30,6 +30,7 @@ from ._inspect import cmd_graph, cmd_threads, cmd_timers
 from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
 from ._options import (
     CliError,
+    after_revision,
     concurrency,
     count,
     one_line,
@@ -44,6 +45,7 @@ from ._show import cmd_show
 from ._store import ENV_VAR, scrub
 from ._story import DEFAULT_DEMO_DB, cmd_demo
 from ._ui import cmd_ui, port
+from ._watch import cmd_watch
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -169,6 +171,35 @@ def _add_inspect(sub: _Subcommands) -> None:
         help="show what changed in the state from each revision to the next, oldest first",
     )
     p.set_defaults(handler=cmd_history)
+
+    p = sub.add_parser(
+        "watch",
+        parents=store,
+        help="follow a thread: each saved snapshot and its nodes' progress, until it ends",
+        description="Follow a thread from any process: print each snapshot it saves, in "
+        "order, and the progress its nodes send (flowy.live.progress) between them, until "
+        "it completes (exit 0) or fails (exit 1). A thread not saved yet is waited for. "
+        "Progress from another process needs a store with a channel (PostgreSQL, Redis); "
+        "SQLite and DynamoDB show the snapshots only.",
+    )
+    p.add_argument("thread", metavar="THREAD", help="the thread id")
+    p.add_argument(
+        "--after",
+        type=after_revision,
+        metavar="REV",
+        help="start after revision REV (0: every kept snapshot); default: the current head",
+    )
+    p.add_argument(
+        "--poll",
+        type=positive_seconds,
+        default=0.5,
+        metavar="S",
+        help="seconds between reads of the store when nothing says the thread moved (default: 0.5)",
+    )
+    p.add_argument(
+        "--graph", metavar=_GRAPH, help="the thread's graph: decodes typed states (with --json)"
+    )
+    p.set_defaults(handler=cmd_watch)
 
     p = sub.add_parser(
         "timers",

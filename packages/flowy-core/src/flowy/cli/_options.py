@@ -122,6 +122,11 @@ def revision(text: str) -> int:
     return _whole(text, 1, MAX_REVISION, "a revision")
 
 
+def after_revision(text: str) -> int:
+    """``--after``: a revision to start after (0 to 2**63 - 1; 0: from the first)."""
+    return _whole(text, 0, MAX_REVISION, "a revision")
+
+
 def _seconds(text: str, *, allow_zero: bool) -> float:
     try:
         value = float(text)

@@ -16,7 +16,7 @@ This is the only place where components that are not built on the bases of
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Protocol, Self, cast, runtime_checkable
@@ -39,6 +39,7 @@ from ._protocols import (
     TransactionalCheckpointer,
     TransactionalOutbox,
 )
+from ._watch import HUB, WatchEvent, encode_progress, follow_thread, subscribe_hub
 
 __all__ = [
     "Binding",
@@ -82,6 +83,18 @@ class ComponentBackend(Generic[S]):
     def checkpointer(self) -> Checkpointer[S]:
         """The checkpointer it was given."""
         return self._checkpointer
+
+    def watch(
+        self, thread_id: str, *, after: int | None = None, poll: float = 0.2
+    ) -> AsyncIterator[WatchEvent[S]]:
+        """Follow ``thread_id`` (``BaseBackend.watch``): loose components have no
+        channel, so progress arrives from runs in this process only."""
+        cp = self._checkpointer
+        domain = getattr(cp, "domain", None)
+        key: Hashable = domain if domain is not None else id(cp)
+        return follow_thread(
+            cp, thread_id, after, poll, lambda inbox: subscribe_hub(key, thread_id, inbox)
+        )
 
     @property
     def leases(self) -> LeaseManager:
@@ -249,6 +262,29 @@ class Binding(Generic[S]):
     limits: Limits
     domain: Hashable
     """The store's identity (one run of a thread at a time per store, in a process)."""
+    progress: Progress
+    """Sends a run's progress to its thread's watchers (``flowy.live.progress``)."""
+    flush_progress: Callable[[], Awaitable[None]] | None
+    """Waits until the progress sent so far has left (before the next save)."""
+
+
+Progress = Callable[[str, str, int, object], None]
+"""``(thread_id, node, revision, data)``: sends one progress event to the watchers."""
+
+
+def _progress_of(backend: object, domain: Hashable) -> Progress:
+    """How a runner on ``backend`` sends progress: the backend's own way
+    (``publish_progress``: a ``BaseBackend``, or a wrapper of one), else the process's
+    hub, for watchers in this process."""
+    publish = getattr(backend, "publish_progress", None)
+    if callable(publish):
+        return cast(Progress, publish)
+
+    def to_hub(thread_id: str, node: str, revision: int, data: object) -> None:
+        if HUB.listening(domain, thread_id):
+            HUB.deliver(domain, thread_id, encode_progress(node, revision, data))
+
+    return to_hub
 
 
 def _typed(checkpointer: Checkpointer[S], state_type: Any) -> Checkpointer[S]:
@@ -295,6 +331,8 @@ def bind(backend: Backend[S], state_type: Any) -> Binding[S]:
         base = None
         codec = getattr(cp, "codec", None)
         domain = getattr(cp, "domain", None)
+    if domain is None:
+        domain = id(backend.checkpointer)
     merge_codec = codec if base is not None else None
     merge: Merge | None = None
     if isinstance(merge_codec, JSONCodec):
@@ -325,5 +363,9 @@ def bind(backend: Backend[S], state_type: Any) -> Binding[S]:
         merge_codec=merge_codec,
         merge=merge,
         limits=base.limits if base is not None else Limits(),
-        domain=domain if domain is not None else id(backend.checkpointer),
+        domain=domain,
+        progress=_progress_of(backend, domain),
+        flush_progress=cast(
+            "Callable[[], Awaitable[None]] | None", getattr(backend, "flush_progress", None)
+        ),
     )

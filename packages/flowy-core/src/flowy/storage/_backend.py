@@ -11,9 +11,21 @@ checks options the same way for every store.
 from __future__ import annotations
 
 import abc
+import asyncio
+import functools
+import logging
 import urllib.parse
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections import deque
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Hashable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar, Generic, Self, TypeVar, cast
@@ -23,6 +35,12 @@ from .._types import S
 from ._capabilities import Capabilities, RoundTrips
 from ._derive import derive_capabilities
 from ._limits import Limits
+from ._watch import HUB, Inbox, WatchEvent, encode_progress, follow_thread, subscribe_hub
+
+_log = logging.getLogger("flowy")
+
+_LIVE_QUEUE = 1024
+"""Progress events a backend holds for its channel before it drops the oldest."""
 
 __all__ = ["BaseBackend", "StoreURL", "redact_url"]
 
@@ -255,6 +273,14 @@ class StoreURL:
         return self.option(name, lambda text: _count(text, maximum), default)
 
 
+@functools.cache
+def _channel_of(cls: type) -> bool:
+    """True if backends of ``cls`` implement the progress channel's two primitives."""
+    return all(
+        getattr(cls, name) is not getattr(BaseBackend, name) for name in ("_publish", "_subscribe")
+    )
+
+
 class BaseBackend(abc.ABC, Generic[S]):
     """One store: ``checkpointer``, ``leases``, ``outbox`` and ``consumer`` in one
     coordination domain, with their shared resources.
@@ -275,6 +301,11 @@ class BaseBackend(abc.ABC, Generic[S]):
     _closed: bool = False
     _opened: bool = False
     _scratch: bool = False
+    _live_queue: deque[tuple[str, bytes]] | None = None
+    _live_task: asyncio.Task[None] | None = None
+    progress_dropped: int = 0
+    """Progress events dropped before they reached the store's channel (it fell
+    behind, or a send failed)."""
 
     @abc.abstractmethod
     async def _open(self) -> None:
@@ -375,7 +406,137 @@ class BaseBackend(abc.ABC, Generic[S]):
         if self._closed:
             return
         self._closed = True
+        task = self._live_task
+        if task is not None:
+            try:  # send what is queued, briefly; progress is best effort
+                await asyncio.wait_for(asyncio.shield(task), 1.0)
+            except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001
+                task.cancel()
         await self._close()
+
+    # -- following a thread ----------------------------------------------------------
+    async def _publish(self, thread_id: str, messages: Sequence[bytes]) -> None:
+        """Send ``messages`` (progress events, in order) on the thread's channel, to
+        every process watching it. A store with a channel (PostgreSQL ``NOTIFY``, Redis
+        pub/sub) implements it together with :meth:`_subscribe`; without them, progress
+        reaches watchers in this process only."""
+        raise NotImplementedError(f"{type(self).__name__} has no progress channel")
+
+    async def _subscribe(self, thread_id: str, inbox: Inbox) -> Callable[[], Awaitable[None]]:
+        """Put every message later sent on the thread's channel into ``inbox``
+        (``inbox.put_threadsafe``), from any process; return the call that stops it."""
+        raise NotImplementedError(f"{type(self).__name__} has no progress channel")
+
+    @property
+    def _live_domain(self) -> Hashable:
+        cp: Any = cast(Any, self).checkpointer
+        domain = getattr(cp, "domain", None)
+        return domain if domain is not None else id(cp)
+
+    def _has_channel(self) -> bool:
+        return _channel_of(type(self))
+
+    def publish_progress(self, thread_id: str, node: str, revision: int, data: object) -> None:
+        """Send a progress event of ``thread_id`` to its watchers (what
+        ``flowy.live.progress`` calls; it never waits). Where nobody can be listening
+        it costs a lookup; else the event is queued for the store's channel, and the
+        oldest queued one is dropped when the channel falls behind
+        (:attr:`progress_dropped`).
+
+        Args:
+            thread_id: the thread the event belongs to.
+            node: the node that sent it.
+            revision: the thread's revision when it was sent (a watcher reads the
+                snapshots up to there before it yields the event).
+            data: what the node sent.
+
+        Raises:
+            TypeError: ``data`` is not a JSON value.
+            ValueError: it is larger than ``flowy.live.MAX_PROGRESS_BYTES`` as JSON.
+        """
+        if not self._has_channel():
+            domain = self._live_domain
+            if HUB.listening(domain, thread_id):
+                HUB.deliver(domain, thread_id, encode_progress(node, revision, data))
+            return
+        message = encode_progress(node, revision, data)
+        if self._closed:
+            self.progress_dropped += 1
+            return
+        queue = self._live_queue
+        if queue is None:
+            queue = self._live_queue = deque()
+        if len(queue) >= _LIVE_QUEUE:
+            queue.popleft()
+            self.progress_dropped += 1
+        queue.append((thread_id, message))
+        if self._live_task is None or self._live_task.done():
+            self._live_task = asyncio.get_running_loop().create_task(self._send_progress())
+
+    async def flush_progress(self, within: float = 1.0) -> None:
+        """Wait (up to ``within`` seconds) until the progress queued so far is sent:
+        a runner calls it before it saves the next snapshot, so watchers hear a node's
+        progress before the snapshot that follows it. Never raises."""
+        task = self._live_task
+        if task is None or task.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(task), within)
+        except (TimeoutError, Exception):  # noqa: BLE001 - progress is best effort
+            return
+
+    async def _send_progress(self) -> None:
+        queue = self._live_queue
+        assert queue is not None
+        while queue:
+            thread_id, first = queue.popleft()
+            batch = [first]
+            while queue and queue[0][0] == thread_id and len(batch) < 100:
+                batch.append(queue.popleft()[1])
+            try:
+                await self._publish(thread_id, batch)
+            except Exception as exc:  # noqa: BLE001 - progress is best effort
+                self.progress_dropped += len(batch)
+                _log.warning("flowy: sending progress of %r failed: %r", thread_id[:200], exc)
+
+    def watch(
+        self, thread_id: str, *, after: int | None = None, poll: float = 0.2
+    ) -> AsyncIterator[WatchEvent[S]]:
+        """Follow ``thread_id`` from any process: every saved snapshot, in order of
+        revision and without gaps, and the progress events of the process running it;
+        ends after the snapshot of a completed or failed run.
+
+        ``after=None`` starts with the thread's current head; ``after=N`` yields every
+        snapshot above revision ``N`` that the store still keeps (``after=0``: its whole
+        kept history), so a watcher that lost its connection resumes where it was. A
+        thread that does not exist yet is waited for; one deleted while watched ends
+        the watch.
+
+        Snapshots are read from the store: at once when a progress event says the run
+        moved on, else every ``poll`` seconds. Progress travels on the store's channel
+        where it has one (``capabilities.live_progress``: PostgreSQL ``LISTEN/NOTIFY``,
+        Redis pub/sub); on other stores only progress of runs in this process arrives.
+        Progress is ephemeral: a watcher that falls behind drops the oldest.
+
+        Raises:
+            InvalidThreadIdError: the thread id is not usable.
+            ValueError: ``after`` is negative or ``poll`` is not a positive number.
+        """
+        if self._has_channel():
+            return follow_thread(
+                cast(Any, self).checkpointer,
+                thread_id,
+                after,
+                poll,
+                lambda inbox: self._subscribe(thread_id, inbox),
+            )
+        return follow_thread(
+            cast(Any, self).checkpointer,
+            thread_id,
+            after,
+            poll,
+            lambda inbox: subscribe_hub(self._live_domain, thread_id, inbox),
+        )
 
     async def close(self) -> None:
         """Deprecated alias of :meth:`aclose` (removed in 0.3)."""
@@ -422,7 +583,13 @@ class BaseBackend(abc.ABC, Generic[S]):
         (:class:`flowy.storage.Capabilities`). Runners and workers read it once, when
         they are built."""
         parts: Any = self
-        return derive_capabilities(parts.checkpointer, parts.leases, parts.outbox, parts.consumer)
+        return derive_capabilities(
+            parts.checkpointer,
+            parts.leases,
+            parts.outbox,
+            parts.consumer,
+            live_progress=self._has_channel(),
+        )
 
     @property
     def closed(self) -> bool:

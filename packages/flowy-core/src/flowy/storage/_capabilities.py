@@ -42,6 +42,10 @@ class Capabilities:
     backlog: bool
     """It reports its backlog: the outbox's depth and dead letters, the oldest parked
     threads (``flowy.otel`` gauges)."""
+    live_progress: bool
+    """Progress events travel on the store's own channel (PostgreSQL ``NOTIFY``, Redis
+    pub/sub), so ``Backend.watch`` hears them from any process; without it, only from
+    runs in the watcher's process."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""

@@ -24,7 +24,7 @@ from ._protocols import (
     TransactionalOutbox,
 )
 
-__all__ = ["derive_capabilities"]
+__all__ = ["derive_capabilities", "overrides"]
 
 
 @runtime_checkable
@@ -34,7 +34,7 @@ class _SystemLeases(Protocol):
     async def acquire_system(self, name: str, owner: str, ttl: float) -> Lease: ...
 
 
-def _overrides(obj: object, base: type, *names: str) -> bool:
+def overrides(obj: object, base: type, *names: str) -> bool:
     """True if ``type(obj)`` replaces every one of the primitives ``names`` of ``base``
     (a class below ``base`` defines it as something other than the base's default)."""
     return all(_implements(type(obj), base, name) for name in names)
@@ -57,7 +57,7 @@ def _durable(checkpointer: Any, primitives: tuple[str, ...]) -> bool:
     if isinstance(inner, LeaseGuardCheckpointer):
         inner = cast(LeaseGuardCheckpointer[Any], inner).inner
     if isinstance(inner, BaseCheckpointer):
-        return _overrides(cast(object, inner), BaseCheckpointer, *primitives)
+        return overrides(cast(object, inner), BaseCheckpointer, *primitives)
     return isinstance(inner, DurableCheckpointer)
 
 
@@ -75,9 +75,15 @@ def _transactional(component: object, protocol: type) -> bool:
 
 
 def derive_capabilities(
-    checkpointer: object, leases: object | None, outbox: object | None, consumer: object | None
+    checkpointer: object,
+    leases: object | None,
+    outbox: object | None,
+    consumer: object | None,
+    *,
+    live_progress: bool = False,
 ) -> Capabilities:
-    """The capabilities of a store made of these components (``None``: absent)."""
+    """The capabilities of a store made of these components (``None``: absent);
+    ``live_progress``: the backend implements ``_publish`` and ``_subscribe``."""
     cp: Any = checkpointer
     fencing = (
         leases is not None
@@ -96,6 +102,7 @@ def derive_capabilities(
         durable_timers_signals=_durable(cp, _SIGNALS),
         journal=_durable(cp, _JOURNAL),
         backlog=isinstance(consumer, BaseConsumer)
-        and _overrides(consumer, BaseConsumer, "_stats")
+        and overrides(consumer, BaseConsumer, "_stats")
         and isinstance(cp, BaseCheckpointer),
+        live_progress=live_progress,
     )

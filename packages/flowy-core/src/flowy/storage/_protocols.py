@@ -8,7 +8,7 @@ primitives.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
@@ -25,6 +25,7 @@ from ._model import (
     Snapshot,
     ThreadSummary,
 )
+from ._watch import WatchEvent
 
 __all__ = [
     "Backend",
@@ -314,6 +315,15 @@ class Backend(Protocol[S]):
     async def setup(self) -> int:
         """Create or upgrade what the store needs; return its schema version.
         Idempotent."""
+        ...
+
+    def watch(
+        self, thread_id: str, *, after: int | None = None, poll: float = 0.2
+    ) -> AsyncIterator[WatchEvent[S]]:
+        """Follow ``thread_id``: its saved snapshots in order, without gaps, and its
+        progress events, until it completes or fails (``BaseBackend.watch``): from its
+        head, or from the snapshot after revision ``after``, reading the store every
+        ``poll`` seconds when nothing says the run moved on."""
         ...
 
     async def aclose(self) -> None:

@@ -60,6 +60,8 @@ from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
 from ._scratch import open_scratch as open_scratch
 from ._scratch import sibling_url as sibling_url
 from ._wakeups import Wakeups as Wakeups
+from ._watch import Inbox as Inbox
+from ._watch import decode_message as decode_message
 from ._writes import Busy as Busy
 from ._writes import OutboxRow as OutboxRow
 from ._writes import Refused as Refused
@@ -86,6 +88,7 @@ __all__ = [
     "DecodeRecordOptions",
     "EnqueueCallback",
     "FencingCheckpointer",
+    "Inbox",
     "OutboxRow",
     "RawMessage",
     "Record",
@@ -97,6 +100,7 @@ __all__ = [
     "confirm_save",
     "confirmed_save",
     "decode_intent",
+    "decode_message",
     "decode_record",
     "decode_snapshot",
     "deprecated_names",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Generic, Self
 
 from ..._types import S
 from ...storage import Backend, Capabilities, HandoffIntent, Limits, Outbox
+from ...storage._watch import WatchEvent
 from ...storage.dialect import BaseCheckpointer, BaseConsumer, BaseLeaseManager, BaseOutbox, Write
 from ._model import (
     ArmedFaults,
@@ -141,6 +142,20 @@ class FaultyBackend(Generic[S]):
     async def setup(self) -> int:
         """``setup`` of the wrapped store."""
         return await self.inner.setup()
+
+    def watch(
+        self, thread_id: str, *, after: int | None = None, poll: float = 0.2
+    ) -> AsyncIterator[WatchEvent[S]]:
+        """The wrapped store's ``watch`` of ``thread_id`` from ``after``, reading every
+        ``poll`` seconds (no faults: it only reads)."""
+        return self.inner.watch(thread_id, after=after, poll=poll)
+
+    def publish_progress(self, thread_id: str, node: str, revision: int, data: object) -> None:
+        """The wrapped store's ``publish_progress``: ``data`` from ``node`` of
+        ``thread_id`` at ``revision`` goes where that store sends it."""
+        publish = getattr(self.inner, "publish_progress", None)
+        if callable(publish):
+            publish(thread_id, node, revision, data)
 
     async def aclose(self) -> None:
         """Nothing to release: the wrapper owns nothing (close the wrapped store)."""

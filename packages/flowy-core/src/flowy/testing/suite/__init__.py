@@ -40,6 +40,7 @@ from ._scratch import *  # noqa: F403
 from ._setup import *  # noqa: F403
 from ._subgraph import *  # noqa: F403
 from ._waits import *  # noqa: F403
+from ._watch import *  # noqa: F403
 
 __all__ = [
     "ActivitySuite",
@@ -70,5 +71,6 @@ __all__ = [
     "TransactionalOutboxSuite",
     "VersionSuite",
     "WaitSuite",
+    "WatchSuite",
     "WriteOwnershipSuite",
 ]
