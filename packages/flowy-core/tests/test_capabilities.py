@@ -40,6 +40,7 @@ EVERYTHING = Capabilities(
     durable_timers_signals=True,
     journal=True,
     backlog=True,
+    schedules=True,
 )
 
 
@@ -105,7 +106,7 @@ def test_loose_components_have_what_they_implement() -> None:
         outbox=MemoryOutbox(store),
         consumer=MemoryConsumer(store),
     )
-    assert full.capabilities == EVERYTHING
+    assert full.capabilities == dataclasses.replace(EVERYTHING, schedules=False)
     bare = as_backend(cp)
     assert bare.capabilities.missing() == (
         "run_leases",
@@ -115,6 +116,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "transactional_outbox",
         "consumer",
         "backlog",
+        "schedules",
     )
     with pytest.raises(TypeError, match="without a consumer"):
         _ = bare.consumer
@@ -155,7 +157,7 @@ async def test_a_runner_given_loose_leases_and_outbox_warns_and_hands_off() -> N
         )
     assert len(caught) == 1
     assert runner.backend is not None and runner.backend.capabilities == dataclasses.replace(
-        EVERYTHING, consumer=False, backlog=False
+        EVERYTHING, consumer=False, backlog=False, schedules=False
     )
     result = await runner.start("t", {}, run_lease=("me", 30.0))
     assert result.status is flowy.RunStatus.HANDOFF

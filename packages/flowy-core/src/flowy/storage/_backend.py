@@ -418,7 +418,13 @@ class BaseBackend(abc.ABC, Generic[S]):
         (:class:`flowy.storage.Capabilities`). Runners and workers read it once, when
         they are built."""
         parts: Any = self
-        return derive_capabilities(parts.checkpointer, parts.leases, parts.outbox, parts.consumer)
+        return derive_capabilities(
+            parts.checkpointer,
+            parts.leases,
+            parts.outbox,
+            parts.consumer,
+            getattr(self, "schedules", None),  # a store of flowy 0.3 keeps none
+        )
 
     @property
     def closed(self) -> bool:

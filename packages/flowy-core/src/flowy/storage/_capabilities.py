@@ -42,6 +42,8 @@ class Capabilities:
     backlog: bool
     """It reports its backlog: the outbox's depth and dead letters, the oldest parked
     threads (``flowy.otel`` gauges)."""
+    schedules: bool = False
+    """It keeps durable schedules (``backend.schedules``) that workers fire."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""

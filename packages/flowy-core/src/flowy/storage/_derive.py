@@ -23,6 +23,7 @@ from ._protocols import (
     TransactionalCheckpointer,
     TransactionalOutbox,
 )
+from ._schedules import BaseScheduleStore
 
 __all__ = ["derive_capabilities"]
 
@@ -75,7 +76,11 @@ def _transactional(component: object, protocol: type) -> bool:
 
 
 def derive_capabilities(
-    checkpointer: object, leases: object | None, outbox: object | None, consumer: object | None
+    checkpointer: object,
+    leases: object | None,
+    outbox: object | None,
+    consumer: object | None,
+    schedules: object | None = None,
 ) -> Capabilities:
     """The capabilities of a store made of these components (``None``: absent)."""
     cp: Any = checkpointer
@@ -98,4 +103,5 @@ def derive_capabilities(
         backlog=isinstance(consumer, BaseConsumer)
         and _overrides(consumer, BaseConsumer, "_stats")
         and isinstance(cp, BaseCheckpointer),
+        schedules=isinstance(schedules, BaseScheduleStore),
     )
