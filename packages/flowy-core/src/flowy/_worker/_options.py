@@ -156,6 +156,10 @@ class WorkerOptions:
     """Seconds between looks at the store's due timers (``None``: the worker fires no
     timers). A timer whose resume fails is tried again after the same backoff as a
     message."""
+    schedule_interval: float | None = 5.0
+    """Seconds between looks at the store's durable schedules (``None``: the worker
+    fires none; a store without schedules has none to fire). Each due tick is claimed
+    by one worker of all that look, which starts its thread."""
     sample_interval: float | None = 15.0
     """Seconds between reads of the store's backlog (outbox depth, dead letters, the
     oldest suspended and waiting threads) for ``flowy.otel``'s gauges, made only while
@@ -201,4 +205,5 @@ class WorkerKeywords(TypedDict, total=False):
     retry_jitter: float
     busy_grace: float
     timer_interval: float | None
+    schedule_interval: float | None
     sample_interval: float | None

@@ -123,17 +123,20 @@ class Schedule:
         assert self.cron is not None
         return CronExpression.parse(self.cron).next_after(after, zone(self.tz))
 
-    def due(self, now: float) -> tuple[list[float], float]:
-        """``(ticks to start, next tick)`` if ``now`` claims this schedule: the due ticks
-        its catch-up policy starts, oldest first, and its first tick after ``now``."""
+    def due(self, now: float) -> tuple[list[float], float | None, float]:
+        """``(ticks to start, newest due tick, next tick)`` if ``now`` claims this
+        schedule: the due ticks its catch-up policy starts, oldest first, the newest
+        due tick (started or not; ``None`` if none is due), and its first tick after
+        ``now``."""
         if self.paused or self.next_tick > now:
-            return [], self.next_tick
+            return [], None, self.next_tick
         following = self.next_after(now)
         keep = self.catch_up_cap if self.catch_up == "all" else 1
         ticks = self._ticks_until(self._recent_start(now, keep), now, keep)
+        newest = ticks[-1] if ticks else None
         if self.catch_up == "skip":
             ticks = [t for t in ticks if now - t <= SKIP_GRACE]
-        return ticks, following
+        return ticks, newest, following
 
     def _recent_start(self, now: float, keep: int) -> float:
         """A time from which the newest ``keep`` due ticks are found in a few steps
@@ -384,11 +387,11 @@ class BaseScheduleStore(abc.ABC):
         compare-and-set, which fails if it changed since."""
         if schedule.paused or schedule.next_tick > now:
             return None
-        ticks, following = schedule.due(now)
+        ticks, newest, following = schedule.due(now)
         claimed = replace(
             schedule,
             next_tick=following,
-            last_tick=ticks[-1] if ticks else schedule.last_tick,
+            last_tick=schedule.last_tick if newest is None else newest,
         )
         if not await self._replace(schedule.name, schedule.version, _encode(claimed)):
             return None

@@ -35,6 +35,7 @@ from ._leases import *  # noqa: F403
 from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._runs import *  # noqa: F403
+from ._schedules import *  # noqa: F403
 from ._scratch import *  # noqa: F403
 from ._setup import *  # noqa: F403
 from ._subgraph import *  # noqa: F403
@@ -59,6 +60,7 @@ __all__ = [
     "LimitsSuite",
     "LineageSuite",
     "OutboxSuite",
+    "ScheduleSuite",
     "ScratchSuite",
     "SetupSuite",
     "SignalSuite",
