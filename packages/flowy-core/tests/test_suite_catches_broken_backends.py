@@ -55,6 +55,7 @@ from flowy.memory import (
     MemoryConsumer,
     MemoryLeaseManager,
     MemoryOutbox,
+    MemoryScheduleStore,
     MemoryStore,
 )
 from flowy.memory import _named as memory_named  # pyright: ignore[reportPrivateUsage]
@@ -836,6 +837,18 @@ class ClaimsTimersBackend(MemoryBackend[Any]):
         return replace(super().capabilities, durable_timers_signals=True)
 
 
+class BlindReplaceSchedules(MemoryScheduleStore):
+    """Replaces a schedule whatever its version: two workers that read it at once both
+    claim its tick."""
+
+    async def _replace(self, name: str, version: int, data: bytes) -> bool:
+        found = self.store.schedules.get(name)
+        if found is None:
+            return False
+        self.store.schedules[name] = (found[0] + 1, data)
+        return True
+
+
 # --- stores -------------------------------------------------------------------------------
 
 
@@ -860,6 +873,8 @@ async def memory_with(**parts: type[Any]) -> MemoryBackend[Any]:
         backend.outbox = parts["outbox"](store)
     if "consumer" in parts:
         backend.consumer = parts["consumer"](store, max_attempts=3)
+    if "schedules" in parts:
+        backend.schedules = parts["schedules"](store)
     return backend
 
 
@@ -1241,6 +1256,12 @@ CASES = [
         {"checkpointer": ScanningListSQLiteCheckpointer},
         ((S.CostSuite, "test_list_threads_page_reads_the_same_for_many_threads"),),
     ),
+    Case(
+        "a schedule's claim ignores its version (two workers claim one tick)",
+        "memory",
+        {"schedules": BlindReplaceSchedules},
+        ((S.ScheduleSuite, "test_a_stale_claim_is_refused"),),
+    ),
 ]
 
 
@@ -1311,7 +1332,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 50
+    assert len(CASES) == 51
     assert len({case.bug for case in CASES}) == len(CASES)
 
 
