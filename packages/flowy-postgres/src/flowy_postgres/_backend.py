@@ -17,6 +17,7 @@ from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool
 from ._lease import PostgresLeaseManager
 from ._outbox import ListenHooks, PostgresConsumer, PostgresOutbox
+from ._schedules import PostgresScheduleStore
 from ._schema import (
     DEFAULT_PREFIX,
     DEFAULT_SCHEMA,
@@ -107,6 +108,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
         self.consumer: PostgresConsumer = PostgresConsumer(
             self.connector, max_attempts=max_attempts, poll_interval=poll_interval, listen=hooks
         )
+        self.schedules: PostgresScheduleStore = PostgresScheduleStore(self.connector)
 
     @classmethod
     def from_pool(cls, pool: asyncpg.Pool, **options: Any) -> PostgresBackend[S]:
