@@ -24,6 +24,7 @@ from ._keys import KeyLayout as KeyLayout
 from ._lease import RedisLeaseManager as RedisLeaseManager
 from ._outbox import RedisConsumer as RedisConsumer
 from ._outbox import RedisOutbox as RedisOutbox
+from ._schedules import RedisScheduleStore as RedisScheduleStore
 from ._store import LAYOUT_VERSION as LAYOUT_VERSION
 from ._store import RedisClient as RedisClient
 from ._store import purge_namespace as purge_namespace
@@ -44,6 +45,7 @@ __all__ = [
     "RedisClient",
     "RedisConsumer",
     "RedisLeaseManager",
+    "RedisScheduleStore",
     "RedisOutbox",
     "open_backend",
     "purge_namespace",
