@@ -21,6 +21,7 @@ from ._layout import thread_key as thread_key
 from ._leases import DynamoLeaseManager as DynamoLeaseManager
 from ._outbox import DynamoConsumer as DynamoConsumer
 from ._outbox import DynamoOutbox as DynamoOutbox
+from ._schedules import DynamoScheduleStore as DynamoScheduleStore
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import make_client as make_client
 from ._table import ClockSkewError as ClockSkewError
@@ -38,6 +39,7 @@ __all__ = [
     "DynamoCheckpointer",
     "DynamoConsumer",
     "DynamoLeaseManager",
+    "DynamoScheduleStore",
     "DynamoOutbox",
     "DynamoTable",
     "make_client",
