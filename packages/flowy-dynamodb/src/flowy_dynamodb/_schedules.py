@@ -6,7 +6,7 @@ one strongly consistent query of the partition.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from flowy.storage.dialect import BaseScheduleStore
 
@@ -30,7 +30,7 @@ class DynamoScheduleStore(BaseScheduleStore):
     def __init__(self, table: DynamoTable) -> None:
         self.table = table
         self.domain: Hashable = table.domain
-        self.clock = table.clock
+        self.clock: Callable[[], float] = table.clock
 
     async def _insert(self, name: str, data: bytes) -> bool:
         expr = Expression()

@@ -21,7 +21,7 @@ class PostgresScheduleStore(BaseScheduleStore):
     def __init__(self, connector: Connector, clock: Callable[[], float] = time.time) -> None:
         self.connector = connector
         self.domain: Hashable = connector.domain
-        self.clock = clock
+        self.clock: Callable[[], float] = clock
         table = connector.names.schedules
         self._insert_sql = (
             f"INSERT INTO {table} (name, version, record) VALUES ($1, 1, $2) "

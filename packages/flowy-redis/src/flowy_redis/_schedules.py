@@ -40,7 +40,7 @@ class RedisScheduleStore(BaseScheduleStore):
     def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.domain: Hashable = store.domain
-        self.clock = clock
+        self.clock: Callable[[], float] = clock
         namespace = store.layout.namespace.encode("utf-8")
         self.key: bytes = namespace + b":{" + namespace + b":schedules}:schedules"
 

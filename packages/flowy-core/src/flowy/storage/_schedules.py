@@ -165,7 +165,10 @@ class TickClaim:
     new version) and the ticks to start, each with its thread id."""
 
     schedule: Schedule
+    """The schedule after the claim (its next tick moved past the claimed ones)."""
     ticks: tuple[tuple[float, str], ...]
+    """``(tick, thread id)`` of each tick to start, oldest first (none when the
+    catch-up policy dropped every due tick)."""
 
 
 def _encode(schedule: Schedule) -> bytes:
@@ -383,8 +386,8 @@ class BaseScheduleStore(abc.ABC):
         return await self.claim_from(_decode(name, *found), now)
 
     async def claim_from(self, schedule: Schedule, now: float) -> TickClaim | None:
-        """:meth:`claim` for a schedule already read (by :meth:`list`): one
-        compare-and-set, which fails if it changed since."""
+        """:meth:`claim` for ``schedule`` as already read (by :meth:`list`) at ``now``:
+        one compare-and-set, which fails (``None``) if the schedule changed since."""
         if schedule.paused or schedule.next_tick > now:
             return None
         ticks, newest, following = schedule.due(now)
