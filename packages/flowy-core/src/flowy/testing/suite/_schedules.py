@@ -172,6 +172,35 @@ class ScheduleSuite(Suite):
         assert again.version == made.version + 1 and again.next_tick == now + 60
         assert again.last_tick == now
 
+    async def test_a_claim_is_one_read_and_one_write(self, flowy_backend: Backend[Any]) -> None:
+        store = schedules_of(flowy_backend)
+        due = await store.create(_name("due"), graph=TARGET, every=MINUTE)
+        for label in ("later-a", "later-b", "paused"):
+            await store.create(
+                _name(label), graph=TARGET, cron="0 0 1 1 *", paused=label == "paused"
+            )
+        calls: Counter[str] = Counter()
+        for primitive in ("_read", "_read_all", "_replace", "_insert", "_delete"):
+            original = getattr(store, primitive)
+
+            def counted(*args: Any, _name: str = primitive, _call: Any = original) -> Any:
+                calls[_name] += 1
+                return _call(*args)
+
+            setattr(store, primitive, counted)
+        try:
+            claim = await store.claim(due.name, due.next_tick)
+            assert claim is not None
+            assert calls == Counter({"_read": 1, "_replace": 1})
+            calls.clear()
+            # A worker's look: one listing, then one write per due schedule only.
+            worker = Worker(Runner(TICK_GRAPH, flowy_backend, clock=Clock(due.next_tick + 60)))
+            assert await worker.fire_schedules() == 1
+            assert calls == Counter({"_read_all": 1, "_replace": 1})
+        finally:
+            for primitive in ("_read", "_read_all", "_replace", "_insert", "_delete"):
+                delattr(store, primitive)
+
     async def test_one_start_per_tick_with_four_concurrent_schedulers(
         self, flowy_backend: Backend[Any]
     ) -> None:
