@@ -42,6 +42,7 @@ MODULES: list[str] = [
     "flowy.lifecycle",
     "flowy.stream_helpers",
     "flowy.otel",
+    "flowy.schedules",
     "flowy.memory",
     "flowy.sqlite",
     "flowy.testing",

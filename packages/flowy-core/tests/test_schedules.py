@@ -18,6 +18,7 @@ import pytest
 import flowy
 from flowy.errors import SchemaVersionError
 from flowy.memory import MemoryBackend
+from flowy.schedules import schedules_of
 from flowy.sqlite import SQLiteBackend
 from flowy.testing.suite._schedules import (
     STARTS,
@@ -120,6 +121,9 @@ async def test_a_store_without_schedules_fires_none() -> None:
     assert not components.capabilities.schedules
     worker = flowy.Worker(flowy.Runner(TICK_GRAPH, components))
     assert await worker.fire_schedules() == 0
+    with pytest.raises(TypeError, match="keeps no schedules"):
+        schedules_of(components)
+    assert schedules_of(backend) is backend.schedules
 
 
 async def test_a_sqlite_file_of_schema_2_is_upgraded_to_hold_schedules(tmp_path: Path) -> None:

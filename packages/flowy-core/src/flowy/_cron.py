@@ -121,10 +121,13 @@ class CronExpression:
     text: str
     """The expression as given."""
     minutes: frozenset[int]
+    """Minutes of the hour, 0-59."""
     hours: frozenset[int]
+    """Hours of the day, 0-23."""
     days: frozenset[int]
     """Days of month, 1-31."""
     months: frozenset[int]
+    """Months, 1-12."""
     weekdays: frozenset[int]
     """Days of week, 0-6 (0 is Sunday; a 7 in the expression is stored as 0)."""
     any_day: bool
@@ -179,8 +182,8 @@ class CronExpression:
 
     def next_after(self, after: float, tz: _dt.tzinfo) -> float:
         """The first tick strictly after ``after`` (seconds since the epoch), as seconds
-        since the epoch; wall times are read in ``tz`` (see the module's notes on
-        daylight saving changes)."""
+        since the epoch; wall times are read in the time zone ``tz`` (see the module's
+        notes on daylight saving changes)."""
         start = _dt.datetime.fromtimestamp(after, tz).replace(tzinfo=None)
         folds = (0, 1) if len(self.hours) == 24 else (0,)
         hours, minutes = sorted(self.hours), sorted(self.minutes)
@@ -237,7 +240,9 @@ class Every:
     """Ticks at a fixed interval: ``anchor + k * seconds`` for whole ``k >= 1``."""
 
     seconds: float
+    """The interval, in seconds (1 to 366 days)."""
     anchor: float
+    """The time the ticks count from (itself no tick), in seconds since the epoch."""
 
     def __post_init__(self) -> None:
         seconds = self.seconds

@@ -1,9 +1,9 @@
 """Durable schedules: start a graph's thread at every tick of a cron expression or an
 interval, exactly once per tick across any number of workers.
 
-Create one on a store (``backend.schedules``)::
+Create one on a store (``backend.schedules``, typed as :func:`schedules_of` gives it)::
 
-    await backend.schedules.create(
+    await schedules_of(backend).create(
         "nightly-triage", graph="app.graphs:triage", cron="0 2 * * *",
         tz="Europe/Berlin", state={"queue": "inbox"},
     )
@@ -27,6 +27,7 @@ from .storage._schedules import SKIP_GRACE as SKIP_GRACE
 from .storage._schedules import CatchUp as CatchUp
 from .storage._schedules import Schedule as Schedule
 from .storage._schedules import TickClaim as TickClaim
+from .storage._schedules import schedules_of as schedules_of
 
 __all__ = [
     "CATCH_UP_POLICIES",
@@ -37,5 +38,6 @@ __all__ = [
     "Every",
     "Schedule",
     "TickClaim",
+    "schedules_of",
     "zone",
 ]

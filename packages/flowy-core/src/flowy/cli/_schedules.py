@@ -10,6 +10,7 @@ import re
 from typing import Any, cast
 
 from .._errors import ScheduleError
+from ..schedules import schedules_of
 from ..storage import Schedule
 from ..storage.dialect import BaseScheduleStore
 from ._inspect import print_json
@@ -59,10 +60,10 @@ def _when(schedule: Schedule) -> str:
 
 
 def _store_of(backend: Any, store: Store) -> BaseScheduleStore:
-    schedules = getattr(backend, "schedules", None)
-    if not isinstance(schedules, BaseScheduleStore) or not backend.capabilities.schedules:
-        raise CliError(f"{store.label!r} keeps no schedules (its store has none)", 2)
-    return schedules
+    try:
+        return schedules_of(backend)
+    except TypeError:
+        raise CliError(f"{store.label!r} keeps no schedules (its store has none)", 2) from None
 
 
 async def cmd_schedules(args: argparse.Namespace, out: Console) -> int:

@@ -46,11 +46,14 @@ __all__ = [
     "CatchUp",
     "Schedule",
     "TickClaim",
+    "schedules_of",
     "validate_schedule_name",
 ]
 
 CatchUp = Literal["skip", "one", "all"]
+"""What a schedule starts after downtime (see this module's notes)."""
 CATCH_UP_POLICIES: tuple[CatchUp, ...] = ("skip", "one", "all")
+"""Every catch-up policy."""
 SKIP_GRACE = 60.0
 """Seconds after which a tick counts as missed under ``catch_up="skip"``."""
 MAX_CATCH_UP_CAP = 1000
@@ -417,3 +420,16 @@ class BaseScheduleStore(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def schedules_of(backend: object) -> BaseScheduleStore:
+    """The schedules of ``backend`` (``backend.schedules``, typed); ``TypeError`` if its
+    store keeps none (``backend.capabilities.schedules`` is false)."""
+    store: object = getattr(backend, "schedules", None)
+    capabilities: Any = getattr(backend, "capabilities", None)
+    if not isinstance(store, BaseScheduleStore) or not getattr(capabilities, "schedules", False):
+        raise TypeError(
+            f"{type(backend).__name__} keeps no schedules (its store has no "
+            "backend.schedules); open a store with flowy.connect(url)"
+        )
+    return store

@@ -20,8 +20,8 @@ from ..._errors import ConcurrencyConflictError, ScheduleError
 from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
 from ..._worker import Worker
+from ...schedules import schedules_of
 from ...storage import Backend, RunStatus
-from ...storage.dialect import BaseScheduleStore
 from ._support import Suite, peer_of
 
 __all__ = ["TICK_GRAPH", "ScheduleSuite"]
@@ -62,12 +62,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def schedules_of(backend: Backend[Any]) -> BaseScheduleStore:
-    store: Any = getattr(backend, "schedules", None)
-    assert isinstance(store, BaseScheduleStore)
-    return store
 
 
 def _name(label: str) -> str:
