@@ -454,7 +454,10 @@ class MemoryScheduleStore(BaseScheduleStore):
     def __init__(self, store: MemoryStore | None = None) -> None:
         self.store: MemoryStore = store if store is not None else MemoryStore()
         self.domain: Hashable = self.store
-        self.clock: Clock = self.store.clock
+
+    def clock(self) -> float:
+        """The store's clock (what ``create`` and ``resume`` read)."""
+        return self.store.clock()
 
     async def _insert(self, name: str, data: bytes) -> bool:
         if name in self.store.schedules:

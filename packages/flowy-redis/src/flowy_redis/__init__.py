@@ -45,8 +45,8 @@ __all__ = [
     "RedisClient",
     "RedisConsumer",
     "RedisLeaseManager",
-    "RedisScheduleStore",
     "RedisOutbox",
+    "RedisScheduleStore",
     "open_backend",
     "purge_namespace",
 ]
