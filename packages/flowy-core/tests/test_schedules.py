@@ -91,6 +91,21 @@ async def test_a_worker_run_fires_schedules_by_its_clock() -> None:
     assert STARTS[thread] == 1
     off = flowy.Worker(flowy.Runner(TICK_GRAPH, backend, clock=clock), schedule_interval=None)
     assert off.options.schedule_interval is None
+    with pytest.raises(ValueError, match="schedule_interval must be > 0"):
+        flowy.types.WorkerOptions(schedule_interval=0)
+
+
+async def test_schedules_due_together_all_start() -> None:
+    backend: MemoryBackend[Any] = MemoryBackend()
+    made = [
+        await backend.schedules.create(f"s{i}", graph=TARGET, every=dt.timedelta(minutes=1))
+        for i in range(6)
+    ]
+    worker = flowy.Worker(
+        flowy.Runner(TICK_GRAPH, backend, clock=Clock(made[-1].next_tick)), concurrency=2
+    )
+    assert await worker.fire_schedules() == 6
+    assert all(STARTS[s.thread_id(s.next_tick)] == 1 for s in made)
 
 
 async def test_a_graph_that_cannot_be_loaded_is_logged_and_its_tick_spent(

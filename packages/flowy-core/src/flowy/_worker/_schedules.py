@@ -1,6 +1,6 @@
 """The worker's schedule part: every ``schedule_interval`` seconds it lists the store's
 schedules, claims the due ticks of each (one compare-and-set: of any number of workers,
-one claims a tick) and starts a thread per claimed tick.
+one claims a tick) and starts a thread per claimed tick, ``concurrency`` at a time.
 
 The time is the runner's ``clock``, so tests move it instead of sleeping. A tick's
 thread id is derived from the schedule and the tick, so even a second start of the same
@@ -10,6 +10,7 @@ tried again (its claim is spent).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 from typing import Any, Generic
@@ -71,7 +72,7 @@ class Schedules(Generic[S, E]):
         except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
             shared.log_failure("listing schedules failed", exc)
             return 0
-        started = 0
+        starts: list[tuple[Schedule, float, str]] = []
         for schedule in schedules:
             if schedule.paused or schedule.next_tick > now:
                 continue
@@ -80,11 +81,15 @@ class Schedules(Generic[S, E]):
             except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
                 shared.log_failure(f"claiming schedule {schedule.name!r} failed", exc)
                 continue
-            if claim is None:
-                continue  # another worker claimed it first
-            for tick, thread_id in claim.ticks:
-                started += await self._start(claim.schedule, tick, thread_id)
-        return started
+            if claim is not None:  # else another worker claimed it first
+                starts += [(claim.schedule, tick, thread) for tick, thread in claim.ticks]
+        gate = asyncio.Semaphore(shared.options.concurrency)
+
+        async def start(schedule: Schedule, tick: float, thread_id: str) -> int:
+            async with gate:
+                return await self._start(schedule, tick, thread_id)
+
+        return sum(await asyncio.gather(*(start(*one) for one in starts)))
 
     async def _start(self, schedule: Schedule, tick: float, thread_id: str) -> int:
         shared = self.shared

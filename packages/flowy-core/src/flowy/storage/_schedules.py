@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import datetime as _dt
+import functools
 import json
 import math
 import re
@@ -78,6 +79,11 @@ def validate_schedule_name(name: object) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(cron: str) -> CronExpression:
+    return CronExpression.parse(cron)
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """A durable schedule: which graph to start, when, with what state.
@@ -124,7 +130,7 @@ class Schedule:
         if self.every is not None:
             return Every(self.every, self.created_at).next_after(after)
         assert self.cron is not None
-        return CronExpression.parse(self.cron).next_after(after, zone(self.tz))
+        return _parsed(self.cron).next_after(after, zone(self.tz))
 
     def due(self, now: float) -> tuple[list[float], float | None, float]:
         """``(ticks to start, newest due tick, next tick)`` if ``now`` claims this
