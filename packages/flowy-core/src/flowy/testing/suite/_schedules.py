@@ -224,6 +224,27 @@ class ScheduleSuite(Suite):
             assert head.status is RunStatus.COMPLETED
             assert head.state == {"ran": True}
 
+    async def test_four_schedulers_that_read_one_version_claim_once(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        made = await schedules_of(flowy_backend).create(_name("read"), graph=TARGET, every=MINUTE)
+        async with (
+            peer_of(flowy_backend) as p1,
+            peer_of(flowy_backend) as p2,
+            peer_of(flowy_backend) as p3,
+        ):
+            stores = [schedules_of(b) for b in (flowy_backend, p1, p2, p3)]
+            for k in range(3):
+                now = made.next_tick + 60 * k
+                seen = [await store.get(made.name) for store in stores]  # one version, read 4x
+                assert len({s.version for s in seen}) == 1
+                claims = await asyncio.gather(
+                    *(store.claim_from(s, now) for store, s in zip(stores, seen, strict=True))
+                )
+                won = [c for c in claims if c is not None]
+                assert len(won) == 1, claims
+                assert won[0].ticks == ((now, made.thread_id(now)),)
+
     async def test_a_ticks_thread_cannot_start_twice(self, flowy_backend: Backend[Any]) -> None:
         store = schedules_of(flowy_backend)
         made = await store.create(_name("dup"), graph=TARGET, every=MINUTE, state={"a": 1})
