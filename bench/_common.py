@@ -341,6 +341,32 @@ def at_least(
     )
 
 
+def below(
+    id: str,
+    what: str,
+    flowy_value: float,
+    baseline_value: float | None,
+    limit: float,
+    fmt: Callable[[float], str] = us,
+    **values: float,
+) -> Row:
+    """A row whose budget is an absolute ``flowy <= limit`` (the baseline, if any, is
+    shown for comparison)."""
+    extra = {"flowy": flowy_value, **values}
+    if baseline_value is not None:
+        extra["baseline"] = baseline_value
+    return Row(
+        id,
+        what,
+        fmt(flowy_value),
+        "" if baseline_value is None else fmt(baseline_value),
+        None if baseline_value is None else flowy_value / baseline_value,
+        f"≤ {fmt(limit)}",
+        "within" if flowy_value <= limit else "over",
+        extra,
+    )
+
+
 def info(
     id: str,
     what: str,

@@ -1,19 +1,21 @@
 """Peer comparison (optional): LangGraph's ``AsyncPostgresSaver`` on the durable-step
-workload, against the same raw asyncpg OCC ``UPDATE`` and flowy, in one run.
+workload, against the same raw asyncpg OCC ``UPDATE``, flowy, and ``FlowySaver``
+(flowy-langgraph: LangGraph's saver interface on flowy's PostgreSQL store, unfenced and
+fenced), in one run.
 
 LangGraph's loop checkpoints a step with ``aput_writes`` (the node's writes) and
 ``aput`` (the next checkpoint); a run also puts its input checkpoint first. This script
 makes those calls itself around the same 10 node calls (a fresh thread per run, the
 ~1 KiB state as one channel), so it measures the saver's cost per step, not LangGraph's
-engine. Rounds interleave the saver, the raw ``UPDATE`` and a flowy Runner on
-PostgreSQL; per-step medians.
+engine; the same calls go to ``FlowySaver`` on the same database. Rounds interleave the
+savers, the raw ``UPDATE`` and a flowy Runner on PostgreSQL; per-step medians.
 
-It runs only where ``langgraph-checkpoint-postgres`` is importable, which flowy's
-environment does not install (it is no dependency of the project). To include it:
+It runs only where ``langgraph-checkpoint-postgres`` is importable: flowy's development
+environment has it (a dev dependency, with flowy-langgraph). Elsewhere:
 
     python -m venv /tmp/peer
     /tmp/peer/bin/pip install -e packages/flowy-core -e packages/flowy-postgres \\
-        langgraph-checkpoint-postgres "psycopg[binary]"
+        -e packages/flowy-langgraph langgraph-checkpoint-postgres "psycopg[binary]"
     /tmp/peer/bin/python bench/peer_langgraph.py
 
 ``FLOWY_POSTGRES_DSN`` as for the other benchmarks; the saver's tables go to a fresh
@@ -43,7 +45,12 @@ HOW = (
 
 def versions() -> dict[str, str]:
     out = {}
-    for name in ("langgraph-checkpoint-postgres", "langgraph-checkpoint", "psycopg"):
+    for name in (
+        "langgraph-checkpoint-postgres",
+        "langgraph-checkpoint",
+        "psycopg",
+        "flowy-langgraph",
+    ):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -63,6 +70,8 @@ async def measure(args: argparse.Namespace) -> list[c.Row]:
     from langgraph.checkpoint.base import empty_checkpoint
     from langgraph.checkpoint.base.id import uuid6
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    from flowy_langgraph import FlowySaver
 
     dsn = c.postgres_dsn()
     schema = f"bench_peer_{uuid.uuid4().hex[:8]}"
@@ -91,7 +100,7 @@ async def measure(args: argparse.Namespace) -> list[c.Row]:
         async with AsyncPostgresSaver.from_conn_string(with_search_path(dsn, schema)) as saver:
             await saver.setup()
 
-            async def langgraph_run(tid: str) -> None:
+            async def langgraph_run(tid: str, saver: Any = saver) -> None:
                 config: Any = {"configurable": {"thread_id": tid, "checkpoint_ns": ""}}
                 checkpoint: Any = empty_checkpoint()
                 state = c.initial_state()
@@ -121,8 +130,16 @@ async def measure(args: argparse.Namespace) -> list[c.Row]:
                     result = await runner.start(tid, c.initial_state())
                     assert result.status is flowy.RunStatus.COMPLETED, result
 
+                flowy_saver = FlowySaver(backend)
+                fenced_saver = FlowySaver(backend, fenced=True)
                 timers = {
                     "langgraph": c.timed(lambda r: langgraph_run(f"{base}-g-{r}"), c.STEPS),
+                    "flowysaver": c.timed(
+                        lambda r: langgraph_run(f"{base}-s-{r}", flowy_saver), c.STEPS
+                    ),
+                    "flowysaver_fenced": c.timed(
+                        lambda r: langgraph_run(f"{base}-x-{r}", fenced_saver), c.STEPS
+                    ),
                     "raw": c.timed(lambda r: c.raw_chain(raw(f"{base}-r-{r}")), c.STEPS),
                     "flowy": c.timed(lambda r: flowy_run(f"{base}-f-{r}"), c.STEPS),
                 }
@@ -139,6 +156,8 @@ async def measure(args: argparse.Namespace) -> list[c.Row]:
     print(f"peer: LangGraph AsyncPostgresSaver ({label}), {len(samples['raw'])} rounds:")
     for k, what in (
         ("langgraph", "AsyncPostgresSaver (aput_writes + aput) per step"),
+        ("flowysaver", "FlowySaver (aput_writes + aput) per step"),
+        ("flowysaver_fenced", "FlowySaver(fenced=True) per step"),
         ("flowy", "flowy durable step"),
         ("raw", "raw asyncpg OCC UPDATE"),
     ):
@@ -159,6 +178,21 @@ async def measure(args: argparse.Namespace) -> list[c.Row]:
                 "flowy": m["flowy"],
                 "peer_cpu": cpu["langgraph"],
             },
+        ),
+        c.info(
+            "peer.flowysaver",
+            f"peer run: FlowySaver step (flowy-langgraph {v['flowy-langgraph']}) "
+            "vs AsyncPostgresSaver step",
+            m["flowysaver"],
+            m["langgraph"],
+            fenced=m["flowysaver_fenced"],
+            cpu=cpu["flowysaver"],
+        ),
+        c.info(
+            "peer.flowysaver_fenced",
+            "peer run: FlowySaver(fenced=True) step vs AsyncPostgresSaver step",
+            m["flowysaver_fenced"],
+            m["langgraph"],
         ),
         c.info(
             "peer.flowy",

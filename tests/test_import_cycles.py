@@ -18,7 +18,7 @@ PACKAGES = sorted(init.parent for init in ROOT.glob("packages/*/src/*/__init__.p
 
 def test_every_package_is_checked() -> None:
     names = {src.name for src in PACKAGES}
-    assert names == {"flowy", "flowy_postgres", "flowy_redis", "flowy_dynamodb"}
+    assert names == {"flowy", "flowy_postgres", "flowy_redis", "flowy_dynamodb", "flowy_langgraph"}
 
 
 def describe(cycles: list[list[str]], graph: dict[str, set[str]]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The four distributions are ready for an index.
+"""The five distributions are ready for an index.
 
 ``uv build`` makes every wheel and sdist of the working tree; then, with no network
 (``pip --no-index`` over the build directory), the tests check what an index and an
@@ -53,6 +53,7 @@ PACKAGES = {
     "flowy-postgres": "flowy_postgres",
     "flowy-redis": "flowy_redis",
     "flowy-dynamodb": "flowy_dynamodb",
+    "flowy-langgraph": "flowy_langgraph",
 }
 ADAPTER_OF_EXTRA = {
     "postgres": "flowy-postgres",
@@ -306,6 +307,7 @@ def test_extras_resolve_offline_to_the_built_adapters(
             str(venv), "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
             "--no-index", "--find-links", str(dists.directory), "--find-links", str(stubs),
             "--report", str(report), "flowy-core[msgspec,postgres,redis,dynamodb]",
+            "flowy-langgraph",
         ],
         env=offline_env(),
     )  # fmt: skip
@@ -408,7 +410,7 @@ def test_each_adapter_accepts_the_workspace_core() -> None:
 
 
 def test_each_package_has_a_changelog_entry_for_its_version() -> None:
-    for name in ("flowy-core", "flowy-postgres", "flowy-redis", "flowy-dynamodb"):
+    for name in PACKAGES:
         folder = ROOT / "packages" / name
         version = tomllib.loads((folder / "pyproject.toml").read_text())["project"]["version"]
         changelog = (folder / "CHANGELOG.md").read_text()

@@ -32,6 +32,7 @@ from core_graphs import approval_graph
 
 import flowy
 from flowy import storage
+from flowy.cli._svg import to_svg
 from flowy.sqlite import SQLiteBackend
 from flowy.storage import as_backend
 
@@ -303,6 +304,20 @@ def test_graph_table_json_and_mermaid() -> None:
     mermaid = run_flowy("graph", GRAPH, "--mermaid")
     assert mermaid.returncode == 0
     assert mermaid.stdout == approval_graph().to_mermaid()
+
+
+def test_graph_svg_writes_the_drawing(tmp_path: Path) -> None:
+    target = tmp_path / "graph.svg"
+    proc = run_flowy("graph", GRAPH, "--svg", str(target))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"wrote {target} (4 nodes)\n"
+    drawn = target.read_text(encoding="utf-8")
+    assert drawn == to_svg(approval_graph(), title=f"the graph {GRAPH}") + "\n"
+    assert run_flowy("graph", GRAPH, "--svg", "-").stdout == drawn
+    missing = run_flowy("graph", GRAPH, "--svg", str(tmp_path / "no" / "graph.svg"))
+    assert_one_line_error(missing, 2, "--svg: cannot write")
+    both = run_flowy("graph", GRAPH, "--svg", "-", "--mermaid")
+    assert both.returncode == 2 and "not allowed with" in both.stderr
 
 
 def test_graph_accepts_a_graph_object(tmp_path: Path) -> None:

@@ -283,7 +283,9 @@ def test_generic_dataclasses_accept_type_arguments() -> None:
     assert (snap.state, result.reason, event.effect) == ({"a": 1}, "r", "e")
 
 
-@pytest.mark.parametrize("package", ["flowy", "flowy_postgres", "flowy_redis", "flowy_dynamodb"])
+@pytest.mark.parametrize(
+    "package", ["flowy", "flowy_postgres", "flowy_redis", "flowy_dynamodb", "flowy_langgraph"]
+)
 def test_public_api_is_fully_typed(package: str) -> None:
     """``pyright --verifytypes`` finds no missing or partially unknown public types, in
     flowy and in each store adapter (type completeness score 100%).

@@ -265,3 +265,31 @@ json_values = st.recursive(
 def test_property_any_json_state_round_trips(state: Any, revision: int) -> None:
     data = encode_snapshot(snap(state), revision)
     assert decode_snapshot(data, revision=revision).state == state
+
+
+@pytest.mark.anyio
+async def test_the_engine_builds_snapshots_with_every_field_a_snapshot_has() -> None:
+    """The engine builds its per-step snapshot without ``Snapshot.__init__``: a field added
+    to ``Snapshot`` and not given there would be missing from the snapshots it saves."""
+    from flowy.memory import MemoryBackend
+    from flowy.storage._model import SNAPSHOT_FIELDS
+
+    backend: MemoryBackend[Any] = MemoryBackend()
+    checkpointer = backend.checkpointer
+    saved: list[set[str]] = []
+    save = checkpointer.save
+
+    async def recording_save(expected: int, snap: Any, **kwargs: Any) -> Any:
+        saved.append(set(vars(snap)))
+        return await save(expected, snap, **kwargs)
+
+    checkpointer.save = recording_save  # type: ignore[method-assign]
+    b: flowy.GraphBuilder[dict[str, Any], Any] = flowy.GraphBuilder(lambda s, u: {**s, **u})
+
+    async def step(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        return {"n": 1}, flowy.end()
+
+    b.add_node("step", step).allow_no_outgoing_route("step")
+    result = await flowy.Runner(b.compile(version="v1"), backend).start("t", {})
+    assert result.status == flowy.RunStatus.COMPLETED, result
+    assert saved and all(names == SNAPSHOT_FIELDS for names in saved)

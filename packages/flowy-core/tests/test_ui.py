@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import re
 import sys
+import time
 import urllib.parse
 import warnings
 from collections.abc import Generator, Iterator
@@ -37,6 +38,7 @@ with warnings.catch_warnings():
 import flowy
 from flowy.cli import main
 from flowy.cli._ui import _in, _when, build_app, cookie_name
+from flowy.cli._ui_thread import emitted
 from flowy.testing import corrupt_head
 
 if TYPE_CHECKING:
@@ -216,33 +218,178 @@ def test_threads_page_lists_and_filters(client: TestClient) -> None:
     assert "no threads match" in client.get("/?node=nowhere").text
 
 
+def test_the_fleet_page_counts_and_filters_by_prefix_version_and_age(store: Store) -> None:
+    async def fill() -> None:
+        async with flowy.connect(store.url) as backend:
+            old = time.time() - 2 * 86400
+            for i, version in enumerate(["v-old", "v-old", "v-new"]):
+                snap = flowy.storage.Snapshot[Any](
+                    thread_id=f"zz-{i}",
+                    state={},
+                    execution_pointer="ask",
+                    status=flowy.RunStatus.SUSPENDED,
+                    updated_at=old + i,
+                    graph_version=version,
+                )
+                await backend.checkpointer.save(0, snap)
+
+    asyncio.run(fill())
+    with _client(store.url) as c:
+        page = c.get("/").text
+        statuses = page[page.index("id='by-status'") : page.index("id='by-node'")]
+        assert "<b class='count'>7</b><span class=''>all threads</span>" in statuses
+        assert "href='/?status=suspended'><b class='count'>5</b>" in statuses
+        assert "href='/?node=ask'><b class='count'>5</b>" in page
+        assert "id='backlog'" in page and "outbox pending" in page
+
+        def listed(query: str) -> list[str]:
+            found = c.get("/?" + query)
+            assert found.status_code == 200, found.text
+            body = found.text[found.text.index("id='threads'") :]
+            return re.findall(r"<td><a href='/threads/([^']+)'>", body)
+
+        assert listed("q=zz-") == ["zz-2", "zz-1", "zz-0"]  # most recently saved first
+        assert listed("version=v-old") == ["zz-1", "zz-0"]
+        assert listed("age=%2B1d") == ["zz-2", "zz-1", "zz-0"]
+        assert "zz-0" not in listed("age=-1h") and "susp" in listed("age=-1h")
+        assert listed("q=zz-&status=suspended&node=ask&version=v-new") == ["zz-2"]
+        for bad in ("age=soon", "before=x", "before=nan~x"):
+            r = c.get("/?" + bad)
+            assert r.status_code == 400 and "BadQueryError" in r.text, bad
+
+
+def test_pages_name_the_store_without_its_password_and_the_flowy_version(db: Path) -> None:
+    async def opened(scope: Scope, receive: Receive, send: Send) -> None:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            app = build_app(
+                backend,
+                approval_graph(),
+                token=TOKEN,
+                host="127.0.0.1",
+                port=PORT,
+                store="postgresql://me:hunter2@db.example/flowy",
+            )
+            await app(scope, receive, send)
+
+    with TestClient(opened, base_url=BASE) as c:
+        c.cookies.set(COOKIE, TOKEN)
+        page = c.get("/").text
+    header = page[page.index("<header>") : page.index("</header>")]
+    assert "postgresql://me:***@db.example/flowy" in header and "hunter2" not in page
+    assert f"flowy {flowy.__version__}" in header
+
+
+def test_pages_are_live_with_a_script_of_the_inspectors_own_and_a_refresh_without_it(
+    client: TestClient,
+) -> None:
+    page = client.get("/threads/susp")
+    assert "<script src='/live.js' defer></script>" in page.text
+    assert "<noscript><meta http-equiv='refresh' content='10'></noscript>" in page.text
+    assert "<div id='live'>" in page.text
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+    assert "unsafe-inline" not in policy.split("script-src")[1].split(";")[0]
+    client.cookies.clear()
+    script = client.get("/live.js")  # the same for everyone: no token needed
+    assert script.status_code == 200
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert 'getElementById("live")' in script.text
+    assert client.get("/live.js", headers={"host": "evil.example"}).status_code == 400
+    assert client.get("/").status_code == 403
+
+
+def test_a_dead_letter_shows_its_error_and_traceback(store: Store) -> None:
+    trace = "RuntimeError: gateway down\nTraceback (most recent call last):\n  File 'pay.py'"
+
+    async def fill() -> None:
+        async with flowy.connect(store.url) as backend:
+            runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
+            tb = await runner.start("tb", {})
+            assert tb.resume_token is not None
+            await runner.resume(tb.resume_token, state_overlay={"approved": True})
+            for _ in range(100):
+                letters = await backend.consumer.dead_letters(100)
+                if any(d.thread_id == "tb" for d in letters):
+                    break
+                for message in await backend.consumer.claim(10, 30.0):
+                    await backend.consumer.release(message, error=trace)
+
+    asyncio.run(fill())
+    with _client(store.url) as c:
+        page = c.get("/dead-letters").text
+    row = next(r for r in page.split("<tr>") if "/threads/tb'" in r)
+    assert re.search(r"<details id='error-[^']+'><summary>RuntimeError: gateway down", row)
+    assert "<pre class='traceback'>RuntimeError: gateway down\nTraceback" in row
+
+
 def test_thread_page_shows_head_state_history_and_marked_graph(client: TestClient) -> None:
     r = client.get("/threads/susp")
     assert r.status_code == 200
     page = r.text
     assert "suspended" in page and "awaiting_approval" in page
     assert "&quot;planned&quot;: true" in page  # the state, pretty JSON
-    history = page[page.index("id='history'") : page.index("<h2>Effects")]
-    assert "<td>1</td><td>running</td>" in history and "(state unchanged)" in history
-    assert "{&quot;kind&quot;: &quot;approval&quot;}" in page  # the effect
-    assert "classDef current" in page and "class n_ask current" in page
+    timeline = page[page.index("id='timeline'") : page.index("<h2>Activity journal")]
+    rows = timeline.split("<tr>")[2:]  # newest first, after the header
+    assert re.findall(r"<tr><td class='num'>(\d+)</td>", timeline) == ["2", "1"]
+    assert "<span class='status st-running'>running</span>" in rows[1]
+    assert "(state unchanged)" in rows[0] and "<summary>initial state</summary>" in rows[1]
+    # The effect is shown once, at the revision that emitted it.
+    assert page.count("{&quot;kind&quot;: &quot;approval&quot;}") == 1
+    assert "{&quot;kind&quot;: &quot;approval&quot;}" in rows[0]
+    assert re.search(r"<g class='n current[^']*' data-node='ask'>", page)  # the graph, drawn
+    assert re.search(r"<g class='n visited' data-node='plan'>", page)  # the path taken
+    assert "<details id='head-json'>" in page and "&quot;thread_id&quot;: &quot;susp&quot;" in page
+    assert approval_graph().version in page  # the graph version
     assert "name='overlay'" in page  # the resume (approval) form
     assert client.get("/threads/nope").status_code == 404
+
+
+def test_effects_are_shown_once_at_the_revision_that_emitted_them() -> None:
+    base = flowy.storage.Snapshot[Any](thread_id="t", state={}, execution_pointer="a")
+    first = replace(base, revision=1, effects=[1])
+    second = replace(base, revision=2, effects=[1, 2])
+    third = replace(base, revision=3, effects=[1, 2])
+    fourth = replace(base, revision=4, segment=1, effects=[3])
+    assert list(emitted(None, first)) == [1]
+    assert list(emitted(first, second)) == [2]
+    assert list(emitted(second, third)) == []
+    assert list(emitted(third, fourth)) == [3]  # a new segment starts its own list
 
 
 def test_thread_page_shows_the_journal_and_timer_of_a_waiting_thread(store: Store) -> None:
     asyncio.run(_start_paying(store.url))
     with _client(store.url, _paying_graph()) as c:
         page = c.get("/threads/payer").text
-    assert "<span class='status' id='status'>waiting</span>" in page
-    assert re.search(r"for signal &#x27;approval&#x27;, wakes in 3[56]\d\ds</dd>", page)
-    journal = page[page.index("<h2>Activity journal") : page.index("<h2>Timers")]
-    assert "<td>charge</td><td>succeeded</td><td>1</td><td>{&quot;charged&quot;: 42}</td>" in (
-        journal
+    assert "<span class='status st-waiting' id='status'>waiting</span>" in page
+    assert re.search(
+        r"for signal &#x27;approval&#x27;, wakes <time title='[^']+'>in 59 min</time>", page
     )
-    timers = page[page.index("<h2>Timers") : page.index("<h2>Graph")]
-    assert re.search(r"<td>in 3[56]\d\ds</td>", timers), timers
-    assert "class n_done current" in page
+    journal = page[page.index("id='journal'") : page.index("<h2>Timers")]
+    assert "<td>charge</td>" in journal and "<td>succeeded</td>" in journal
+    assert "{&quot;charged&quot;: 42}" in journal
+    timers = page[page.index("<h2>Timers") : page.index("<h2>Pending signals")]
+    assert re.search(r"<td><time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</time></td>", timers), timers
+    assert re.search(r"<time title='[^']+'>in 59 min</time>", timers), timers
+    assert re.search(r"<g class='n current[^']*' data-node='done'>", page)
+
+
+def test_thread_page_shows_pending_signals_and_the_lineage_of_forks(store: Store) -> None:
+    async def fill() -> None:
+        async with flowy.connect(store.url) as backend:
+            runner = flowy.Runner(_paying_graph(), backend, run_lease=("setup", 5.0))
+            await runner.start("payer", {})
+            await runner.signal("payer", "other", {"n": 1}, signal_id="s-1")
+            await runner.fork("payer", at_revision=1, new_thread_id="child")
+            await runner.fork("child", at_revision=1, new_thread_id="grandchild")
+
+    asyncio.run(fill())
+    with _client(store.url, _paying_graph()) as c:
+        page = c.get("/threads/payer").text
+        signals = page[page.index("id='signals'") :]
+        assert "<td>other</td><td><code>{&quot;n&quot;: 1}</code></td>" in signals
+        grand = c.get("/threads/grandchild").text
+    lineage = grand[grand.index("id='lineage'") :]
+    assert lineage.index("href='/threads/child'") < lineage.index("href='/threads/payer'")
 
 
 def test_resume_action_approves_and_redirects_with_the_outcome(
@@ -449,7 +596,7 @@ def test_far_future_times_are_shown_without_failing() -> None:
     for far in (1e30, float("inf"), float("nan"), -1e30):
         assert isinstance(_when(far), str)
         assert isinstance(_in(far), str)
-    assert _in(90.0) == "in 90s"
+    assert _in(90.0) == "in 1 min" and _in(30.0) == "in 30 s" and _in(7200.0) == "in 2 h"
 
 
 BIDI = "\u202eevil\u202c"
@@ -489,3 +636,23 @@ def test_control_and_bidi_characters_are_shown_escaped(tmp_path: Path) -> None:
     assert "\\u202eevil" in pages[0].text and "\\u202eevil" in pages[1].text
     assert "\\x1b[31mred" in pages[2].text or "\\u001b[31mred" in pages[2].text
     assert "\\u202eevil" in pages[3].text
+
+
+def test_a_long_timeline_shows_the_latest_revisions_and_says_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'long.db'}"
+
+    async def fill() -> None:
+        async with flowy.connect(url) as backend:
+            snap = flowy.storage.Snapshot[Any](
+                thread_id="long", state={"n": 0}, execution_pointer="ask"
+            )
+            for n in range(205):
+                await backend.checkpointer.save(n, replace(snap, state={"n": n}))
+
+    asyncio.run(fill())
+    with _client(url) as c:
+        page = c.get("/threads/long").text
+    timeline = page[page.index("id='timeline'") : page.index("<h2>Activity journal")]
+    revisions = re.findall(r"<tr><td class='num'>(\d+)</td>", timeline)
+    assert revisions == [str(n) for n in range(205, 5, -1)]
+    assert "the latest 200 revisions" in timeline

@@ -1,16 +1,19 @@
 """``flowy ui`` in a real browser: Selenium drives the system's headless Chromium against
-the app served by uvicorn on a free port, over a SQLite store opened by URL and filled
-by ``cli_support.populate`` (a suspended approval thread, a hand-off, an orphaned
+the app served by uvicorn on a free port, on every store (``stores_support.py``), each
+filled by ``cli_support.populate`` (a suspended approval thread, a hand-off, an orphaned
 hand-off, and a dead letter).
 
 Chromium and its driver come from the system (``apt-get install chromium
 chromium-driver``); nothing is downloaded here. Without them the tests skip, unless
-``FLOWY_REQUIRE_BROWSER=1`` (CI), where their absence fails. ``FLOWY_UI_SCREENSHOTS=DIR``
-saves screenshots of the pages the tests check into DIR: ``ui-threads.png``,
-``ui-thread.png`` and ``ui-dead-letters.png`` (docs/operations.md shows those of
-``docs/images``)::
+``FLOWY_REQUIRE_BROWSER=1`` (CI), where their absence fails.
 
-    FLOWY_UI_SCREENSHOTS=docs/images pytest packages/flowy-core/tests/test_ui_browser.py
+Every page is saved as a screenshot 1280 px and 390 px wide, as tall as it is, under
+``.artifacts/ui-screenshots/STORE/`` (``FLOWY_UI_SCREENSHOTS=DIR`` puts them under DIR
+instead): ``threads``, ``thread``, ``thread-advanced``, ``dead-letters`` and
+``threads-page-2``, each ``-1280.png`` and ``-390.png``, and the first three in dark
+mode too (``thread-dark-1280.png``, ...). ``docs/images`` holds the
+SQLite ones at 1280 px (``thread-advanced`` as ``ui-thread.png``, which the README
+shows too).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import re
 import shutil
 import socket
 import threading
@@ -34,13 +38,15 @@ require_ui_extra("starlette", "uvicorn", "selenium")
 
 import httpx
 import uvicorn
-from cli_support import DEAD_ERROR, Threads, populate
+from cli_support import DEAD_ERROR, GRAPH, Threads, populate, run_flowy
 from core_graphs import approval_graph
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
+from stores_support import ALL_STORES, Store, environment, fresh_store
+from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
 import flowy
 from flowy.cli._ui import build_app
@@ -48,7 +54,12 @@ from flowy.cli._ui import build_app
 TOKEN = "browser-test-token"
 CHROMIUM = os.environ.get("FLOWY_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("FLOWY_CHROMEDRIVER", "/usr/bin/chromedriver")
-SHOT_WIDTH = 900
+ROOT = Path(__file__).resolve().parents[3]
+SHOTS = Path(os.environ.get("FLOWY_UI_SCREENSHOTS") or ROOT / ".artifacts" / "ui-screenshots")
+WIDTHS = (1280, 390)
+LIVE = 1.0  # seconds between live refreshes in the test of them
+QUIET = 600.0  # and in the others, whose elements a refresh would replace under them
+WAIT = 30  # seconds a page may take to show what a test waits for, on a loaded machine
 
 
 def _missing_browser() -> str | None:
@@ -61,8 +72,7 @@ def _missing_browser() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[webdriver.Chrome]:
+def _chromium() -> webdriver.Chrome:
     missing = _missing_browser()
     if missing is not None:
         if os.environ.get("FLOWY_REQUIRE_BROWSER") == "1":
@@ -75,11 +85,17 @@ def browser() -> Iterator[webdriver.Chrome]:
         "--no-sandbox",
         "--disable-dev-shm-usage",
         "--disable-gpu",
-        "--window-size=1280,1600",
+        "--window-size=1280,1000",
     ):
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
-    driver.set_page_load_timeout(30)
+    driver.set_page_load_timeout(60)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[webdriver.Chrome]:
+    driver = _chromium()
     try:
         yield driver
     finally:
@@ -92,28 +108,26 @@ async def _head(url: str, thread: str) -> flowy.storage.Snapshot[Any]:
         return snap
 
 
-def _screenshot(browser: webdriver.Chrome, name: str) -> None:
-    """Save the whole page, as tall as it is, as ``name`` in ``FLOWY_UI_SCREENSHOTS``
-    (when that is set). The page is laid out ``SHOT_WIDTH`` px wide for it, so that the
-    picture still reads when a documentation page shows it scaled down."""
-    folder = os.environ.get("FLOWY_UI_SCREENSHOTS")
-    if not folder:
-        return
-    screen = {"width": SHOT_WIDTH, "height": 600, "deviceScaleFactor": 1, "mobile": False}
-    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", screen)
-    try:
-        # The capture lays the page out as tall as it is: no scroll bar, the full width.
-        height = browser.find_element(By.TAG_NAME, "html").rect["height"]
-        clip = {"x": 0, "y": 0, "width": SHOT_WIDTH, "height": height, "scale": 1}
-        shot = browser.execute_cdp_cmd(
-            "Page.captureScreenshot",
-            {"format": "png", "captureBeyondViewport": True, "clip": clip},
-        )
-    finally:
-        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
-    path = Path(folder) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(base64.b64decode(shot["data"]))
+def _screenshot(browser: webdriver.Chrome, store: str, name: str) -> None:
+    """Save the page as it is, as tall as it is, 1280 and 390 px wide, as
+    ``SHOTS/STORE/NAME-WIDTH.png``."""
+    for width in WIDTHS:
+        screen = {"width": width, "height": 800, "deviceScaleFactor": 1, "mobile": width < 500}
+        browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", screen)
+        try:
+            height = browser.execute_script(
+                "return Math.max(document.documentElement.scrollHeight, 200)"
+            )
+            clip = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+            shot = browser.execute_cdp_cmd(
+                "Page.captureScreenshot",
+                {"format": "png", "captureBeyondViewport": True, "clip": clip},
+            )
+        finally:
+            browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        path = SHOTS / store / f"{name}-{width}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
 
 
 def _free_port() -> int:
@@ -127,128 +141,346 @@ class Served:
     """The app, served over a store filled by ``populate``."""
 
     url: str  # where the app answers
-    store: str  # the store's URL
+    store: Store  # the store
     threads: Threads  # what populate made
 
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    """The app on a free port, in a thread of its own (its own event loop and backend)."""
-    store = f"sqlite:///{tmp_path / 'flowy.db'}"
-    threads = asyncio.run(populate(store))
-    port = _free_port()
-    config = uvicorn.Config(
-        app="", host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-
-    async def serve() -> None:
-        async with flowy.connect(store) as backend:
-            config.app = build_app(
-                backend, approval_graph(), token=TOKEN, host="127.0.0.1", port=port
-            )
-            await server.serve()
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", store, threads)
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    def open(self, browser: webdriver.Chrome, path: str) -> None:
+        joiner = "&" if "?" in path else "?"
+        browser.get(f"{self.url}{path}{joiner}token={TOKEN}")
 
 
-def test_threads_list_shows_the_threads(browser: webdriver.Chrome, served: Served) -> None:
-    browser.get(f"{served.url}/?token={TOKEN}")
-    assert "token" not in browser.current_url  # traded for a cookie
-    rows = [
+@pytest.fixture(params=ALL_STORES)
+def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+    """The app on a free port, in a thread of its own (its own event loop and backend),
+    over each store."""
+    with fresh_store(request, "uib") as store, environment(store):
+        threads = asyncio.run(populate(store.url))
+        port = _free_port()
+        config = uvicorn.Config(
+            app="", host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+        server = uvicorn.Server(config)
+
+        async def serve() -> None:
+            async with flowy.connect(store.url) as backend:
+                config.app = build_app(
+                    backend,
+                    approval_graph(),
+                    token=TOKEN,
+                    host="127.0.0.1",
+                    port=port,
+                    store=store.url,
+                    refresh=LIVE if "live_update" in request.node.name else QUIET,
+                )
+                await server.serve()
+
+        thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        try:
+            yield Served(f"http://127.0.0.1:{port}", store, threads)
+        finally:
+            server.should_exit = True
+            thread.join(10)
+
+
+def _rows(browser: webdriver.Chrome, table: str) -> list[list[str]]:
+    return [
         [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-        for tr in browser.find_elements(By.CSS_SELECTOR, "tbody tr")
+        for tr in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
     ]
-    assert [(r[0], r[1], r[3]) for r in rows] == [
-        ("dl", "handoff", "act"),
-        ("ho", "handoff", "act"),
-        ("orph", "handoff", "act"),
-        ("susp", "suspended", "ask"),
-    ]
-    link = browser.find_element(By.LINK_TEXT, "susp")
-    row = link.find_element(By.XPATH, "./ancestor::tr").text
-    assert "suspended" in row and "awaiting_approval" in row and "ask" in row
+
+
+def test_the_fleet_page_counts_lists_and_names_the_store(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/")
+    assert "token" not in browser.current_url  # traded for a cookie
     port = served.url.rsplit(":", 1)[1]
     assert browser.get_cookie(f"flowy_ui_token_{port}") is not None
-    _screenshot(browser, "ui-threads.png")
-    link.click()
-    WebDriverWait(browser, 10).until(expected_conditions.url_contains("/threads/susp"))
-    assert browser.find_element(By.ID, "status").text == "suspended"
+    header = browser.find_element(By.TAG_NAME, "header").text
+    assert flowy.storage.redact_url(served.store.url) in header
+    assert f"flowy {flowy.__version__}" in header
+    # Most recently saved first: populate made dl, susp, ho, then orph.
+    rows = _rows(browser, "threads")
+    assert [(r[0], r[1], r[3]) for r in rows] == [
+        ("orph", "handoff", "act"),
+        ("ho", "handoff", "act"),
+        ("susp", "suspended", "ask"),
+        ("dl", "handoff", "act"),
+    ]
+    assert all(r[6].endswith("ago") or r[6] == "just now" for r in rows)
+    updated = browser.find_element(By.CSS_SELECTOR, "#threads tbody tr time")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", updated.get_attribute("title") or "")
+    statuses = browser.find_element(By.ID, "by-status").text
+    assert "4\nall threads" in statuses and "3\nhandoff" in statuses
+    assert "1\nsuspended" in statuses
+    assert "1\ndead letters" in browser.find_element(By.ID, "backlog").text
+    _screenshot(browser, served.store.name, "threads")
+    _readable_narrow_and_dark(browser, served.store.name, "threads")
+    # A count is a link to the list of those threads.
+    browser.find_element(By.XPATH, "//div[@id='by-status']//a[contains(., 'suspended')]").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("status=suspended"))
+    assert [r[0] for r in _rows(browser, "threads")] == ["susp"]
+    browser.find_element(By.XPATH, "//div[@id='by-node']//a[contains(., 'act')]").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("node=act"))
+    assert sorted(r[0] for r in _rows(browser, "threads")) == ["dl", "ho", "orph"]
+    browser.find_element(By.LINK_TEXT, "orph").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("/threads/orph"))
+    assert browser.find_element(By.ID, "status").text == "handoff"
 
 
-def test_thread_page_shows_state_and_history(browser: webdriver.Chrome, served: Served) -> None:
-    browser.get(f"{served.url}/threads/susp?token={TOKEN}")
+def test_the_thread_page_tells_the_story(browser: webdriver.Chrome, served: Served) -> None:
+    served.open(browser, "/threads/susp")
     assert browser.find_element(By.ID, "status").text == "suspended"
+    current = browser.find_elements(By.CSS_SELECTOR, "#graph g.current")
+    assert [g.get_attribute("data-node") for g in current] == ["ask"]
+    visited = browser.find_elements(By.CSS_SELECTOR, "#graph g.visited")
+    assert {g.get_attribute("data-node") for g in visited} == {"plan", "ask"}
     assert '"planned": true' in browser.find_element(By.ID, "state").text
-    history = browser.find_element(By.ID, "history").text
-    assert "awaiting_approval" in history and "running" in history
-    assert "class n_ask current" in browser.find_element(By.ID, "graph").text
-    _screenshot(browser, "ui-thread.png")
+    timeline = _rows(browser, "timeline")
+    assert [r[0] for r in timeline] == [str(n) for n in range(served.threads.susp_revision, 0, -1)]
+    assert timeline[0][3:6] == ["ask", "suspended", "awaiting_approval"]
+    # The effect appears once, at the revision that emitted it.
+    effects = [r[0] for r in timeline if r[6]]
+    assert effects == [str(served.threads.susp_revision)]
+    _screenshot(browser, served.store.name, "thread")
+    # State changes are folded until opened.
+    diff = browser.find_element(By.CSS_SELECTOR, "#timeline details")
+    assert not diff.find_element(By.XPATH, "./*[not(self::summary)]").is_displayed()
+    diff.find_element(By.TAG_NAME, "summary").click()
+    assert diff.find_element(By.XPATH, "./*[not(self::summary)]").is_displayed()
+    head = browser.find_element(By.ID, "head-json")
+    assert not head.find_element(By.TAG_NAME, "pre").is_displayed()
+    head.find_element(By.TAG_NAME, "summary").click()
+    assert '"thread_id": "susp"' in head.find_element(By.TAG_NAME, "pre").text
+    assert approval_graph().version in browser.find_element(By.ID, "graph-version").text
+    assert "no pending timers" in browser.find_element(By.ID, "live").text
+    _readable_narrow_and_dark(browser, served.store.name, "thread")
+
+
+def _readable_narrow_and_dark(browser: webdriver.Chrome, store: str, name: str) -> None:
+    """At 390 px the page does not scroll sideways (wide tables and the graph scroll in
+    their own box); with the system in dark mode the page is dark, saved as
+    ``NAME-dark-WIDTH.png``."""
+    narrow = {"width": 390, "height": 800, "deviceScaleFactor": 1, "mobile": True}
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", narrow)
+    try:
+        wide = browser.execute_script("return document.documentElement.scrollWidth")
+        assert wide <= 390, f"the page is {wide} px wide at 390 px"
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    background = "return getComputedStyle(document.body).backgroundColor"
+    light = browser.execute_script(background)
+    dark = {"features": [{"name": "prefers-color-scheme", "value": "dark"}]}
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", dark)
+    try:
+        shade = browser.execute_script(background)
+        assert shade != light
+        red, green, blue = (int(c) for c in re.findall(r"\d+", shade)[:3])
+        assert red + green + blue < 150, shade
+        _screenshot(browser, store, f"{name}-dark")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
 
 def test_the_approval_form_resumes_the_run(browser: webdriver.Chrome, served: Served) -> None:
-    browser.get(f"{served.url}/threads/susp?token={TOKEN}")
+    served.open(browser, "/threads/susp")
     overlay = browser.find_element(By.ID, "overlay")
     overlay.clear()
     overlay.send_keys('{"approved": true}')
     overlay.find_element(By.XPATH, "./ancestor::form//button").click()
     # The POST answers 303 back to the thread page, with the outcome on one line.
-    message = WebDriverWait(browser, 10).until(
+    message = WebDriverWait(browser, WAIT).until(
         expected_conditions.presence_of_element_located((By.ID, "msg"))
     )
     assert "resumed susp: handoff" in message.text
     assert browser.find_element(By.ID, "status").text == "handoff"
     assert '"approved": true' in browser.find_element(By.ID, "state").text
-    head = asyncio.run(_head(served.store, "susp"))
+    head = asyncio.run(_head(served.store.url, "susp"))
     assert head.status in (flowy.RunStatus.HANDOFF, flowy.RunStatus.COMPLETED)
     assert head.state["approved"] is True
 
 
+def test_a_fork_from_the_thread_page_links_back_to_its_parent(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/threads/susp")
+    fork = browser.find_element(By.CSS_SELECTOR, "form[action='/actions/fork']")
+    revision = fork.find_element(By.CSS_SELECTOR, "input[name='revision']:not([type='hidden'])")
+    revision.clear()
+    revision.send_keys("1")
+    browser.find_element(By.NAME, "new_thread").send_keys("susp-copy")
+    browser.find_element(By.XPATH, "//button[text()='Fork']").click()
+    message = WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, "msg"))
+    )
+    assert message.text.startswith("forked susp@1 into susp-copy")
+    assert browser.current_url.split("?")[0].endswith("/threads/susp-copy")
+    lineage = browser.find_element(By.ID, "lineage")
+    assert lineage.text == "susp@1"
+    lineage.find_element(By.LINK_TEXT, "susp").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("/threads/susp"))
+    assert browser.find_element(By.ID, "status").text == "suspended"
+
+
+def _approve_elsewhere(served: Served) -> None:
+    """Approve ``susp`` from another process (a thread of this one for a memory store,
+    which lives in this process only), as an operator's terminal would."""
+    revision = served.threads.susp_revision
+    if served.store.name == "memory":
+
+        async def approve() -> None:
+            async with flowy.connect(served.store.url) as backend:
+                await flowy.Runner(approval_graph(), backend).resume(
+                    flowy.storage.ResumeToken("susp", revision), state_overlay={"approved": True}
+                )
+
+        threading.Thread(target=asyncio.run, args=(approve(),)).start()
+        return
+    proc = run_flowy(
+        "resume",
+        f"susp@{revision}",
+        "--backend",
+        served.store.url,
+        "--graph",
+        GRAPH,
+        "--overlay",
+        '{"approved": true}',
+        env=served.store.env,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_live_update_appears_with_javascript_off_by_a_plain_refresh(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": True})
+    try:
+        served.open(browser, "/threads/susp")
+        assert browser.find_element(By.ID, "status").text == "suspended"
+        _approve_elsewhere(served)
+        WebDriverWait(browser, WAIT).until(
+            expected_conditions.text_to_be_present_in_element((By.ID, "status"), "handoff")
+        )
+        # No script ran (it would have written "updated" there): the page reloaded.
+        assert browser.find_element(By.ID, "updated").text.startswith("live: every")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setScriptExecutionDisabled", {"value": False})
+
+
+def test_a_live_update_appears_while_another_process_advances_the_thread(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/threads/susp")
+    assert browser.find_element(By.ID, "status").text == "suspended"
+    browser.execute_script("window.notReloaded = true")
+    _approve_elsewhere(served)
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "status"), "handoff")
+    )
+    assert browser.execute_script("return window.notReloaded") is True  # in place
+    assert "updated" in browser.find_element(By.ID, "updated").text
+    current = browser.find_elements(By.CSS_SELECTOR, "#graph g.current")
+    assert [g.get_attribute("data-node") for g in current] == ["act"]
+    _screenshot(browser, served.store.name, "thread-advanced")
+
+
+def test_the_list_pages_through_250_threads_and_search_finds_one(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    async def fill() -> None:
+        async with flowy.connect(served.store.url) as backend:
+            base = time.time() - 10_000
+            for i in range(250):
+                snap: flowy.storage.Snapshot[Any] = flowy.storage.Snapshot(
+                    thread_id=f"bulk-{i:03d}",
+                    state={"n": i},
+                    execution_pointer="ask",
+                    status=flowy.RunStatus.SUSPENDED,
+                    reason="awaiting_approval",
+                    updated_at=base + i,
+                )
+                await backend.checkpointer.save(0, snap)
+
+    asyncio.run(fill())
+    served.open(browser, "/?q=bulk-")
+    seen: list[str] = []
+    pages = 0
+    while True:
+        pages += 1
+        seen += [r[0] for r in _rows(browser, "threads")]
+        if pages == 2:
+            _screenshot(browser, served.store.name, "threads-page-2")
+        links = browser.find_elements(By.ID, "next")
+        if not links:
+            break
+        links[0].click()
+        WebDriverWait(browser, WAIT).until(expected_conditions.staleness_of(links[0]))
+    assert pages == 5
+    assert seen == [f"bulk-{i:03d}" for i in range(249, -1, -1)]  # newest first, each once
+    assert browser.find_element(By.ID, "shown").text == "201–250 of 250"
+    # Search by id prefix, from the form.
+    served.open(browser, "/")
+    box = browser.find_element(By.ID, "f-q")
+    box.send_keys("bulk-12")
+    box.submit()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("q=bulk-12"))
+    found = [r[0] for r in _rows(browser, "threads")]
+    assert found == [f"bulk-{i}" for i in range(129, 119, -1)]
+
+
 def test_dead_letters_page_requeues_and_recovers(browser: webdriver.Chrome, served: Served) -> None:
-    browser.get(f"{served.url}/dead-letters?token={TOKEN}")
+    served.open(browser, "/dead-letters")
     message = served.threads.dead_message_id
     letter = browser.find_element(By.XPATH, f"//td[text()='{message}']/ancestor::tr").text
     assert letter.startswith(f"{message} dl {served.threads.dead_revision}")
     assert DEAD_ERROR in letter and "Requeue" in letter
     orphan = browser.find_element(By.LINK_TEXT, "orph").find_element(By.XPATH, "./ancestor::tr")
     assert orphan.text.startswith("orph orphaned act") and "Recover" in orphan.text
-    _screenshot(browser, "ui-dead-letters.png")
+    _screenshot(browser, served.store.name, "dead-letters")
+    _readable_narrow_and_dark(browser, served.store.name, "dead-letters")
 
     browser.find_element(By.XPATH, "//button[text()='Requeue']").click()
-    done = WebDriverWait(browser, 10).until(
+    done = WebDriverWait(browser, WAIT).until(
         expected_conditions.presence_of_element_located((By.ID, "msg"))
     )
     assert done.text == f"requeued dead letter {message}"
     assert "no dead letters" in browser.page_source
     browser.find_element(By.XPATH, "//button[text()='Recover']").click()
-    done = WebDriverWait(browser, 10).until(
+    done = WebDriverWait(browser, WAIT).until(
         expected_conditions.text_to_be_present_in_element((By.ID, "msg"), "orph")
     )
     assert "re-enqueued the hand-off of orph" in browser.find_element(By.ID, "msg").text
     assert "no stuck hand-offs" in browser.page_source
-    head = asyncio.run(_head(served.store, "orph"))
+    head = asyncio.run(_head(served.store.url, "orph"))
     assert head.handoff_status is flowy.HandoffStatus.ENQUEUED
 
 
-def test_a_post_without_csrf_or_token_is_refused(served: Served) -> None:
+def test_an_action_needs_post_the_token_and_the_csrf_value(served: Served) -> None:
+    data = {"thread": "susp", "revision": str(served.threads.susp_revision)}
+    data["overlay"] = '{"approved": true}'
     with httpx.Client(base_url=served.url, follow_redirects=False) as http:
         assert http.get("/").status_code == 403
         assert http.get("/threads/susp").status_code == 403
-        data = {"thread": "susp", "revision": "2", "overlay": '{"approved": true}'}
-        assert http.post("/actions/resume", data=data).status_code == 403
+        assert http.post("/actions/resume", data=data).status_code == 403  # no token
         assert http.get(f"/?token={TOKEN}").status_code == 303  # sets the cookie
-        assert http.get("/").status_code == 200
-        assert http.post("/actions/resume", data=data).status_code == 403
+        page = http.get("/threads/susp")
+        assert page.status_code == 200
+        found = re.search(r"name='csrf' value='([^']+)'", page.text)
+        assert found is not None
+        csrf = found.group(1)
+        assert http.post("/actions/resume", data=data).status_code == 403  # no CSRF
         forged = {**data, "csrf": "forged"}
         assert http.post("/actions/resume", data=forged).status_code == 403
-    assert asyncio.run(_head(served.store, "susp")).status is flowy.RunStatus.SUSPENDED
+        # A GET with everything in the query string is not an action.
+        query = {**data, "csrf": csrf, "token": TOKEN}
+        assert http.get("/actions/resume", params=query).status_code == 405
+        assert asyncio.run(_head(served.store.url, "susp")).status is flowy.RunStatus.SUSPENDED
+        # With the cookie's token, a POST and the CSRF value, it acts.
+        done = http.post("/actions/resume", data={**data, "csrf": csrf})
+        assert done.status_code == 303 and "resumed+susp" in done.headers["location"]
+    assert asyncio.run(_head(served.store.url, "susp")).state["approved"] is True

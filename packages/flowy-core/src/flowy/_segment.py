@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn, cast
+from typing import Any, Generic, NoReturn
 
 from . import _tracing
 from ._context import RunMetadata
@@ -34,6 +34,7 @@ from .storage import (
     Snapshot,
 )
 from .storage._adapt import Binding, Merge
+from .storage._model import built_snapshot
 from .storage.dialect import confirmed_save, new_write_id
 
 __all__ = [
@@ -280,31 +281,35 @@ class Segment(Generic[S, E]):
         on_timeout: str = "",
     ) -> Snapshot[S]:
         meta = self.meta
-        return Snapshot(
-            thread_id=self.thread_id,
-            state=self.state,
-            execution_pointer=self.pointer,
-            status=status,
-            reason=reason,
-            step_count=meta.step_count,
-            segment=meta.segment,
-            total_steps=meta.total_steps,
-            budget_counts=dict(meta.budget_counts),
-            metadata=dict(meta.metadata),
-            handoff_status=handoff_status,
-            handoff_pending_at=pending_at,
-            updated_at=self.clock(),
-            write_id=new_write_id(),
-            effects=cast("tuple[Any, ...]", tuple(self.effects)),
-            retry_counts=dict(self.attempts),
-            wake_at=wake_at,
-            waiting_for=waiting_for,
-            on_timeout=on_timeout,
-            signal_cursors=dict(self.signal_cursors),
-            graph_version=self.graph.version,
-            parent_thread_id=self.lineage[0],
-            parent_revision=self.lineage[1],
-            nested=dict(self.nested),
+        lineage = self.lineage
+        return built_snapshot(
+            {
+                "thread_id": self.thread_id,
+                "state": self.state,
+                "execution_pointer": self.pointer,
+                "status": status,
+                "reason": reason,
+                "revision": 0,
+                "step_count": meta.step_count,
+                "segment": meta.segment,
+                "total_steps": meta.total_steps,
+                "budget_counts": dict(meta.budget_counts),
+                "metadata": dict(meta.metadata),
+                "handoff_status": handoff_status,
+                "handoff_pending_at": pending_at,
+                "updated_at": self.clock(),
+                "write_id": new_write_id(),
+                "effects": tuple(self.effects),
+                "retry_counts": dict(self.attempts),
+                "wake_at": wake_at,
+                "waiting_for": waiting_for,
+                "on_timeout": on_timeout,
+                "signal_cursors": dict(self.signal_cursors),
+                "graph_version": self.graph.version,
+                "parent_thread_id": lineage[0],
+                "parent_revision": lineage[1],
+                "nested": dict(self.nested),
+            }
         )
 
     # -- saves -----------------------------------------------------------------------

@@ -9,7 +9,6 @@ is gone when it exits: for development and tests.
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import itertools
 import time
@@ -31,6 +30,7 @@ from .storage.dialect import (
     RawMessage,
     Refused,
     StoreURL,
+    Wakeups,
     Write,
     next_fencing_token,
 )
@@ -93,7 +93,8 @@ class MemoryStore:
         self.dead: dict[str, _Message] = {}
         self.schedules: dict[str, tuple[int, bytes]] = {}  # name -> (version, record)
         self.ids: itertools.count[int] = itertools.count(1)
-        self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+        self.wakeups: Wakeups = Wakeups()
+        """The consumers of this store waiting in ``claim(wait=...)``."""
 
     def set_timer(self, thread_id: str, old: float | None, new: float | None) -> None:
         """Move ``thread_id`` in the timer index from ``old`` to ``new`` (``None``: out)."""
@@ -111,28 +112,9 @@ class MemoryStore:
             return lease
         return None
 
-    def wakeup(self) -> asyncio.Event:
-        """The event that wakes this loop's waiting consumers."""
-        loop = asyncio.get_running_loop()
-        event = self._wakeups.get(loop)
-        if event is None:
-            self._wakeups = {lp: ev for lp, ev in self._wakeups.items() if not lp.is_closed()}
-            event = self._wakeups[loop] = asyncio.Event()
-        return event
-
     def notify(self) -> None:
         """Wake waiting consumers (of every event loop using this store)."""
-        for loop, event in list(self._wakeups.items()):
-            if loop.is_closed():
-                continue
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop:
-                event.set()
-            else:
-                loop.call_soon_threadsafe(event.set)
+        self.wakeups.notify()
 
     def append(self, row: OutboxRow) -> None:
         """Add the outbox ``row`` unless its (thread, revision) is there; revive a dead
@@ -432,12 +414,7 @@ class MemoryConsumer(BaseConsumer):
         return OutboxStats(len(messages), oldest, len(self.store.dead))
 
     async def _wait(self, seconds: float) -> None:
-        wakeup = self.store.wakeup()
-        wakeup.clear()
-        try:
-            await asyncio.wait_for(wakeup.wait(), min(seconds, 1.0))
-        except TimeoutError:
-            pass
+        await self.store.wakeups.wait(min(seconds, 1.0))
 
     def pending_count(self) -> int:
         """Messages not yet acked (claimed or not), dead letters excluded."""

@@ -8,9 +8,12 @@ Install with ``pip install "flowy-core[dynamodb]"`` and open a store with
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 from importlib import metadata as _metadata
 from typing import Any
+
+from flowy.storage.dialect import deprecated_names as _deprecated_names
+from flowy.storage.dialect import present_as_public as _present_as_public
 
 from ._backend import OPTIONS as OPTIONS
 from ._backend import DynamoBackend as DynamoBackend
@@ -48,26 +51,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "create_table":  # until 0.4: one setup verb for every store
-        warnings.warn(
-            "flowy_dynamodb.create_table is deprecated; use `await backend.setup()`",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from ._schema import create_table
-
-        return create_table
-    raise AttributeError(f"module 'flowy_dynamodb' has no attribute {name!r}")
+# Until 0.4: one setup verb for every store.
+__getattr__: Callable[[str], Any] = _deprecated_names(
+    __name__,
+    {"create_table": ("flowy_dynamodb._schema:create_table", "use `await backend.setup()`")},
+)
 
 
-def _present_as_public() -> None:
-    """Make tracebacks and reprs say ``flowy_dynamodb.X`` rather than the private module."""
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy_dynamodb."):
-            obj.__module__ = __name__
-
-
-_present_as_public()
-del _present_as_public
+# Reprs and tracebacks say flowy_dynamodb.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy_dynamodb._")

@@ -131,7 +131,7 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
                 await asyncio.sleep(0.02 * 2**attempt)
                 continue
             if write.outbox:
-                table.notify()
+                table.wakeups.notify()
             return None
         raise StorageUnavailableError(
             f"the save of thread {show_id(write.thread_id)} at revision {write.revision} was "

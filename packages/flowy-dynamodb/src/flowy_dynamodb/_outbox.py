@@ -120,7 +120,7 @@ class DynamoOutbox(BaseOutbox):
                 break
             except ConditionFailed:
                 continue
-        self.table.notify()
+        self.table.wakeups.notify()
 
 
 class DynamoConsumer(BaseConsumer):
@@ -190,7 +190,7 @@ class DynamoConsumer(BaseConsumer):
         else:
             update = expr.sets({A.VISIBLE: n(now + delay), A.ERROR: s(error)})
         if await self._change(message_id, expr, update, live=True) and not dead:
-            self.table.notify()
+            self.table.wakeups.notify()
 
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
         items = await self.table.query_index(DEAD_INDEX, A.DEAD, ["dead"], limit)
@@ -203,7 +203,7 @@ class DynamoConsumer(BaseConsumer):
             message_id, expr, _revive(expr, pk, self.table.clock()), live=False
         )
         if revived:
-            self.table.notify()
+            self.table.wakeups.notify()
         return revived
 
     async def _stats(self) -> OutboxStats:
@@ -231,7 +231,7 @@ class DynamoConsumer(BaseConsumer):
         return OutboxStats(len(times), oldest, buried)
 
     async def _wait(self, seconds: float) -> None:
-        await self.table.wait_notified(min(seconds, self._pause))
+        await self.table.wakeups.wait(min(seconds, self._pause))
         self._pause = min(self._pause * 2, self.poll_interval)
 
     def __repr__(self) -> str:

@@ -277,17 +277,11 @@ async def migrate(table: DynamoTable, *, wait: float = 1800.0) -> int:
         )
     except (ClientError, BotoCoreError) as exc:
         raise translate_error(exc, "UpdateTable", table.name) from exc
-    start: Item | None = None
-    while version == 1:  # schema 2 and 3 items are alike: only a 0.1 table is scanned
-        page = await table.call(
-            "scan", TableName=table.name, **({"ExclusiveStartKey": start} if start else {})
-        )
-        items: list[Item] = page.get("Items") or []
-        for item in items:
-            await _upgrade(table, item)
-        start = page.get("LastEvaluatedKey")
-        if start is None:
-            break
+    if version == 1:  # schema 2 and 3 items are alike: only a 0.1 table is scanned
+        async for page in table.pages("scan"):
+            items: list[Item] = page.get("Items") or []
+            for item in items:
+                await _upgrade(table, item)
     await table.call(
         "put_item", TableName=table.name, Item={**SCHEMA_KEY, "version": n(SCHEMA_VERSION)}
     )

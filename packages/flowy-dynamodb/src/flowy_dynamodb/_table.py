@@ -21,6 +21,7 @@ from flowy.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from flowy.storage.dialect import Wakeups
 
 from ._layout import MAX_ITEM_BYTES, PK, SK, A, Expression, Item, check_stored_id, s, thread_key
 
@@ -202,7 +203,8 @@ class DynamoTable:
         self.pool = ThreadPoolExecutor(max_workers, thread_name_prefix="flowy-dynamodb")
         meta = self.client.meta
         self.domain = ("dynamodb", str(meta.endpoint_url), str(meta.region_name), name)
-        self._waiters: set[asyncio.Future[None]] = set()
+        self.wakeups: Wakeups = Wakeups()
+        """This store's consumers waiting in ``claim``: woken when a message is added."""
 
     async def call(self, operation: str, **params: Any) -> dict[str, Any]:
         """Run the client's ``operation`` (``"update_item"``…) on the pool, translate its
@@ -291,13 +293,13 @@ class DynamoTable:
             }
         }
 
-    async def pages(self, **params: Any) -> AsyncIterator[dict[str, Any]]:
-        """The pages of a ``Query``, each request going on from the last one's
-        ``LastEvaluatedKey``."""
+    async def pages(self, operation: str = "query", **params: Any) -> AsyncIterator[dict[str, Any]]:
+        """The pages of a ``Query`` (or a ``Scan``), each request going on from the last
+        one's ``LastEvaluatedKey``."""
         start: Item | None = None
         while True:
             extra = {"ExclusiveStartKey": start} if start else {}
-            page = await self.call("query", TableName=self.name, **params, **extra)
+            page = await self.call(operation, TableName=self.name, **params, **extra)
             yield page
             start = page.get("LastEvaluatedKey")
             if start is None:
@@ -411,25 +413,6 @@ class DynamoTable:
                     f"{self.name!r} unprocessed (throttled); retry later"
                 )
         return found
-
-    def notify(self) -> None:
-        """Wake this store's consumers waiting in ``claim``: a message was added."""
-        for waiter in list(self._waiters):
-            if not waiter.get_loop().is_closed():
-                waiter.get_loop().call_soon_threadsafe(
-                    lambda w=waiter: None if w.done() else w.set_result(None)
-                )
-
-    async def wait_notified(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for :meth:`notify`."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
-        try:
-            await asyncio.wait_for(waiter, seconds)
-        except TimeoutError:
-            pass
-        finally:
-            self._waiters.discard(waiter)
 
     def close(self) -> None:
         """Shut the pool down (calls in flight finish on their threads)."""

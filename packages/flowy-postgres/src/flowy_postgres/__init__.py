@@ -10,8 +10,11 @@ the application's own transaction, through ``checkpointer.bind``)::
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 from importlib import metadata as _metadata
+
+from flowy.storage.dialect import deprecated_names as _deprecated_names
+from flowy.storage.dialect import present_as_public as _present_as_public
 
 from ._backend import DRIVER_OPTIONS as DRIVER_OPTIONS
 from ._backend import OPTIONS as OPTIONS
@@ -52,18 +55,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    if name == "PostgresOutboxConsumer":  # its 0.1 name, until 0.3
-        warnings.warn("use PostgresConsumer", DeprecationWarning, stacklevel=2)
-        return PostgresConsumer
-    raise AttributeError(f"module 'flowy_postgres' has no attribute {name!r}")
+# PostgresOutboxConsumer: PostgresConsumer's 0.1 name, until 0.3.
+__getattr__: Callable[[str], object] = _deprecated_names(
+    __name__,
+    {"PostgresOutboxConsumer": ("flowy_postgres._outbox:PostgresConsumer", "use PostgresConsumer")},
+)
 
 
-def _present_as_public() -> None:
-    for name in __all__:  # reprs and tracebacks say flowy_postgres.X, not a private module
-        if getattr(obj := globals()[name], "__module__", "").startswith("flowy_postgres._"):
-            obj.__module__ = __name__
-
-
-_present_as_public()
-del _present_as_public
+# Reprs and tracebacks say flowy_postgres.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy_postgres._")

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Hashable
 
 from flowy.storage import OutboxStats
 from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
+from flowy.storage.dialect import message_row_id as _row_id
 
 from ._conn import Connector, PgConnection, Row
 from ._schema import TableNames, thread_key
@@ -195,11 +196,3 @@ class PostgresConsumer(BaseConsumer):
         return OutboxStats(
             int(row["pending"]), None if oldest is None else float(oldest), int(row["dead"])
         )
-
-
-def _row_id(message_id: str) -> int | None:
-    """The outbox row id of a message id, or ``None`` for ids this store never made."""
-    if not (message_id.isascii() and message_id.isdigit() and len(message_id) <= 19):
-        return None
-    row_id = int(message_id)
-    return row_id if 0 < row_id < 2**63 and str(row_id) == message_id else None

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
+from flowy.storage.dialect import present_as_public as _present_as_public
+
 from ._backend import CLIENT_OPTIONS as CLIENT_OPTIONS
 from ._backend import OPTIONS as OPTIONS
 from ._backend import RedisBackend as RedisBackend
@@ -52,16 +54,5 @@ __all__ = [
 ]
 
 
-def _present_as_flowy_redis() -> None:
-    """Make reprs and tracebacks say ``flowy_redis.X``, not ``flowy_redis._module.X``."""
-    for name in __all__:
-        obj = globals()[name]
-        if getattr(obj, "__module__", "").startswith("flowy_redis._"):
-            try:
-                obj.__module__ = __name__
-            except (AttributeError, TypeError):
-                pass
-
-
-_present_as_flowy_redis()
-del _present_as_flowy_redis
+# Reprs and tracebacks say flowy_redis.X, not the private module.
+_present_as_public(__name__, globals(), __all__, "flowy_redis._")

@@ -162,8 +162,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _list_heads(
         self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
     ) -> list[ThreadSummary]:
-        # Each shard's index lists its threads by status, then id (ZRANGEBYLEX): merge
-        # the first `want` of every shard and status, then read their heads' columns.
+        # Each shard's index lists its threads by status, then id (ZRANGEBYLEX): the
+        # script merges the first `want` of every shard and status (each call's answer
+        # is in id order), then the heads' columns are read.
         store, layout = self.store, self.store.layout
         digits = sorted(STATUS_DIGITS[s] for s in statuses or STATUS_DIGITS)
         out: list[ThreadSummary] = []

@@ -175,17 +175,71 @@ return {}
 
 LIST = LuaScript("""
 -- KEYS: threads sets.  ARGV: limit, after ('' for none), status digits...
--- Returns the members (digit .. id) of each set and status past `after`, in order.
+-- Returns up to `limit` members (digit .. id) past `after` of every set and status,
+-- merged in id order (byte order, like ZRANGEBYLEX; Lua's own string comparison follows
+-- the server's locale). Each (set, status) range is read a few members at a time, as the
+-- merge (a binary heap of ranges) needs them, so a page reads about `limit` members
+-- however many threads the sets hold.
 local limit, after = tonumber(ARGV[1]), ARGV[2]
-local out = {}
+local ranges = #KEYS * (#ARGV - 2)
+local batch = math.ceil(limit / math.max(ranges, 1)) + 2
+local function earlier(a, b)
+  local n = math.min(#a, #b)
+  for i = 2, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+local function fill(r)
+  local lo = (r.last == '' and '[' .. r.d) or '(' .. r.d .. r.last
+  r.buf = redis.call('ZRANGEBYLEX', r.set, lo, '(' .. (tonumber(r.d) + 1), 'LIMIT', 0, batch)
+  r.pos, r.more = 1, #r.buf == batch
+end
+local heap = {}
+local function less(i, j)
+  return earlier(heap[i].buf[heap[i].pos], heap[j].buf[heap[j].pos])
+end
+local function sift_up(i)
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if not less(i, p) then return end
+    heap[i], heap[p] = heap[p], heap[i]
+    i = p
+  end
+end
+local function sift_down(i)
+  while true do
+    local l, m = 2 * i, i
+    if l <= #heap and less(l, m) then m = l end
+    if l + 1 <= #heap and less(l + 1, m) then m = l + 1 end
+    if m == i then return end
+    heap[i], heap[m] = heap[m], heap[i]
+    i = m
+  end
+end
 for i = 1, #KEYS do
   for j = 3, #ARGV do
-    local d = ARGV[j]
-    local lo = (after == '' and '[' .. d) or '(' .. d .. after
-    local got = redis.call('ZRANGEBYLEX', KEYS[i], lo, '(' .. (tonumber(d) + 1),
-      'LIMIT', 0, limit)
-    for k = 1, #got do out[#out + 1] = got[k] end
+    local r = {set = KEYS[i], d = ARGV[j], last = after}
+    fill(r)
+    if #r.buf > 0 then
+      heap[#heap + 1] = r
+      sift_up(#heap)
+    end
   end
+end
+local out = {}
+while #out < limit and #heap > 0 do
+  local r = heap[1]
+  local member = r.buf[r.pos]
+  out[#out + 1] = member
+  r.last, r.pos = string.sub(member, 2), r.pos + 1
+  if r.pos > #r.buf and r.more then fill(r) end
+  if r.pos > #r.buf then
+    heap[1] = heap[#heap]
+    heap[#heap] = nil
+  end
+  if #heap > 0 then sift_down(1) end
 end
 return out
 """)

@@ -10,9 +10,11 @@ on every store, and they never write. Tables for people, ``--json`` for scripts.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 from .._errors import InvalidThreadIdError
@@ -31,6 +33,7 @@ from ..storage import (
 from ._options import CliError, load_graph, quote
 from ._render import Console, clean, fmt_time, pretty_json
 from ._store import Store, codec_for, dead_letters_by_thread, locate, open_store
+from ._svg import to_svg
 
 __all__ = [
     "PAGE",
@@ -320,6 +323,17 @@ def _route_text(graph: Graph[Any, Any], name: str, arrow: str) -> str:
 async def cmd_graph(args: argparse.Namespace, out: Console) -> int:
     """``flowy graph``."""
     graph = load_graph(args.spec)
+    if args.svg is not None:
+        drawn = to_svg(graph, title=f"the graph {args.spec}") + "\n"
+        if args.svg == "-":
+            out.block(drawn.rstrip("\n"))
+            return 0
+        try:
+            await asyncio.to_thread(Path(args.svg).write_text, drawn, encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"--svg: cannot write {args.svg!r}: {exc.strerror or exc}", 2) from None
+        out.line(f"wrote {clean(args.svg)} ({len(graph.nodes)} nodes)")
+        return 0
     if args.mermaid:
         out.block(graph.to_mermaid().rstrip("\n"))
         return 0

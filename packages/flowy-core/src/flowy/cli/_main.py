@@ -186,12 +186,18 @@ def _add_inspect(sub: _Subcommands) -> None:
     p = sub.add_parser(
         "graph",
         parents=[parents["common"], parents["json"]],
-        help="print a graph's nodes and routes (or Mermaid)",
+        help="print a graph's nodes and routes (or Mermaid, or draw it as SVG)",
         description="Load a flowy.Graph (or a zero-argument factory returning one) and "
         "print its nodes and routes.",
     )
     p.add_argument("spec", metavar=_GRAPH, help="the graph, or a function returning it")
-    p.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart")
+    shape.add_argument(
+        "--svg",
+        metavar="FILE",
+        help="write the graph drawn as SVG to FILE ('-': print it)",
+    )
     p.set_defaults(handler=cmd_graph)
 
     p = sub.add_parser(

@@ -1,7 +1,8 @@
 r"""``flowy ui``: a small local web inspector of a store's threads.
 
-Server-rendered HTML (no JavaScript) on Starlette, served by uvicorn: the optional
-``ui`` extra (``pip install "flowy-core[ui]"``). Both are imported only when the command
+Server-rendered HTML on Starlette, served by uvicorn (one small script, ``/live.js``,
+refreshes a page's content in place; with JavaScript off a page reloads itself): the
+optional ``ui`` extra (``pip install "flowy-core[ui]"``). Both are imported only when the command
 runs or :func:`build_app` is called, so the core still needs the standard library alone.
 
 Safety: it binds to 127.0.0.1 by default; a request whose ``Host`` is not the bound
@@ -44,7 +45,8 @@ from ..storage import (
 from ._options import CliError, load_graph, one_line
 from ._render import Console
 from ._store import codec_for, locate, open_store
-from ._ui_html import e, thread_path
+from ._ui_fleet import BadQueryError
+from ._ui_html import LIVE_JS, e, thread_path
 from ._ui_html import in_seconds as _in  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from ._ui_html import when as _when  # noqa: F401  # pyright: ignore[reportUnusedImport]
 from ._ui_pages import Inspector
@@ -68,6 +70,7 @@ _MISSING = 'flowy ui needs Starlette and uvicorn: pip install "flowy-core[ui]"'
 
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "script-src 'self'; connect-src 'self'; img-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -116,10 +119,18 @@ def _hosts(host: str, port: int) -> Callable[[str], bool]:
 
 
 def build_app(
-    backend: Backend[Any], graph: Graph[Any, Any], *, token: str, host: str, port: int
+    backend: Backend[Any],
+    graph: Graph[Any, Any],
+    *,
+    token: str,
+    host: str,
+    port: int,
+    store: str = "",
+    refresh: float = 3.0,
 ) -> Starlette:
     """The inspector's ASGI app over an opened ``backend``, for threads of ``graph``,
-    served on ``host``:``port``.
+    served on ``host``:``port``. The pages name ``store`` (a URL, its password masked)
+    and refresh their content in place every ``refresh`` seconds.
 
     A request whose ``Host`` header is not ``host`` or ``localhost`` with ``port`` gets
     400. Every request must carry ``token`` (``?token=`` once, which sets an HttpOnly
@@ -128,12 +139,19 @@ def build_app(
     status and logs its traceback at debug level. Needs Starlette (the ``ui`` extra).
     """
     from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse
+    from starlette.responses import (
+        HTMLResponse,
+        PlainTextResponse,
+        RedirectResponse,
+        Response,
+    )
     from starlette.routing import Route
 
     if not token:
         raise ValueError("the access token must not be empty")
-    ui = Inspector(backend, graph, token)
+    if not refresh > 0:
+        raise ValueError(f"refresh must be a positive number of seconds, got {refresh!r}")
+    ui = Inspector(backend, graph, token, store=store, refresh=refresh)
     cookie = cookie_name(port)
     host_allowed = _hosts(host, port)
 
@@ -154,6 +172,8 @@ def build_app(
         """The page of a render that raised: one line, never a traceback."""
         if isinstance(exc, (ThreadNotFoundError, InvalidThreadIdError)):
             title, status = "Not found", 404
+        elif isinstance(exc, BadQueryError):
+            title, status = "Bad request", 400
         elif isinstance(exc, StorageUnavailableError):
             title, status = "Store unavailable", 503
         else:
@@ -236,7 +256,15 @@ def build_app(
         url = back + "?" + urllib.parse.urlencode({key: message[:500]})
         return RedirectResponse(url, status_code=303, headers=_HEADERS)
 
+    async def live_js(request: Request) -> Response:
+        """The script that keeps pages live: the same for everyone, so no token (the
+        page it refreshes asks for one)."""
+        if (refused := foreign(request)) is not None:
+            return refused
+        return Response(LIVE_JS, media_type="text/javascript; charset=utf-8", headers=_HEADERS)
+
     routes = [
+        Route("/live.js", live_js, methods=["GET"]),
         Route("/", guarded(ui.threads), methods=["GET"]),
         Route("/dead-letters", guarded(ui.dead_letters), methods=["GET"]),
         Route("/threads/{thread:path}", guarded(thread_page), methods=["GET"]),
@@ -281,7 +309,7 @@ async def cmd_ui(args: argparse.Namespace, out: Console) -> int:
         async with open_store(store, codec_for(args.codec, graph)) as backend:
             token = secrets.token_urlsafe(32)
             bound = sock.getsockname()[1]
-            app = build_app(backend, graph, token=token, host=host, port=bound)
+            app = build_app(backend, graph, token=token, host=host, port=bound, store=store.label)
             shown = f"[{host}]" if ":" in host else host
             out.line(f"flowy ui on {store.label}: open http://{shown}:{bound}/?token={token}")
             if not _loopback(host):

@@ -11,37 +11,38 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._errors import ThreadNotFoundError
 from .._graph import Graph
 from .._runner import DEFAULT_LEASE_TTL, Runner, default_owner
+from .._version import __version__
 from ..storage import (
-    ActivityRecord,
     Backend,
-    DurableCheckpointer,
     HandoffStatus,
+    OutboxStats,
     ResumeToken,
     RunStatus,
     Snapshot,
+    redact_url,
 )
-from ._history import state_diff
-from ._inspect import dead_letter_json, list_threads
+from ..storage.dialect import BaseCheckpointer, BaseConsumer
+from ._inspect import dead_letter_json, journal_and_inbox, list_threads
 from ._options import CliError, one_line, parse_overlay
-from ._render import compact_json, pretty_json
+from ._render import pretty_json
 from ._store import codec_for, dead_letters_by_thread
+from ._ui_fleet import SCAN, backlog, counts, filter_form, listing, parse_filters
 from ._ui_html import (
     CSS,
-    age,
+    drawn_graph,
     e,
-    in_seconds,
-    mermaid_marked,
-    plain,
+    relative,
     table,
     thread_href,
     thread_path,
-    when,
 )
+from ._ui_thread import facts, head_json, journal, signals, timeline, timers
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["Inspector"]
 
 _LIMIT = 500
+_HISTORY = 200  # revisions the timeline shows
+_LINEAGE = 20  # forks the lineage follows back
 _STOP_ACTIONS_TIMEOUT = 15.0  # a cancelled resume's save is bounded at 10 s
 _STUCK = frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED})
 _RESUMABLE = frozenset(
@@ -59,10 +62,20 @@ _RESUMABLE = frozenset(
 class Inspector:
     """The pages and actions of one app (one backend, one graph)."""
 
-    def __init__(self, backend: Backend[Any], graph: Graph[Any, Any], token: str) -> None:
+    def __init__(
+        self,
+        backend: Backend[Any],
+        graph: Graph[Any, Any],
+        token: str,
+        *,
+        store: str = "",
+        refresh: float = 3.0,
+    ) -> None:
         self.backend = backend
         self.graph = graph
         self.token = token
+        self.store = redact_url(store) if store else type(backend).__name__
+        self.refresh = refresh
         self.csrf = secrets.token_urlsafe(32)
         self.codec = codec_for(None, graph)
         self.runner: Runner[Any, Any] = Runner(
@@ -85,17 +98,30 @@ class Inspector:
     # -- layout
 
     def page(self, title: str, body: str, request: Request) -> str:
-        """A whole HTML page around ``body`` (escaped already), with the flash message."""
+        """A whole HTML page around ``body`` (escaped already), with the flash message:
+        a header naming the store and the flowy version, and ``body`` in the part that
+        refreshes in place (``/live.js``; a plain refresh with JavaScript off)."""
         flash = ""
         if msg := request.query_params.get("msg"):
             flash += f'<p class="msg" id="msg">{e(one_line(msg)[:500])}</p>'
         if err := request.query_params.get("err"):
             flash += f'<p class="err" id="err">{e(one_line(err)[:500])}</p>'
+        every = f"{self.refresh:g}"
+        quiet = max(self.refresh * 3, 10.0)
         return (
             "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-            f"<title>{e(title)} - flowy ui</title><style>{CSS}</style></head><body>"
+            "<meta name='viewport' content='width=device-width,initial-scale=1'>"
+            f"<noscript><meta http-equiv='refresh' content='{quiet:.0f}'></noscript>"
+            f"<title>{e(title)} - flowy ui</title><style>{CSS}</style>"
+            "<script src='/live.js' defer></script></head>"
+            f"<body data-refresh='{e(every)}'><header><span class='brand'>flowy ui</span>"
             "<nav><a href='/'>Threads</a><a href='/dead-letters'>Dead letters</a></nav>"
-            f"<h1>{e(title)}</h1>{flash}{body}</body></html>"
+            f"<span class='store' id='store' title='the store'>{e(self.store)}</span>"
+            f"<span class='muted' id='version'>flowy {e(__version__)}</span>"
+            f"<span class='live' id='updated'>live: every {e(every)} s"
+            f"<noscript> (JavaScript off: the page reloads every {quiet:.0f} s)</noscript>"
+            f"</span></header><main><h1>{e(title)}</h1>{flash}"
+            f"<div id='live'>{body}</div></main></body></html>"
         )
 
     def form(self, action: str, fields: Mapping[str, str], inner: str, label: str) -> str:
@@ -112,168 +138,85 @@ class Inspector:
     # -- pages
 
     async def threads(self, request: Request) -> str:
-        status = request.query_params.get("status", "")
-        node = request.query_params.get("node", "")
-        rows, more = await list_threads(self.backend.checkpointer, limit=_LIMIT)
-        shown = [
-            s
-            for s in rows
-            if (not status or s.status.value == status)
-            and (not node or s.execution_pointer == node)
-        ]
-        dead = await dead_letters_by_thread(self.backend.consumer) if shown else {}
+        filters = parse_filters(request.query_params)
+        rows, truncated = await list_threads(self.backend.checkpointer, limit=SCAN)
+        dead = await dead_letters_by_thread(self.backend.consumer) if rows else {}
+        stats, oldest = await self._backlog()
         now = time.time()
-        options = "".join(
-            f"<option value='{e(v)}'{' selected' if v == status else ''}>{e(v or 'any')}</option>"
-            for v in ["", *(s.value for s in RunStatus)]
-        )
-        filters = (
-            "<form method='get' action='/'>"
-            f"<label>status <select name='status'>{options}</select></label> "
-            f"<label>node <input name='node' value='{e(node)}'></label> "
-            "<button type='submit'>Filter</button></form>"
-        )
-        listing = table(
-            ["thread", "status", "reason", "pointer", "revision", "hand-off", "updated"],
-            (
-                [
-                    f"<a href='{thread_href(s.thread_id)}'>{e(s.thread_id)}</a>",
-                    f"<span class='status'>{e(s.status.value)}</span>",
-                    e(s.reason),
-                    e(s.execution_pointer),
-                    e(s.revision),
-                    e(s.handoff_status.value)
-                    + (" <strong>(dead letter)</strong>" if s.thread_id in dead else ""),
-                    e(age(s.updated_at, now)),
-                ]
-                for s in shown
-            ),
-            "no threads" + (" match" if status or node else ""),
-        )
-        note = f"<p><em>only the first {_LIMIT} threads are listed</em></p>" if more else ""
-        return self.page("Threads", filters + listing + note, request)
+        body = [
+            backlog(stats, oldest, now),
+            counts(rows, filters),
+            "<h2>Threads, most recently saved first</h2>",
+            filter_form(rows, filters),
+            listing(rows, filters, dead, now, truncated),
+        ]
+        return self.page("Threads", "".join(body), request)
+
+    async def _backlog(self) -> tuple[OutboxStats | None, dict[RunStatus, float]]:
+        """The outbox's backlog and the oldest parked heads, for stores with them."""
+        stats: OutboxStats | None = None
+        oldest: dict[RunStatus, float] = {}
+        consumer, cp = self.backend.consumer, self.backend.checkpointer
+        if isinstance(consumer, BaseConsumer):
+            stats = await consumer.stats()
+        if isinstance(cp, BaseCheckpointer):
+            parked = (RunStatus.SUSPENDED, RunStatus.WAITING)
+            oldest = await cp.oldest_heads(parked)
+        return stats, oldest
 
     async def thread(self, request: Request, thread: str) -> str:
         snap, token = await self.runner.head(thread)
         cp = self.backend.checkpointer
-        history = sorted(await cp.get_history(thread, 50), key=lambda s: s.revision)
-        journal: list[ActivityRecord] = []
-        timers: list[float] = []
-        if isinstance(cp, DurableCheckpointer):
-            durable: DurableCheckpointer[Any] = cp
-            journal = await durable.journal(thread)
-            timers = [t.wake_at for t in await durable.timers(limit=1000) if t.thread_id == thread]
+        history = sorted(await cp.get_history(thread, _HISTORY), key=lambda s: s.revision)
+        records, pending = await journal_and_inbox(self.backend, snap)
+        lineage = await self._lineage(snap)
         now = time.time()
-        head = [
-            ("status", f"<span class='status' id='status'>{e(snap.status.value)}</span>"),
-            ("reason", e(snap.reason or "-")),
-            ("pointer", e(snap.execution_pointer)),
-            ("revision", e(token.snapshot_revision)),
-            ("hand-off", e(snap.handoff_status.value)),
-            ("updated", e(age(snap.updated_at, now))),
-            ("graph version", e(snap.graph_version or "-")),
-        ]
-        if snap.parent_thread_id:
-            parent = f"{snap.parent_thread_id}@{snap.parent_revision}"
-            head.append(
-                (
-                    "forked from",
-                    f"<a href='{thread_href(snap.parent_thread_id)}'>{e(parent)}</a>",
-                )
-            )
-        if snap.nested:
-            where = f"subgraph {snap.nested.get('node', '')} at {snap.nested.get('pointer', '')}"
-            head.append(("inside", e(where)))
-        if snap.status is RunStatus.WAITING or snap.wake_at is not None or snap.waiting_for:
-            wait = f"for signal {snap.waiting_for!r}" if snap.waiting_for else "asleep"
-            if snap.wake_at is not None:
-                left = snap.wake_at - now
-                wait += ", due now" if left <= 0 else f", wakes {in_seconds(left)}"
-            head.append(("waiting", e(wait)))
-        facts = "<dl>" + "".join(f"<dt>{e(k)}</dt><dd>{v}</dd>" for k, v in head) + "</dl>"
+        revision = token.snapshot_revision
         sections = [
-            facts,
+            "<div class='grid'><div>",
+            facts(snap, revision, self.graph, lineage, now),
+            "</div><div>",
             self._actions(snap, token),
-            "<h2>State</h2>",
+            "</div></div>",
+            "<div class='grid'><div><h2>Graph</h2>",
+            f"<div id='graph' class='graph'>{drawn_graph(self.graph, snap, history)}</div>",
+            "</div><div><h2>State</h2>",
             f"<pre id='state'>{e(pretty_json(snap.state))}</pre>",
-            "<h2>History</h2>",
-            self._history(history),
-            "<h2>Effects</h2>",
-            table(
-                ["revision", "effect"],
-                (
-                    [e(s.revision), f"<code>{e(compact_json(x))}</code>"]
-                    for s in history
-                    for x in s.effects
-                ),
-                "no effects",
+            head_json(snap, revision),
+            "</div></div>",
+            "<h2>Timeline</h2>",
+            timeline(history, now),
+            (
+                f"<p class='muted'><em>the latest {_HISTORY} revisions (the visit counts "
+                "count these)</em></p>"
+                if len(history) >= _HISTORY
+                else ""
             ),
             "<h2>Activity journal</h2>",
-            table(
-                ["key", "status", "attempts", "result / error"],
-                (
-                    [
-                        e(r.key),
-                        e(r.status.value),
-                        e(r.attempts),
-                        e(r.error or compact_json(r.result)),
-                    ]
-                    for r in journal
-                ),
-                "no activities",
-            ),
-            "<h2>Timers</h2>",
-            table(
-                ["wake at", "when"],
-                (
-                    [
-                        e(when(w)),
-                        e("due" if w <= now else in_seconds(w - now)),
-                    ]
-                    for w in timers
-                ),
-                "no pending timers",
-            ),
-            "<h2>Graph (Mermaid)</h2>",
-            f"<pre id='graph'>{e(mermaid_marked(self.graph, snap))}</pre>",
+            journal(records, now),
+            "<div class='grid'><div><h2>Timers</h2>",
+            timers(snap, records, now),
+            "</div><div><h2>Pending signals</h2>",
+            signals(pending, now),
+            "</div></div>",
         ]
         return self.page(f"Thread {thread}", "".join(sections), request)
 
-    def _history(self, history: Sequence[Snapshot[Any]]) -> str:
-        rows: list[list[str]] = []
-        for older, newer in zip([None, *history], history, strict=False):
-            if older is None:
-                change = f"<code>{e(compact_json(newer.state, 300))}</code>"
-            else:
-                diffs = state_diff(plain(older.state), plain(newer.state))
-                change = (
-                    "<br>".join(
-                        f"<code>{e(w)}: "
-                        f"{e('(absent)' if o is ... else compact_json(o, 120))} → "
-                        f"{e('(absent)' if n is ... else compact_json(n, 120))}</code>"
-                        for w, o, n in diffs
-                    )
-                    or "<em>(state unchanged)</em>"
-                )
-            rows.append(
-                [
-                    e(newer.revision),
-                    e(newer.status.value),
-                    e(newer.reason),
-                    e(newer.execution_pointer),
-                    e(newer.handoff_status.value),
-                    change,
-                ]
-            )
-        return (
-            "<div id='history'>"
-            + table(
-                ["rev", "status", "reason", "pointer", "hand-off", "changes"],
-                reversed(rows),
-                "no history",
-            )
-            + "</div>"
-        )
+    async def _lineage(self, snap: Snapshot[Any]) -> list[tuple[str, int]]:
+        """The forks ``snap``'s thread came from, nearest first (a deleted parent ends
+        the chain)."""
+        chain: list[tuple[str, int]] = []
+        seen = {snap.thread_id}
+        parent, at = snap.parent_thread_id, snap.parent_revision
+        while parent and parent not in seen and len(chain) < _LINEAGE:
+            chain.append((parent, at or 0))
+            seen.add(parent)
+            try:
+                up, _ = await self.backend.checkpointer.load(parent)
+            except ThreadNotFoundError:
+                break
+            parent, at = up.parent_thread_id, up.parent_revision
+        return chain
 
     def _actions(self, snap: Snapshot[Any], token: ResumeToken) -> str:
         thread = snap.thread_id
@@ -328,7 +271,7 @@ class Inspector:
                         ),
                         e(d["revision"] if d["revision"] is not None else "-"),
                         e(d["attempts"]),
-                        e(one_line(d["error"])[:300]),
+                        _error(d["error"], f"error-{d['message_id']}"),
                         self.form("requeue", {"message": d["message_id"]}, "", "Requeue"),
                     ]
                     for d in letters
@@ -344,7 +287,7 @@ class Inspector:
                         e(s.handoff_status.value),
                         e(s.execution_pointer),
                         e(s.revision),
-                        e(age(s.handoff_pending_at, now)),
+                        relative(s.handoff_pending_at, now),
                         self.form(
                             "recover",
                             {"thread": s.thread_id, "back": "dead-letters"},
@@ -395,6 +338,18 @@ class Inspector:
             await self.backend.consumer.retry_dead_letter(message)
             return "/dead-letters", f"requeued dead letter {message}"
         raise ValueError(f"no action {name!r}")
+
+
+def _error(text: str, ident: str) -> str:
+    """An error: its first line, and the whole of it (a traceback) behind a toggle
+    (``ident`` keeps it open across live refreshes)."""
+    first = one_line(text)[:300]
+    if "\n" not in text.strip():
+        return f"<span class='err-text'>{e(first)}</span>"
+    return (
+        f"<details id='{e(ident)}'><summary>{e(first)}</summary>"
+        f"<pre class='traceback'>{e(text)}</pre></details>"
+    )
 
 
 def _whole(text: str, what: str) -> int:

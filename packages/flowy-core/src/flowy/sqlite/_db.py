@@ -32,6 +32,7 @@ from .._errors import (
     StorageUnavailableError,
 )
 from ..storage._backend import BaseBackend
+from ..storage._wakeups import Wakeups
 
 __all__ = [
     "APPLICATION_ID",
@@ -200,7 +201,8 @@ class SQLiteDatabase:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
-        self._wakeup = asyncio.Event()
+        self.wakeups: Wakeups = Wakeups()
+        """The tasks of this process waiting in ``claim(wait=...)``."""
 
     def __repr__(self) -> str:
         return f"SQLiteDatabase({self.path!r})"
@@ -219,16 +221,15 @@ class SQLiteDatabase:
 
     # -- event-loop side ------------------------------------------------------------
 
-    def _primitives(self) -> tuple[asyncio.Lock, asyncio.Event]:
-        # asyncio primitives belong to one loop; a database reused under a new loop
-        # (a second asyncio.run) gets fresh ones.
+    def _primitives(self) -> asyncio.Lock:
+        # An asyncio lock belongs to one loop; a database reused under a new loop (a
+        # second asyncio.run) gets a fresh one.
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             if self._loop is not None:
                 self._lock = asyncio.Lock()
-                self._wakeup = asyncio.Event()
             self._loop = loop
-        return self._lock, self._wakeup
+        return self._lock
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -248,25 +249,10 @@ class SQLiteDatabase:
         in :func:`immediate`.
         """
         self._check_usable()
-        lock, _ = self._primitives()
+        lock = self._primitives()
         async with lock:
             self._check_usable()
             return await self._submit(job, action)
-
-    def notify(self) -> None:
-        """Wake the tasks of this process waiting in ``claim(wait=...)``."""
-        if self._loop is not None:
-            self._wakeup.set()
-
-    async def wait_notified(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for :meth:`notify` (after :meth:`clear_notified`)."""
-        _, wakeup = self._primitives()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wakeup.wait(), seconds)
-
-    def clear_notified(self) -> None:
-        """Forget earlier notifications (call before checking for work)."""
-        self._primitives()[1].clear()
 
     async def open(self) -> None:
         """Open the file now and check its schema (operations do this lazily)."""
@@ -280,7 +266,7 @@ class SQLiteDatabase:
         written by newer code raises ``SchemaVersionError``.
         """
         self._check_usable()
-        lock, _ = self._primitives()
+        lock = self._primitives()
         async with lock:
             self._check_usable()
             return await self._submit(self._setup_job, "set up the schema", check_schema=False)
@@ -295,7 +281,7 @@ class SQLiteDatabase:
         if self._closed:
             return
         self._closed = True
-        lock, _ = self._primitives()
+        lock = self._primitives()
         async with lock:
             await asyncio.shield(asyncio.wrap_future(self._executor.submit(self._close_connection)))
         self._executor.shutdown(wait=False)

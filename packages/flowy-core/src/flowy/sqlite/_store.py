@@ -44,6 +44,7 @@ from ..storage.dialect import (
     Write,
     next_fencing_token,
 )
+from ..storage.dialect import message_row_id as _row_id
 from ._db import SQLiteDatabase, immediate
 
 __all__ = [
@@ -185,7 +186,7 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             f"save thread {write.thread_id!r:.80} at revision {write.revision}",
         )
         if refused is None and write.outbox:
-            self.database.notify()
+            self.database.wakeups.notify()
         return refused
 
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
@@ -447,7 +448,7 @@ class SQLiteOutbox(BaseOutbox):
             lambda conn: immediate(conn, lambda: _append(conn, row, self.database.clock())),
             f"enqueue a hand-off of thread {row.thread_id!r:.80}",
         )
-        self.database.notify()
+        self.database.wakeups.notify()
 
 
 class SQLiteConsumer(BaseConsumer):
@@ -530,7 +531,7 @@ class SQLiteConsumer(BaseConsumer):
             ),
             f"release outbox message {message_id!r}",
         )
-        self.database.notify()
+        self.database.wakeups.notify()
 
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
         rows: list[tuple[Any, ...]] = await self.database.run(
@@ -561,7 +562,7 @@ class SQLiteConsumer(BaseConsumer):
             f"retry dead letter {message_id!r}",
         )
         if changed:
-            self.database.notify()
+            self.database.wakeups.notify()
         return bool(changed)
 
     async def _stats(self) -> OutboxStats:
@@ -576,8 +577,7 @@ class SQLiteConsumer(BaseConsumer):
         return OutboxStats(int(pending), None if oldest is None else float(oldest), int(dead))
 
     async def _wait(self, seconds: float) -> None:
-        self.database.clear_notified()
-        await self.database.wait_notified(min(seconds, self.poll_interval))
+        await self.database.wakeups.wait(min(seconds, self.poll_interval))
 
     async def pending_count(self) -> int:
         """Messages not yet acked (claimed or not), dead letters excluded."""
@@ -587,15 +587,6 @@ class SQLiteConsumer(BaseConsumer):
             ),
             "count outbox messages",
         )
-
-
-def _row_id(message_id: str) -> int | None:
-    """The outbox row id ``message_id`` names: None unless it is a row id as this store
-    spells them (no sign, no leading zero, no blank, at most 2**63 - 1)."""
-    if not message_id.isascii() or not message_id.isdigit() or len(message_id) > 19:
-        return None
-    row_id = int(message_id)
-    return row_id if str(row_id) == message_id and row_id <= 2**63 - 1 else None
 
 
 class SQLiteScheduleStore(BaseScheduleStore):

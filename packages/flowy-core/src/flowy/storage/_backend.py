@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar, cast
 
 from .._errors import BackendURLError, SchemaVersionError
 from .._types import S
-from ._capabilities import Capabilities
+from ._capabilities import Capabilities, RoundTrips
 from ._derive import derive_capabilities
 from ._limits import Limits
 
@@ -267,6 +267,10 @@ class BaseBackend(abc.ABC, Generic[S]):
     """
 
     url: str
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips()
+    """The round trips each operation costs on this store (``RoundTripSuite`` counts
+    them); a store whose primitives take more than one declares its own."""
 
     _closed: bool = False
     _opened: bool = False

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-__all__ = ["Capabilities"]
+__all__ = ["Capabilities", "RoundTrips"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +48,23 @@ class Capabilities:
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""
         return tuple(f.name for f in fields(self) if not getattr(self, f.name))
+
+
+@dataclass(frozen=True, slots=True)
+class RoundTrips:
+    """How many store primitives the engine calls for each operation on a store
+    (``BaseBackend.round_trips``), counted by ``RoundTripSuite`` through
+    ``flowy.testing.faults.FaultyBackend`` on every store: one primitive call is one
+    round trip to the server. A store whose primitive makes more than one declares more
+    (and its bench rows show what that costs).
+    """
+
+    save: int = 1
+    """``Checkpointer.save``, with or without a lease: one conditional write."""
+    segment: int = 3
+    """What a leased start or resume of N steps costs beyond its N saves: acquire the
+    lease, read the head, release the lease."""
+    handoff: int = 6
+    """What a hand-off a ``Worker`` claims and continues for N steps costs beyond its N
+    saves: the claim, the worker's read of the head (its decision), the run's acquire,
+    read and release, and the ack."""

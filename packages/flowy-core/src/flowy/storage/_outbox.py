@@ -23,7 +23,7 @@ from ._intents import decode_intent
 from ._model import DeadLetter, HandoffIntent, OutboxMessage, OutboxStats
 from ._writes import OutboxRow, OutboxTransaction
 
-__all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage"]
+__all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage", "message_row_id"]
 
 MAX_ERROR_CHARS = 4000
 """The longest error text kept on a message."""
@@ -50,6 +50,16 @@ class RawMessage:
     """The stored intent bytes."""
     attempts: int
     error: str = ""
+
+
+def message_row_id(message_id: str) -> int | None:
+    """The row id a message id names, for a store whose message ids are the decimal
+    ids of its outbox rows: ``None`` (no such message) unless ``message_id`` is one as
+    such a store spells them (no sign, no leading zero, no blank, 1 to 2**63 - 1)."""
+    if not (message_id.isascii() and message_id.isdigit() and len(message_id) <= 19):
+        return None
+    row_id = int(message_id)
+    return row_id if 0 < row_id < 2**63 and str(row_id) == message_id else None
 
 
 def _clip(error: str) -> str:

@@ -138,7 +138,8 @@ class TransactionalCheckpointer(Checkpointer[S], Protocol[S]):
 class DurableCheckpointer(Checkpointer[S], Protocol[S]):
     """A checkpointer that also keeps what durable time needs, in the same store: the
     index of wake-up times, each thread's inbox of signals, and each thread's activity
-    journal. A thread's delete removes its inbox and journal too."""
+    journal. A thread's delete removes its inbox and journal too, also of a thread that
+    has no snapshot."""
 
     async def timers(self, *, before: float = ..., limit: int = 100) -> list[Timer]:
         """Up to ``limit`` heads with a wake-up time at or before ``before`` (default:

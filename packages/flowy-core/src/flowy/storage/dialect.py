@@ -20,11 +20,13 @@ raise ``SnapshotEnvelopeInvalidError`` on any mismatch or corruption; no pickle 
 
 from __future__ import annotations
 
-from .._moved import present_as_public as _present_as_public
+from .._moved import deprecated_names as deprecated_names
+from .._moved import present_as_public as present_as_public
 from ._backend import BaseBackend as BaseBackend
 from ._backend import StoreURL as StoreURL
 from ._base import BACKLOG_STATUSES as BACKLOG_STATUSES
 from ._base import BaseCheckpointer as BaseCheckpointer
+from ._capabilities import RoundTrips as RoundTrips
 from ._connect import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from ._connect import Connecting as Connecting
 from ._connect import register_backend as register_backend
@@ -42,6 +44,7 @@ from ._model import validate_thread_id as validate_thread_id
 from ._outbox import BaseConsumer as BaseConsumer
 from ._outbox import BaseOutbox as BaseOutbox
 from ._outbox import RawMessage as RawMessage
+from ._outbox import message_row_id as message_row_id
 from ._protocols import EnqueueCallback as EnqueueCallback
 from ._protocols import FencingCheckpointer as FencingCheckpointer
 from ._records import FORMAT_VERSION as FORMAT_VERSION
@@ -58,6 +61,7 @@ from ._schedules import validate_schedule_name as validate_schedule_name
 from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
 from ._scratch import open_scratch as open_scratch
 from ._scratch import sibling_url as sibling_url
+from ._wakeups import Wakeups as Wakeups
 from ._writes import Busy as Busy
 from ._writes import OutboxRow as OutboxRow
 from ._writes import Refused as Refused
@@ -89,19 +93,24 @@ __all__ = [
     "RawMessage",
     "Record",
     "Refused",
+    "RoundTrips",
     "StoreURL",
+    "Wakeups",
     "Write",
     "confirm_save",
     "confirmed_save",
     "decode_intent",
     "decode_record",
     "decode_snapshot",
+    "deprecated_names",
     "encode_intent",
     "encode_record",
     "encode_snapshot",
+    "message_row_id",
     "new_write_id",
     "next_fencing_token",
     "open_scratch",
+    "present_as_public",
     "register_backend",
     "show_id",
     "sibling_url",
@@ -111,4 +120,4 @@ __all__ = [
 
 
 # Reprs and tracebacks say flowy.storage.dialect.X, not the private module.
-_present_as_public(__name__, globals(), __all__, "flowy.storage._")
+present_as_public(__name__, globals(), __all__, "flowy.storage._")

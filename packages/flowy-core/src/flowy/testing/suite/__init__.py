@@ -34,6 +34,7 @@ from ._integrity import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
+from ._round_trips import *  # noqa: F403
 from ._runs import *  # noqa: F403
 from ._schedules import *  # noqa: F403
 from ._scratch import *  # noqa: F403
@@ -60,6 +61,7 @@ __all__ = [
     "LimitsSuite",
     "LineageSuite",
     "OutboxSuite",
+    "RoundTripSuite",
     "ScheduleSuite",
     "ScratchSuite",
     "SetupSuite",

@@ -376,6 +376,18 @@ class JournalSuite(Suite):
         assert await cp.journal(tid) == []
         assert await cp.get_activity(tid, "a") is None
 
+    async def test_delete_removes_the_journal_of_a_thread_without_a_snapshot(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = require_durable(flowy_backend, "journal")
+        tid, other = new_thread_id("jbare"), new_thread_id("jbare2")
+        await cp.put_activity(tid, _record("a"))
+        await cp.put_activity(other, _record("a"))
+        assert [r.key for r in await cp.journal(tid)] == ["a"]
+        await cp.delete(tid)
+        assert await cp.journal(tid) == []
+        assert [r.key for r in await cp.journal(other)] == ["a"]
+
     async def test_bad_keys_are_refused(self, flowy_backend: Backend[Any]) -> None:
         cp = require_durable(flowy_backend, "journal")
         tid = new_thread_id("jbad")

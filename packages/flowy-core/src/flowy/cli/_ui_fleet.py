@@ -1,0 +1,266 @@
+"""The inspector's fleet at a glance (``flowy ui``'s front page): counts of threads by
+status and by node, each a link to the list filtered by it; the outbox backlog; and
+the thread list, most recently saved first, filtered by id prefix, status, node, graph
+version and age, a page at a time.
+
+A store lists heads by thread id (``Checkpointer.list_threads``, a keyset cursor on
+the id), not by recency, so the page reads the heads through that cursor, up to
+:data:`SCAN`, and orders them itself; its own pages are keyset too, ``before`` the last
+row shown (its save time and id), so a page stays stable while threads are saved.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..storage import DeadLetter, OutboxStats, RunStatus, ThreadSummary
+from ._ui_html import e, href, relative, span, status_badge, table, thread_href
+
+__all__ = [
+    "AGES",
+    "BadQueryError",
+    "PAGE_SIZE",
+    "SCAN",
+    "Filters",
+    "backlog",
+    "counts",
+    "filter_form",
+    "listing",
+    "parse_filters",
+]
+
+SCAN = 10_000
+"""The most thread heads the front page reads to count and order."""
+
+PAGE_SIZE = 50
+"""Threads on one page of the list."""
+
+AGES: Mapping[str, tuple[str, float]] = {
+    "": ("any age", 0.0),
+    "-5m": ("saved in the last 5 min", -300.0),
+    "-1h": ("saved in the last hour", -3600.0),
+    "-1d": ("saved in the last day", -86400.0),
+    "+1h": ("not saved for an hour", 3600.0),
+    "+1d": ("not saved for a day", 86400.0),
+    "+7d": ("not saved for 7 days", 7 * 86400.0),
+}
+"""The age filter's choices: a negative bound keeps threads saved since, a positive one
+threads saved before, that many seconds ago."""
+
+
+class BadQueryError(ValueError):
+    """A page's query string that does not parse (the page answers 400)."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the list shows: ``q`` an id prefix; the rest exact matches (empty: any)."""
+
+    q: str = ""
+    status: str = ""
+    node: str = ""
+    version: str = ""
+    age: str = ""
+    before: tuple[float, str] | None = None
+
+    def params(self, **change: str) -> dict[str, str]:
+        """The query string of these filters (without the page), with ``change``."""
+        base = {
+            "q": self.q,
+            "status": self.status,
+            "node": self.node,
+            "version": self.version,
+            "age": self.age,
+        }
+        return {**base, **change}
+
+    def active(self) -> bool:
+        return any((self.q, self.status, self.node, self.version, self.age))
+
+    def keep(self, s: ThreadSummary, now: float) -> bool:
+        if self.q and not s.thread_id.startswith(self.q):
+            return False
+        if self.status and s.status.value != self.status:
+            return False
+        if self.node and s.execution_pointer != self.node:
+            return False
+        if self.version and s.graph_version != self.version:
+            return False
+        bound = AGES.get(self.age, ("", 0.0))[1]
+        if bound < 0 and s.updated_at < now + bound:
+            return False
+        return not (bound > 0 and s.updated_at > now - bound)
+
+
+def _key(s: ThreadSummary) -> tuple[float, str]:
+    return (-s.updated_at, s.thread_id)
+
+
+def parse_filters(query: Mapping[str, str]) -> Filters:
+    """The filters of a request's query string; a malformed ``before`` or ``age`` is a
+    :class:`BadQueryError` naming it."""
+    age = query.get("age", "")
+    if age not in AGES:
+        raise BadQueryError(f"age must be one of {sorted(a for a in AGES if a)}, got {age[:40]!r}")
+    before: tuple[float, str] | None = None
+    if raw := query.get("before", ""):
+        at, sep, thread = raw.partition("~")
+        try:
+            when = float(at)
+        except ValueError:
+            when = math.nan
+        if not sep or math.isnan(when):
+            raise BadQueryError(
+                f"before must be TIME~THREAD from a next-page link, got {raw[:60]!r}"
+            )
+        before = (when, thread)
+    return Filters(
+        q=query.get("q", ""),
+        status=query.get("status", ""),
+        node=query.get("node", ""),
+        version=query.get("version", ""),
+        age=age,
+        before=before,
+    )
+
+
+def counts(rows: Sequence[ThreadSummary], filters: Filters) -> str:
+    """Cards: the threads by status and by node, each a link to the list of them."""
+    statuses = Counter(s.status.value for s in rows)
+    nodes = Counter(s.execution_pointer for s in rows)
+
+    def card(label: str, n: int, link: str, on: bool, cls: str = "") -> str:
+        mark = " on" if on else ""
+        return (
+            f"<a class='card{mark}' href='{link}'><b class='count'>{n}</b>"
+            f"<span class='{cls}'>{e(label)}</span></a>"
+        )
+
+    every = card("all threads", len(rows), href("/"), not filters.active())
+    by_status = "".join(
+        card(v, statuses[v], href("/", status=v), filters.status == v, f"st-{v}")
+        for v in (s.value for s in RunStatus)
+        if statuses[v]
+    )
+    by_node = "".join(
+        card(n, c, href("/", node=n), filters.node == n)
+        for n, c in sorted(nodes.items(), key=lambda nc: (-nc[1], nc[0]))
+    )
+    return (
+        f"<h2>By status</h2><div class='cards' id='by-status'>{every}{by_status}</div>"
+        f"<h2>By node</h2><div class='cards' id='by-node'>{by_node or ''}</div>"
+    )
+
+
+def backlog(stats: OutboxStats | None, oldest: Mapping[RunStatus, float], now: float) -> str:
+    """The outbox backlog gauges and how long the oldest parked threads have waited."""
+    cards: list[str] = []
+    if stats is not None:
+        oldest_pending = (
+            "-" if stats.oldest_pending_at is None else span(now - stats.oldest_pending_at)
+        )
+        # A gauge that fills up over an hour of waiting: a backlog that old needs a look.
+        age = 0.0 if stats.oldest_pending_at is None else now - stats.oldest_pending_at
+        cards += [
+            f"<div class='card' id='outbox-pending'><b class='count'>{stats.pending}</b>"
+            "outbox pending</div>",
+            f"<div class='card' id='outbox-oldest'><b class='count'>{e(oldest_pending)}</b>"
+            f"oldest pending <meter min='0' max='3600' high='600' value='{min(age, 3600):.0f}'>"
+            "</meter></div>",
+            f"<div class='card' id='outbox-dead'><b class='count'>{stats.dead_letters}</b>"
+            f"<a href='/dead-letters'>dead letters</a></div>",
+        ]
+    for status in (RunStatus.SUSPENDED, RunStatus.WAITING):
+        if status in oldest:
+            cards.append(
+                f"<div class='card'><b class='count'>{e(span(now - oldest[status]))}</b>"
+                f"oldest {e(status.value)}</div>"
+            )
+    if not cards:
+        return ""
+    return f"<h2>Backlog</h2><div class='cards' id='backlog'>{''.join(cards)}</div>"
+
+
+def filter_form(rows: Sequence[ThreadSummary], filters: Filters) -> str:
+    """The search and filter form (a GET, so a filtered list is a link)."""
+
+    def select(name: str, current: str, choices: Sequence[tuple[str, str]]) -> str:
+        options = "".join(
+            f"<option value='{e(v)}'{' selected' if v == current else ''}>{e(label)}</option>"
+            for v, label in choices
+        )
+        return f"<select name='{name}' id='f-{name}'>{options}</select>"
+
+    nodes = sorted({s.execution_pointer for s in rows} | ({filters.node} - {""}))
+    versions = sorted({s.graph_version for s in rows if s.graph_version})
+    statuses = [("", "any"), *((s.value, s.value) for s in RunStatus)]
+    return (
+        "<form method='get' action='/' class='filters' id='filters'>"
+        f"<label>thread id starts with <input name='q' id='f-q' value='{e(filters.q)}' "
+        "size='16'></label>"
+        f"<label>status {select('status', filters.status, statuses)}</label>"
+        f"<label>node {select('node', filters.node, [('', 'any'), *((n, n) for n in nodes)])}"
+        "</label>"
+        f"<label>graph version "
+        f"{select('version', filters.version, [('', 'any'), *((v, v[:24]) for v in versions)])}"
+        "</label>"
+        f"<label>age {select('age', filters.age, [(k, v[0]) for k, v in AGES.items()])}</label>"
+        "<button type='submit'>Filter</button> <a href='/'>clear</a></form>"
+    )
+
+
+def listing(
+    rows: Sequence[ThreadSummary],
+    filters: Filters,
+    dead: Mapping[str, Sequence[DeadLetter]],
+    now: float,
+    truncated: bool,
+) -> str:
+    """One page of the threads that pass ``filters``, most recently saved first, with a
+    link to the next page."""
+    matching = sorted((s for s in rows if filters.keep(s, now)), key=_key)
+    offset = 0
+    if filters.before is not None:
+        at, thread = filters.before
+        offset = bisect.bisect_right([_key(s) for s in matching], (-at, thread))
+    shown = matching[offset : offset + PAGE_SIZE]
+    body = table(
+        ["thread", "status", "reason", "node", "revision", "hand-off", "updated"],
+        (
+            [
+                f"<a href='{thread_href(s.thread_id)}'>{e(s.thread_id)}</a>",
+                status_badge(s.status.value),
+                e(s.reason),
+                e(s.execution_pointer),
+                e(s.revision),
+                e(s.handoff_status.value)
+                + (" <strong>(dead letter)</strong>" if s.thread_id in dead else ""),
+                relative(s.updated_at, now),
+            ]
+            for s in shown
+        ),
+        "no threads" + (" match" if filters.active() else ""),
+        nums=(4,),
+        ident="threads",
+    )
+    left = len(matching) - offset - len(shown)
+    where = f"{offset + 1}–{offset + len(shown)} of {len(matching)}" if shown else ""
+    pager = [f"<span class='muted' id='shown'>{e(where)}</span>"]
+    if filters.before is not None:
+        pager.append(f"<a href='{href('/', **filters.params())}' id='first'>first page</a>")
+    if left > 0:
+        last = shown[-1]
+        cursor = f"{last.updated_at!r}~{last.thread_id}"
+        pager.append(
+            f"<a href='{href('/', **filters.params(before=cursor))}' id='next'>next page →</a>"
+        )
+    note = (
+        f"<p class='muted'><em>only the first {SCAN} threads by id are counted and listed</em></p>"
+        if truncated
+        else ""
+    )
+    return body + f"<div class='pager'>{''.join(pager)}</div>" + note

@@ -1,0 +1,153 @@
+"""Round trips: how many store primitives the engine calls for a save, a leased segment
+and a hand-off a worker continues, counted on the store and compared with what the store
+declares (``BaseBackend.round_trips``).
+
+Nothing is timed. The store is wrapped in ``flowy.testing.faults.FaultyBackend`` with a
+plan that strikes nothing and records every primitive call (``_write``, ``_read_head``,
+``_acquire``, ``_claim``, …): each is one round trip to the server. A new feature that
+adds a read or a write on one of these paths fails here until the store's declaration
+says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, ClassVar
+
+import pytest
+
+from ..._directives import Directive, completed, end, handoff, suspend
+from ..._graph import Graph, GraphBuilder
+from ..._runner import Runner
+from ..._worker import Outcome, Worker
+from ...storage import Backend, RunStatus
+from ...storage.dialect import BaseBackend, RoundTrips
+from ..faults import FaultPlan, FaultyBackend, Operation
+from ._support import Suite, make_snapshot, new_thread_id
+
+__all__ = ["RoundTripSuite"]
+
+State = dict[str, Any]
+
+
+class _Counting(FaultPlan):
+    """Strikes nothing; records the primitive of every operation, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def decide(self, operation: Operation) -> None:
+        self.calls.append(operation.primitive)
+        return None
+
+
+def _merge(state: State, update: State) -> State:
+    return {**state, **update}
+
+
+def _chain(steps: int, *, hand_off_after: int | None = None) -> Graph[State, Any]:
+    """``steps`` nodes in a row, the last ending the run; with ``hand_off_after=k`` the
+    k-th node hands off to the next."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    names = [f"n{i}" for i in range(1, steps + 1)]
+    for i, name in enumerate(names, start=1):
+
+        async def node(s: State, i: int = i, last: bool = i == steps) -> tuple[State, Any]:
+            if last:
+                return {"at": i}, end()
+            if i == hand_off_after:
+                return {"at": i}, handoff("to_worker", resume_at=f"n{i + 1}")
+            return {"at": i}, completed()
+
+        builder.add_node(name, node)
+    for a, b in itertools.pairwise(names):
+        builder.add_edge(a, b)
+    builder.allow_no_outgoing_route(names[-1])
+    return builder.compile(version="v1")
+
+
+class RoundTripSuite(Suite):
+    """A save is ``round_trips.save`` primitive calls, fenced or not; a leased start or
+    resume of N steps is N saves plus ``round_trips.segment``; a hand-off a worker
+    claims and continues for N steps is N saves plus ``round_trips.handoff``."""
+
+    requires: ClassVar[tuple[str, ...]] = ("run_leases",)
+
+    def _declared(self, backend: Backend[Any]) -> RoundTrips:
+        if not isinstance(backend, BaseBackend):
+            pytest.skip(
+                f"{type(backend).__name__} is not built on flowy.storage.dialect.BaseBackend: "
+                "its primitives cannot be counted"
+            )
+        return type(backend).round_trips
+
+    @staticmethod
+    def _counted(backend: Backend[Any]) -> tuple[FaultyBackend[Any], _Counting]:
+        plan = _Counting()
+        return FaultyBackend(backend, plan), plan
+
+    async def test_a_save_is_its_declared_round_trips_fenced_or_not(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        declared = self._declared(flowy_backend)
+        counted, plan = self._counted(flowy_backend)
+        tid = new_thread_id("rt-save")
+        assert await counted.checkpointer.save(0, make_snapshot(tid)) == 1
+        assert len(plan.calls) == declared.save, plan.calls
+        lease = await flowy_backend.leases.acquire(tid, "rt-owner", self.long_ttl)
+        plan.calls.clear()
+        assert await counted.checkpointer.save(1, make_snapshot(tid), lease=lease) == 2
+        assert len(plan.calls) == declared.save, plan.calls
+
+    async def test_a_leased_start_of_n_steps_is_n_saves_and_the_segments_round_trips(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        declared = self._declared(flowy_backend)
+        for steps in (1, 5):
+            counted, plan = self._counted(flowy_backend)
+            runner = Runner(_chain(steps), counted, run_lease=("rt-owner", self.long_ttl))
+            result = await runner.start(new_thread_id("rt-start"), {})
+            assert result.status is RunStatus.COMPLETED, result
+            assert plan.calls.count("_write") == steps, plan.calls
+            assert len(plan.calls) == steps + declared.segment, plan.calls
+
+    async def test_a_leased_resume_is_its_saves_and_the_segments_round_trips(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        declared = self._declared(flowy_backend)
+
+        async def ask(s: State) -> tuple[State, Directive[Any]]:
+            return {}, suspend("approval") if not s.get("ok") else end()
+
+        builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+        builder.add_node("ask", ask).allow_no_outgoing_route("ask")
+        graph = builder.compile(version="v1")
+        tid = new_thread_id("rt-resume")
+        first = await Runner(graph, flowy_backend).start(tid, {})
+        assert first.status is RunStatus.SUSPENDED and first.resume_token is not None, first
+        counted, plan = self._counted(flowy_backend)
+        runner = Runner(graph, counted, run_lease=("rt-owner", self.long_ttl))
+        result = await runner.resume(first.resume_token, state_overlay={"ok": True})
+        assert result.status is RunStatus.COMPLETED, result
+        assert len(plan.calls) == plan.calls.count("_write") + declared.segment, plan.calls
+
+    async def test_a_hand_off_a_worker_continues_is_its_saves_and_the_hand_offs_round_trips(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        declared = self._declared(flowy_backend)
+        if not flowy_backend.capabilities.consumer:
+            pytest.skip(f"{type(flowy_backend).__name__} has no consumer: no worker claims")
+        for continued in (1, 3):
+            graph = _chain(1 + continued, hand_off_after=1)
+            tid = new_thread_id("rt-handoff")
+            first = await Runner(graph, flowy_backend).start(tid, {})
+            assert first.status is RunStatus.HANDOFF, first
+            counted, plan = self._counted(flowy_backend)
+            worker = Worker(Runner(graph, counted), owner="rt-worker", busy_grace=0.0)
+            (message,) = await counted.consumer.claim(1, self.long_ttl, wait=2.0)
+            assert message.intent.thread_id == tid
+            assert await worker.process(message) is Outcome.RESUMED
+            head, _ = await flowy_backend.checkpointer.load(tid)
+            assert head.status is RunStatus.COMPLETED, head
+            assert plan.calls.count("_write") == continued, plan.calls
+            assert len(plan.calls) == continued + declared.handoff, plan.calls
