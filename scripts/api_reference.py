@@ -43,6 +43,7 @@ MODULES: list[str] = [
     "flowy.stream_helpers",
     "flowy.live",
     "flowy.otel",
+    "flowy.schedules",
     "flowy.memory",
     "flowy.sqlite",
     "flowy.testing",

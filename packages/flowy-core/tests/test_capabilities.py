@@ -41,6 +41,7 @@ EVERYTHING = Capabilities(
     journal=True,
     backlog=True,
     live_progress=True,
+    schedules=True,
 )
 
 
@@ -107,8 +108,11 @@ def test_loose_components_have_what_they_implement() -> None:
         outbox=MemoryOutbox(store),
         consumer=MemoryConsumer(store),
     )
-    # Loose components have no channel: progress reaches watchers in this process only.
-    assert full.capabilities == dataclasses.replace(EVERYTHING, live_progress=False)
+    # Loose components have no channel: progress reaches watchers in this process only;
+    # and they keep no schedules.
+    assert full.capabilities == dataclasses.replace(
+        EVERYTHING, live_progress=False, schedules=False
+    )
     bare = as_backend(cp)
     assert bare.capabilities.missing() == (
         "run_leases",
@@ -119,6 +123,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "consumer",
         "backlog",
         "live_progress",
+        "schedules",
     )
     with pytest.raises(TypeError, match="without a consumer"):
         _ = bare.consumer
@@ -159,7 +164,7 @@ async def test_a_runner_given_loose_leases_and_outbox_warns_and_hands_off() -> N
         )
     assert len(caught) == 1
     assert runner.backend is not None and runner.backend.capabilities == dataclasses.replace(
-        EVERYTHING, consumer=False, backlog=False, live_progress=False
+        EVERYTHING, consumer=False, backlog=False, live_progress=False, schedules=False
     )
     result = await runner.start("t", {}, run_lease=("me", 30.0))
     assert result.status is flowy.RunStatus.HANDOFF

@@ -56,6 +56,7 @@ from flowy.memory import (
     MemoryConsumer,
     MemoryLeaseManager,
     MemoryOutbox,
+    MemoryScheduleStore,
     MemoryStore,
 )
 from flowy.memory import _named as memory_named  # pyright: ignore[reportPrivateUsage]
@@ -856,6 +857,18 @@ class ConflatingChannelBackend(MemoryBackend[Any]):
         await super()._publish(thread_id, messages[-1:])
 
 
+class BlindReplaceSchedules(MemoryScheduleStore):
+    """Replaces a schedule whatever its version: two workers that read it at once both
+    claim its tick."""
+
+    async def _replace(self, name: str, version: int, data: bytes) -> bool:
+        found = self.store.schedules.get(name)
+        if found is None:
+            return False
+        self.store.schedules[name] = (found[0] + 1, data)
+        return True
+
+
 # --- stores -------------------------------------------------------------------------------
 
 
@@ -880,6 +893,8 @@ async def memory_with(**parts: type[Any]) -> MemoryBackend[Any]:
         backend.outbox = parts["outbox"](store)
     if "consumer" in parts:
         backend.consumer = parts["consumer"](store, max_attempts=3)
+    if "schedules" in parts:
+        backend.schedules = parts["schedules"](store)
     return backend
 
 
@@ -1271,6 +1286,12 @@ CASES = [
         ((S.CostSuite, "test_list_threads_page_reads_the_same_for_many_threads"),),
     ),
     Case(
+        "a schedule's claim ignores its version (two workers claim one tick)",
+        "memory",
+        {"schedules": BlindReplaceSchedules},
+        ((S.ScheduleSuite, "test_a_stale_claim_is_refused"),),
+    ),
+    Case(
         "a save that reads the head before its conditional write",
         "memory",
         {"checkpointer": ReadBeforeWriteCheckpointer},
@@ -1356,7 +1377,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 52
+    assert len(CASES) == 53
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

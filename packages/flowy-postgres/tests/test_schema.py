@@ -207,7 +207,7 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
         await flowy.connect(url)
     assert await set_up(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
     assert await set_up(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
-    assert await admin.fetch(f"SELECT version FROM {n.version} ORDER BY 1") == [(2,), (3,)]
+    assert await admin.fetch(f"SELECT version FROM {n.version} ORDER BY 1") == [(2,), (4,)]
     async with opened(url) as backend:
         cp = backend.checkpointer
         head, revision = await cp.load("old")
@@ -318,7 +318,7 @@ async def test_mixed_case_names_and_two_prefixes_in_one_schema(
             for prefix in ("App_", "other_")
             for table in (
                 *("history", "journal", "leases", "outbox"),
-                *("schema_version", "signals", "threads"),
+                *("schedules", "schema_version", "signals", "threads"),
             )
         ]
     finally:

@@ -20,6 +20,7 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     │   ├── ThreadAlreadyRunningError   the thread is running in this process
     │   └── ThreadLeaseBusyError        (also a LeaseError) another live lease holds it
     ├── NoActiveExecutionError          request_local_handoff() after the run ended
+    ├── ScheduleError                   no schedule of that name, or one exists already
     ├── CheckpointSkippedError          SKIP_ON_SAVE_ERROR skipped a terminal save
     ├── MissingBindingError             binding(key) without a bound value
     ├── NoRunContextError               run_metadata()/use_budget() outside a run
@@ -80,6 +81,7 @@ __all__ = [
     "MissingBindingError",
     "NoActiveExecutionError",
     "NoRunContextError",
+    "ScheduleError",
     "SchemaVersionError",
     "SnapshotEnvelopeInvalidError",
     "SQLiteFileError",
@@ -200,6 +202,10 @@ class ConcurrencyConflictError(ThreadContentionError):
 
 class ThreadAlreadyRunningError(ThreadContentionError):
     """A start or resume targets a thread that is already running in this process."""
+
+
+class ScheduleError(FlowyError):
+    """A schedule that does not exist was named, or one of that name exists already."""
 
 
 class NoActiveExecutionError(FlowyError):

@@ -33,6 +33,7 @@ from ._errors import LimitError as LimitError
 from ._errors import MissingBindingError as MissingBindingError
 from ._errors import NoActiveExecutionError as NoActiveExecutionError
 from ._errors import NoRunContextError as NoRunContextError
+from ._errors import ScheduleError as ScheduleError
 from ._errors import SchemaVersionError as SchemaVersionError
 from ._errors import SnapshotEnvelopeInvalidError as SnapshotEnvelopeInvalidError
 from ._errors import SnapshotTooLargeError as SnapshotTooLargeError
@@ -74,6 +75,7 @@ __all__ = [
     "NoActiveExecutionError",
     "NoRunContextError",
     "SQLiteFileError",
+    "ScheduleError",
     "SchemaVersionError",
     "SnapshotEnvelopeInvalidError",
     "SnapshotTooLargeError",

@@ -25,6 +25,7 @@ from .storage.dialect import (
     BaseConsumer,
     BaseLeaseManager,
     BaseOutbox,
+    BaseScheduleStore,
     Busy,
     OutboxRow,
     RawMessage,
@@ -41,6 +42,7 @@ __all__ = [
     "MemoryConsumer",
     "MemoryLeaseManager",
     "MemoryOutbox",
+    "MemoryScheduleStore",
     "MemoryStore",
 ]
 
@@ -90,6 +92,7 @@ class MemoryStore:
         self.journals: dict[str, dict[str, bytes]] = {}
         self.messages: dict[str, _Message] = {}
         self.dead: dict[str, _Message] = {}
+        self.schedules: dict[str, tuple[int, bytes]] = {}  # name -> (version, record)
         self.ids: itertools.count[int] = itertools.count(1)
         self.wakeups: Wakeups = Wakeups()
         """The consumers of this store waiting in ``claim(wait=...)``."""
@@ -419,6 +422,44 @@ class MemoryConsumer(BaseConsumer):
         return len(self.store.messages)
 
 
+class MemoryScheduleStore(BaseScheduleStore):
+    """The schedules of a :class:`MemoryStore`.
+
+    Args:
+        store: the store's data (a new, private :class:`MemoryStore` by default).
+    """
+
+    def __init__(self, store: MemoryStore | None = None) -> None:
+        self.store: MemoryStore = store if store is not None else MemoryStore()
+        self.domain: Hashable = self.store
+
+    def clock(self) -> float:
+        """The store's clock (what ``create`` and ``resume`` read)."""
+        return self.store.clock()
+
+    async def _insert(self, name: str, data: bytes) -> bool:
+        if name in self.store.schedules:
+            return False
+        self.store.schedules[name] = (1, data)
+        return True
+
+    async def _read(self, name: str) -> tuple[int, bytes] | None:
+        return self.store.schedules.get(name)
+
+    async def _read_all(self) -> list[tuple[str, int, bytes]]:
+        return [(name, v, data) for name, (v, data) in self.store.schedules.items()]
+
+    async def _replace(self, name: str, version: int, data: bytes) -> bool:
+        found = self.store.schedules.get(name)
+        if found is None or found[0] != version:
+            return False
+        self.store.schedules[name] = (version + 1, data)
+        return True
+
+    async def _delete(self, name: str) -> bool:
+        return self.store.schedules.pop(name, None) is not None
+
+
 class MemoryBackend(BaseBackend[S], Generic[S]):
     """An in-memory store: ``flowy.connect("memory://")``, or built directly.
 
@@ -443,6 +484,7 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
         self.leases: MemoryLeaseManager = MemoryLeaseManager(self.store)
         self.outbox: MemoryOutbox = MemoryOutbox(self.store)
         self.consumer: MemoryConsumer = MemoryConsumer(self.store, max_attempts=max_attempts)
+        self.schedules: MemoryScheduleStore = MemoryScheduleStore(self.store)
 
     async def _open(self) -> None:
         return None

@@ -24,6 +24,7 @@ from ._layout import thread_key as thread_key
 from ._leases import DynamoLeaseManager as DynamoLeaseManager
 from ._outbox import DynamoConsumer as DynamoConsumer
 from ._outbox import DynamoOutbox as DynamoOutbox
+from ._schedules import DynamoScheduleStore as DynamoScheduleStore
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import make_client as make_client
 from ._table import ClockSkewError as ClockSkewError
@@ -42,6 +43,7 @@ __all__ = [
     "DynamoConsumer",
     "DynamoLeaseManager",
     "DynamoOutbox",
+    "DynamoScheduleStore",
     "DynamoTable",
     "make_client",
     "open_backend",

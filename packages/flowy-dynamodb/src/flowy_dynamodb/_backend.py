@@ -18,6 +18,7 @@ from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling
 from ._checkpointer import DynamoCheckpointer
 from ._leases import DynamoLeaseManager
 from ._outbox import DynamoConsumer, DynamoOutbox
+from ._schedules import DynamoScheduleStore
 from ._schema import check_version, make_client, migrate, schema_version
 from ._table import Clock, DynamoTable
 
@@ -103,6 +104,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
             self.table, codec=codec, expire_statuses=expire_statuses
         )
         self.leases: DynamoLeaseManager = DynamoLeaseManager(self.table)
+        self.schedules: DynamoScheduleStore = DynamoScheduleStore(self.table)
         self.outbox: DynamoOutbox = DynamoOutbox(self.table)
         self.consumer: DynamoConsumer = DynamoConsumer(
             self.table, max_attempts=max_attempts, poll_interval=poll_interval

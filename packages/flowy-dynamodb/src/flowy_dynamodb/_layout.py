@@ -13,6 +13,7 @@ Items, keyed by the string partition key ``pk`` and sort key ``sk``::
                                                             with that id
     (same)                              act#<key>           one activity journal entry
     flowy#schema                        version             the schema version
+    flowy#schedules                     sched#<name>        one durable schedule
 
 A signal id or activity key whose sort key would pass 1 KiB is hashed instead:
 ``sigid-sha256#<hex>``, ``act-sha256#<hex>`` (the item keeps it in full).

@@ -25,6 +25,7 @@ from ._conn import create_pool as create_pool
 from ._lease import PostgresLeaseManager as PostgresLeaseManager
 from ._outbox import PostgresConsumer as PostgresConsumer
 from ._outbox import PostgresOutbox as PostgresOutbox
+from ._schedules import PostgresScheduleStore as PostgresScheduleStore
 from ._schema import DEFAULT_PREFIX as DEFAULT_PREFIX
 from ._schema import DEFAULT_SCHEMA as DEFAULT_SCHEMA
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -45,6 +46,7 @@ __all__ = [
     "PostgresConsumer",
     "PostgresLeaseManager",
     "PostgresOutbox",
+    "PostgresScheduleStore",
     "SCHEMA_VERSION",
     "create_pool",
     "open_backend",

@@ -21,6 +21,7 @@ from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool
 from ._lease import PostgresLeaseManager
 from ._outbox import ListenHooks, PostgresConsumer, PostgresOutbox
+from ._schedules import PostgresScheduleStore
 from ._schema import (
     DEFAULT_PREFIX,
     DEFAULT_SCHEMA,
@@ -199,6 +200,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
             self.connector, max_attempts=max_attempts, poll_interval=poll_interval, listen=hooks
         )
         self._live = _LiveChannels(self._listen_hooks(pool), self.names)
+        self.schedules: PostgresScheduleStore = PostgresScheduleStore(self.connector)
 
     @classmethod
     def from_pool(cls, pool: asyncpg.Pool, **options: Any) -> PostgresBackend[S]:

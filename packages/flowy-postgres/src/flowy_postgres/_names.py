@@ -48,6 +48,7 @@ class TableNames:
     outbox: str = field(init=False)
     signals: str = field(init=False)
     journal: str = field(init=False)
+    schedules: str = field(init=False)
     version: str = field(init=False)
     channel: str = field(init=False)
     lock_key: int = field(init=False)
@@ -55,7 +56,7 @@ class TableNames:
     def __post_init__(self) -> None:
         check_identifier(self.schema, "schema name")
         check_identifier(self.prefix, "table prefix", empty=True, longest=MAX_PREFIX)
-        for table in ("threads", "history", "leases", "outbox", "signals", "journal"):
+        for table in ("threads", "history", "leases", "outbox", "signals", "journal", "schedules"):
             object.__setattr__(self, table, self.table(table))
         object.__setattr__(self, "version", self.table("schema_version"))
         channel = f"{self.schema}.{self.prefix}outbox"

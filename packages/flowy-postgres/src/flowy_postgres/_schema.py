@@ -1,14 +1,15 @@
 """The database schema: the DDL, its versions and its setup (its names are in ``_names``).
 
-Seven tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per
+Eight tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per
 thread, with the columns listings and timers read), ``history`` (every record by thread
 and revision; the head's record is its entry there), ``leases``, ``outbox``, ``signals``
-(each thread's inbox), ``journal`` (each thread's activity records) and
-``schema_version``. Threads are keyed by the SHA-256 of the id (b-tree indexes cannot
-hold 16 KiB ids), signals and journal entries also by the SHA-256 of their id or key;
-statements also compare the full texts, stored exactly. Listings go in code point order
-through an index on the first 200 characters of the id. A new schema is created at
-:data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an older one up to date, on ``setup()``.
+(each thread's inbox), ``journal`` (each thread's activity records), ``schedules``
+(durable schedules, by name) and ``schema_version``. Threads are keyed by the SHA-256
+of the id (b-tree indexes cannot hold 16 KiB ids), signals and journal entries also by
+the SHA-256 of their id or key; statements also compare the full texts, stored
+exactly. Listings go in code point order through an index on the first 200 characters
+of the id. A new schema is created at :data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an
+older one up to date, on ``setup()``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ __all__ = [
     "thread_key",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The schema version this code reads and writes."""
 
 ID_PREFIX = 'substr(thread_id, 1, 200) COLLATE "C"'
@@ -109,6 +110,18 @@ def _create(n: TableNames) -> list[str]:
     ON {n.outbox} (visible_at, id) WHERE NOT dead""",
         f"CREATE INDEX IF NOT EXISTS {n.index('outbox_dead_idx')} ON {n.outbox} (id) WHERE dead",
         *_durable(n),
+        *_schedules(n),
+    ]
+
+
+def _schedules(n: TableNames) -> list[str]:
+    """The table of durable schedules (version 4)."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {n.schedules} (
+    name text PRIMARY KEY,
+    version bigint NOT NULL,  -- every change adds one: a claim compares and sets it
+    record bytea NOT NULL  -- the schedule as JSON
+)""",
     ]
 
 
@@ -166,7 +179,11 @@ def _upgrade_2_to_3(n: TableNames) -> list[str]:
     ]
 
 
-UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {1: _upgrade_1_to_2, 2: _upgrade_2_to_3}
+UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {
+    1: _upgrade_1_to_2,
+    2: _upgrade_2_to_3,
+    3: _schedules,
+}
 """``UPGRADES[n](names)``: the statements that take a schema from version n to n + 1."""
 
 

@@ -26,6 +26,7 @@ from ._keys import KeyLayout as KeyLayout
 from ._lease import RedisLeaseManager as RedisLeaseManager
 from ._outbox import RedisConsumer as RedisConsumer
 from ._outbox import RedisOutbox as RedisOutbox
+from ._schedules import RedisScheduleStore as RedisScheduleStore
 from ._store import LAYOUT_VERSION as LAYOUT_VERSION
 from ._store import RedisClient as RedisClient
 from ._store import purge_namespace as purge_namespace
@@ -47,6 +48,7 @@ __all__ = [
     "RedisConsumer",
     "RedisLeaseManager",
     "RedisOutbox",
+    "RedisScheduleStore",
     "open_backend",
     "purge_namespace",
 ]

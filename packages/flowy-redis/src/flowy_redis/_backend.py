@@ -23,6 +23,7 @@ from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
 from ._lease import RedisLeaseManager
 from ._outbox import RedisConsumer, RedisOutbox
+from ._schedules import RedisScheduleStore
 from ._store import RedisClient, Store, purge_namespace
 
 __all__ = ["CLIENT_OPTIONS", "OPTIONS", "RedisBackend", "open_backend"]
@@ -219,6 +220,7 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         )
         self.leases: RedisLeaseManager = RedisLeaseManager(self.store)
         self._live = _LiveChannels(client, namespace)
+        self.schedules: RedisScheduleStore = RedisScheduleStore(self.store)
         self.outbox: RedisOutbox = RedisOutbox(self.store)
         self.consumer: RedisConsumer = RedisConsumer(
             self.store,

@@ -50,7 +50,7 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 _DRIVER_ERRORS = (rexc.RedisError, rexc.RedisClusterException, OSError)
 
 
-_READ_COMMANDS = frozenset({"HGET", "HMGET", "HVALS", "XREAD", "ZRANGE"})
+_READ_COMMANDS = frozenset({"HGET", "HGETALL", "HMGET", "HVALS", "XREAD", "ZRANGE"})
 """The commands ``Store.execute`` runs that change nothing."""
 
 

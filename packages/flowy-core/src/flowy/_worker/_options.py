@@ -106,7 +106,8 @@ class WorkerOptions:
 
     Raises:
         ValueError: an empty ``owner``, ``concurrency`` below 1, a negative
-            ``busy_grace``, or retry delays or jitter out of range.
+            ``busy_grace``, a ``schedule_interval`` that is not positive, or retry
+            delays or jitter out of range.
     """
 
     owner: str | None = None
@@ -156,6 +157,11 @@ class WorkerOptions:
     """Seconds between looks at the store's due timers (``None``: the worker fires no
     timers). A timer whose resume fails is tried again after the same backoff as a
     message."""
+    schedule_interval: float | None = 5.0
+    """Seconds between looks at the store's durable schedules (``None``: the worker
+    fires none; a store without schedules has none to fire). Each due tick is claimed
+    by one worker of all that look, which starts its thread. Keep it well under a
+    minute: ``catch_up="skip"`` drops a tick first seen more than 60 seconds late."""
     sample_interval: float | None = 15.0
     """Seconds between reads of the store's backlog (outbox depth, dead letters, the
     oldest suspended and waiting threads) for ``flowy.otel``'s gauges, made only while
@@ -167,6 +173,10 @@ class WorkerOptions:
             raise ValueError("Worker needs a non-empty owner name")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency!r}")
+        if self.schedule_interval is not None and not self.schedule_interval > 0:
+            raise ValueError(
+                f"schedule_interval must be > 0 seconds or None, got {self.schedule_interval!r}"
+            )
         if not self.busy_grace >= 0:
             raise ValueError(f"busy_grace must be >= 0 seconds, got {self.busy_grace!r}")
         delay, most, jitter = self.retry_delay, self.max_retry_delay, self.retry_jitter
@@ -201,4 +211,5 @@ class WorkerKeywords(TypedDict, total=False):
     retry_jitter: float
     busy_grace: float
     timer_interval: float | None
+    schedule_interval: float | None
     sample_interval: float | None

@@ -1,7 +1,8 @@
 """``Worker``: the background worker, composed of its parts.
 
 The parts are chosen once, when the worker is built: the consuming part always; the
-timer part unless ``timer_interval`` is ``None``; the recovery part's loop when
+timer part unless ``timer_interval`` is ``None``; the schedule part unless
+``schedule_interval`` is ``None`` or the store keeps no schedules; the recovery part's loop when
 ``recovery_interval`` is set; the sampling part when ``sample_interval`` is set and the
 runner is built on a ``Backend``. ``run()`` runs their loops side by side.
 """
@@ -20,6 +21,7 @@ from ._consume import Consume
 from ._options import Outcome, WorkerKeywords, WorkerOptions, WorkerStats
 from ._recovery import Recovery
 from ._sampling import Sampling
+from ._schedules import Schedules
 from ._shared import Shared
 from ._timers import Timers
 
@@ -103,6 +105,10 @@ class Worker(Generic[S, E]):
         self._recovery = Recovery(shared)
         sampling = None
         backend = runner.backend
+        store = getattr(backend, "schedules", None) if backend else None
+        self._schedules = Schedules(
+            shared, store if backend is not None and backend.capabilities.schedules else None
+        )
         if options.sample_interval is not None and backend and backend.capabilities.backlog:
             sampling = Sampling(shared, backend)
         self._sampling = sampling
@@ -129,6 +135,8 @@ class Worker(Generic[S, E]):
             loops.append(asyncio.ensure_future(self._recovery.loop(options.recovery_interval)))
         if options.timer_interval is not None:
             loops.append(asyncio.ensure_future(self._timers.loop(options.timer_interval)))
+        if options.schedule_interval is not None and self._schedules.store is not None:
+            loops.append(asyncio.ensure_future(self._schedules.loop(options.schedule_interval)))
         if self._sampling is not None and options.sample_interval is not None:
             loops.append(asyncio.ensure_future(self._sampling.loop(options.sample_interval)))
         try:
@@ -179,6 +187,18 @@ class Worker(Generic[S, E]):
         that fails is logged with its traceback and tried again after a backoff.
         """
         return await self._timers.fire(limit)
+
+    async def fire_schedules(self) -> int:
+        """Claim the due ticks of the store's schedules at the runner's ``clock`` and
+        start a thread for each tick this worker claimed (by each schedule's catch-up
+        policy); returns how many threads it started.
+
+        Of any number of workers firing at once, one claims each tick; the thread id
+        is the schedule's name and the tick (``Schedule.thread_id``). A graph that
+        cannot be loaded or a start that fails is logged, and that tick is not tried
+        again. A store without schedules has none: 0.
+        """
+        return await self._schedules.fire()
 
     async def recover_once(self, limit: int = 100) -> int:
         """Recover stale pending and orphaned hand-offs (if this worker is the leader).

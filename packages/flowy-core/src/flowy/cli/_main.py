@@ -1,9 +1,10 @@
 """The ``flowy`` command: its parser, and running one subcommand.
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
-``check``, ``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters`` and
-``ui``; every one but ``demo``, ``graph`` and ``check`` works on any store, named by
-``--backend URL`` (or ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite file. A mistake
+``check``, ``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters``,
+``schedules`` and ``ui``; every one but ``demo``, ``graph`` and ``check`` works on any
+store, named by ``--backend URL`` (or ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite
+file. A mistake
 prints one line on standard error, never a traceback, and exits 2 when the command line
 is wrong (a usage
 error, a bad URL, a missing adapter or file, a ``--graph`` that cannot be loaded) or 1
@@ -40,6 +41,7 @@ from ._options import (
     seed,
 )
 from ._render import ColorMode, Console, set_console
+from ._schedules import cmd_schedules, interval
 from ._serve import cmd_worker
 from ._show import cmd_show
 from ._store import ENV_VAR, scrub
@@ -426,6 +428,7 @@ def _add_operate(sub: _Subcommands) -> None:
     p.add_argument("--retry", action="append", metavar="ID", help="requeue this dead letter")
     p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N dead letters")
     p.set_defaults(handler=cmd_dead_letters)
+    _add_schedules(sub, store)
 
     p = sub.add_parser(
         "ui",
@@ -443,6 +446,52 @@ def _add_operate(sub: _Subcommands) -> None:
         "--port", type=port, default=8765, metavar="PORT", help="the port (default: 8765)"
     )
     p.set_defaults(handler=cmd_ui)
+
+
+def _add_schedules(sub: _Subcommands, store: list[_Parser]) -> None:
+    p = sub.add_parser(
+        "schedules",
+        help="list, create, pause, resume or delete durable schedules",
+        description="The store's durable schedules: each starts a thread of its graph at "
+        "every tick of a cron expression or interval, once per tick across all workers.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    q = actions.add_parser("list", parents=store, help="list the schedules")
+    q.set_defaults(handler=cmd_schedules)
+    q = actions.add_parser(
+        "create",
+        parents=store,
+        help="create a schedule",
+        description="Create a schedule that starts GRAPH at every tick of --cron (five "
+        "fields, read in --tz) or every --every interval.",
+    )
+    q.add_argument("name", metavar="NAME", help="the schedule's name")
+    q.add_argument("--graph", required=True, metavar=_GRAPH, help="the graph it starts")
+    q.add_argument("--cron", metavar="EXPR", help="five cron fields, e.g. '0 2 * * *'")
+    q.add_argument("--tz", default="UTC", metavar="ZONE", help="the cron's time zone (UTC)")
+    q.add_argument(
+        "--every", type=interval, metavar="INTERVAL", help="instead of --cron: 90s, 15m, 2h, 1d"
+    )
+    q.add_argument("--state", metavar="JSON", help="each thread's initial state (default {})")
+    q.add_argument(
+        "--catch-up",
+        choices=("skip", "one", "all"),
+        default="skip",
+        help="after downtime: skip missed ticks, start one, or all up to the cap (skip)",
+    )
+    q.add_argument(
+        "--catch-up-cap", type=count, default=10, metavar="N", help="with all: at most N (10)"
+    )
+    q.add_argument("--paused", action="store_true", help="create it paused")
+    q.set_defaults(handler=cmd_schedules)
+    for action, what in (
+        ("pause", "stop starting threads"),
+        ("resume", "start threads again from the next tick"),
+        ("delete", "remove a schedule (its threads stay)"),
+    ):
+        q = actions.add_parser(action, parents=store, help=what)
+        q.add_argument("name", metavar="NAME", help="the schedule's name")
+        q.set_defaults(handler=cmd_schedules)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,13 @@ from .._types import S
 from ..storage import StateCodec
 from ..storage.dialect import BaseBackend, StoreURL
 from ._db import APPLICATION_ID, SCHEMA_VERSION, Clock, SQLiteDatabase, StrPath
-from ._store import SQLiteCheckpointer, SQLiteConsumer, SQLiteLeaseManager, SQLiteOutbox
+from ._store import (
+    SQLiteCheckpointer,
+    SQLiteConsumer,
+    SQLiteLeaseManager,
+    SQLiteOutbox,
+    SQLiteScheduleStore,
+)
 
 __all__ = [
     "APPLICATION_ID",
@@ -31,6 +37,7 @@ __all__ = [
     "SQLiteDatabase",
     "SQLiteLeaseManager",
     "SQLiteOutbox",
+    "SQLiteScheduleStore",
     "open_backend",
     "path_of",
 ]
@@ -77,6 +84,7 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
         self.consumer: SQLiteConsumer = SQLiteConsumer(
             self.database, max_attempts=max_attempts, poll_interval=poll_interval
         )
+        self.schedules: SQLiteScheduleStore = SQLiteScheduleStore(self.database)
 
     @property
     def path(self) -> str:

@@ -118,6 +118,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
             PRIMARY KEY (thread_id, key)
         )""",
     ),
+    # 2 -> 3: durable schedules.
+    (
+        """CREATE TABLE IF NOT EXISTS flowy_schedules (
+            name TEXT PRIMARY KEY,
+            version INTEGER NOT NULL,
+            record BLOB NOT NULL
+        )""",
+    ),
 ]
 """Schema steps: ``MIGRATIONS[n]`` upgrades a file from version ``n`` to ``n + 1``."""
 

@@ -25,7 +25,7 @@ are each one transaction. The file holds:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Generic
 
 from .._errors import SnapshotTooLargeError
@@ -36,6 +36,7 @@ from ..storage.dialect import (
     BaseConsumer,
     BaseLeaseManager,
     BaseOutbox,
+    BaseScheduleStore,
     Busy,
     OutboxRow,
     RawMessage,
@@ -49,6 +50,7 @@ from ._db import SQLiteDatabase, immediate
 __all__ = [
     "LEASE_RECORD_GRACE",
     "SQLiteCheckpointer",
+    "SQLiteScheduleStore",
     "SQLiteConsumer",
     "SQLiteLeaseManager",
     "SQLiteOutbox",
@@ -585,3 +587,62 @@ class SQLiteConsumer(BaseConsumer):
             ),
             "count outbox messages",
         )
+
+
+class SQLiteScheduleStore(BaseScheduleStore):
+    """Durable schedules in a SQLite file: one row per schedule, its version compared
+    and set in one statement.
+
+    Args:
+        database: the SQLite file, shared by the components of one store.
+    """
+
+    def __init__(self, database: SQLiteDatabase) -> None:
+        self.database = database
+        self.domain: Hashable = database.domain
+        self.clock: Callable[[], float] = database.clock
+
+    async def _insert(self, name: str, data: bytes) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "INSERT INTO flowy_schedules (name, version, record) VALUES (?, 1, ?) "
+                "ON CONFLICT (name) DO NOTHING",
+                (name, data),
+            )
+            return cursor.rowcount == 1
+
+        return await self.database.run(body, "create a schedule")
+
+    async def _read(self, name: str) -> tuple[int, bytes] | None:
+        def body(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+            row = conn.execute(
+                "SELECT version, record FROM flowy_schedules WHERE name = ?", (name,)
+            ).fetchone()
+            return None if row is None else (int(row[0]), bytes(row[1]))
+
+        return await self.database.run(body, "read a schedule")
+
+    async def _read_all(self) -> list[tuple[str, int, bytes]]:
+        def body(conn: sqlite3.Connection) -> list[tuple[str, int, bytes]]:
+            rows = conn.execute("SELECT name, version, record FROM flowy_schedules").fetchall()
+            return [(str(r[0]), int(r[1]), bytes(r[2])) for r in rows]
+
+        return await self.database.run(body, "list schedules")
+
+    async def _replace(self, name: str, version: int, data: bytes) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE flowy_schedules SET version = version + 1, record = ? "
+                "WHERE name = ? AND version = ?",
+                (data, name, version),
+            )
+            return cursor.rowcount == 1
+
+        return await self.database.run(body, "update a schedule")
+
+    async def _delete(self, name: str) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute("DELETE FROM flowy_schedules WHERE name = ?", (name,))
+            return cursor.rowcount == 1
+
+        return await self.database.run(body, "delete a schedule")

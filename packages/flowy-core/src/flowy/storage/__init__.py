@@ -50,6 +50,8 @@ from ._protocols import Outbox as Outbox
 from ._protocols import OutboxConsumer as OutboxConsumer
 from ._protocols import TransactionalCheckpointer as TransactionalCheckpointer
 from ._protocols import TransactionalOutbox as TransactionalOutbox
+from ._schedules import Schedule as Schedule
+from ._schedules import TickClaim as TickClaim
 from ._writes import OutboxTransaction as OutboxTransaction
 
 __all__ = [
@@ -76,10 +78,12 @@ __all__ = [
     "PydanticCodec",
     "ResumeToken",
     "RunStatus",
+    "Schedule",
     "Signal",
     "Snapshot",
     "StateCodec",
     "ThreadSummary",
+    "TickClaim",
     "Timer",
     "TransactionalCheckpointer",
     "TransactionalOutbox",

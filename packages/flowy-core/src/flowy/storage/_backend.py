@@ -589,6 +589,7 @@ class BaseBackend(abc.ABC, Generic[S]):
             parts.outbox,
             parts.consumer,
             live_progress=self._has_channel(),
+            schedules=getattr(self, "schedules", None),  # a store of flowy 0.3 keeps none
         )
 
     @property

@@ -46,6 +46,8 @@ class Capabilities:
     """Progress events travel on the store's own channel (PostgreSQL ``NOTIFY``, Redis
     pub/sub), so ``Backend.watch`` hears them from any process; without it, only from
     runs in the watcher's process."""
+    schedules: bool = False
+    """It keeps durable schedules (``backend.schedules``) that workers fire."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""

@@ -23,6 +23,7 @@ from ._protocols import (
     TransactionalCheckpointer,
     TransactionalOutbox,
 )
+from ._schedules import BaseScheduleStore
 
 __all__ = ["derive_capabilities", "overrides"]
 
@@ -81,6 +82,7 @@ def derive_capabilities(
     consumer: object | None,
     *,
     live_progress: bool = False,
+    schedules: object | None = None,
 ) -> Capabilities:
     """The capabilities of a store made of these components (``None``: absent);
     ``live_progress``: the backend implements ``_publish`` and ``_subscribe``."""
@@ -105,4 +107,5 @@ def derive_capabilities(
         and overrides(consumer, BaseConsumer, "_stats")
         and isinstance(cp, BaseCheckpointer),
         live_progress=live_progress,
+        schedules=isinstance(schedules, BaseScheduleStore),
     )

@@ -56,6 +56,8 @@ from ._records import encode_record as encode_record
 from ._records import encode_snapshot as encode_snapshot
 from ._saving import confirm_save as confirm_save
 from ._saving import confirmed_save as confirmed_save
+from ._schedules import BaseScheduleStore as BaseScheduleStore
+from ._schedules import validate_schedule_name as validate_schedule_name
 from ._scratch import SCRATCH_PREFIX as SCRATCH_PREFIX
 from ._scratch import open_scratch as open_scratch
 from ._scratch import sibling_url as sibling_url
@@ -83,6 +85,7 @@ __all__ = [
     "BaseConsumer",
     "BaseLeaseManager",
     "BaseOutbox",
+    "BaseScheduleStore",
     "Busy",
     "Connecting",
     "DecodeRecordOptions",
@@ -115,6 +118,7 @@ __all__ = [
     "register_backend",
     "show_id",
     "sibling_url",
+    "validate_schedule_name",
     "validate_thread_id",
 ]
 

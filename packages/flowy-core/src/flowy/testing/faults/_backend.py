@@ -11,7 +11,14 @@ from typing import Any, Generic, Self
 from ..._types import S
 from ...storage import Backend, Capabilities, HandoffIntent, Limits, Outbox
 from ...storage._watch import WatchEvent
-from ...storage.dialect import BaseCheckpointer, BaseConsumer, BaseLeaseManager, BaseOutbox, Write
+from ...storage.dialect import (
+    BaseCheckpointer,
+    BaseConsumer,
+    BaseLeaseManager,
+    BaseOutbox,
+    BaseScheduleStore,
+    Write,
+)
 from ._model import (
     ArmedFaults,
     Fault,
@@ -125,6 +132,11 @@ class FaultyBackend(Generic[S]):
             _ThreePhaseOutbox(self.faulty_outbox) if three_phase else self.faulty_outbox
         )
         self.consumer: BaseConsumer = self._wrap(inner.consumer, BaseConsumer, domain)
+        found: object = getattr(inner, "schedules", None)  # a store of flowy 0.3 keeps none
+        self.schedules: BaseScheduleStore | None = (
+            found if isinstance(found, BaseScheduleStore) else None
+        )
+        """The wrapped store's schedules, as they are: no fault strikes them."""
 
     @property
     def limits(self) -> Limits:
@@ -136,7 +148,9 @@ class FaultyBackend(Generic[S]):
         """The wrapped store's, without a transactional outbox when ``three_phase``."""
         inner = self.inner.capabilities
         return replace(
-            inner, transactional_outbox=inner.transactional_outbox and not self._three_phase
+            inner,
+            transactional_outbox=inner.transactional_outbox and not self._three_phase,
+            schedules=inner.schedules and self.schedules is not None,
         )
 
     async def setup(self) -> int:

@@ -36,6 +36,7 @@ from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._round_trips import *  # noqa: F403
 from ._runs import *  # noqa: F403
+from ._schedules import *  # noqa: F403
 from ._scratch import *  # noqa: F403
 from ._setup import *  # noqa: F403
 from ._subgraph import *  # noqa: F403
@@ -62,6 +63,7 @@ __all__ = [
     "LineageSuite",
     "OutboxSuite",
     "RoundTripSuite",
+    "ScheduleSuite",
     "ScratchSuite",
     "SetupSuite",
     "SignalSuite",
