@@ -41,6 +41,7 @@ from ._options import (
 from ._render import ColorMode, Console, set_console
 from ._serve import cmd_worker
 from ._show import cmd_show
+from ._stop import CANCELABLE, add_filters, cmd_cancel, cmd_terminate
 from ._store import ENV_VAR, scrub
 from ._story import DEFAULT_DEMO_DB, cmd_demo
 from ._ui import cmd_ui, port
@@ -378,6 +379,33 @@ def _add_operate(sub: _Subcommands) -> None:
         help="the signal's id: sending the same id again stores nothing (default: random)",
     )
     p.set_defaults(handler=cmd_signal)
+
+    p = sub.add_parser(
+        "cancel",
+        parents=store,
+        help="cancel a thread (or, with filters, many) from any process",
+        description="Cancel a thread: its head becomes canceled at once (suspended, waiting "
+        "or handed off), or at the next save of the worker running it. Resume it on purpose "
+        "later with `flowy resume`, or fork it. With filters instead of THREAD, cancel every "
+        "matching thread in pages (--dry-run lists them); safe to interrupt and run again.",
+    )
+    p.add_argument("thread", nargs="?", metavar="THREAD", help="the thread to cancel")
+    p.add_argument("--reason", metavar="TEXT", help="why (kept in the thread's reason)")
+    add_filters(p, CANCELABLE, "cancel")
+    p.set_defaults(handler=cmd_cancel)
+
+    p = sub.add_parser(
+        "terminate",
+        parents=store,
+        help="fail a thread at once and take the lease of the run holding it",
+        description="Terminate a thread: its head becomes failed (reason terminated) and the "
+        "lease of the run holding it is taken away, so its next save and lease renewal are "
+        "refused; a node that never returns is interrupted at its next renewal.",
+    )
+    p.add_argument("thread", metavar="THREAD", help="the thread to terminate")
+    p.add_argument("--reason", metavar="TEXT", help="why (kept in the thread's reason)")
+    p.set_defaults(handler=cmd_terminate, status=None, node=None, older_than=None)
+    p.set_defaults(dry_run=False, limit=None)
 
     p = sub.add_parser(
         "dead-letters",
