@@ -1,6 +1,7 @@
 """``flowy cancel`` and ``flowy terminate`` on every store: one thread by id, many by
-filters (dry run, pages, a limit, a re-run after an interruption), and bad input as one
-line with exit status 2.
+filters (dry run, pages, a limit, a re-run after an interruption); the bulk forms of
+``flowy resume`` and ``flowy dead-letters --requeue``; and bad input as one line with
+exit status 2.
 
 SQLite, PostgreSQL, Redis and DynamoDB run the command as a real process; the memory
 store, which another process cannot see, runs it in this process.
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cli_support import Threads, assert_one_line_error, load, populate
+from cli_support import GRAPH, Threads, assert_one_line_error, load, populate
 from stores_support import ALL_STORES, Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
@@ -151,6 +152,13 @@ def test_what_the_store_refuses_is_one_line(
         (["cancel", "--stauts", "waiting"], ["--stauts"]),
         (["terminate"], ["THREAD"]),
         (["terminate", "susp", "--status", "waiting"], ["--status"]),
+        (["resume", "--graph", GRAPH], ["give the THREAD[@N] to resume"]),
+        (["resume", "susp", "--graph", GRAPH, "--node", "ask"], ["not both"]),
+        (["resume", "--graph", GRAPH, "--status", "waiting"], ["--status", "invalid choice"]),
+        (["resume", "--graph", GRAPH, "--node", "ask", "--at", "act"], ["--at"]),
+        (["dead-letters", "--node", "act"], ["go with --requeue"]),
+        (["dead-letters", "--requeue", "--retry", "1"], ["not both"]),
+        (["dead-letters", "--requeue", "--older-than", "soon"], ["--older-than"]),
     ],
 )
 def test_typos_are_one_line_and_exit_2(
@@ -159,3 +167,40 @@ def test_typos_are_one_line_and_exit_2(
     """Usage errors, found before any store is opened (the memory store stands for all)."""
     proc = flowy_on(Store("memory", "memory://flowy-typos"), capsys, *args)
     assert_one_line_error(proc, 2, *needles)
+
+
+def test_bulk_resume_and_requeue(
+    store: Store, threads: Threads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    graph = ["--graph", GRAPH]
+    assert flowy_on(store, capsys, "cancel", "susp").returncode == 0
+    dry = flowy_on(store, capsys, "resume", *graph, "--status", "canceled", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [
+        dry.stdout.splitlines()[0],
+        "dry run: would resume 1 thread(s); nothing was changed",
+    ]
+    assert dry.stdout.startswith(f"would resume susp@{threads.susp_revision + 1} (canceled at ask")
+    resumed = flowy_on(store, capsys, "resume", *graph, "--node", "ask")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[-1] == "resumed 1 thread(s), 0 failed or not resumed"
+    assert "page 1: 4 threads read" in resumed.stderr
+    assert head(store, "susp")[0].status is flowy.RunStatus.SUSPENDED
+    again = flowy_on(store, capsys, "resume", *graph, "--older-than", "0s")
+    assert again.stdout.splitlines()[-1] == "resumed 0 thread(s), 0 failed or not resumed"
+
+    letters = ["dead-letters", "--requeue"]
+    dry = flowy_on(store, capsys, *letters, "--error", "declined", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines() == [
+        f"would requeue {threads.dead_message_id} (dl)",
+        "dry run: would requeue 1 dead letter(s); nothing was changed",
+    ]
+    none = flowy_on(store, capsys, *letters, "--node", "elsewhere")
+    assert none.stdout.splitlines() == ["requeued 0 dead letter(s)"]
+    done = flowy_on(store, capsys, *letters, "--node", "act", "--older-than", "0s")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "requeued 1 dead letter(s)"
+    assert "1 of 1 dead letters read" in done.stderr
+    rerun = flowy_on(store, capsys, *letters)
+    assert rerun.stdout.splitlines() == ["requeued 0 dead letter(s)"]

@@ -24,10 +24,12 @@ from typing import Any, NoReturn, Protocol, cast
 from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
 from .._version import __version__
+from ..storage import RunStatus
+from ._bulk import RESUMABLE, cmd_dead_letters_any, cmd_resume_any
 from ._check import cmd_check
 from ._history import cmd_history
 from ._inspect import cmd_graph, cmd_threads, cmd_timers
-from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
+from ._operate import cmd_fork, cmd_recover, cmd_signal
 from ._options import (
     CliError,
     concurrency,
@@ -41,7 +43,7 @@ from ._options import (
 from ._render import ColorMode, Console, set_console
 from ._serve import cmd_worker
 from ._show import cmd_show
-from ._stop import CANCELABLE, add_filters, cmd_cancel, cmd_terminate
+from ._stop import CANCELABLE, add_filters, age, cmd_cancel, cmd_terminate
 from ._store import ENV_VAR, scrub
 from ._story import DEFAULT_DEMO_DB, cmd_demo
 from ._ui import cmd_ui, port
@@ -267,7 +269,7 @@ def _add_operate(sub: _Subcommands) -> None:
         description="Resume a thread from a revision - a resume token THREAD@N as flowy "
         "prints it, or THREAD --revision N - with the graph, printing events as they stream.",
     )
-    p.add_argument("thread", metavar="THREAD[@N]", help="a resume token, or a thread id")
+    p.add_argument("thread", nargs="?", metavar="THREAD[@N]", help="a resume token, or a thread id")
     p.add_argument(
         "--revision",
         type=revision,
@@ -280,7 +282,8 @@ def _add_operate(sub: _Subcommands) -> None:
         "--overlay", metavar="JSON", help="a JSON state update merged by the graph's reducer"
     )
     p.add_argument("--at", metavar="NODE", help="resume at NODE instead of the saved pointer")
-    p.set_defaults(handler=cmd_resume)
+    add_filters(p, RESUMABLE, "resume", default=(RunStatus.CANCELED,))
+    p.set_defaults(handler=cmd_resume_any)
 
     p = sub.add_parser(
         "worker",
@@ -416,7 +419,25 @@ def _add_operate(sub: _Subcommands) -> None:
     )
     p.add_argument("--retry", action="append", metavar="ID", help="requeue this dead letter")
     p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N dead letters")
-    p.set_defaults(handler=cmd_dead_letters)
+    bulk = p.add_argument_group("bulk requeue")
+    bulk.add_argument(
+        "--requeue",
+        action="store_true",
+        help="requeue every dead letter that matches the filters below (all without any)",
+    )
+    bulk.add_argument("--node", metavar="NODE", help="only hand-offs resuming at NODE")
+    bulk.add_argument(
+        "--older-than",
+        type=age,
+        metavar="AGE",
+        help="only hand-offs made longer ago than AGE (30s, 15m, 12h, 7d, 2w)",
+    )
+    bulk.add_argument("--error", metavar="TEXT", help="only letters whose error contains TEXT")
+    bulk.add_argument(
+        "--page-size", type=count, default=100, metavar="N", help="letters per progress line"
+    )
+    bulk.add_argument("--dry-run", action="store_true", help="list them; requeue nothing")
+    p.set_defaults(handler=cmd_dead_letters_any)
 
     p = sub.add_parser(
         "ui",

@@ -66,16 +66,23 @@ def age(text: str) -> float:
     return seconds
 
 
-def add_filters(p: argparse.ArgumentParser, statuses: Collection[RunStatus], what: str) -> None:
-    """The options of a bulk action over threads: ``--status``, ``--node``,
-    ``--older-than``, ``--limit``, ``--page-size`` and ``--dry-run``."""
+def add_filters(
+    p: argparse.ArgumentParser,
+    statuses: Collection[RunStatus],
+    what: str,
+    *,
+    default: Collection[RunStatus] | None = None,
+) -> None:
+    """The options of a bulk action over threads: ``--status`` (one of ``statuses``;
+    ``default`` when not given, all of them by default), ``--node``, ``--older-than``,
+    ``--limit``, ``--page-size`` and ``--dry-run``."""
     group = p.add_argument_group(f"bulk {what} (instead of THREAD)")
-    default = ", ".join(s.value for s in statuses)
+    shown = ", ".join(s.value for s in (statuses if default is None else default))
     group.add_argument(
         "--status",
         action="append",
         choices=[s.value for s in statuses],
-        help=f"only threads in this status (repeatable; default: {default})",
+        help=f"only threads in this status (repeatable; default: {shown})",
     )
     group.add_argument("--node", metavar="NODE", help="only threads whose pointer is NODE")
     group.add_argument(
