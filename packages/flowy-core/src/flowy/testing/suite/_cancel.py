@@ -84,6 +84,31 @@ def _pauses() -> Graph[State, Any]:
     return builder.compile(version="cancel-pauses")
 
 
+def _gated(gate: asyncio.Event, then: str) -> Graph[State, Any]:
+    """``first`` (saved), then ``work`` waits for ``gate`` and completes, suspends or
+    hands off (``then``); ``after`` ends."""
+
+    async def first(s: State) -> tuple[State, Directive[Any]]:
+        return {"first": True}, completed()
+
+    async def work(s: State) -> tuple[State, Directive[Any]]:
+        await gate.wait()
+        directive = {
+            "complete": completed(),
+            "suspend": suspend("later", resume_at="after"),
+            "handoff": handoff("background", resume_at="after"),
+        }[then]
+        return {"worked": True}, directive
+
+    async def after(s: State) -> tuple[State, Directive[Any]]:
+        return {"after": True}, end()
+
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    builder.add_node("first", first).add_node("work", work).add_node("after", after)
+    builder.add_edge("first", "work").add_edge("work", "after")
+    return builder.allow_no_outgoing_route("after").compile(version="cancel-gated")
+
+
 async def _started(backend: Backend[Any], mode: str) -> tuple[Runner[State, Any], str]:
     runner = Runner(_pauses(), backend)
     tid = new_thread_id(f"cancel-{mode}")
@@ -187,6 +212,36 @@ class CancelSuite(Suite):
             range(done.revision, 0, -1)
         )
         assert await leases.holder(tid) is None  # the run let go of its lease
+
+    @pytest.mark.parametrize("then", ["complete", "suspend", "handoff"])
+    async def test_a_run_canceled_in_a_node_ends_canceled_whatever_it_saves_next(
+        self, flowy_backend: Backend[Any], then: str
+    ) -> None:
+        require_leases(flowy_backend)
+        gate = asyncio.Event()
+        runner = Runner(_gated(gate, then), flowy_backend, run_lease=("suite-w", self.long_ttl))
+        tid = new_thread_id(f"cancel-{then}")
+        run = asyncio.ensure_future(runner.start(tid, {}))
+        for _ in range(500):
+            if await _head(flowy_backend, tid) is not None:
+                break
+            await asyncio.sleep(0.01)
+        done = await cancel(flowy_backend, tid, reason=then)
+        assert done.previous_status is RunStatus.RUNNING and done.fenced is not None
+        gate.set()
+        result = await asyncio.wait_for(run, 10)
+        assert (result.status, result.reason) == (RunStatus.CANCELED, f"canceled: {then}")
+        head, revision = await flowy_backend.checkpointer.load(tid)
+        assert (head.status, revision, head.execution_pointer) == (
+            RunStatus.CANCELED,
+            done.revision,
+            "work",
+        )
+        assert "worked" not in head.state
+        if flowy_backend.capabilities.consumer:
+            worker = Worker(runner, timer_interval=None, retry_delay=0.05)
+            assert await worker.run_until_idle(0.2) == 0  # the hand-off never committed
+        assert await flowy_backend.leases.holder(tid) is None
 
     async def test_cancel_racing_a_save_exactly_one_wins(self, flowy_backend: Backend[Any]) -> None:
         leases = require_leases(flowy_backend)
