@@ -6,6 +6,8 @@ idempotent, refused on a finished thread.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +25,7 @@ from ..._runner import Runner
 from ..._worker import Worker
 from ...operations import cancel, terminate
 from ...storage import Backend, HandoffStatus, RunStatus
-from ...storage.dialect import new_write_id
+from ...storage.dialect import BaseCheckpointer, BaseLeaseManager, new_write_id
 from ._durable import require_durable
 from ._support import Suite, history_revisions, new_thread_id, require_capability, require_leases
 
@@ -271,6 +273,24 @@ class CancelSuite(Suite):
             assert history[0].reason == "canceled"
             await leases.release(lease)
 
+    async def test_a_cancel_is_three_round_trips_and_a_step_reads_nothing_more(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        _, tid = await _started(flowy_backend, "suspend")
+        with _round_trips(flowy_backend) as calls:
+            await cancel(flowy_backend, tid)
+        # The head, the lease holder, one conditional write.
+        assert calls == {"_read_head": 1, "_holder": 1, "_write": 1}, calls
+        reads: list[dict[str, int]] = []
+        for length in (3, 9):
+            with _round_trips(flowy_backend) as calls:
+                runner = Runner(_chain(length), flowy_backend, run_lease=("suite-c", 30.0))
+                result = await runner.start(new_thread_id(f"steps{length}"), {})
+            assert result.status is RunStatus.COMPLETED
+            assert calls.get("_write") == length, calls  # one save per step
+            reads.append({k: v for k, v in calls.items() if k not in ("_write", "_renew")})
+        assert reads[0] == reads[1], reads  # no read per step, canceled or not
+
     async def test_cancel_is_idempotent(self, flowy_backend: Backend[Any]) -> None:
         _, tid = await _started(flowy_backend, "suspend")
         first = await cancel(flowy_backend, tid, reason="once")
@@ -352,6 +372,37 @@ class CancelSuite(Suite):
         head, revision = await flowy_backend.checkpointer.load(tid)
         assert (head.status, head.reason) == (RunStatus.FAILED, "terminated")
         assert revision == done.revision
+
+
+@contextmanager
+def _round_trips(backend: Backend[Any]) -> Generator[dict[str, int]]:
+    """Count the calls of the store's head read, write and lease primitives while the
+    block runs (the store's round trips: each primitive is one atomic operation)."""
+    cp, leases = backend.checkpointer, backend.leases
+    if not isinstance(cp, BaseCheckpointer) or not isinstance(leases, BaseLeaseManager):
+        pytest.skip("round trips are counted on stores built on the bases")
+    calls: dict[str, int] = {}
+    patched: list[tuple[object, str]] = []
+
+    def count(owner: object, name: str) -> None:
+        method = getattr(owner, name)
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[name] = calls.get(name, 0) + 1
+            return await method(*args, **kwargs)
+
+        setattr(owner, name, counted)
+        patched.append((owner, name))
+
+    for name in ("_read_head", "_read_history", "_write"):
+        count(cp, name)
+    for name in ("_holder", "_acquire", "_renew", "_release"):
+        count(leases, name)
+    try:
+        yield calls
+    finally:
+        for owner, name in patched:
+            delattr(owner, name)
 
 
 async def _head(backend: Backend[Any], tid: str) -> tuple[Any, int] | None:
