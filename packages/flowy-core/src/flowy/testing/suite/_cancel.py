@@ -16,6 +16,7 @@ import pytest
 from ..._directives import Directive, completed, end, fail, handoff, suspend, wait_for
 from ..._errors import (
     ConcurrencyConflictError,
+    InvalidThreadIdError,
     LeaseLostError,
     ThreadFinishedError,
     ThreadNotFoundError,
@@ -316,6 +317,19 @@ class CancelSuite(Suite):
             await cancel(flowy_backend, new_thread_id("nobody"))
         with pytest.raises(ThreadNotFoundError):
             await terminate(flowy_backend, new_thread_id("nobody"))
+
+    async def test_bad_arguments_are_refused_before_anything_is_written(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        _, tid = await _started(flowy_backend, "suspend")
+        before = await flowy_backend.checkpointer.load(tid)
+        with pytest.raises(ValueError, match="at most 500"):
+            await cancel(flowy_backend, tid, reason="x" * 501)
+        with pytest.raises(TypeError, match="reason must be a str"):
+            await terminate(flowy_backend, tid, reason=42)  # pyright: ignore[reportArgumentType]
+        with pytest.raises(InvalidThreadIdError):
+            await cancel(flowy_backend, "")
+        assert await flowy_backend.checkpointer.load(tid) == before
 
     async def test_a_canceled_thread_can_be_forked(self, flowy_backend: Backend[Any]) -> None:
         runner, tid = await _started(flowy_backend, "suspend")
