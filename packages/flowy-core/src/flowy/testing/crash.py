@@ -506,7 +506,6 @@ async def check_cancel_running(url: str, workdir: Path) -> CrashReport:
     ok = (
         code == 0
         and outcome.changed
-        and outcome.fenced is not None
         and outcome.previous_status is RunStatus.RUNNING
         and 5 <= at_cancel < _CHAIN
         and ran_on <= 1

@@ -195,11 +195,7 @@ class CancelSuite(Suite):
         runner = Runner(_chain(6, gate, at=2), flowy_backend, run_lease=("suite-w", self.long_ttl))
         tid = new_thread_id("cancel-running")
         run = asyncio.ensure_future(runner.start(tid, {}))
-        for _ in range(500):
-            head = await _head(flowy_backend, tid)
-            if head is not None and head[1] >= 2:
-                break
-            await asyncio.sleep(0.01)
+        await _reached(flowy_backend, tid, 2, run)
         done = await Runner(_chain(6), flowy_backend).cancel(tid, reason="operator")
         assert done.changed and done.fenced is not None
         assert done.fenced.owner == "suite-w"
@@ -225,10 +221,7 @@ class CancelSuite(Suite):
         runner = Runner(_gated(gate, then), flowy_backend, run_lease=("suite-w", self.long_ttl))
         tid = new_thread_id(f"cancel-{then}")
         run = asyncio.ensure_future(runner.start(tid, {}))
-        for _ in range(500):
-            if await _head(flowy_backend, tid) is not None:
-                break
-            await asyncio.sleep(0.01)
+        await _reached(flowy_backend, tid, 1, run)
         done = await cancel(flowy_backend, tid, reason=then)
         assert done.previous_status is RunStatus.RUNNING and done.fenced is not None
         gate.set()
@@ -369,15 +362,11 @@ class CancelSuite(Suite):
     ) -> None:
         require_leases(flowy_backend)
         never = asyncio.Event()
-        ttl = max(self.short_ttl, 0.3)
+        ttl = max(self.short_ttl, 2.0)  # renewed every ttl / 3: the run stops within that
         runner = Runner(_chain(3, never, at=1), flowy_backend, run_lease=("suite-runaway", ttl))
         tid = new_thread_id("runaway")
         run = asyncio.ensure_future(runner.start(tid, {}))
-        for _ in range(500):
-            head = await _head(flowy_backend, tid)
-            if head is not None and head[1] >= 1:
-                break
-            await asyncio.sleep(0.01)
+        await _reached(flowy_backend, tid, 1, run)
         done = await terminate(flowy_backend, tid)
         assert done.fenced is not None and done.fenced.owner == "suite-runaway"
         result = await asyncio.wait_for(run, 10 + ttl * 3)
@@ -417,6 +406,21 @@ def _round_trips(backend: Backend[Any]) -> Generator[dict[str, int]]:
     finally:
         for owner, name in patched:
             delattr(owner, name)
+
+
+async def _reached(
+    backend: Backend[Any], tid: str, revision: int, run: asyncio.Future[Any]
+) -> None:
+    """Wait until the run in ``run`` has saved ``revision`` of ``tid`` (a loaded machine
+    may take a while; the run must not have ended)."""
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        assert not run.done(), f"the run ended before revision {revision}: {run.result()!r}"
+        head = await _head(backend, tid)
+        if head is not None and head[1] >= revision:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"no revision {revision} in 60 s"
+        await asyncio.sleep(0.01)
 
 
 async def _head(backend: Backend[Any], tid: str) -> tuple[Any, int] | None:
