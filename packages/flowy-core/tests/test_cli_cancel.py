@@ -11,11 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_support import GRAPH, Threads, assert_one_line_error, load, populate
+from cli_support import (
+    GRAPH,
+    TESTS_DIR,
+    Threads,
+    assert_one_line_error,
+    load,
+    populate,
+    run_flowy,
+)
+from core_graphs import approval_graph
 from stores_support import ALL_STORES, Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
@@ -204,3 +218,56 @@ def test_bulk_resume_and_requeue(
     assert "1 of 1 dead letters read" in done.stderr
     rerun = flowy_on(store, capsys, *letters)
     assert rerun.stdout.splitlines() == ["requeued 0 dead letter(s)"]
+
+
+async def _suspend_many(url: str, count: int) -> None:
+    async with flowy.connect(url) as backend:
+        runner = flowy.Runner(approval_graph(), backend)
+        for i in range(count):
+            await runner.start(f"t{i:04d}", {})
+
+
+PAGES = ("--page-size", "5", "--db")
+
+
+def test_an_interrupted_bulk_cancel_leaves_each_thread_whole_and_a_rerun_finishes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "flowy.db"
+    asyncio.run(_suspend_many(f"sqlite:///{db}", 300))
+    with subprocess.Popen(
+        [sys.executable, "-m", "flowy.cli", "cancel", "--status", "suspended", *PAGES, str(db)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS_DIR), "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        assert first.startswith("canceled thread t0000"), first
+        proc.send_signal(signal.SIGINT)
+        # Read on through the same buffered reader (communicate() would skip what it
+        # holds); standard error is a few lines, far from filling its pipe meanwhile.
+        rest = proc.stdout.read()
+        err = proc.stderr.read()
+        proc.wait(60)
+    printed = [first, *rest.splitlines()]
+    done = sum(line.startswith("canceled thread ") for line in printed)
+    assert proc.returncode in (0, 130), err  # 0: it had finished before the signal
+    if proc.returncode == 130:
+        assert err.splitlines()[-1] == "flowy cancel: error: interrupted"
+
+    async def statuses() -> list[flowy.RunStatus]:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            heads = await backend.checkpointer.list_threads(limit=1000)
+            return [h.status for h in heads]
+
+    now = asyncio.run(statuses())
+    assert set(now) <= {flowy.RunStatus.CANCELED, flowy.RunStatus.SUSPENDED}
+    # Each printed cancel happened; the one in flight at the signal may have landed.
+    canceled = now.count(flowy.RunStatus.CANCELED)
+    assert done <= canceled <= done + 1, (done, canceled)
+    rerun = run_flowy("cancel", "--status", "suspended", "--db", str(db))
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.splitlines()[-1] == f"canceled {300 - canceled} thread(s)"
+    assert set(asyncio.run(statuses())) == {flowy.RunStatus.CANCELED}
