@@ -38,6 +38,7 @@ MODULES: list[str] = [
     "flowy.storage",
     "flowy.storage.dialect",
     "flowy.errors",
+    "flowy.operations",
     "flowy.types",
     "flowy.lifecycle",
     "flowy.stream_helpers",

@@ -458,6 +458,42 @@ def test_an_action_error_is_one_line_on_the_page(client: TestClient) -> None:
     assert "resume failed: ConcurrencyConflictError" in page
 
 
+def test_cancel_and_terminate_actions_ask_for_a_confirmation(
+    client: TestClient, store: Store
+) -> None:
+    page = client.get("/threads/susp").text
+    assert "id='cancel-confirm' required" in page and "id='terminate-confirm' required" in page
+    csrf = _csrf(page)
+    unconfirmed = client.post("/actions/cancel", data={"thread": "susp", "csrf": csrf})
+    assert unconfirmed.status_code == 303 and "err=" in unconfirmed.headers["location"]
+    page = client.get(unconfirmed.headers["location"]).text
+    assert "cancel failed: ValueError: tick the box to confirm the cancel" in page
+    assert _head(store, "susp").status is flowy.RunStatus.SUSPENDED
+    assert (
+        client.post("/actions/cancel", data={"thread": "susp", "confirm": "yes"}).status_code == 403
+    )
+    form = {"thread": "susp", "confirm": "yes", "csrf": csrf}
+    r = client.post("/actions/cancel", data={**form, "reason": HOSTILE})
+    assert r.headers["location"].startswith("/threads/susp?msg=")
+    page = client.get(r.headers["location"]).text
+    assert "canceled susp at revision 3 (was suspended): canceled: &lt;script&gt;" in page
+    assert HOSTILE not in page
+    snap = _head(store, "susp")
+    assert (snap.status, snap.reason) == (flowy.RunStatus.CANCELED, f"canceled: {HOSTILE}")
+    assert "id='cancel-confirm'" not in page  # canceled already: only terminate is offered
+    r = client.post("/actions/terminate", data=form)
+    assert (
+        "terminated susp at revision 4 (was canceled): terminated"
+        in client.get(r.headers["location"]).text
+    )
+    assert _head(store, "susp").status is flowy.RunStatus.FAILED
+    page = client.get("/threads/susp").text
+    assert "id='terminate-confirm'" not in page and "id='cancel-confirm'" not in page
+    refused = client.post("/actions/cancel", data=form)
+    page = client.get(refused.headers["location"]).text
+    assert "cancel failed: ThreadFinishedError: thread &#x27;susp&#x27; is failed" in page
+
+
 def test_recover_fork_and_requeue_actions(client: TestClient, store: Store) -> None:
     page = client.get("/dead-letters").text
     assert "/threads/dead" in page and "/threads/orph" in page

@@ -460,6 +460,26 @@ def test_dead_letters_page_requeues_and_recovers(browser: webdriver.Chrome, serv
     assert head.handoff_status is flowy.HandoffStatus.ENQUEUED
 
 
+def test_cancel_needs_the_box_ticked(browser: webdriver.Chrome, served: Served) -> None:
+    browser.get(f"{served.url}/threads/susp?token={TOKEN}")
+    button = browser.find_element(By.XPATH, "//button[text()='Cancel']")
+    button.click()  # the box is not ticked: the browser does not send the form
+    assert browser.find_elements(By.ID, "msg") == []
+    assert asyncio.run(_head(served.store.url, "susp")).status is flowy.RunStatus.SUSPENDED
+    browser.find_element(By.ID, "cancel-reason").send_keys("customer asked")
+    browser.find_element(By.ID, "cancel-confirm").click()
+    browser.find_element(By.XPATH, "//button[text()='Cancel']").click()
+    message = WebDriverWait(browser, 10).until(
+        expected_conditions.presence_of_element_located((By.ID, "msg"))
+    )
+    assert message.text.startswith("canceled susp at revision")
+    assert message.text.endswith("(was suspended): canceled: customer asked")
+    assert browser.find_element(By.ID, "status").text == "canceled"
+    assert browser.find_elements(By.ID, "cancel-confirm") == []
+    head = asyncio.run(_head(served.store.url, "susp"))
+    assert (head.status, head.reason) == (flowy.RunStatus.CANCELED, "canceled: customer asked")
+
+
 def test_an_action_needs_post_the_token_and_the_csrf_value(served: Served) -> None:
     data = {"thread": "susp", "revision": str(served.threads.susp_revision)}
     data["overlay"] = '{"approved": true}'

@@ -15,6 +15,7 @@ The names follow the specification's ``ErrX`` sentinels one to one as ``XError``
     ├── InvalidResumePlanError          a resume-target policy returned an empty/invalid plan
     ├── GraphVersionMismatchError       the thread was saved by another graph version, no migration
     ├── ThreadNotFoundError             no checkpoint for the thread
+    ├── ThreadFinishedError             cancel or terminate of a thread that completed or failed
     ├── ThreadContentionError           someone else got to the thread first:
     │   ├── ConcurrencyConflictError    strict OCC: expected revision is not the stored one
     │   ├── ThreadAlreadyRunningError   the thread is running in this process
@@ -91,6 +92,7 @@ __all__ = [
     "ThreadAlreadyRunningError",
     "ThreadCompletedError",
     "ThreadContentionError",
+    "ThreadFinishedError",
     "ThreadLeaseBusyError",
     "ThreadNotFoundError",
     "UnknownNodeError",
@@ -141,6 +143,11 @@ class ThreadCompletedError(InvalidResumeTokenError):
     Pass a ``resume_target_policy`` that returns ``resume_to(node)`` to run part of a
     finished thread again on purpose.
     """
+
+
+class ThreadFinishedError(FlowyError):
+    """``cancel`` or ``terminate`` of a thread that already completed or failed: there
+    is no run left to stop, and its outcome stays as it is."""
 
 
 class InvalidResumePlanError(FlowyError):

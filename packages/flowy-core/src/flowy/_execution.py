@@ -20,7 +20,7 @@ from . import _tracing
 from ._activities import ActivityScope, RetryLater, current_scope
 from ._context import current_progress, current_run
 from ._directives import Directive, DirectiveKind
-from ._errors import LeaseLostError, UnknownNodeError
+from ._errors import ConcurrencyConflictError, LeaseLostError, UnknownNodeError
 from ._events import EventType, InterruptKind
 from ._fanout import SAME_STATE, Branch
 from ._handoff import Handoffs
@@ -395,7 +395,7 @@ class Execution(Segment[S, E]):
                     f"the lease on thread {self.thread_id!r:.200} was lost; the run stopped "
                     "without saving (another worker may own the thread now)"
                 )
-                raise self.lease_lost(err)
+                raise await self.stopped_outside(err) or self.lease_lost(err)
             if kind == "handoff":
                 return await self.handoffs.handoff(Reason.LOCAL_HANDOFF)
             return await self._cancel_save()
@@ -415,8 +415,12 @@ class Execution(Segment[S, E]):
                 await self.save(self.snapshot(RunStatus.CANCELED, reason))
                 persisted = True
             except LeaseLostError as exc:
-                raise self.lease_lost(exc) from exc
-            except Exception as exc:  # noqa: BLE001 - a failed cancel save is reported on the result and event
+                raise await self.stopped_outside(exc) or self.lease_lost(exc) from exc
+            except Exception as exc:  # a failed cancel save is reported on the result and event
+                if isinstance(exc, ConcurrencyConflictError):
+                    stop = await self.stopped_outside(exc)
+                    if stop is not None:
+                        raise stop from exc
                 if self.skip_saves:
                     reason = Reason.CONTEXT_CANCELED_CHECKPOINT_SKIPPED
                     error = self.skipped("context_canceled", exc)

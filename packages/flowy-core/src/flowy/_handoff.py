@@ -17,6 +17,7 @@ from typing import Any, Generic
 from . import _tracing
 from ._errors import (
     CheckpointSkippedError,
+    ConcurrencyConflictError,
     HandoffEnqueueFailedError,
     HandoffPatchFailedError,
     LeaseLostError,
@@ -248,8 +249,12 @@ class Handoffs(Generic[S, E]):
         try:
             await seg.save(snap)
         except LeaseLostError as exc:
-            raise seg.lease_lost(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
+            raise await seg.stopped_outside(exc) or seg.lease_lost(exc) from exc
+        except Exception as exc:  # any store failure: the checkpoint policy decides
+            if isinstance(exc, ConcurrencyConflictError):
+                stop = await seg.stopped_outside(exc)
+                if stop is not None:
+                    raise stop from exc
             seg.count(HandoffMetricStatus.SAVE_FAILED, LifecycleEventType.HANDOFF_SAVE_FAILED, exc)
             if not seg.skip_saves:
                 seg.save_failed("handoff", exc)
@@ -310,8 +315,12 @@ class Handoffs(Generic[S, E]):
                 await seg.flush_progress()
             seg.revision = await cp.save_with_outbox(seg.revision, snap, enqueue, lease=seg.lease)
         except LeaseLostError as exc:
-            raise seg.lease_lost(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - any commit failure: resolve the outcome, then the policy
+            raise await seg.stopped_outside(exc) or seg.lease_lost(exc) from exc
+        except Exception as exc:  # any commit failure: resolve the outcome, then the policy
+            if isinstance(exc, ConcurrencyConflictError):
+                stop = await seg.stopped_outside(exc)
+                if stop is not None:
+                    raise stop from exc
             try:
                 landed = await confirm_save(cp, seg.revision, snap)
             except Exception:  # noqa: BLE001 - still unknown: treated as not landed

@@ -176,6 +176,7 @@ class RunPreparation(Generic[S, E]):
             handoff_status=snap.handoff_status,
             execution_pointer=snap.execution_pointer,
             handoff_pending_at=snap.handoff_pending_at,
+            reason=snap.reason,
         )
 
     async def preflight(self, token: ResumeToken) -> _Preflight[S]:

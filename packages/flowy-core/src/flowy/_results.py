@@ -46,6 +46,12 @@ class Reason(enum.StrEnum):
     """The invariant validator raised after a step."""
     LEASE_LOST = "lease_lost"
     """The run lease was lost; the run stopped without saving."""
+    CANCELED = "canceled"
+    """``flowy.operations.cancel`` (or ``Runner.cancel``) stopped the thread from outside;
+    the reason is ``canceled`` or ``canceled: <the reason given>``. Resumable."""
+    TERMINATED = "terminated"
+    """``flowy.operations.terminate`` fenced the run's lease and failed the thread; the
+    reason is ``terminated`` or ``terminated: <the reason given>``."""
     LOCAL_HANDOFF = "local_handoff"
     """``request_local_handoff()`` handed the run off."""
     CONTEXT_CANCELED = "context_canceled"
@@ -195,6 +201,8 @@ class ResumeDecision:
     """The node the head resumes at (``""`` if the thread has no snapshot)."""
     handoff_pending_at: float | None = None
     """When the head's hand-off was saved as pending (seconds since the epoch), if it was."""
+    reason: str = ""
+    """The head's reason (``""`` if the thread has no snapshot)."""
 
     @property
     def resumable(self) -> bool:

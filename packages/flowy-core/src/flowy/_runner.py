@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Generic, cast
 
+from ._cancel import StopOutcome, cancel_thread, terminate_thread
 from ._context import RunBindings, RunMetadataInput
 from ._errors import (
     ThreadNotFoundError,
@@ -408,6 +409,31 @@ class Runner(Generic[S, E]):
             signal_id,
             self.clock(),
         )
+
+    async def cancel(self, thread_id: str, *, reason: str | None = None) -> StopOutcome:
+        """Cancel ``thread_id`` from this process, whichever process runs it, with
+        ``reason`` kept in its head: the same as ``flowy.operations.cancel`` on this
+        runner's store (its docstring has the contract)."""
+        return await cancel_thread(
+            self._stored("Runner.cancel"), self.lease_manager, thread_id, reason, clock=self.clock
+        )
+
+    async def terminate(self, thread_id: str, *, reason: str | None = None) -> StopOutcome:
+        """Terminate ``thread_id``, with ``reason`` kept in its head: the same as
+        ``flowy.operations.terminate`` on this runner's store (its docstring has the
+        contract)."""
+        return await terminate_thread(
+            self._stored("Runner.terminate"),
+            self.lease_manager,
+            thread_id,
+            reason,
+            clock=self.clock,
+        )
+
+    def _stored(self, what: str) -> Checkpointer[S]:
+        if self.checkpointer is None:
+            raise TypeError(f"{what} needs a runner with a store: this one saves nothing")
+        return self.checkpointer
 
     async def fork(
         self,

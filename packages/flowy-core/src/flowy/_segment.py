@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn
 
 from . import _tracing
+from ._cancel import is_canceled_from_outside, is_terminated
 from ._context import RunMetadata
 from ._errors import CheckpointSkippedError, ConcurrencyConflictError, LeaseLostError
 from ._events import EventSink, EventType, InterruptKind, RunEvent
@@ -361,6 +362,39 @@ class Segment(Generic[S, E]):
         finally:
             tracing.save(self.thread_id, self.store, time.perf_counter() - started, outcome)
 
+    async def stopped_outside(self, exc: BaseException) -> Stop | None:
+        """After a refused save: if a cancel or a terminate (``flowy.operations``) wrote
+        the head, the run ends with that head's status and reason (a cancel's result
+        carries the head's resume token); else ``None``. Only a refused save reads the
+        head, so a step costs no extra read."""
+        if self.cp is None:
+            return None
+        try:
+            head, revision = await self.cp.load(self.thread_id)
+        except Exception:  # noqa: BLE001 - unsure: the refusal is reported as it is
+            return None
+        canceled = is_canceled_from_outside(head.status, head.reason)
+        if not canceled and not is_terminated(head.status, head.reason):
+            return None
+        self.revision = revision
+        self.state = head.state
+        self.pointer = head.execution_pointer
+        if canceled:
+            result = self.result(RunStatus.CANCELED, head.reason, token=True)
+            self.emit(
+                EventType.CONTEXT_CANCELED,
+                reason=head.reason,
+                execution_pointer=self.pointer,
+                resume_token=result.resume_token,
+            )
+        else:
+            if isinstance(exc, LeaseLostError):
+                self.interrupt_kind = "lease_lost"  # not ours to release any more
+            result = self.result(RunStatus.FAILED, head.reason, error=exc)
+            self.emit(EventType.FAILED, reason=head.reason, execution_pointer=self.pointer)
+        logger.info("flowy: thread %r was stopped from outside: %s", self.thread_id, head.reason)
+        return Stop(result)
+
     def lease_lost(self, exc: BaseException) -> Stop:
         self.interrupt_kind = "lease_lost"
         tracing = _tracing.active()
@@ -404,8 +438,12 @@ class Segment(Generic[S, E]):
             await self.save(snap)
             return None
         except LeaseLostError as exc:
-            raise self.lease_lost(exc) from exc
-        except Exception as exc:  # noqa: BLE001 - any store failure: the checkpoint policy decides
+            raise await self.stopped_outside(exc) or self.lease_lost(exc) from exc
+        except Exception as exc:  # any store failure: the checkpoint policy decides
+            if isinstance(exc, ConcurrencyConflictError):
+                stop = await self.stopped_outside(exc)
+                if stop is not None:
+                    raise stop from exc
             if self.skip_saves:
                 return self.skipped(kind, exc)
             self.save_failed(kind, exc)

@@ -43,6 +43,7 @@ from ._errors import StorageUnavailableError as StorageUnavailableError
 from ._errors import ThreadAlreadyRunningError as ThreadAlreadyRunningError
 from ._errors import ThreadCompletedError as ThreadCompletedError
 from ._errors import ThreadContentionError as ThreadContentionError
+from ._errors import ThreadFinishedError as ThreadFinishedError
 from ._errors import ThreadLeaseBusyError as ThreadLeaseBusyError
 from ._errors import ThreadNotFoundError as ThreadNotFoundError
 from ._errors import UnknownNodeError as UnknownNodeError
@@ -84,6 +85,7 @@ __all__ = [
     "ThreadAlreadyRunningError",
     "ThreadCompletedError",
     "ThreadContentionError",
+    "ThreadFinishedError",
     "ThreadLeaseBusyError",
     "ThreadNotFoundError",
     "UnknownNodeError",

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic
 
 from .. import _tracing
+from .._cancel import is_canceled_from_outside, is_terminated
 from .._errors import (
     ConcurrencyConflictError,
     HandoffPendingError,
@@ -120,6 +121,15 @@ class Consume(Generic[S, E]):
             return await self._ack(message, Outcome.GONE)
         if kind in (ResumeDecisionKind.HANDOFF_PENDING, ResumeDecisionKind.HANDOFF_ORPHANED):
             return await self._recover(message)
+        if is_canceled_from_outside(decision.status, decision.reason) or is_terminated(
+            decision.status, decision.reason
+        ):
+            logger.info(
+                "flowy worker: thread %r was stopped from outside (%s); dropping its message",
+                intent.thread_id,
+                decision.reason,
+            )
+            return await self._ack(message, Outcome.CANCELED)
         token: ResumeToken | None = intent.resume_token
         interrupted = decision.status in (RunStatus.RUNNING, RunStatus.CANCELED)
         if decision.status is RunStatus.WAITING and kind is ResumeDecisionKind.RESUMABLE:

@@ -53,6 +53,9 @@ class Outcome(enum.StrEnum):
     """The hand-off was pending/orphaned and was re-enqueued; acked."""
     GONE = "gone"
     """The thread no longer exists; acked."""
+    CANCELED = "canceled"
+    """The thread was canceled or terminated from outside (``flowy.operations``); acked
+    without running anything."""
     RETRY = "retry"
     """Released for another delivery after a backoff (lease busy, transient error, node
     error)."""

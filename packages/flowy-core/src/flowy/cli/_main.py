@@ -25,10 +25,12 @@ from typing import Any, NoReturn, Protocol, cast
 from .._errors import BackendURLError, FlowyError
 from .._runner import DEFAULT_HANDOFF_STALE_AFTER, DEFAULT_LEASE_TTL
 from .._version import __version__
+from ..storage import RunStatus
+from ._bulk import RESUMABLE, cmd_dead_letters_any, cmd_resume_any
 from ._check import cmd_check
 from ._history import cmd_history
 from ._inspect import cmd_graph, cmd_threads, cmd_timers
-from ._operate import cmd_dead_letters, cmd_fork, cmd_recover, cmd_resume, cmd_signal
+from ._operate import cmd_fork, cmd_recover, cmd_signal
 from ._options import (
     CliError,
     after_revision,
@@ -44,6 +46,7 @@ from ._render import ColorMode, Console, set_console
 from ._schedules import cmd_schedules, interval
 from ._serve import cmd_worker
 from ._show import cmd_show
+from ._stop import CANCELABLE, add_filters, age, cmd_cancel, cmd_terminate
 from ._store import ENV_VAR, scrub
 from ._story import DEFAULT_DEMO_DB, cmd_demo
 from ._ui import cmd_ui, port
@@ -305,7 +308,7 @@ def _add_operate(sub: _Subcommands) -> None:
         description="Resume a thread from a revision - a resume token THREAD@N as flowy "
         "prints it, or THREAD --revision N - with the graph, printing events as they stream.",
     )
-    p.add_argument("thread", metavar="THREAD[@N]", help="a resume token, or a thread id")
+    p.add_argument("thread", nargs="?", metavar="THREAD[@N]", help="a resume token, or a thread id")
     p.add_argument(
         "--revision",
         type=revision,
@@ -318,7 +321,8 @@ def _add_operate(sub: _Subcommands) -> None:
         "--overlay", metavar="JSON", help="a JSON state update merged by the graph's reducer"
     )
     p.add_argument("--at", metavar="NODE", help="resume at NODE instead of the saved pointer")
-    p.set_defaults(handler=cmd_resume)
+    add_filters(p, RESUMABLE, "resume", default=(RunStatus.CANCELED,))
+    p.set_defaults(handler=cmd_resume_any)
 
     p = sub.add_parser(
         "worker",
@@ -419,6 +423,33 @@ def _add_operate(sub: _Subcommands) -> None:
     p.set_defaults(handler=cmd_signal)
 
     p = sub.add_parser(
+        "cancel",
+        parents=store,
+        help="cancel a thread (or, with filters, many) from any process",
+        description="Cancel a thread: its head becomes canceled at once (suspended, waiting "
+        "or handed off), or at the next save of the worker running it. Resume it on purpose "
+        "later with `flowy resume`, or fork it. With filters instead of THREAD, cancel every "
+        "matching thread in pages (--dry-run lists them); safe to interrupt and run again.",
+    )
+    p.add_argument("thread", nargs="?", metavar="THREAD", help="the thread to cancel")
+    p.add_argument("--reason", metavar="TEXT", help="why (kept in the thread's reason)")
+    add_filters(p, CANCELABLE, "cancel")
+    p.set_defaults(handler=cmd_cancel)
+
+    p = sub.add_parser(
+        "terminate",
+        parents=store,
+        help="fail a thread at once and take the lease of the run holding it",
+        description="Terminate a thread: its head becomes failed (reason terminated) and the "
+        "lease of the run holding it is taken away, so its next save and lease renewal are "
+        "refused; a node that never returns is interrupted at its next renewal.",
+    )
+    p.add_argument("thread", metavar="THREAD", help="the thread to terminate")
+    p.add_argument("--reason", metavar="TEXT", help="why (kept in the thread's reason)")
+    p.set_defaults(handler=cmd_terminate, status=None, node=None, older_than=None)
+    p.set_defaults(dry_run=False, limit=None)
+
+    p = sub.add_parser(
         "dead-letters",
         parents=store,
         help="list or requeue hand-offs whose deliveries kept failing",
@@ -427,7 +458,25 @@ def _add_operate(sub: _Subcommands) -> None:
     )
     p.add_argument("--retry", action="append", metavar="ID", help="requeue this dead letter")
     p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N dead letters")
-    p.set_defaults(handler=cmd_dead_letters)
+    bulk = p.add_argument_group("bulk requeue")
+    bulk.add_argument(
+        "--requeue",
+        action="store_true",
+        help="requeue every dead letter that matches the filters below (all without any)",
+    )
+    bulk.add_argument("--node", metavar="NODE", help="only hand-offs resuming at NODE")
+    bulk.add_argument(
+        "--older-than",
+        type=age,
+        metavar="AGE",
+        help="only hand-offs made longer ago than AGE (30s, 15m, 12h, 7d, 2w)",
+    )
+    bulk.add_argument("--error", metavar="TEXT", help="only letters whose error contains TEXT")
+    bulk.add_argument(
+        "--page-size", type=count, default=100, metavar="N", help="letters per progress line"
+    )
+    bulk.add_argument("--dry-run", action="store_true", help="list them; requeue nothing")
+    p.set_defaults(handler=cmd_dead_letters_any)
     _add_schedules(sub, store)
 
     p = sub.add_parser(

@@ -12,7 +12,8 @@ SameSite=Strict cookie named after the port, so two inspectors never share one);
 action (a POST) also needs the per-process CSRF value of its form. Everything a store
 holds is escaped with ``html.escape``, control and bidi characters as ``\uXXXX``.
 Actions go through the same public API as the other commands (``Runner.resume``,
-``recover_stale_handoff``, ``fork``, the consumer's ``retry_dead_letter``). A page or
+``recover_stale_handoff``, ``fork``, ``Runner.cancel`` and ``Runner.terminate`` (each
+confirmed by a ticked box), the consumer's ``retry_dead_letter``). A page or
 action that fails (a missing thread, an undecodable record, an unreachable store) shows
 one line on the page with a 4xx/5xx status; the traceback goes to the ``flowy.cli.ui``
 logger at debug level, never to the terminal.

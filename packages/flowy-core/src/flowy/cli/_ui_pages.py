@@ -1,9 +1,9 @@
 """The inspector's pages and actions (``flowy ui``): one :class:`Inspector` per app,
 over one opened backend and one graph. Pages are server-rendered HTML built from
 :mod:`._ui_html`; actions go through the same public API as the other commands
-(``Runner.resume``, ``recover_stale_handoff``, ``fork``, the consumer's
-``retry_dead_letter``). Serving, the token, the CSRF check and the command are in
-:mod:`._ui`.
+(``Runner.resume``, ``recover_stale_handoff``, ``fork``, ``Runner.cancel``,
+``Runner.terminate``, the consumer's ``retry_dead_letter``). Serving, the token, the
+CSRF check and the command are in :mod:`._ui`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._cancel import is_canceled_from_outside
 from .._errors import ThreadNotFoundError
 from .._graph import Graph
 from .._runner import DEFAULT_LEASE_TTL, Runner, default_owner
@@ -240,6 +241,25 @@ class Inspector:
                 + self.form("recover", {"thread": thread, "back": "thread"}, "", "Recover hand-off")
                 + "</p>"
             )
+        if snap.status not in (RunStatus.COMPLETED, RunStatus.FAILED):
+            for action, label, what in (
+                ("cancel", "Cancel", "cancel it: it stops and stays canceled until resumed"),
+                ("terminate", "Terminate", "fail it now and take its run's lease"),
+            ):
+                if action == "cancel" and is_canceled_from_outside(snap.status, snap.reason):
+                    continue
+                parts.append(
+                    "<p>"
+                    + self.form(
+                        action,
+                        {"thread": thread},
+                        f"<label>reason <input name='reason' id='{action}-reason'></label> "
+                        f"<label><input type='checkbox' name='confirm' value='yes' "
+                        f"id='{action}-confirm' required> yes, {e(what)}</label> ",
+                        label,
+                    )
+                    + "</p>"
+                )
         parts.append(
             "<p>"
             + self.form(
@@ -332,6 +352,18 @@ class Inspector:
             return thread_path(new), (
                 f"forked {thread}@{revision} into {new} (resume token {token.thread_id}@"
                 f"{token.snapshot_revision})"
+            )
+        if name in ("cancel", "terminate"):
+            if form.get("confirm") != "yes":
+                raise ValueError(f"tick the box to confirm the {name}; nothing was done")
+            act = self.runner.cancel if name == "cancel" else self.runner.terminate
+            outcome = await act(thread, reason=form.get("reason", "").strip() or None)
+            done = "canceled" if name == "cancel" else "terminated"
+            if not outcome.changed:
+                return thread_path(thread), f"{thread} was {done} already"
+            return thread_path(thread), (
+                f"{done} {thread} at revision {outcome.revision} (was "
+                f"{outcome.previous_status.value}): {outcome.reason}"
             )
         if name == "requeue":
             message = form.get("message", "")

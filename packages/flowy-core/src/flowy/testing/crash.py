@@ -1,7 +1,7 @@
 """Crash checks of durable time and supersteps on a real store, with real processes
 killed (SIGKILL).
 
-Four checks, each against a store URL every process can open (so not ``memory://``,
+Five checks, each against a store URL every process can open (so not ``memory://``,
 which lives and dies with its process):
 
 - :func:`check_activity_crash`: a worker process calls a payment gateway as an activity
@@ -15,9 +15,12 @@ which lives and dies with its process):
 - :func:`check_fan_out_crash`: a worker process is killed in the middle of a superstep,
   after two of its branches finished; the next worker runs only the unfinished
   branches, and folds each branch once.
+- :func:`check_cancel_running`: a worker process runs a long chain of steps and this
+  process cancels the thread (``flowy.operations.cancel``); the worker stops within one
+  step, lets go of its lease, and the thread's head is ``canceled``.
 
 Each returns a :class:`CrashReport`; ``python -m flowy.testing.crash --store URL`` runs
-all four and prints one line each. The "outside world" is a file in a work folder: a
+all five and prints one line each. The "outside world" is a file in a work folder: a
 line per gateway call, written and flushed before the kill.
 """
 
@@ -42,6 +45,7 @@ from .._graph import Graph, GraphBuilder
 from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
+from ..operations import cancel
 from ..storage import Backend, DurableCheckpointer, connect
 
 __all__ = [
@@ -49,6 +53,7 @@ __all__ = [
     "Check",
     "CrashReport",
     "check_activity_crash",
+    "check_cancel_running",
     "check_fan_out_crash",
     "check_signal_crash",
     "check_timer_race",
@@ -241,7 +246,46 @@ def grading_graph() -> Graph[State, Any]:
     )
 
 
+_CHAIN = 400
+"""Steps of the long chain: far more than run before the cancel."""
+
+
+async def _hand_off_chain(state: State) -> tuple[State, Directive[Any]]:
+    return {}, handoff("to_worker", resume_at="step")
+
+
+async def _step(state: State) -> tuple[State, Directive[Any]]:
+    done = state.get("steps", 0)
+    _record_call(f"step {state['id']} {done}")
+    await asyncio.sleep(0.02)
+    return {"steps": done + 1}, completed() if done + 1 < _CHAIN else end()
+
+
+def _route_step(state: State) -> str:
+    return "step" if state.get("steps", 0) < _CHAIN else "last"
+
+
+async def _last(state: State) -> tuple[State, Directive[Any]]:
+    return {"finished": True}, end()
+
+
+def chain_graph() -> Graph[State, Any]:
+    """``start`` hands off; a worker runs ``step`` again and again (saving each), a long
+    chain nobody waits out."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    return (
+        builder.add_node("start", _hand_off_chain)
+        .add_node("step", _step)
+        .add_node("last", _last)
+        .add_edge("start", "step")
+        .add_conditional_edge("step", _route_step, "step", "last")
+        .allow_no_outgoing_route("last")
+        .compile(max_steps=_CHAIN + 10)
+    )
+
+
 _GRAPHS = {
+    "chain": chain_graph,
     "payment": payment_graph,
     "timer": timer_graph,
     "approval": approval_graph,
@@ -269,7 +313,7 @@ async def _worker_main(url: str, graph: str, workdir: str, mode: str) -> None:
             while await worker.fire_timers(limit=1000):
                 pass
         else:
-            await worker.run_until_idle(idle_wait=5.0)
+            await worker.run_until_idle(idle_wait=1.0 if graph == "chain" else 5.0)
 
 
 async def _spawn(url: str, graph: str, workdir: Path, mode: str, kill: str = "") -> int:
@@ -435,6 +479,51 @@ async def check_fan_out_crash(url: str, workdir: Path) -> CrashReport:
     )
 
 
+async def check_cancel_running(url: str, workdir: Path) -> CrashReport:
+    """A worker process runs a long chain; cancelled from here, it stops within a step."""
+    os.environ[_CALLS] = str(workdir / "calls.log")
+    thread = f"crash-cancel-{uuid.uuid4().hex[:10]}"
+
+    def steps() -> int:
+        return sum(1 for c in _calls(workdir) if c.startswith(f"step {thread} "))
+
+    async with await connect(url) as backend:
+        runner = Runner(chain_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        await runner.start(thread, {"id": thread})
+        worker = asyncio.ensure_future(_spawn(url, "chain", workdir, "messages"))
+        for _ in range(6000):  # up to a minute for the worker to start the chain
+            if steps() >= 5 or worker.done():
+                break
+            await asyncio.sleep(0.01)
+        outcome = await cancel(backend, thread, reason="operator")
+        at_cancel = steps()
+        code = await worker
+        after = steps()
+        head, token = await runner.head(thread)
+        revision = token.snapshot_revision
+        holder = await backend.leases.holder(thread)
+    ran_on = after - at_cancel
+    ok = (
+        code == 0
+        and outcome.changed
+        and outcome.previous_status is RunStatus.RUNNING
+        and 5 <= at_cancel < _CHAIN
+        and ran_on <= 1
+        and head.status is RunStatus.CANCELED
+        and head.reason == "canceled: operator"
+        and revision == outcome.revision
+        and holder is None
+    )
+    return CrashReport(
+        "cancel",
+        ok,
+        f"worker exit={code} steps before the cancel={at_cancel} steps started after it="
+        f"{ran_on} head={head.status.value} ({head.reason}) at revision {revision}, the "
+        f"cancel's {outcome.revision} fenced {outcome.fenced.owner if outcome.fenced else None}"
+        f" lease left={holder is not None}",
+    )
+
+
 async def _journal(backend: Backend[Any], thread: str) -> list[tuple[str, str, int]]:
     cp = backend.checkpointer
     assert isinstance(cp, DurableCheckpointer)
@@ -449,6 +538,7 @@ CHECKS: tuple[Check, ...] = (
     check_timer_race,
     check_signal_crash,
     check_fan_out_crash,
+    check_cancel_running,
 )
 """Every crash check, in the order ``main`` runs them."""
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from ._arguments import *  # noqa: F403
 from ._backlog import *  # noqa: F403
+from ._cancel import *  # noqa: F403
 from ._checkpointer import *  # noqa: F403
 from ._concurrency import *  # noqa: F403
 from ._cost import *  # noqa: F403
@@ -47,6 +48,7 @@ __all__ = [
     "ActivitySuite",
     "ArgumentSuite",
     "BacklogSuite",
+    "CancelSuite",
     "CheckpointerSuite",
     "ConcurrencySuite",
     "CorruptionSuite",
