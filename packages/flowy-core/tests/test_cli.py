@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -705,7 +706,7 @@ def test_docs_cli_console_blocks_match_real_output(tmp_path: Path) -> None:
     assert blocks, "docs/cli.md has no console blocks"
     for block in blocks:
         for command, expected in block:
-            argv = command.split()
+            argv = shlex.split(command)
             assert argv[0] == "flowy", command
             # The demo prints `flowy ...` when this environment's flowy is on PATH.
             path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
