@@ -40,6 +40,7 @@ EVERYTHING = Capabilities(
     durable_timers_signals=True,
     journal=True,
     backlog=True,
+    release_on_save=True,
 )
 
 
@@ -56,6 +57,7 @@ class TimerlessCheckpointer(MemoryCheckpointer[Any]):
     _put_activity = _BASE._put_activity
     _get_activity = _BASE._get_activity
     _list_activities = _BASE._list_activities
+    _write_release = _BASE._write_release
 
 
 class StatlessConsumer(MemoryConsumer):
@@ -86,13 +88,19 @@ def test_a_primitive_left_to_the_base_is_a_missing_capability() -> None:
     backend: MemoryBackend[Any] = MemoryBackend(store)
     backend.checkpointer = TimerlessCheckpointer(store)
     backend.consumer = StatlessConsumer(store)
-    assert backend.capabilities.missing() == ("durable_timers_signals", "journal", "backlog")
+    assert backend.capabilities.missing() == (
+        "durable_timers_signals",
+        "journal",
+        "backlog",
+        "release_on_save",
+    )
 
 
 def test_components_of_two_stores_do_not_fence() -> None:
     backend = as_backend(MemoryCheckpointer[Any](), leases=MemoryLeaseManager(MemoryStore()))
     caps = backend.capabilities
     assert caps.run_leases and not caps.fencing
+    assert not caps.release_on_save  # only a save that fences the lease can release it
     assert not caps.handoff_outbox and not caps.transactional_outbox and not caps.consumer
 
 
@@ -115,6 +123,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "transactional_outbox",
         "consumer",
         "backlog",
+        "release_on_save",
     )
     with pytest.raises(TypeError, match="without a consumer"):
         _ = bare.consumer

@@ -780,6 +780,25 @@ class ReadBeforeWriteCheckpointer(MemoryCheckpointer[Any]):
         return await super()._write(write)
 
 
+class ReleaseAfterWriteCheckpointer(MemoryCheckpointer[Any]):
+    """Releases the lease of a segment's last save in a second call after the write
+    (one more round trip than it declares)."""
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        refused = await self._write(replace(write, release=False))
+        if refused is None:
+            await self._read_head(write.thread_id)  # stands for the separate release
+            self.store.leases.pop(write.thread_id, None)
+        return refused
+
+
+class KeepsLeaseOnReleaseCheckpointer(MemoryCheckpointer[Any]):
+    """Says its last save releases the lease, and writes without releasing it."""
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._write(replace(write, release=False))
+
+
 class ScannedTimersCheckpointer(MemoryCheckpointer[Any]):
     """Finds due timers by paging through every head, without an index of wake-ups."""
 
@@ -1268,6 +1287,31 @@ CASES = [
             ),
         ),
     ),
+    Case(
+        "the save that ends a leased segment releases the lease in a second call",
+        "memory",
+        {"checkpointer": ReleaseAfterWriteCheckpointer},
+        (
+            (
+                S.RoundTripSuite,
+                "test_a_leased_start_of_n_steps_is_n_saves_and_the_segments_round_trips",
+            ),
+            (S.RoundTripSuite, "test_a_leased_resume_is_its_saves_and_the_segments_round_trips"),
+        ),
+    ),
+    Case(
+        "the save that ends a leased segment keeps the lease it says it releases",
+        "memory",
+        {"checkpointer": KeepsLeaseOnReleaseCheckpointer},
+        (
+            (S.ReleasingSaveSuite, "test_a_releasing_save_writes_and_gives_the_lease_up"),
+            (S.ReleasingSaveSuite, "test_a_leased_segment_releases_in_its_last_save"),
+            (
+                S.RoundTripSuite,
+                "test_a_leased_start_of_n_steps_is_n_saves_and_the_segments_round_trips",
+            ),
+        ),
+    ),
 ]
 
 
@@ -1338,7 +1382,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 51
+    assert len(CASES) == 53
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic
+from typing import Any, ClassVar, Generic
 
 from ._types import S
 from .storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
@@ -29,6 +29,7 @@ from .storage.dialect import (
     OutboxRow,
     RawMessage,
     Refused,
+    RoundTrips,
     StoreURL,
     Write,
     next_fencing_token,
@@ -186,6 +187,9 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         self.domain: Hashable = self.store
 
     async def _write(self, write: Write) -> Refused | None:
+        return self._apply(write)
+
+    def _apply(self, write: Write) -> Refused | None:
         store = self.store
         thread = store.threads.get(write.thread_id)
         actual = thread.head if thread is not None else 0
@@ -210,7 +214,12 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         thread.summary = write.summary
         for row in write.outbox:
             store.append(row)
+        if write.release:  # fenced above: the live lease is this write's
+            del store.leases[write.thread_id]
         return None
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return self._apply(write)
 
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
         thread = self.store.threads.get(thread_id)
@@ -444,12 +453,16 @@ class MemoryConsumer(BaseConsumer):
 class MemoryBackend(BaseBackend[S], Generic[S]):
     """An in-memory store: ``flowy.connect("memory://")``, or built directly.
 
+    Its last save of a leased segment releases the lease (``_write_release``).
+
     Args:
         store: the data to use (a new :class:`MemoryStore` by default).
         codec: the state codec (JSON by default; a runner gives a typed graph's type).
         max_attempts: deliveries of a hand-off message before it is dead-lettered.
         url: the URL the backend reports (``flowy.connect`` passes the one it opened).
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
 
     def __init__(
         self,

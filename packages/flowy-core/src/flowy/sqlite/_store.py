@@ -175,9 +175,17 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             conn.execute(_UPDATE_HEAD_INDEXED, (*values, handoff, head.wake_at, thread_id))
         for outbox_row in write.outbox:
             _append(conn, outbox_row, now)
+        if write.release:  # fenced above: the lease is this write's
+            conn.execute("DELETE FROM flowy_leases WHERE thread_id = ?", (thread_id,))
         return None
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._commit_write(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._commit_write(write)  # ``_body`` deletes the lease
+
+    async def _commit_write(self, write: Write) -> Refused | None:
         refused = await self.database.run(
             lambda conn: immediate(conn, lambda: self._body(conn, write)),
             f"save thread {write.thread_id!r:.80} at revision {write.revision}",

@@ -14,6 +14,7 @@ import abc
 import copy
 import math
 from collections.abc import Hashable, Iterable
+from dataclasses import replace
 from typing import Any, Generic
 
 from .._errors import (
@@ -134,6 +135,20 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Up to ``limit`` (> 0) heads ordered by thread id, past ``after`` if given,
         only those whose hand-off status is in ``statuses`` if given (non-empty). Build
         each with :meth:`summary`; read columns, not records."""
+
+    # -- fewer round trips (optional) ------------------------------------------------------
+    # A store that can do these in one round trip implements them; without, the engine
+    # composes them of the primitives above and the lease manager's (one more each).
+    async def _write_release(self, write: Write) -> Refused | None:
+        """Perform ``write`` as :meth:`_write` does and, in the same atomic operation,
+        give its lease (``write.lease``, never ``None`` here; ``write.release`` is set)
+        up, keeping the thread's fencing token counter. A refused write writes nothing
+        and leaves the lease as it is. The engine uses it for the save that ends a
+        leased segment, instead of a save and a separate release."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot release a lease in its save (_write_release); "
+            "release it through the lease manager"
+        )
 
     # -- timers, signals and the activity journal (durable time) -------------------------
     # Every store of flowy-core and its adapters implements these; a store written for
@@ -335,7 +350,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         return Write(expected_revision, record, summary, lease)
 
     async def _commit(self, write: Write) -> int:
-        refused = await self._write(write)
+        refused = await (self._write_release(write) if write.release else self._write(write))
         if refused is None:
             return write.revision
         error = refusal_error(write, refused, final=False)
@@ -351,6 +366,16 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Store ``snapshot`` at ``expected_revision + 1`` if the head is at
         ``expected_revision``, fenced by ``lease`` (``Checkpointer.save``)."""
         return await self._commit(self._prepare(expected_revision, snapshot, lease))
+
+    async def save_and_release(
+        self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease
+    ) -> int:
+        """Store ``snapshot`` if the head is at ``expected_revision``, fenced by
+        ``lease``, in an atomic write that also gives ``lease`` up (``_write_release``;
+        ``Capabilities.release_on_save`` says the store can). A refused save leaves the
+        lease held. The engine's last save of a leased segment."""
+        write = self._prepare(expected_revision, snapshot, lease)
+        return await self._commit(replace(write, release=True))
 
     async def save_with_outbox(
         self,

@@ -42,6 +42,11 @@ class Capabilities:
     backlog: bool
     """It reports its backlog: the outbox's depth and dead letters, the oldest parked
     threads (``flowy.otel`` gauges)."""
+    release_on_save: bool = False
+    """Its fencing checkpointer gives a run lease up in the same atomic write as the
+    save that ends a leased segment (``BaseCheckpointer.save_and_release`` over
+    ``_write_release``), so the
+    engine makes no separate release call."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""
@@ -61,8 +66,9 @@ class RoundTrips:
     """``Checkpointer.save``, with or without a lease: one conditional write."""
     segment: int = 3
     """What a leased start or resume of N steps costs beyond its N saves: acquire the
-    lease, read the head, release the lease."""
+    lease, read the head, release the lease (2 where the last save releases it:
+    ``Capabilities.release_on_save``)."""
     handoff: int = 6
     """What a hand-off a ``Worker`` claims and continues for N steps costs beyond its N
     saves: the claim, the worker's read of the head (its decision), the run's acquire,
-    read and release, and the ack."""
+    read and release, and the ack (5 where the last save releases the lease)."""

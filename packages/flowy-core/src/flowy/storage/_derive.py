@@ -98,4 +98,7 @@ def derive_capabilities(
         backlog=isinstance(consumer, BaseConsumer)
         and _overrides(consumer, BaseConsumer, "_stats")
         and isinstance(cp, BaseCheckpointer),
+        release_on_save=fencing
+        and isinstance(cp, BaseCheckpointer)
+        and _overrides(cast(object, cp), BaseCheckpointer, "_write_release"),
     )

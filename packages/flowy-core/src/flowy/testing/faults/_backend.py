@@ -30,6 +30,7 @@ __all__ = ["PRIMITIVES", "FaultyBackend"]
 PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
     BaseCheckpointer: {
         "_write": None,
+        "_write_release": None,
         "_read_head": Phase.LOAD,
         "_read_history": Phase.READ,
         "_prune": Phase.PRUNE,

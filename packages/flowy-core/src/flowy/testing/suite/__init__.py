@@ -60,6 +60,7 @@ __all__ = [
     "LimitsSuite",
     "LineageSuite",
     "OutboxSuite",
+    "ReleasingSaveSuite",
     "RoundTripSuite",
     "ScratchSuite",
     "SetupSuite",
