@@ -3,7 +3,8 @@
 A save is ONE ``TransactWriteItems``: an ``Update`` of the thread's head item whose
 condition checks the revision, the stored thread id and the lease together, a ``Put`` of
 the history entry, and for ``save_with_outbox`` the messages (and actions added with
-``checkpointer.add_action``). A cancelled transaction is judged from its
+``checkpointer.add_action``). The lease lives on the head item, so the last save of a
+leased segment releases it in the same ``Update``. A cancelled transaction is judged from its
 cancellation reasons, which carry the head as it was: our own write that landed earlier
 (botocore resent a request whose answer was lost) is the success it was; a cancellation
 by a concurrent transaction is sent again; otherwise the base class turns what was seen
@@ -102,6 +103,12 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
         return dict(cast(Mapping[str, Any], action))
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._transact(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._transact(write)  # the head's update removes the lease
+
+    async def _transact(self, write: Write) -> Refused | None:
         table, extra = self.table, cast(tuple[Item, ...], write.native)
         if 2 + len(write.outbox) + len(extra) > 100:
             raise ValueError("a DynamoDB transaction holds at most 100 actions (2 are the save's)")
@@ -176,7 +183,10 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
             fields[TTL] = n(expires)
         expr = Expression()
         optional = (A.HANDOFF_AT, TTL, A.TIMER, A.WAKE, A.GRAPH_VERSION)
-        update = expr.sets(fields) + expr.removes(a for a in optional if a not in fields)
+        removed = [a for a in optional if a not in fields]
+        if write.release and lease is not None:  # the lease (fenced below) goes; its token stays
+            removed += [A.OWNER, A.EXPIRES]
+        update = expr.sets(fields) + expr.removes(removed)
         rev, tid = expr(A.REVISION), expr(A.THREAD_ID)
         expected = write.expected_revision
         revision_ok = (

@@ -5,13 +5,13 @@ URLs for ``flowy.connect``."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import asyncpg
 
 from flowy.errors import BackendURLError
 from flowy.storage import StateCodec, redact_url
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, RoundTrips, StoreURL, sibling_url
 
 from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool
@@ -62,6 +62,9 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     raises ``SchemaVersionError`` until :meth:`setup` (which needs no open) upgrades
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
+    """A segment's last save releases its lease in the save's own statement."""
 
     def __init__(
         self,

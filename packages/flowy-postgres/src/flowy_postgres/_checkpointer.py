@@ -60,13 +60,16 @@ _OUTBOX = ("o_keys", "o_ids", "o_revisions", "o_payloads", "channel")
 
 
 def _save_sql(
-    n: TableNames, create: bool, leased: bool, outbox: bool
+    n: TableNames, create: bool, leased: bool, outbox: bool, release: bool = False
 ) -> tuple[str, tuple[str, ...]]:
     """The save statement of one case, and its parameter names.
 
     The lease row is locked ``FOR KEY SHARE`` (without a lease: live or not) before the
     head row is written, so a takeover waits for this save and a save waits for a
     takeover in progress. The report columns are computed only when nothing was written.
+    With ``release`` (leased only), a written save also marks its lease released (owner
+    and expiry cleared, the token kept), as the lease manager's release does while a
+    save holds the row.
     """
     params = (*_WRITE, *(() if create else ("expected",)), *(("owner", "token") if leased else ()))
     params += _OUTBOX if outbox else ()
@@ -104,6 +107,13 @@ def _save_sql(
     RETURNING 1
 ), notified AS (SELECT pg_notify(:channel::text, '') FROM (SELECT FROM queued LIMIT 1) AS q)"""
         notified = ", (SELECT count(*) FROM notified)"
+    released = ""
+    if release:
+        released = f""", released AS (
+    UPDATE {n.leases} SET owner = NULL, expires_at = NULL
+    WHERE thread_key = :key AND owner = :owner::text AND token = :token::bigint
+      AND EXISTS (SELECT FROM written)
+)"""
     holder = f"FROM {n.leases} WHERE thread_key = :key AND {_LIVE}"
     sql = f"""
 WITH written AS (
@@ -111,7 +121,7 @@ WITH written AS (
 ), appended AS (
     INSERT INTO {n.history} (thread_key, revision, record)
     SELECT :key, revision, :record::bytea FROM written RETURNING revision
-){queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
+){released}{queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
 SELECT saved,
     CASE WHEN saved IS NULL THEN (SELECT revision FROM {n.threads}
         WHERE thread_key = :key AND thread_id = :tid::text) END AS actual,
@@ -133,10 +143,11 @@ _ORDER = f'{ID_PREFIX}, thread_id COLLATE "C"'  # code point order, through the 
 class _Sql:
     def __init__(self, n: TableNames) -> None:
         self.save = {
-            (create, leased, outbox): _save_sql(n, create, leased, outbox)
+            (create, leased, outbox, release): _save_sql(n, create, leased, outbox, release)
             for create in (False, True)
             for leased in (False, True)
             for outbox in (False, True)
+            for release in ((False, True) if leased else (False,))
         }
         self.diagnose = f"""
 SELECT (SELECT revision FROM {n.threads} WHERE thread_key = $1 AND thread_id = $2::text)
@@ -287,9 +298,16 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         return view
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._save(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._save(write)  # the statement marks the lease released
+
+    async def _save(self, write: Write) -> Refused | None:
         head = write.summary
+        leased = write.lease is not None
         sql, _ = self._sql.save[
-            (write.expected_revision == 0, write.lease is not None, bool(write.outbox))
+            (write.expected_revision == 0, leased, bool(write.outbox), leased and write.release)
         ]
         args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
         args += (head.execution_pointer, head.status.value, head.reason)

@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import BackendURLError
 from flowy.storage import StateCodec
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, RoundTrips, StoreURL, sibling_url
 
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
@@ -77,6 +77,9 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         url: the URL the backend reaches its store by (default: made from the client).
         owns_client: close the client in ``aclose``.
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
+    """A segment's last save releases its lease in the save's own script."""
 
     def __init__(
         self,

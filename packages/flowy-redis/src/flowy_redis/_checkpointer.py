@@ -63,7 +63,8 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     A save is one Lua script: it checks the lease (by the server's clock) and the
     revision, writes the head, the history entry and the head's wake-up time in its
     shard's timer index, and appends the hand-off messages of ``save_with_outbox`` to
-    the thread's outbox shard, atomically. Threads saved ``completed`` or ``failed``
+    the thread's outbox shard, atomically; the last save of a leased segment also
+    releases the lease. Threads saved ``completed`` or ``failed``
     expire after ``completed_ttl`` seconds when it is set (with their signal inbox and
     activity journal). Appending a signal is one script (numbered by the inbox's
     length, once per signal id); the journal is a hash per thread. No index holds the
@@ -83,9 +84,17 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         self.domain: Hashable = store.domain
         self.completed_ttl = completed_ttl
         self.max_record_bytes: int | None = max_record_bytes
-        self._save = save_script(0 if completed_ttl is None else max(1, round(completed_ttl * 1e3)))
+        ttl_ms = 0 if completed_ttl is None else max(1, round(completed_ttl * 1e3))
+        self._save = save_script(ttl_ms)
+        self._save_release = save_script(ttl_ms, release=True)
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._run_save(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._run_save(write)  # the script releases the lease it fenced
+
+    async def _run_save(self, write: Write) -> Refused | None:
         thread_id = write.thread_id
         keys = self.store.layout.thread(thread_id)
         head, lease = write.summary, write.lease
@@ -119,8 +128,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                     )
                 args += [f"{row.committed_revision}:{row.thread_id}", row.payload]
             key_list = (*key_list, *keys.shard.outbox)
+        script = self._save_release if write.release and lease is not None else self._save
         reply: int | list[bytes] = await self.store.run(
-            self._save,
+            script,
             key_list,
             args,
             lambda: f"saving thread {show_id(thread_id)} at revision {write.revision}",

@@ -118,6 +118,7 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   end
   redis.call('ZREM', KEYS[5], id)
 end
+@RELEASE@
 if #ARGV > 14 then
   local k = outbox_keys(9)
   for i = 15, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
@@ -126,10 +127,19 @@ return rev
 """.replace("@COLUMNS@", ", ".join(f"'{c}', ARGV[{i}]" for i, c in enumerate(HEAD_COLUMNS, 7)))
 
 
-def save_script(ttl_ms: int) -> LuaScript:
+_SAVE_RELEASE = """
+-- The lease (fenced above) is released: its record becomes a tombstone that expires soon.
+redis.call('HSET', KEYS[3], 'exp', '0')
+expire_after(KEYS[3], now + @RELEASED@ * 1000, l[2])
+""".replace("@RELEASED@", str(RELEASED_TTL_MS))
+
+
+def save_script(ttl_ms: int, *, release: bool = False) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
-    (0: never)."""
-    return LuaScript(_SAVE.replace("@TTL@", str(int(ttl_ms))))
+    (0: never); with ``release``, a written save also releases its lease (a leased
+    save only)."""
+    body = _SAVE.replace("@TTL@", str(int(ttl_ms)))
+    return LuaScript(body.replace("@RELEASE@", _SAVE_RELEASE if release else ""))
 
 
 HISTORY = LuaScript("""
