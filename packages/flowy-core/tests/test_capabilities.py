@@ -40,6 +40,7 @@ EVERYTHING = Capabilities(
     durable_timers_signals=True,
     journal=True,
     backlog=True,
+    acquire_with_load=True,
     release_on_save=True,
 )
 
@@ -58,6 +59,7 @@ class TimerlessCheckpointer(MemoryCheckpointer[Any]):
     _get_activity = _BASE._get_activity
     _list_activities = _BASE._list_activities
     _write_release = _BASE._write_release
+    _acquire_head = _BASE._acquire_head
 
 
 class StatlessConsumer(MemoryConsumer):
@@ -92,6 +94,7 @@ def test_a_primitive_left_to_the_base_is_a_missing_capability() -> None:
         "durable_timers_signals",
         "journal",
         "backlog",
+        "acquire_with_load",
         "release_on_save",
     )
 
@@ -101,6 +104,7 @@ def test_components_of_two_stores_do_not_fence() -> None:
     caps = backend.capabilities
     assert caps.run_leases and not caps.fencing
     assert not caps.release_on_save  # only a save that fences the lease can release it
+    assert not caps.acquire_with_load
     assert not caps.handoff_outbox and not caps.transactional_outbox and not caps.consumer
 
 
@@ -123,6 +127,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "transactional_outbox",
         "consumer",
         "backlog",
+        "acquire_with_load",
         "release_on_save",
     )
     with pytest.raises(TypeError, match="without a consumer"):

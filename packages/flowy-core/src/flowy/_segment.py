@@ -118,6 +118,9 @@ class Services(Generic[S, E]):
     outbox: Outbox | None = field(init=False)
     store_name: str = field(init=False)
     """The class of the store's checkpointer (spans and messages say it)."""
+    acquire_with_load: bool = field(init=False)
+    """A leased segment takes its lease and reads the head in one round trip
+    (``Capabilities.acquire_with_load``)."""
     release_on_save: bool = field(init=False)
     """The save that ends a leased segment gives the lease up in its own write
     (``Capabilities.release_on_save``): no separate release."""
@@ -132,14 +135,14 @@ class Services(Generic[S, E]):
             "store_name",
             type(store.checkpointer).__name__ if store is not None else "none",
         )
-        set_(
-            self,
-            "release_on_save",
+        own_leases = (
             store is not None
-            and store.capabilities.release_on_save
             and self.lease_manager is not None
-            and self.lease_manager is store.leases,
+            and self.lease_manager is store.leases
         )
+        caps = store.capabilities if store is not None else None
+        set_(self, "release_on_save", own_leases and caps is not None and caps.release_on_save)
+        set_(self, "acquire_with_load", own_leases and caps is not None and caps.acquire_with_load)
 
 
 class Segment(Generic[S, E]):

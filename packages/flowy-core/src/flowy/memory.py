@@ -109,6 +109,18 @@ class MemoryStore:
             return lease
         return None
 
+    def take_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        """Take ``thread_id`` for ``owner`` for ``ttl`` seconds unless a live lease holds
+        it (then ``Busy``)."""
+        live = self.live_lease(thread_id)
+        if live is not None:
+            return Busy(live)
+        expired = self.leases.get(thread_id)
+        now = self.clock()
+        token = next_fencing_token(expired.fencing_token if expired else None, now)
+        lease = self.leases[thread_id] = Lease(thread_id, owner, token, now + ttl)
+        return lease
+
     def wakeup(self) -> asyncio.Event:
         """The event that wakes this loop's waiting consumers."""
         loop = asyncio.get_running_loop()
@@ -221,7 +233,16 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
     async def _write_release(self, write: Write) -> Refused | None:
         return self._apply(write)
 
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        got = self.store.take_lease(thread_id, owner, ttl)
+        return got, self._head(thread_id)
+
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        return self._head(thread_id)
+
+    def _head(self, thread_id: str) -> tuple[int, bytes] | None:
         thread = self.store.threads.get(thread_id)
         if thread is None or thread.head == 0:
             return None
@@ -331,15 +352,7 @@ class MemoryLeaseManager(BaseLeaseManager):
         self.domain: Hashable = self.store
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
-        store = self.store
-        live = store.live_lease(thread_id)
-        if live is not None:
-            return Busy(live)
-        expired = store.leases.get(thread_id)
-        now = store.clock()
-        token = next_fencing_token(expired.fencing_token if expired else None, now)
-        lease = store.leases[thread_id] = Lease(thread_id, owner, token, now + ttl)
-        return lease
+        return self.store.take_lease(thread_id, owner, ttl)
 
     def _current(self, lease: Lease) -> bool:
         live = self.store.live_lease(lease.thread_id)
@@ -453,7 +466,8 @@ class MemoryConsumer(BaseConsumer):
 class MemoryBackend(BaseBackend[S], Generic[S]):
     """An in-memory store: ``flowy.connect("memory://")``, or built directly.
 
-    Its last save of a leased segment releases the lease (``_write_release``).
+    A leased segment takes its lease and reads the head in one call
+    (``_acquire_head``); its last save releases the lease (``_write_release``).
 
     Args:
         store: the data to use (a new :class:`MemoryStore` by default).
@@ -462,7 +476,7 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
         url: the URL the backend reports (``flowy.connect`` passes the one it opened).
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
 
     def __init__(
         self,

@@ -66,9 +66,11 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         owns_client: close ``client`` in :meth:`aclose` (``flowy.connect`` sets it).
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
-    """The lease is an attribute of the head item: a segment's last save removes it in
-    the save's own ``TransactWriteItems``."""
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """The lease is an attribute of the head item: the ``UpdateItem`` that takes it
+    returns the head, and a segment's last save removes it in the save's own
+    ``TransactWriteItems``. (A lease on a thread with no head yet costs one more
+    ``UpdateItem``, inside the acquisition, to give the item a time to live.)"""
 
     def __init__(
         self,

@@ -63,8 +63,9 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
-    """A segment's last save releases its lease in the save's own statement."""
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """A leased segment takes its lease and reads the head in one statement, and its
+    last save releases the lease in the save's own statement."""
 
     def __init__(
         self,

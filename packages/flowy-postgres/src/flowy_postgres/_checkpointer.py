@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary, Timer
-from flowy.storage.dialect import BaseCheckpointer, OutboxRow, Refused, Write, show_id
+from flowy.storage.dialect import BaseCheckpointer, Busy, OutboxRow, Refused, Write, show_id
 
 from ._conn import Connector, PgConnection, Row
+from ._lease import acquire_sql
 from ._schema import ID_PREFIX, TableNames, text_key, thread_key
 
 if TYPE_CHECKING:
@@ -149,6 +150,20 @@ class _Sql:
             for outbox in (False, True)
             for release in ((False, True) if leased else (False,))
         }
+        # The lease taken as the lease manager takes it, and the head: as of the
+        # statement's snapshot (with its record) and as locked after the lease was taken
+        # (the newest committed revision); they differ only when a save committed while
+        # the acquisition waited for the lease row, and then the head is read again.
+        where = "t.thread_key = $1 AND t.thread_id = $2::text"
+        self.acquire_head = acquire_sql(
+            n,
+            f""",
+       (SELECT t.revision FROM {n.threads} AS t WHERE {where}) AS head_revision,
+       (SELECT h.record FROM {n.threads} AS t JOIN {n.history} AS h
+            ON h.thread_key = t.thread_key AND h.revision = t.revision
+        WHERE {where}) AS head_record,
+       (SELECT t.revision FROM {n.threads} AS t WHERE {where} FOR KEY SHARE) AS head_now""",
+        )
         self.diagnose = f"""
 SELECT (SELECT revision FROM {n.threads} WHERE thread_key = $1 AND thread_id = $2::text)
            AS actual, owner AS holder, token AS holder_token, {_EPOCH} AS holder_expires
@@ -323,6 +338,28 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         row = await self.connector.fetchrow(action, sql, *args)
         assert row is not None
         return None if row["saved"] is not None else _refused(row, head.thread_id)
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        action = f"acquire a lease on thread {show_id(thread_id)} for {owner!r:.80} and load it"
+        args = (thread_key(thread_id), thread_id, owner, ttl)
+        while True:
+            row = await self.connector.fetchrow(action, self._sql.acquire_head, *args)
+            assert row is not None
+            if row["token"] is not None:
+                lease = Lease(thread_id, owner, int(row["token"]), float(row["expires_at"]))
+                revision = row["head_revision"]
+                if revision != row["head_now"] or (revision is not None and not row["head_record"]):
+                    return lease, await self._read_head(thread_id)  # a save landed meanwhile
+                if revision is None:
+                    return lease, None
+                return lease, (int(revision), bytes(row["head_record"]))
+            if row["holder"] is not None:
+                expires = float(row["holder_expires"])
+                holder = Lease(thread_id, str(row["holder"]), int(row["holder_token"]), expires)
+                return Busy(holder), None
+            # Another acquisition created the lease row at the same moment: go again.
 
     async def _diagnose(self, write: Write) -> Refused:
         tid = write.thread_id

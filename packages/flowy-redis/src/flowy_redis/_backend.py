@@ -78,8 +78,9 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         owns_client: close the client in ``aclose``.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
-    """A segment's last save releases its lease in the save's own script."""
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """A leased segment takes its lease and reads the head in one script, and its last
+    save releases the lease in the save's own script."""
 
     def __init__(
         self,

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import Hashable
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, StateCodec, ThreadSummary, Timer
-from flowy.storage.dialect import BaseCheckpointer, Refused, Write, show_id
+from flowy.storage.dialect import BaseCheckpointer, Busy, Refused, Write, show_id
 
 from ._keys import STATUS_DIGITS
 from ._scripts import (
+    ACQUIRE_HEAD,
     ACTIVITY,
     DELETE,
     HEADS,
@@ -37,6 +39,7 @@ DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 _PRUNE_BATCH = 10_000
 # The keys of a thread each script takes.
 _HISTORY = attrgetter("head", "hist")
+_LEASED_HEAD = attrgetter("lease", "head", "hist")
 _CHECKPOINT = attrgetter("checkpoint")
 _SIGNAL = attrgetter("inbox", "sigids", "head")
 _JOURNAL = attrgetter("journal", "head")
@@ -150,6 +153,26 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                 "no history entry; the keys were changed by something other than flowy"
             )
         return reply[0], reply[1]
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        args = [owner, max(1, round(ttl * 1e6)), uuid.uuid4().hex]
+        reply: list[Any] = await self.store.call(
+            ACQUIRE_HEAD, thread_id, _LEASED_HEAD, args, "acquiring the lease of"
+        )
+        if not int(reply[0]):
+            return Busy(lease_of(thread_id, *reply[1:4])), None
+        lease = Lease(thread_id, owner, int(reply[1]), int(reply[2]) / 1e6)
+        revision = int(reply[3])
+        if revision == 0:
+            return lease, None
+        if len(reply) < 5 or reply[4] is None:
+            raise SnapshotEnvelopeInvalidError(
+                f"the head of thread {show_id(thread_id)} names revision {revision}, which has "
+                "no history entry; the keys were changed by something other than flowy"
+            )
+        return lease, (revision, reply[4])
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
         reply: list[Any] = await self.store.call(

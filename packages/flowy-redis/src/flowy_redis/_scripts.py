@@ -17,6 +17,7 @@ from ._lua import LuaScript as LuaScript
 __all__ = [
     "ACK",
     "ACQUIRE",
+    "ACQUIRE_HEAD",
     "ACTIVITY",
     "APPEND",
     "CLAIM",
@@ -358,6 +359,28 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', fmt(token), 'exp', fmt(ex
   'anonce', ARGV[3])
 expire_after(KEYS[1], exp, token)
 return {1, fmt(token), fmt(exp)}
+""")
+
+ACQUIRE_HEAD = LuaScript("""
+-- KEYS: lease, head, hist.  ARGV: owner, ttl_us, nonce.  ACQUIRE, then the head read
+-- in the same script: {1, token, exp, head revision (0: none), record} or, when a live
+-- lease holds the thread, {0, owner, token, exp}.
+local now = now_us()
+local l, live = live_lease(KEYS[1], now)
+local token, exp
+if live then
+  if l[4] ~= ARGV[3] then return {0, l[1], l[2], l[3]} end
+  token, exp = l[2], l[3]
+else
+  local t = math.max((tonumber(l[2]) or 0) + 1, now)
+  local e = now + tonumber(ARGV[2])
+  token, exp = fmt(t), fmt(e)
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'exp', exp, 'anonce', ARGV[3])
+  expire_after(KEYS[1], e, t)
+end
+local rev = tonumber(redis.call('HGET', KEYS[2], 'revision'))
+if not rev then return {1, token, exp, 0} end
+return {1, token, exp, rev, redis.call('HGET', KEYS[3], rev)}
 """)
 
 RENEW = LuaScript("""

@@ -56,8 +56,9 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
         poll_interval: seconds between looks at the outbox while ``claim`` waits.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=2, handoff=5)
-    """The last save of a leased segment releases the lease in its transaction."""
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """A leased segment takes its lease and reads the head in one transaction, and its
+    last save releases the lease in its own."""
 
     def __init__(
         self,

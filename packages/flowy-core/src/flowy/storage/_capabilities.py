@@ -42,6 +42,10 @@ class Capabilities:
     backlog: bool
     """It reports its backlog: the outbox's depth and dead letters, the oldest parked
     threads (``flowy.otel`` gauges)."""
+    acquire_with_load: bool = False
+    """Its fencing checkpointer takes a run lease and reads the head in one round trip
+    (``BaseCheckpointer.acquire_and_load`` over ``_acquire_head``): a leased segment
+    starts with one call instead of two."""
     release_on_save: bool = False
     """Its fencing checkpointer gives a run lease up in the same atomic write as the
     save that ends a leased segment (``BaseCheckpointer.save_and_release`` over
@@ -66,9 +70,11 @@ class RoundTrips:
     """``Checkpointer.save``, with or without a lease: one conditional write."""
     segment: int = 3
     """What a leased start or resume of N steps costs beyond its N saves: acquire the
-    lease, read the head, release the lease (2 where the last save releases it:
-    ``Capabilities.release_on_save``)."""
+    lease, read the head, release the lease (one less where the last save releases it,
+    ``Capabilities.release_on_save``, and one less where the acquisition reads the
+    head, ``Capabilities.acquire_with_load``)."""
     handoff: int = 6
     """What a hand-off a ``Worker`` claims and continues for N steps costs beyond its N
     saves: the claim, the worker's read of the head (its decision), the run's acquire,
-    read and release, and the ack (5 where the last save releases the lease)."""
+    read and release, and the ack (one less for each of the capabilities ``segment``
+    names)."""

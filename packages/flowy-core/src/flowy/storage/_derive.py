@@ -98,6 +98,9 @@ def derive_capabilities(
         backlog=isinstance(consumer, BaseConsumer)
         and _overrides(consumer, BaseConsumer, "_stats")
         and isinstance(cp, BaseCheckpointer),
+        acquire_with_load=fencing
+        and isinstance(cp, BaseCheckpointer)
+        and _overrides(cast(object, cp), BaseCheckpointer, "_acquire_head"),
         release_on_save=fencing
         and isinstance(cp, BaseCheckpointer)
         and _overrides(cast(object, cp), BaseCheckpointer, "_write_release"),

@@ -42,6 +42,7 @@ from ._subgraph import *  # noqa: F403
 from ._waits import *  # noqa: F403
 
 __all__ = [
+    "AcquireAndLoadSuite",
     "ActivitySuite",
     "ArgumentSuite",
     "BacklogSuite",

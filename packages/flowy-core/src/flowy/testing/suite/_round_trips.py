@@ -17,7 +17,12 @@ from typing import Any, ClassVar
 import pytest
 
 from ..._directives import Directive, completed, end, handoff, suspend
-from ..._errors import ConcurrencyConflictError, LeaseLostError, ThreadNotFoundError
+from ..._errors import (
+    ConcurrencyConflictError,
+    LeaseLostError,
+    ThreadLeaseBusyError,
+    ThreadNotFoundError,
+)
 from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
 from ..._worker import Outcome, Worker
@@ -26,7 +31,7 @@ from ...storage.dialect import BaseBackend, BaseCheckpointer, RoundTrips
 from ..faults import FaultKind, FaultPlan, FaultyBackend, Operation, Phase
 from ._support import Suite, make_snapshot, new_thread_id
 
-__all__ = ["ReleasingSaveSuite", "RoundTripSuite"]
+__all__ = ["AcquireAndLoadSuite", "ReleasingSaveSuite", "RoundTripSuite"]
 
 State = dict[str, Any]
 
@@ -228,3 +233,53 @@ class ReleasingSaveSuite(Suite):
         result = await runner.start(new_thread_id("rel-fail"), {})
         assert result.status is RunStatus.FAILED, result
         assert await flowy_backend.leases.holder(result.thread_id) is None
+
+
+class AcquireAndLoadSuite(Suite):
+    """Take a lease and read the head in one round trip
+    (``Capabilities.acquire_with_load``): the lease the lease manager would give (busy
+    while another holds it, a greater fencing token each time) and the head as
+    ``load`` reads it; a leased segment starts with that one call."""
+
+    requires: ClassVar[tuple[str, ...]] = ("acquire_with_load",)
+
+    async def test_it_takes_the_lease_and_reads_no_head_of_a_new_thread(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid = new_thread_id("al-new")
+        lease, head = await cp.acquire_and_load(tid, "al-owner", self.long_ttl)
+        assert head is None
+        holder = await flowy_backend.leases.holder(tid)
+        assert holder is not None and holder.fencing_token == lease.fencing_token
+        assert holder.owner == "al-owner"
+        await flowy_backend.leases.release(lease)
+
+    async def test_it_reads_the_head_and_is_refused_while_another_holds_the_thread(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid = new_thread_id("al-head")
+        await cp.save(0, make_snapshot(tid, state={"n": 1}))
+        first, head = await cp.acquire_and_load(tid, "al-owner", self.long_ttl)
+        assert head is not None
+        snapshot, revision = head
+        assert revision == 1 and snapshot.state == {"n": 1}
+        with pytest.raises(ThreadLeaseBusyError):
+            await cp.acquire_and_load(tid, "al-other", self.long_ttl)
+        await cp.save(1, make_snapshot(tid, state={"n": 2}), lease=first)
+        await flowy_backend.leases.release(first)
+        second, head = await cp.acquire_and_load(tid, "al-other", self.long_ttl)
+        assert second.fencing_token > first.fencing_token
+        assert head is not None and head[1] == 2 and head[0].state == {"n": 2}
+        await flowy_backend.leases.release(second)
+
+    async def test_a_leased_segment_starts_with_one_call(self, flowy_backend: Backend[Any]) -> None:
+        counted, plan = _counted(flowy_backend)
+        runner = Runner(_chain(1), counted, run_lease=("al-owner", self.long_ttl))
+        result = await runner.start(new_thread_id("al-run"), {})
+        assert result.status is RunStatus.COMPLETED, result
+        assert plan.calls[0] == "_acquire_head", plan.calls
+        assert "_acquire" not in plan.calls and "_read_head" not in plan.calls, plan.calls
