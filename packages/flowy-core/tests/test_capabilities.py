@@ -42,6 +42,8 @@ EVERYTHING = Capabilities(
     backlog=True,
     live_progress=True,
     schedules=True,
+    acquire_with_load=True,
+    release_on_save=True,
 )
 
 
@@ -58,6 +60,8 @@ class TimerlessCheckpointer(MemoryCheckpointer[Any]):
     _put_activity = _BASE._put_activity
     _get_activity = _BASE._get_activity
     _list_activities = _BASE._list_activities
+    _write_release = _BASE._write_release
+    _acquire_head = _BASE._acquire_head
 
 
 class StatlessConsumer(MemoryConsumer):
@@ -89,13 +93,21 @@ def test_a_primitive_left_to_the_base_is_a_missing_capability() -> None:
     backend: MemoryBackend[Any] = MemoryBackend(store)
     backend.checkpointer = TimerlessCheckpointer(store)
     backend.consumer = StatlessConsumer(store)
-    assert backend.capabilities.missing() == ("durable_timers_signals", "journal", "backlog")
+    assert backend.capabilities.missing() == (
+        "durable_timers_signals",
+        "journal",
+        "backlog",
+        "acquire_with_load",
+        "release_on_save",
+    )
 
 
 def test_components_of_two_stores_do_not_fence() -> None:
     backend = as_backend(MemoryCheckpointer[Any](), leases=MemoryLeaseManager(MemoryStore()))
     caps = backend.capabilities
     assert caps.run_leases and not caps.fencing
+    assert not caps.release_on_save  # only a save that fences the lease can release it
+    assert not caps.acquire_with_load
     assert not caps.handoff_outbox and not caps.transactional_outbox and not caps.consumer
 
 
@@ -124,6 +136,8 @@ def test_loose_components_have_what_they_implement() -> None:
         "backlog",
         "live_progress",
         "schedules",
+        "acquire_with_load",
+        "release_on_save",
     )
     with pytest.raises(TypeError, match="without a consumer"):
         _ = bare.consumer

@@ -20,8 +20,9 @@ that moved on, a fork that copies its parent's inbox, journal entries written be
 call, wake-up times read back in the wrong unit, ``list_threads`` paging from ``after``
 included, a dead letter revived with its old payload, signal ids kept past a delete, an
 ack or a release that touches a dead letter, a save that reads the head before it writes,
-a progress channel that drops events, a schedule claim that ignores its version, and a
-canceled head that keeps its timer. The suite's test methods are called directly with
+a progress channel that drops events, a schedule claim that ignores its version, a
+canceled head that keeps its timer, and a lease released or acquired in a second call (or
+not released at all). The suite's test methods are called directly with
 the broken backend; two more tests run the suite through pytest in a subprocess the way
 a store's own tests do.
 """
@@ -339,7 +340,15 @@ class MillisecondWakeCheckpointer(MemoryCheckpointer[Any]):
     written, milliseconds read): every wait looks overdue."""
 
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
-        head = await super()._read_head(thread_id)
+        return self._misread(thread_id, await super()._read_head(thread_id))
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        got, head = await super()._acquire_head(thread_id, owner, ttl)
+        return got, self._misread(thread_id, head)
+
+    def _misread(self, thread_id: str, head: tuple[int, bytes] | None) -> tuple[int, bytes] | None:
         if head is None:
             return None
         revision, record = head
@@ -800,6 +809,36 @@ class ReadBeforeWriteCheckpointer(MemoryCheckpointer[Any]):
         if actual != write.expected_revision:
             return Refused(actual, self.store.live_lease(write.thread_id))
         return await super()._write(write)
+
+
+class ReleaseAfterWriteCheckpointer(MemoryCheckpointer[Any]):
+    """Releases the lease of a segment's last save in a second call after the write
+    (one more round trip than it declares)."""
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        refused = await self._write(replace(write, release=False))
+        if refused is None:
+            await self._read_head(write.thread_id)  # stands for the separate release
+            self.store.leases.pop(write.thread_id, None)
+        return refused
+
+
+class LoadAfterAcquireCheckpointer(MemoryCheckpointer[Any]):
+    """Takes the lease, then reads the head in a second call (one more round trip than
+    it declares)."""
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        got = self.store.take_lease(thread_id, owner, ttl)
+        return got, await self._read_head(thread_id)
+
+
+class KeepsLeaseOnReleaseCheckpointer(MemoryCheckpointer[Any]):
+    """Says its last save releases the lease, and writes without releasing it."""
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._write(replace(write, release=False))
 
 
 class ScannedTimersCheckpointer(MemoryCheckpointer[Any]):
@@ -1333,6 +1372,43 @@ CASES = [
             ),
         ),
     ),
+    Case(
+        "the save that ends a leased segment releases the lease in a second call",
+        "memory",
+        {"checkpointer": ReleaseAfterWriteCheckpointer},
+        (
+            (
+                S.RoundTripSuite,
+                "test_a_leased_start_of_n_steps_is_n_saves_and_the_segments_round_trips",
+            ),
+            (S.RoundTripSuite, "test_a_leased_resume_is_its_saves_and_the_segments_round_trips"),
+        ),
+    ),
+    Case(
+        "a leased segment takes its lease and reads the head in two calls",
+        "memory",
+        {"checkpointer": LoadAfterAcquireCheckpointer},
+        (
+            (
+                S.RoundTripSuite,
+                "test_a_leased_start_of_n_steps_is_n_saves_and_the_segments_round_trips",
+            ),
+            (S.AcquireAndLoadSuite, "test_a_leased_segment_starts_with_one_call"),
+        ),
+    ),
+    Case(
+        "the save that ends a leased segment keeps the lease it says it releases",
+        "memory",
+        {"checkpointer": KeepsLeaseOnReleaseCheckpointer},
+        (
+            (S.ReleasingSaveSuite, "test_a_releasing_save_writes_and_gives_the_lease_up"),
+            (S.ReleasingSaveSuite, "test_a_leased_segment_releases_in_its_last_save"),
+            (
+                S.RoundTripSuite,
+                "test_a_leased_start_of_n_steps_is_n_saves_and_the_segments_round_trips",
+            ),
+        ),
+    ),
 ]
 
 
@@ -1403,7 +1479,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 54
+    assert len(CASES) == 57
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

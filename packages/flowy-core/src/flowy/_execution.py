@@ -115,6 +115,8 @@ class Execution(Segment[S, E]):
             try:
                 self.lease = await lm.renew(self.lease, self.lease_ttl)
             except LeaseLostError:
+                if self.released:  # the segment's last save gave it up
+                    return
                 logger.warning("flowy: lease on thread %r was lost; stopping", self.thread_id)
                 self.interrupt("lease_lost")
                 return
@@ -190,7 +192,12 @@ class Execution(Segment[S, E]):
             self.renewer.cancel()
         lm = self.services.lease_manager
         try:
-            if self.lease is not None and lm is not None and self.interrupt_kind != "lease_lost":
+            if (
+                self.lease is not None
+                and lm is not None
+                and self.interrupt_kind != "lease_lost"
+                and not self.released
+            ):
                 try:
                     await asyncio.shield(lm.release(self.lease))
                 except Exception as exc:  # noqa: BLE001 - the lease expires on its own

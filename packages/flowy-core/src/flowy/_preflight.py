@@ -9,11 +9,12 @@ registration of the thread in this process and its run lease.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Generic, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, cast
 
 from . import _tracing
 from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
@@ -46,6 +47,9 @@ from .storage import Checkpointer, HandoffStatus, Lease, LeaseManager, RunStatus
 from .storage._adapt import Merge
 from .storage.dialect import validate_thread_id
 
+if TYPE_CHECKING:
+    from .storage.dialect import BaseCheckpointer
+
 __all__ = ["AfterLoad", "RunPreparation", "StateMerge", "check_run_lease"]
 
 logger = logging.getLogger("flowy")
@@ -55,6 +59,17 @@ StateMerge = Callable[[S, S], S]
 
 AfterLoad = Callable[[S], "S | Awaitable[S]"]
 """``after_load(state) -> state`` (sync or async), applied to every loaded state."""
+
+
+class _Unread(enum.Enum):
+    UNREAD = "unread"
+
+
+UNREAD = _Unread.UNREAD
+"""The head was not read with the lease: load it."""
+
+Loaded: TypeAlias = tuple[Snapshot[S], int] | _Unread | None
+"""The head read with a run's lease (``None``: no thread), or :data:`UNREAD`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +194,18 @@ class RunPreparation(Generic[S, E]):
             reason=snap.reason,
         )
 
-    async def preflight(self, token: ResumeToken) -> _Preflight[S]:
-        """Steps 1 and 2 of every resume: validate the token, load the head, decide."""
+    async def preflight(self, token: ResumeToken, loaded: Loaded[S] = UNREAD) -> _Preflight[S]:
+        """Steps 1 and 2 of every resume: validate the token, load the head (unless
+        ``loaded`` is the head read with the lease), decide."""
         thread_id = self._validate_token(token)
         cp = self.require_checkpointer("resume")
         try:
-            snap, revision = await cp.load(thread_id)
+            if loaded is UNREAD:
+                snap, revision = await cp.load(thread_id)
+            elif loaded is None:
+                raise ThreadNotFoundError(thread_id)
+            else:
+                snap, revision = loaded
         except ThreadNotFoundError:
             return _Preflight(
                 ResumeDecision(ResumeDecisionKind.NOT_FOUND, thread_id, None, token), None, 0
@@ -314,11 +335,16 @@ class RunPreparation(Generic[S, E]):
             )
         return key
 
-    async def _acquire(self, thread_id: str, run_lease: tuple[str, float] | None) -> Lease | None:
+    async def _acquire(
+        self, thread_id: str, run_lease: tuple[str, float] | None
+    ) -> tuple[Lease | None, Loaded[S]]:
+        """The run's lease (``None``: the runner takes none) and, where the store reads
+        the head in the same round trip (``Services.acquire_with_load``), the head it
+        read (``None``: no thread); :data:`UNREAD` when the head is still to load."""
         if run_lease is not None:
             check_run_lease(run_lease, self.lease_manager)
         if self.lease_manager is None:
-            return None
+            return None, UNREAD
         run_lease = run_lease or self.run_lease
         if run_lease is None:
             raise LeaseRequiredError(
@@ -328,10 +354,10 @@ class RunPreparation(Generic[S, E]):
         owner, ttl = run_lease
         tracing = _tracing.active()
         if tracing is None:
-            return await self.lease_manager.acquire(thread_id, owner, ttl)
+            return await self._take(thread_id, owner, ttl)
         started, outcome = time.perf_counter(), "acquired"
         try:
-            return await self.lease_manager.acquire(thread_id, owner, ttl)
+            return await self._take(thread_id, owner, ttl)
         except ThreadLeaseBusyError:
             outcome = "busy"
             raise
@@ -340,6 +366,13 @@ class RunPreparation(Generic[S, E]):
             raise
         finally:
             tracing.lease(thread_id, time.perf_counter() - started, outcome)
+
+    async def _take(self, thread_id: str, owner: str, ttl: float) -> tuple[Lease, Loaded[S]]:
+        if self._services.acquire_with_load:
+            cp = cast("BaseCheckpointer[S]", self.checkpointer)
+            return await cp.acquire_and_load(thread_id, owner, ttl)
+        assert self.lease_manager is not None
+        return await self.lease_manager.acquire(thread_id, owner, ttl), UNREAD
 
     async def prepare_start(
         self,
@@ -355,10 +388,15 @@ class RunPreparation(Generic[S, E]):
         key = self._register(thread_id)
         lease: Lease | None = None
         try:
-            lease = await self._acquire(thread_id, run_lease)
+            lease, loaded = await self._acquire(thread_id, run_lease)
             if self.checkpointer is not None:
                 try:
-                    _, revision = await self.checkpointer.load(thread_id)
+                    if loaded is UNREAD:
+                        _, revision = await self.checkpointer.load(thread_id)
+                    elif loaded is None:
+                        raise ThreadNotFoundError(thread_id)
+                    else:
+                        revision = loaded[1]
                 except ThreadNotFoundError:
                     pass
                 else:
@@ -402,9 +440,9 @@ class RunPreparation(Generic[S, E]):
         key = self._register(thread_id)
         lease: Lease | None = None
         try:
-            lease = await self._acquire(thread_id, run_lease)
+            lease, loaded = await self._acquire(thread_id, run_lease)
             # 2. load + OCC (the preflight evaluate_resume shares)
-            pre = await self.preflight(token)
+            pre = await self.preflight(token, loaded)
             self._refuse(pre, token, policy is not None)
             snap, revision = pre.snapshot, pre.revision
             assert snap is not None

@@ -119,6 +119,12 @@ class Services(Generic[S, E]):
     outbox: Outbox | None = field(init=False)
     store_name: str = field(init=False)
     """The class of the store's checkpointer (spans and messages say it)."""
+    acquire_with_load: bool = field(init=False)
+    """A leased segment takes its lease and reads the head in one round trip
+    (``Capabilities.acquire_with_load``)."""
+    release_on_save: bool = field(init=False)
+    """The save that ends a leased segment gives the lease up in its own write
+    (``Capabilities.release_on_save``): no separate release."""
 
     def __post_init__(self) -> None:
         store = self.store
@@ -130,6 +136,14 @@ class Services(Generic[S, E]):
             "store_name",
             type(store.checkpointer).__name__ if store is not None else "none",
         )
+        own_leases = (
+            store is not None
+            and self.lease_manager is not None
+            and self.lease_manager is store.leases
+        )
+        caps = store.capabilities if store is not None else None
+        set_(self, "release_on_save", own_leases and caps is not None and caps.release_on_save)
+        set_(self, "acquire_with_load", own_leases and caps is not None and caps.acquire_with_load)
 
 
 class Segment(Generic[S, E]):
@@ -170,6 +184,8 @@ class Segment(Generic[S, E]):
         self.meta = meta
         self.lease: Lease | None = lease
         self.lease_ttl = lease_ttl
+        self.released = False
+        """The segment's last save gave its lease up (``Services.release_on_save``)."""
         self.invariant = invariant
         self.sink = sink
         self.effects: list[E] = []
@@ -339,17 +355,26 @@ class Segment(Generic[S, E]):
         if store is not None and store.flush_progress is not None:
             await store.flush_progress()
 
-    async def save(self, snap: Snapshot[S]) -> None:
+    async def save(self, snap: Snapshot[S], *, last: bool = False) -> None:
+        """Save ``snap``; ``last``: the save that ends the segment, which gives the
+        lease up in its own write where the store can (``Services.release_on_save``)."""
         assert self.cp is not None
         if self.progress_sent:
             await self.flush_progress()
+        release = last and self.lease is not None and self.services.release_on_save
         tracing = _tracing.active()
         if tracing is None:
-            self.revision = await confirmed_save(self.cp, self.revision, snap, lease=self.lease)
+            self.revision = await confirmed_save(
+                self.cp, self.revision, snap, lease=self.lease, release=release
+            )
+            self.released = release
             return
         started, outcome = time.perf_counter(), "ok"
         try:
-            self.revision = await confirmed_save(self.cp, self.revision, snap, lease=self.lease)
+            self.revision = await confirmed_save(
+                self.cp, self.revision, snap, lease=self.lease, release=release
+            )
+            self.released = release
         except ConcurrencyConflictError:
             outcome = "conflict"
             raise
@@ -431,11 +456,14 @@ class Segment(Generic[S, E]):
         self.emit(EventType.FAILED, reason=reason, execution_pointer=self.pointer)
         raise Stop(result) from exc
 
-    async def save_or_stop(self, snap: Snapshot[S], kind: str) -> BaseException | None:
+    async def save_or_stop(
+        self, snap: Snapshot[S], kind: str, *, last: bool = False
+    ) -> BaseException | None:
         """Save ``snap``: ``None`` once persisted, the ``CheckpointSkippedError`` when the
-        policy skipped it; a hard failure raises ``Stop`` (reason ``{kind}_save_failed``)."""
+        policy skipped it; a hard failure raises ``Stop`` (reason ``{kind}_save_failed``).
+        ``last``: it ends the segment (see :meth:`save`)."""
         try:
-            await self.save(snap)
+            await self.save(snap, last=last)
             return None
         except LeaseLostError as exc:
             raise await self.stopped_outside(exc) or self.lease_lost(exc) from exc
@@ -465,7 +493,7 @@ class Segment(Generic[S, E]):
         kind = "completed" if status is RunStatus.COMPLETED else "failed"
         error: BaseException | None = None
         if self.cp is not None:
-            error = await self.save_or_stop(self.snapshot(status, reason), kind)
+            error = await self.save_or_stop(self.snapshot(status, reason), kind, last=True)
             if error is not None:
                 reason = f"{kind}_checkpoint_skipped"
         result = self.result(status, reason, error=error)

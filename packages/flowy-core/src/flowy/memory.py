@@ -14,7 +14,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic
+from typing import Any, ClassVar, Generic
 
 from ._types import S
 from .storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
@@ -30,6 +30,7 @@ from .storage.dialect import (
     OutboxRow,
     RawMessage,
     Refused,
+    RoundTrips,
     StoreURL,
     Wakeups,
     Write,
@@ -113,6 +114,18 @@ class MemoryStore:
             return lease
         return None
 
+    def take_lease(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
+        """Take ``thread_id`` for ``owner`` for ``ttl`` seconds unless a live lease holds
+        it (then ``Busy``)."""
+        live = self.live_lease(thread_id)
+        if live is not None:
+            return Busy(live)
+        expired = self.leases.get(thread_id)
+        now = self.clock()
+        token = next_fencing_token(expired.fencing_token if expired else None, now)
+        lease = self.leases[thread_id] = Lease(thread_id, owner, token, now + ttl)
+        return lease
+
     def notify(self) -> None:
         """Wake waiting consumers (of every event loop using this store)."""
         self.wakeups.notify()
@@ -172,6 +185,9 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         self.domain: Hashable = self.store
 
     async def _write(self, write: Write) -> Refused | None:
+        return self._apply(write)
+
+    def _apply(self, write: Write) -> Refused | None:
         store = self.store
         thread = store.threads.get(write.thread_id)
         actual = thread.head if thread is not None else 0
@@ -196,9 +212,23 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         thread.summary = write.summary
         for row in write.outbox:
             store.append(row)
+        if write.release:  # fenced above: the live lease is this write's
+            del store.leases[write.thread_id]
         return None
 
+    async def _write_release(self, write: Write) -> Refused | None:
+        return self._apply(write)
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        got = self.store.take_lease(thread_id, owner, ttl)
+        return got, self._head(thread_id)
+
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
+        return self._head(thread_id)
+
+    def _head(self, thread_id: str) -> tuple[int, bytes] | None:
         thread = self.store.threads.get(thread_id)
         if thread is None or thread.head == 0:
             return None
@@ -308,15 +338,7 @@ class MemoryLeaseManager(BaseLeaseManager):
         self.domain: Hashable = self.store
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
-        store = self.store
-        live = store.live_lease(thread_id)
-        if live is not None:
-            return Busy(live)
-        expired = store.leases.get(thread_id)
-        now = store.clock()
-        token = next_fencing_token(expired.fencing_token if expired else None, now)
-        lease = store.leases[thread_id] = Lease(thread_id, owner, token, now + ttl)
-        return lease
+        return self.store.take_lease(thread_id, owner, ttl)
 
     def _current(self, lease: Lease) -> bool:
         live = self.store.live_lease(lease.thread_id)
@@ -463,12 +485,17 @@ class MemoryScheduleStore(BaseScheduleStore):
 class MemoryBackend(BaseBackend[S], Generic[S]):
     """An in-memory store: ``flowy.connect("memory://")``, or built directly.
 
+    A leased segment takes its lease and reads the head in one call
+    (``_acquire_head``); its last save releases the lease (``_write_release``).
+
     Args:
         store: the data to use (a new :class:`MemoryStore` by default).
         codec: the state codec (JSON by default; a runner gives a typed graph's type).
         max_attempts: deliveries of a hand-off message before it is dead-lettered.
         url: the URL the backend reports (``flowy.connect`` passes the one it opened).
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
 
     def __init__(
         self,

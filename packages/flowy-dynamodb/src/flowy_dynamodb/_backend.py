@@ -7,13 +7,13 @@ import asyncio
 import re
 import time
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from botocore.exceptions import BotoCoreError
 
 from flowy.errors import BackendURLError
 from flowy.storage import RunStatus, StateCodec
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, StoreURL, sibling_url
+from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, RoundTrips, StoreURL, sibling_url
 
 from ._checkpointer import DynamoCheckpointer
 from ._leases import DynamoLeaseManager
@@ -66,6 +66,12 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         url: the URL to report (and peers to open); made from the client if omitted.
         owns_client: close ``client`` in :meth:`aclose` (``flowy.connect`` sets it).
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """The lease is an attribute of the head item: the ``UpdateItem`` that takes it
+    returns the head, and a segment's last save removes it in the save's own
+    ``TransactWriteItems``. (A lease on a thread with no head yet costs one more
+    ``UpdateItem``, inside the acquisition, to give the item a time to live.)"""
 
     def __init__(
         self,

@@ -3,11 +3,13 @@
 A save is ONE ``TransactWriteItems``: an ``Update`` of the thread's head item whose
 condition checks the revision, the stored thread id and the lease together, a ``Put`` of
 the history entry, and for ``save_with_outbox`` the messages (and actions added with
-``checkpointer.add_action``). A cancelled transaction is judged from its
-cancellation reasons, which carry the head as it was: our own write that landed earlier
-(botocore resent a request whose answer was lost) is the success it was; a cancellation
-by a concurrent transaction is sent again; otherwise the base class turns what was seen
-into the right error.
+``checkpointer.add_action``). The lease lives on the head item, so the last save of a
+leased segment releases it in the same ``Update``, and the ``UpdateItem`` that takes a
+lease returns the head it is on (a start or resume reads nothing more). A cancelled
+transaction is judged from its cancellation reasons, which carry the head as it was:
+our own write that landed earlier (botocore resent a request whose answer was lost) is
+the success it was; a cancellation by a concurrent transaction is sent again; otherwise
+the base class turns what was seen into the right error.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from flowy.errors import (
     StorageUnavailableError,
 )
 from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary
-from flowy.storage.dialect import BaseCheckpointer, Refused, Write, new_write_id, show_id
+from flowy.storage.dialect import BaseCheckpointer, Busy, Refused, Write, new_write_id, show_id
 
 from ._durable import DurableTime
 from ._layout import (
@@ -59,7 +61,7 @@ from ._layout import (
     sort_key,
     storable,
 )
-from ._leases import ATTEMPTS, lease_free, lease_held, lease_ttl, live_lease
+from ._leases import ATTEMPTS, lease_free, lease_held, lease_ttl, live_lease, take_lease
 from ._outbox import message_write
 from ._table import ConditionFailed, DynamoTable, is_size_error
 
@@ -102,6 +104,12 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
         return dict(cast(Mapping[str, Any], action))
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._transact(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._transact(write)  # the head's update removes the lease
+
+    async def _transact(self, write: Write) -> Refused | None:
         table, extra = self.table, cast(tuple[Item, ...], write.native)
         if 2 + len(write.outbox) + len(extra) > 100:
             raise ValueError("a DynamoDB transaction holds at most 100 actions (2 are the save's)")
@@ -176,7 +184,10 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
             fields[TTL] = n(expires)
         expr = Expression()
         optional = (A.HANDOFF_AT, TTL, A.TIMER, A.WAKE, A.GRAPH_VERSION)
-        update = expr.sets(fields) + expr.removes(a for a in optional if a not in fields)
+        removed = [a for a in optional if a not in fields]
+        if write.release and lease is not None:  # the lease (fenced below) goes; its token stays
+            removed += [A.OWNER, A.EXPIRES]
+        update = expr.sets(fields) + expr.removes(removed)
         rev, tid = expr(A.REVISION), expr(A.THREAD_ID)
         expected = write.expected_revision
         revision_ok = (
@@ -260,8 +271,21 @@ class DynamoCheckpointer(DurableTime, BaseCheckpointer[S], Generic[S]):
         except ConditionFailed:
             pass  # gone or replaced already: the next attempt tells
 
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        # The lease is on the head item: the acquisition's UpdateItem returns the head.
+        got, item = await take_lease(self.table, thread_id, owner, ttl)
+        if isinstance(got, Busy):
+            return got, None
+        return got, self._head_of(thread_id, item)
+
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
         item = await self.table.get(head_key(thread_id), (A.THREAD_ID, A.REVISION, A.RECORD))
+        return self._head_of(thread_id, item)
+
+    @staticmethod
+    def _head_of(thread_id: str, item: Item | None) -> tuple[int, bytes] | None:
         check_stored_id(thread_id, item)
         revision, record = get_int(item, A.REVISION), get_b(item, A.RECORD)
         if revision is None:

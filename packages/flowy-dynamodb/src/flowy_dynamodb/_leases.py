@@ -37,7 +37,16 @@ from ._layout import (
 )
 from ._table import ConditionFailed, DynamoTable
 
-__all__ = ["ATTEMPTS", "DynamoLeaseManager", "lease_free", "lease_held", "lease_ttl", "live_lease"]
+__all__ = [
+    "ATTEMPTS",
+    "DynamoLeaseManager",
+    "keep_alive",
+    "lease_free",
+    "lease_held",
+    "lease_ttl",
+    "live_lease",
+    "take_lease",
+]
 
 ATTEMPTS = 4
 """Tries of a write that a concurrent one may cancel (a save, a lease, a delete)."""
@@ -72,6 +81,64 @@ def lease_ttl(table: DynamoTable, lease_end: float, token: int) -> int:
     return math.ceil(max(lease_end, token / 1e6) + table.clock_skew) + 1
 
 
+async def take_lease(
+    table: DynamoTable, thread_id: str, owner: str, ttl: float
+) -> tuple[Lease | Busy, Item]:
+    """Take ``thread_id`` for ``owner`` (``BaseLeaseManager._acquire``), with the head
+    item as it is after (``{}`` when busy): one ``UpdateItem``, and one more only to
+    give an item that holds nothing but the lease a time to live."""
+    table.check_clock("take")
+    seen = 0
+    for _ in range(ATTEMPTS):
+        now = table.clock()
+        lease = Lease(thread_id, owner, next_fencing_token(seen, now), now + ttl)
+        expr = Expression()
+        fields = {A.THREAD_ID: s(thread_id), A.OWNER: s(owner), A.EXPIRES: n(lease.expires_at)}
+        update = expr.sets({**fields, A.TOKEN: n(lease.fencing_token)})  # :v0 … :v3
+        tid, tok = expr(A.THREAD_ID), expr(A.TOKEN)
+        condition = (
+            f"(attribute_not_exists({tid}) OR {tid} = :v0) AND "
+            f"{lease_free(expr, now - table.clock_skew)} AND "
+            f"(attribute_not_exists({tok}) OR {tok} < :v3)"
+        )
+        try:
+            result = await table.update(head_key(thread_id), expr, update, condition)
+        except ConditionFailed as failed:
+            check_stored_id(thread_id, failed.item)
+            live = live_lease(thread_id, failed.item, now - table.clock_skew)
+            if live is not None:
+                return Busy(live), {}
+            seen = get_int(failed.item, A.TOKEN) or 0  # issued by a clock ahead of ours
+            continue
+        if await keep_alive(table, lease, result):
+            return lease, result
+    raise StorageUnavailableError(
+        f"could not lease a thread of table {table.name!r} in {ATTEMPTS} attempts: its "
+        "lease record kept changing; try again"
+    )
+
+
+async def keep_alive(table: DynamoTable, lease: Lease, item: Mapping[str, Any]) -> bool:
+    """Give an item that holds only the lease a time to live that outlasts it (and
+    push back a completed head's that would end sooner). False if the item is gone:
+    its own time to live had passed."""
+    need = lease_ttl(table, lease.expires_at, lease.fencing_token)
+    current = get_int(item, TTL)
+    if A.REVISION in item and (current is None or current >= need):
+        return True
+    expr = Expression()
+    update = expr.sets({TTL: n(need)})  # :v0
+    condition = (
+        f"{expr(A.TOKEN)} = {expr.v(n(lease.fencing_token))} AND "
+        f"(attribute_not_exists({expr(A.REVISION)}) OR {expr(TTL)} < :v0)"
+    )
+    try:
+        await table.update(head_key(lease.thread_id), expr, update, condition)
+    except ConditionFailed as failed:
+        return failed.item is not None
+    return True
+
+
 class DynamoLeaseManager(BaseLeaseManager):
     """Exclusive, expiring, fenced leases on the head items of one table (build it
     through :class:`~flowy_dynamodb.DynamoBackend`)."""
@@ -81,56 +148,7 @@ class DynamoLeaseManager(BaseLeaseManager):
         self.domain: Hashable = table.domain
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
-        table = self.table
-        table.check_clock("take")
-        seen = 0
-        for _ in range(ATTEMPTS):
-            now = table.clock()
-            lease = Lease(thread_id, owner, next_fencing_token(seen, now), now + ttl)
-            expr = Expression()
-            fields = {A.THREAD_ID: s(thread_id), A.OWNER: s(owner), A.EXPIRES: n(lease.expires_at)}
-            update = expr.sets({**fields, A.TOKEN: n(lease.fencing_token)})  # :v0 … :v3
-            tid, tok = expr(A.THREAD_ID), expr(A.TOKEN)
-            condition = (
-                f"(attribute_not_exists({tid}) OR {tid} = :v0) AND "
-                f"{lease_free(expr, now - table.clock_skew)} AND "
-                f"(attribute_not_exists({tok}) OR {tok} < :v3)"
-            )
-            try:
-                result = await table.update(head_key(thread_id), expr, update, condition)
-            except ConditionFailed as failed:
-                check_stored_id(thread_id, failed.item)
-                live = live_lease(thread_id, failed.item, now - table.clock_skew)
-                if live is not None:
-                    return Busy(live)
-                seen = get_int(failed.item, A.TOKEN) or 0  # issued by a clock ahead of ours
-                continue
-            if await self._keep_alive(lease, result):
-                return lease
-        raise StorageUnavailableError(
-            f"could not lease a thread of table {table.name!r} in {ATTEMPTS} attempts: its "
-            "lease record kept changing; try again"
-        )
-
-    async def _keep_alive(self, lease: Lease, item: Mapping[str, Any]) -> bool:
-        """Give an item that holds only the lease a time to live that outlasts it (and
-        push back a completed head's that would end sooner). False if the item is gone:
-        its own time to live had passed."""
-        need = lease_ttl(self.table, lease.expires_at, lease.fencing_token)
-        current = get_int(item, TTL)
-        if A.REVISION in item and (current is None or current >= need):
-            return True
-        expr = Expression()
-        update = expr.sets({TTL: n(need)})  # :v0
-        condition = (
-            f"{expr(A.TOKEN)} = {expr.v(n(lease.fencing_token))} AND "
-            f"(attribute_not_exists({expr(A.REVISION)}) OR {expr(TTL)} < :v0)"
-        )
-        try:
-            await self.table.update(head_key(lease.thread_id), expr, update, condition)
-        except ConditionFailed as failed:
-            return failed.item is not None
-        return True
+        return (await take_lease(self.table, thread_id, owner, ttl))[0]
 
     async def _update_held(self, lease: Lease, expr: Expression, update: str) -> Item | None:
         condition = lease_held(expr, lease, self.table.clock())
@@ -144,7 +162,7 @@ class DynamoLeaseManager(BaseLeaseManager):
         renewed = Lease(lease.thread_id, lease.owner, lease.fencing_token, self.table.clock() + ttl)
         expr = Expression()
         item = await self._update_held(lease, expr, expr.sets({A.EXPIRES: n(renewed.expires_at)}))
-        if item is None or not await self._keep_alive(renewed, item):
+        if item is None or not await keep_alive(self.table, renewed, item):
             return None
         return renewed
 

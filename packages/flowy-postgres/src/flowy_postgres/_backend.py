@@ -9,13 +9,20 @@ import contextlib
 import hashlib
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import asyncpg
 
 from flowy.errors import BackendURLError
 from flowy.storage import StateCodec, redact_url
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, Inbox, StoreURL, sibling_url
+from flowy.storage.dialect import (
+    SCRATCH_PREFIX,
+    BaseBackend,
+    Inbox,
+    RoundTrips,
+    StoreURL,
+    sibling_url,
+)
 
 from ._checkpointer import PostgresCheckpointer
 from ._conn import Connector, PgConnection, PgPool, create_pool
@@ -154,6 +161,10 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     raises ``SchemaVersionError`` until :meth:`setup` (which needs no open) upgrades
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """A leased segment takes its lease and reads the head in one statement, and its
+    last save releases the lease in the save's own statement."""
 
     def __init__(
         self,

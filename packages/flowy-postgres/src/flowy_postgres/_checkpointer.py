@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary, Timer
-from flowy.storage.dialect import BaseCheckpointer, OutboxRow, Refused, Write, show_id
+from flowy.storage.dialect import BaseCheckpointer, Busy, OutboxRow, Refused, Write, show_id
 
 from ._conn import Connector, PgConnection, Row
+from ._lease import acquire_sql
 from ._schema import ID_PREFIX, TableNames, text_key, thread_key
 
 if TYPE_CHECKING:
@@ -60,13 +61,16 @@ _OUTBOX = ("o_keys", "o_ids", "o_revisions", "o_payloads", "channel")
 
 
 def _save_sql(
-    n: TableNames, create: bool, leased: bool, outbox: bool
+    n: TableNames, create: bool, leased: bool, outbox: bool, release: bool = False
 ) -> tuple[str, tuple[str, ...]]:
     """The save statement of one case, and its parameter names.
 
     The lease row is locked ``FOR KEY SHARE`` (without a lease: live or not) before the
     head row is written, so a takeover waits for this save and a save waits for a
     takeover in progress. The report columns are computed only when nothing was written.
+    With ``release`` (leased only), a written save also marks its lease released (owner
+    and expiry cleared, the token kept), as the lease manager's release does while a
+    save holds the row.
     """
     params = (*_WRITE, *(() if create else ("expected",)), *(("owner", "token") if leased else ()))
     params += _OUTBOX if outbox else ()
@@ -104,6 +108,13 @@ def _save_sql(
     RETURNING 1
 ), notified AS (SELECT pg_notify(:channel::text, '') FROM (SELECT FROM queued LIMIT 1) AS q)"""
         notified = ", (SELECT count(*) FROM notified)"
+    released = ""
+    if release:
+        released = f""", released AS (
+    UPDATE {n.leases} SET owner = NULL, expires_at = NULL
+    WHERE thread_key = :key AND owner = :owner::text AND token = :token::bigint
+      AND EXISTS (SELECT FROM written)
+)"""
     holder = f"FROM {n.leases} WHERE thread_key = :key AND {_LIVE}"
     sql = f"""
 WITH written AS (
@@ -111,7 +122,7 @@ WITH written AS (
 ), appended AS (
     INSERT INTO {n.history} (thread_key, revision, record)
     SELECT :key, revision, :record::bytea FROM written RETURNING revision
-){queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
+){released}{queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
 SELECT saved,
     CASE WHEN saved IS NULL THEN (SELECT revision FROM {n.threads}
         WHERE thread_key = :key AND thread_id = :tid::text) END AS actual,
@@ -133,11 +144,26 @@ _ORDER = f'{ID_PREFIX}, thread_id COLLATE "C"'  # code point order, through the 
 class _Sql:
     def __init__(self, n: TableNames) -> None:
         self.save = {
-            (create, leased, outbox): _save_sql(n, create, leased, outbox)
+            (create, leased, outbox, release): _save_sql(n, create, leased, outbox, release)
             for create in (False, True)
             for leased in (False, True)
             for outbox in (False, True)
+            for release in ((False, True) if leased else (False,))
         }
+        # The lease taken as the lease manager takes it, and the head: as of the
+        # statement's snapshot (with its record) and as locked after the lease was taken
+        # (the newest committed revision); they differ only when a save committed while
+        # the acquisition waited for the lease row, and then the head is read again.
+        where = "t.thread_key = $1 AND t.thread_id = $2::text"
+        self.acquire_head = acquire_sql(
+            n,
+            f""",
+       (SELECT t.revision FROM {n.threads} AS t WHERE {where}) AS head_revision,
+       (SELECT h.record FROM {n.threads} AS t JOIN {n.history} AS h
+            ON h.thread_key = t.thread_key AND h.revision = t.revision
+        WHERE {where}) AS head_record,
+       (SELECT t.revision FROM {n.threads} AS t WHERE {where} FOR KEY SHARE) AS head_now""",
+        )
         self.diagnose = f"""
 SELECT (SELECT revision FROM {n.threads} WHERE thread_key = $1 AND thread_id = $2::text)
            AS actual, owner AS holder, token AS holder_token, {_EPOCH} AS holder_expires
@@ -287,9 +313,16 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         return view
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._save(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._save(write)  # the statement marks the lease released
+
+    async def _save(self, write: Write) -> Refused | None:
         head = write.summary
+        leased = write.lease is not None
         sql, _ = self._sql.save[
-            (write.expected_revision == 0, write.lease is not None, bool(write.outbox))
+            (write.expected_revision == 0, leased, bool(write.outbox), leased and write.release)
         ]
         args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
         args += (head.execution_pointer, head.status.value, head.reason)
@@ -305,6 +338,28 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         row = await self.connector.fetchrow(action, sql, *args)
         assert row is not None
         return None if row["saved"] is not None else _refused(row, head.thread_id)
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        action = f"acquire a lease on thread {show_id(thread_id)} for {owner!r:.80} and load it"
+        args = (thread_key(thread_id), thread_id, owner, ttl)
+        while True:
+            row = await self.connector.fetchrow(action, self._sql.acquire_head, *args)
+            assert row is not None
+            if row["token"] is not None:
+                lease = Lease(thread_id, owner, int(row["token"]), float(row["expires_at"]))
+                revision = row["head_revision"]
+                if revision != row["head_now"] or (revision is not None and not row["head_record"]):
+                    return lease, await self._read_head(thread_id)  # a save landed meanwhile
+                if revision is None:
+                    return lease, None
+                return lease, (int(revision), bytes(row["head_record"]))
+            if row["holder"] is not None:
+                expires = float(row["holder_expires"])
+                holder = Lease(thread_id, str(row["holder"]), int(row["holder_token"]), expires)
+                return Busy(holder), None
+            # Another acquisition created the lease row at the same moment: go again.
 
     async def _diagnose(self, write: Write) -> Refused:
         tid = write.thread_id

@@ -20,7 +20,7 @@ from flowy.storage.dialect import BaseLeaseManager, Busy, show_id
 from ._conn import Connector
 from ._schema import TableNames, thread_key
 
-__all__ = ["PostgresLeaseManager"]
+__all__ = ["PostgresLeaseManager", "acquire_sql"]
 
 _LIVE = "expires_at > clock_timestamp()"
 _NOW_US = "(extract(epoch FROM clock_timestamp()) * 1e6)::bigint"
@@ -28,10 +28,10 @@ _UNTIL = "clock_timestamp() + make_interval(secs => $4::float8)"
 _MINE = "thread_key = $1 AND thread_id = $2::text AND owner = $3::text AND token = $4::bigint"
 
 
-class _Sql:
-    def __init__(self, n: TableNames) -> None:
-        # $1 key, $2 thread id, $3 owner, $4 ttl (seconds)
-        self.acquire = f"""
+def acquire_sql(n: TableNames, head: str = "") -> str:
+    """The acquisition statement: $1 key, $2 thread id, $3 owner, $4 ttl (seconds);
+    ``head`` adds columns to its one row (the checkpointer reads the head with it)."""
+    return f"""
 WITH cur AS (
     SELECT owner, token, expires_at, coalesce({_LIVE}, false) AS live
     FROM {n.leases} WHERE thread_key = $1 FOR UPDATE
@@ -51,9 +51,14 @@ WITH cur AS (
 )
 SELECT won.token, extract(epoch FROM won.expires_at)::float8 AS expires_at,
        cur.owner AS holder, cur.token AS holder_token,
-       extract(epoch FROM cur.expires_at)::float8 AS holder_expires
+       extract(epoch FROM cur.expires_at)::float8 AS holder_expires{head}
 FROM (SELECT 1) AS one LEFT JOIN won ON true LEFT JOIN cur ON cur.live
 """
+
+
+class _Sql:
+    def __init__(self, n: TableNames) -> None:
+        self.acquire = acquire_sql(n)
         # $1 key, $2 thread id, $3 owner, $4 token, $5 ttl (seconds)
         self.renew = f"""
 UPDATE {n.leases} SET expires_at = clock_timestamp() + make_interval(secs => $5::float8)

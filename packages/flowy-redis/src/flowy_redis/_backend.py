@@ -11,13 +11,20 @@ import hashlib
 import os
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 
 from flowy.errors import BackendURLError
 from flowy.storage import StateCodec
-from flowy.storage.dialect import SCRATCH_PREFIX, BaseBackend, Inbox, StoreURL, sibling_url
+from flowy.storage.dialect import (
+    SCRATCH_PREFIX,
+    BaseBackend,
+    Inbox,
+    RoundTrips,
+    StoreURL,
+    sibling_url,
+)
 
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
@@ -185,6 +192,10 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         url: the URL the backend reaches its store by (default: made from the client).
         owns_client: close the client in ``aclose``.
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """A leased segment takes its lease and reads the head in one script, and its last
+    save releases the lease in the save's own script."""
 
     def __init__(
         self,

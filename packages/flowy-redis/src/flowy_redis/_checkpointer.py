@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import Hashable
 from operator import attrgetter
 from typing import Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, StateCodec, ThreadSummary, Timer
-from flowy.storage.dialect import BaseCheckpointer, Refused, Write, show_id
+from flowy.storage.dialect import BaseCheckpointer, Busy, Refused, Write, show_id
 
 from ._keys import STATUS_DIGITS
 from ._scripts import (
+    ACQUIRE_HEAD,
     ACTIVITY,
     DELETE,
     HEADS,
@@ -37,6 +39,7 @@ DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 _PRUNE_BATCH = 10_000
 # The keys of a thread each script takes.
 _HISTORY = attrgetter("head", "hist")
+_LEASED_HEAD = attrgetter("lease", "head", "hist")
 _CHECKPOINT = attrgetter("checkpoint")
 _SIGNAL = attrgetter("inbox", "sigids", "head")
 _JOURNAL = attrgetter("journal", "head")
@@ -63,7 +66,8 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     A save is one Lua script: it checks the lease (by the server's clock) and the
     revision, writes the head, the history entry and the head's wake-up time in its
     shard's timer index, and appends the hand-off messages of ``save_with_outbox`` to
-    the thread's outbox shard, atomically. Threads saved ``completed`` or ``failed``
+    the thread's outbox shard, atomically; the last save of a leased segment also
+    releases the lease. Threads saved ``completed`` or ``failed``
     expire after ``completed_ttl`` seconds when it is set (with their signal inbox and
     activity journal). Appending a signal is one script (numbered by the inbox's
     length, once per signal id); the journal is a hash per thread. No index holds the
@@ -83,9 +87,17 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         self.domain: Hashable = store.domain
         self.completed_ttl = completed_ttl
         self.max_record_bytes: int | None = max_record_bytes
-        self._save = save_script(0 if completed_ttl is None else max(1, round(completed_ttl * 1e3)))
+        ttl_ms = 0 if completed_ttl is None else max(1, round(completed_ttl * 1e3))
+        self._save = save_script(ttl_ms)
+        self._save_release = save_script(ttl_ms, release=True)
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._run_save(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._run_save(write)  # the script releases the lease it fenced
+
+    async def _run_save(self, write: Write) -> Refused | None:
         thread_id = write.thread_id
         keys = self.store.layout.thread(thread_id)
         head, lease = write.summary, write.lease
@@ -119,8 +131,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                     )
                 args += [f"{row.committed_revision}:{row.thread_id}", row.payload]
             key_list = (*key_list, *keys.shard.outbox)
+        script = self._save_release if write.release and lease is not None else self._save
         reply: int | list[bytes] = await self.store.run(
-            self._save,
+            script,
             key_list,
             args,
             lambda: f"saving thread {show_id(thread_id)} at revision {write.revision}",
@@ -140,6 +153,26 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                 "no history entry; the keys were changed by something other than flowy"
             )
         return reply[0], reply[1]
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        args = [owner, max(1, round(ttl * 1e6)), uuid.uuid4().hex]
+        reply: list[Any] = await self.store.call(
+            ACQUIRE_HEAD, thread_id, _LEASED_HEAD, args, "acquiring the lease of"
+        )
+        if not int(reply[0]):
+            return Busy(lease_of(thread_id, *reply[1:4])), None
+        lease = Lease(thread_id, owner, int(reply[1]), int(reply[2]) / 1e6)
+        revision = int(reply[3])
+        if revision == 0:
+            return lease, None
+        if len(reply) < 5 or reply[4] is None:
+            raise SnapshotEnvelopeInvalidError(
+                f"the head of thread {show_id(thread_id)} names revision {revision}, which has "
+                "no history entry; the keys were changed by something other than flowy"
+            )
+        return lease, (revision, reply[4])
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
         reply: list[Any] = await self.store.call(

@@ -17,6 +17,7 @@ from ._lua import LuaScript as LuaScript
 __all__ = [
     "ACK",
     "ACQUIRE",
+    "ACQUIRE_HEAD",
     "ACTIVITY",
     "APPEND",
     "CLAIM",
@@ -118,6 +119,7 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   end
   redis.call('ZREM', KEYS[5], id)
 end
+@RELEASE@
 if #ARGV > 14 then
   local k = outbox_keys(9)
   for i = 15, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
@@ -126,10 +128,19 @@ return rev
 """.replace("@COLUMNS@", ", ".join(f"'{c}', ARGV[{i}]" for i, c in enumerate(HEAD_COLUMNS, 7)))
 
 
-def save_script(ttl_ms: int) -> LuaScript:
+_SAVE_RELEASE = """
+-- The lease (fenced above) is released: its record becomes a tombstone that expires soon.
+redis.call('HSET', KEYS[3], 'exp', '0')
+expire_after(KEYS[3], now + @RELEASED@ * 1000, l[2])
+""".replace("@RELEASED@", str(RELEASED_TTL_MS))
+
+
+def save_script(ttl_ms: int, *, release: bool = False) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
-    (0: never)."""
-    return LuaScript(_SAVE.replace("@TTL@", str(int(ttl_ms))))
+    (0: never); with ``release``, a written save also releases its lease (a leased
+    save only)."""
+    body = _SAVE.replace("@TTL@", str(int(ttl_ms)))
+    return LuaScript(body.replace("@RELEASE@", _SAVE_RELEASE if release else ""))
 
 
 HISTORY = LuaScript("""
@@ -348,6 +359,28 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', fmt(token), 'exp', fmt(ex
   'anonce', ARGV[3])
 expire_after(KEYS[1], exp, token)
 return {1, fmt(token), fmt(exp)}
+""")
+
+ACQUIRE_HEAD = LuaScript("""
+-- KEYS: lease, head, hist.  ARGV: owner, ttl_us, nonce.  ACQUIRE, then the head read
+-- in the same script: {1, token, exp, head revision (0: none), record} or, when a live
+-- lease holds the thread, {0, owner, token, exp}.
+local now = now_us()
+local l, live = live_lease(KEYS[1], now)
+local token, exp
+if live then
+  if l[4] ~= ARGV[3] then return {0, l[1], l[2], l[3]} end
+  token, exp = l[2], l[3]
+else
+  local t = math.max((tonumber(l[2]) or 0) + 1, now)
+  local e = now + tonumber(ARGV[2])
+  token, exp = fmt(t), fmt(e)
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'token', token, 'exp', exp, 'anonce', ARGV[3])
+  expire_after(KEYS[1], e, t)
+end
+local rev = tonumber(redis.call('HGET', KEYS[2], 'revision'))
+if not rev then return {1, token, exp, 0} end
+return {1, token, exp, rev, redis.call('HGET', KEYS[3], rev)}
 """)
 
 RENEW = LuaScript("""

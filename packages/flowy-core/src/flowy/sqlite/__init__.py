@@ -12,12 +12,12 @@ from __future__ import annotations
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Generic, Literal
+from typing import Any, ClassVar, Generic, Literal
 
 from .._errors import BackendURLError
 from .._types import S
 from ..storage import StateCodec
-from ..storage.dialect import BaseBackend, StoreURL
+from ..storage.dialect import BaseBackend, RoundTrips, StoreURL
 from ._db import APPLICATION_ID, SCHEMA_VERSION, Clock, SQLiteDatabase, StrPath
 from ._store import (
     SQLiteCheckpointer,
@@ -62,6 +62,10 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
         synchronous: ``"FULL"`` (default) or ``"NORMAL"``; see :class:`SQLiteDatabase`.
         poll_interval: seconds between looks at the outbox while ``claim`` waits.
     """
+
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    """A leased segment takes its lease and reads the head in one transaction, and its
+    last save releases the lease in its own."""
 
     def __init__(
         self,

@@ -112,6 +112,14 @@ def _append(conn: sqlite3.Connection, row: OutboxRow, now: float) -> None:
     conn.execute(_APPEND, (row.thread_id, row.committed_revision, row.payload, now))
 
 
+def _head(conn: sqlite3.Connection, thread_id: str) -> tuple[int, bytes] | None:
+    """The head's revision and record, or ``None``."""
+    row = conn.execute(
+        "SELECT revision, record FROM flowy_threads WHERE thread_id = ?", (thread_id,)
+    ).fetchone()
+    return None if row is None else (int(row[0]), bytes(row[1]))
+
+
 class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
     """The checkpointer of a SQLite file (native fencing, transactional).
 
@@ -178,9 +186,31 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             conn.execute(_UPDATE_HEAD_INDEXED, (*values, handoff, head.wake_at, thread_id))
         for outbox_row in write.outbox:
             _append(conn, outbox_row, now)
+        if write.release:  # fenced above: the lease is this write's
+            conn.execute("DELETE FROM flowy_leases WHERE thread_id = ?", (thread_id,))
         return None
 
     async def _write(self, write: Write) -> Refused | None:
+        return await self._commit_write(write)
+
+    async def _write_release(self, write: Write) -> Refused | None:
+        return await self._commit_write(write)  # ``_body`` deletes the lease
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        database = self.database
+
+        def body(conn: sqlite3.Connection) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+            got = _take_lease(conn, database, thread_id, owner, ttl)
+            return got, _head(conn, thread_id)
+
+        return await database.run(
+            lambda conn: immediate(conn, lambda: body(conn)),
+            f"acquire a lease on thread {thread_id!r:.80} and load it",
+        )
+
+    async def _commit_write(self, write: Write) -> Refused | None:
         refused = await self.database.run(
             lambda conn: immediate(conn, lambda: self._body(conn, write)),
             f"save thread {write.thread_id!r:.80} at revision {write.revision}",
@@ -190,13 +220,9 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
         return refused
 
     async def _read_head(self, thread_id: str) -> tuple[int, bytes] | None:
-        row = await self.database.run(
-            lambda conn: conn.execute(
-                "SELECT revision, record FROM flowy_threads WHERE thread_id = ?", (thread_id,)
-            ).fetchone(),
-            f"load thread {thread_id!r:.80}",
+        return await self.database.run(
+            lambda conn: _head(conn, thread_id), f"load thread {thread_id!r:.80}"
         )
-        return None if row is None else (int(row[0]), bytes(row[1]))
 
     async def _read_history(self, thread_id: str, limit: int) -> list[tuple[int, bytes]]:
         rows: list[tuple[Any, ...]] = await self.database.run(
@@ -353,6 +379,36 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
         return [bytes(row[0]) for row in rows]
 
 
+def _take_lease(
+    conn: sqlite3.Connection, database: SQLiteDatabase, thread_id: str, owner: str, ttl: float
+) -> Lease | Busy:
+    """Take ``thread_id`` for ``owner`` unless a live lease holds it (in a transaction)."""
+    now = database.clock()
+    live = _live_lease(conn, thread_id, now)
+    if live is not None:
+        return Busy(live)
+    row = conn.execute(
+        "SELECT token FROM flowy_leases WHERE thread_id = ?", (thread_id,)
+    ).fetchone()
+    token = next_fencing_token(int(row[0]) if row else None, now)
+    lease = Lease(thread_id, owner, token, now + ttl)
+    conn.execute(
+        "INSERT INTO flowy_leases (thread_id, owner, token, expires_at) "
+        "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+        "owner = excluded.owner, token = excluded.token, "
+        "expires_at = excluded.expires_at",
+        (thread_id, owner, lease.fencing_token, lease.expires_at),
+    )
+    # Records of leases that expired long ago (crashed owners) go away a few at a
+    # time; tokens are floored by the clock, so none ever goes back.
+    conn.execute(
+        "DELETE FROM flowy_leases WHERE rowid IN (SELECT rowid FROM flowy_leases "
+        "WHERE expires_at < ? LIMIT 16)",
+        (now - LEASE_RECORD_GRACE,),
+    )
+    return lease
+
+
 class SQLiteLeaseManager(BaseLeaseManager):
     """Run leases in a SQLite file, by the local clock (the processes sharing the file
     must run on one machine).
@@ -366,34 +422,11 @@ class SQLiteLeaseManager(BaseLeaseManager):
         self.domain: Hashable = database.domain
 
     async def _acquire(self, thread_id: str, owner: str, ttl: float) -> Lease | Busy:
-        def body(conn: sqlite3.Connection) -> Lease | Busy:
-            now = self.database.clock()
-            live = _live_lease(conn, thread_id, now)
-            if live is not None:
-                return Busy(live)
-            row = conn.execute(
-                "SELECT token FROM flowy_leases WHERE thread_id = ?", (thread_id,)
-            ).fetchone()
-            token = next_fencing_token(int(row[0]) if row else None, now)
-            lease = Lease(thread_id, owner, token, now + ttl)
-            conn.execute(
-                "INSERT INTO flowy_leases (thread_id, owner, token, expires_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
-                "owner = excluded.owner, token = excluded.token, "
-                "expires_at = excluded.expires_at",
-                (thread_id, owner, lease.fencing_token, lease.expires_at),
-            )
-            # Records of leases that expired long ago (crashed owners) go away a few at a
-            # time; tokens are floored by the clock, so none ever goes back.
-            conn.execute(
-                "DELETE FROM flowy_leases WHERE rowid IN (SELECT rowid FROM flowy_leases "
-                "WHERE expires_at < ? LIMIT 16)",
-                (now - LEASE_RECORD_GRACE,),
-            )
-            return lease
-
-        return await self.database.run(
-            lambda conn: immediate(conn, lambda: body(conn)),
+        database = self.database
+        return await database.run(
+            lambda conn: immediate(
+                conn, lambda: _take_lease(conn, database, thread_id, owner, ttl)
+            ),
             f"acquire a lease on thread {thread_id!r:.80}",
         )
 

@@ -14,6 +14,7 @@ import abc
 import copy
 import math
 from collections.abc import Hashable, Iterable
+from dataclasses import replace
 from typing import Any, Generic
 
 from .._errors import (
@@ -26,7 +27,7 @@ from .._errors import (
     ThreadNotFoundError,
 )
 from .._types import S
-from ._checks import check_count, check_lease, check_revision
+from ._checks import check_count, check_lease, check_owner, check_revision, check_seconds
 from ._codecs import StateCodec
 from ._durable import (
     ActivityRecord,
@@ -38,7 +39,7 @@ from ._durable import (
     encode_activity,
     encode_signal,
 )
-from ._leases import BaseLeaseManager
+from ._leases import BaseLeaseManager, busy_error
 from ._limits import MAX_TIMESTAMP, Limits, check_time
 from ._model import (
     HandoffStatus,
@@ -50,7 +51,7 @@ from ._model import (
 )
 from ._protocols import EnqueueCallback, LeaseManager
 from ._records import decode_snapshot, encode_snapshot
-from ._writes import OutboxTransaction, Refused, Write, refusal_error, show_id
+from ._writes import Busy, OutboxTransaction, Refused, Write, refusal_error, show_id
 
 __all__ = ["BACKLOG_STATUSES", "BaseCheckpointer"]
 
@@ -134,6 +135,33 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Up to ``limit`` (> 0) heads ordered by thread id, past ``after`` if given,
         only those whose hand-off status is in ``statuses`` if given (non-empty). Build
         each with :meth:`summary`; read columns, not records."""
+
+    # -- fewer round trips (optional) ------------------------------------------------------
+    # A store that can do these in one round trip implements them; without, the engine
+    # composes them of the primitives above and the lease manager's (one more each).
+    async def _write_release(self, write: Write) -> Refused | None:
+        """Perform ``write`` as :meth:`_write` does and, in the same atomic operation,
+        give its lease (``write.lease``, never ``None`` here; ``write.release`` is set)
+        up, keeping the thread's fencing token counter. A refused write writes nothing
+        and leaves the lease as it is. The engine uses it for the save that ends a
+        leased segment, instead of a save and a separate release."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot release a lease in its save (_write_release); "
+            "release it through the lease manager"
+        )
+
+    async def _acquire_head(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
+        """Take the thread's lease as ``BaseLeaseManager._acquire`` of this store does
+        (same fencing tokens, same :class:`Busy`) and read its head as :meth:`_read_head`
+        does, in one round trip; the head is read after the lease is taken, so no save
+        of another owner can land between them. The engine uses it to start or resume a
+        leased segment, instead of an acquisition and a separate read."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot take a lease and read the head in one round "
+            "trip (_acquire_head); acquire through the lease manager, then load"
+        )
 
     # -- timers, signals and the activity journal (durable time) -------------------------
     # Every store of flowy-core and its adapters implements these; a store written for
@@ -335,7 +363,7 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         return Write(expected_revision, record, summary, lease)
 
     async def _commit(self, write: Write) -> int:
-        refused = await self._write(write)
+        refused = await (self._write_release(write) if write.release else self._write(write))
         if refused is None:
             return write.revision
         error = refusal_error(write, refused, final=False)
@@ -351,6 +379,16 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Store ``snapshot`` at ``expected_revision + 1`` if the head is at
         ``expected_revision``, fenced by ``lease`` (``Checkpointer.save``)."""
         return await self._commit(self._prepare(expected_revision, snapshot, lease))
+
+    async def save_and_release(
+        self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease
+    ) -> int:
+        """Store ``snapshot`` if the head is at ``expected_revision``, fenced by
+        ``lease``, in an atomic write that also gives ``lease`` up (``_write_release``;
+        ``Capabilities.release_on_save`` says the store can). A refused save leaves the
+        lease held. The engine's last save of a leased segment."""
+        write = self._prepare(expected_revision, snapshot, lease)
+        return await self._commit(replace(write, release=True))
 
     async def save_with_outbox(
         self,
@@ -407,6 +445,27 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             record, self.codec, thread_id=thread_id, revision=revision
         )
         return snapshot, revision
+
+    async def acquire_and_load(
+        self, thread_id: str, owner: str, ttl: float
+    ) -> tuple[Lease, tuple[Snapshot[S], int] | None]:
+        """Take ``thread_id`` for ``owner`` for ``ttl`` seconds (``LeaseManager.acquire``
+        of this store) and load its head (:meth:`load`; ``None`` when there is none) in
+        one round trip (``_acquire_head``; ``Capabilities.acquire_with_load`` says the
+        store can). ``ThreadLeaseBusyError`` when a live lease holds the thread."""
+        validate_thread_id(thread_id)
+        check_owner(owner)
+        seconds = check_seconds(ttl, "lease ttl")
+        got, head = await self._acquire_head(thread_id, owner, seconds)
+        if isinstance(got, Busy):
+            raise busy_error(thread_id, got.holder)
+        if head is None:
+            return got, None
+        revision, record = head
+        snapshot: Snapshot[S] = decode_snapshot(
+            record, self.codec, thread_id=thread_id, revision=revision
+        )
+        return got, (snapshot, revision)
 
     async def get_history(self, thread_id: str, limit: int = 100) -> list[Snapshot[S]]:
         """Up to ``limit`` stored snapshots of ``thread_id``, newest first."""

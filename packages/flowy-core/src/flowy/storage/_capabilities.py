@@ -48,6 +48,15 @@ class Capabilities:
     runs in the watcher's process."""
     schedules: bool = False
     """It keeps durable schedules (``backend.schedules``) that workers fire."""
+    acquire_with_load: bool = False
+    """Its fencing checkpointer takes a run lease and reads the head in one round trip
+    (``BaseCheckpointer.acquire_and_load`` over ``_acquire_head``): a leased segment
+    starts with one call instead of two."""
+    release_on_save: bool = False
+    """Its fencing checkpointer gives a run lease up in the same atomic write as the
+    save that ends a leased segment (``BaseCheckpointer.save_and_release`` over
+    ``_write_release``), so the
+    engine makes no separate release call."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""
@@ -67,8 +76,11 @@ class RoundTrips:
     """``Checkpointer.save``, with or without a lease: one conditional write."""
     segment: int = 3
     """What a leased start or resume of N steps costs beyond its N saves: acquire the
-    lease, read the head, release the lease."""
+    lease, read the head, release the lease (one less where the last save releases it,
+    ``Capabilities.release_on_save``, and one less where the acquisition reads the
+    head, ``Capabilities.acquire_with_load``)."""
     handoff: int = 6
     """What a hand-off a ``Worker`` claims and continues for N steps costs beyond its N
     saves: the claim, the worker's read of the head (its decision), the run's acquire,
-    read and release, and the ack."""
+    read and release, and the ack (one less for each of the capabilities ``segment``
+    names)."""

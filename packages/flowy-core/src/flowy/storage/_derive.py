@@ -108,4 +108,10 @@ def derive_capabilities(
         and isinstance(cp, BaseCheckpointer),
         live_progress=live_progress,
         schedules=isinstance(schedules, BaseScheduleStore),
+        acquire_with_load=fencing
+        and isinstance(cp, BaseCheckpointer)
+        and overrides(cast(object, cp), BaseCheckpointer, "_acquire_head"),
+        release_on_save=fencing
+        and isinstance(cp, BaseCheckpointer)
+        and overrides(cast(object, cp), BaseCheckpointer, "_write_release"),
     )

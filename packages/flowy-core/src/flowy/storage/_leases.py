@@ -15,7 +15,15 @@ from ._checks import check_lease, check_owner, check_seconds, check_system_name
 from ._model import Lease, validate_thread_id
 from ._writes import Busy, show_id
 
-__all__ = ["BaseLeaseManager"]
+__all__ = ["BaseLeaseManager", "busy_error"]
+
+
+def busy_error(thread_id: str, holder: Lease) -> ThreadLeaseBusyError:
+    """The error of an acquisition refused because ``holder`` holds the thread."""
+    return ThreadLeaseBusyError(
+        f"thread {show_id(thread_id)} is leased by {holder.owner!r} (fencing token "
+        f"{holder.fencing_token}) until {holder.expires_at:.3f}; wait for it to end"
+    )
 
 
 class BaseLeaseManager(abc.ABC):
@@ -53,11 +61,7 @@ class BaseLeaseManager(abc.ABC):
         seconds = check_seconds(ttl, "lease ttl")
         got = await self._acquire(thread_id, owner, seconds)
         if isinstance(got, Busy):
-            holder = got.holder
-            raise ThreadLeaseBusyError(
-                f"thread {show_id(thread_id)} is leased by {holder.owner!r} (fencing token "
-                f"{holder.fencing_token}) until {holder.expires_at:.3f}; wait for it to end"
-            )
+            raise busy_error(thread_id, got.holder)
         return got
 
     async def acquire_system(self, name: str, owner: str, ttl: float) -> Lease:

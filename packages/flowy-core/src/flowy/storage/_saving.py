@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .._errors import StorageUnavailableError, ThreadNotFoundError
 from .._types import S
 from ._model import Lease, Snapshot, new_write_id
 from ._protocols import Checkpointer
+
+if TYPE_CHECKING:
+    from ._base import BaseCheckpointer
 
 __all__ = ["confirm_save", "confirmed_save"]
 
@@ -54,6 +57,7 @@ async def confirmed_save(
     lease: Lease | None = None,
     attempts: int = 3,
     backoff: float = 0.05,
+    release: bool = False,
 ) -> int:
     """Save ``snapshot`` at ``expected_revision + 1``, resolving unknown outcomes.
 
@@ -70,6 +74,9 @@ async def confirmed_save(
         lease: the run lease the save is fenced by (``Checkpointer.save``).
         attempts: save attempts in all (at least one).
         backoff: seconds before the second attempt; it doubles for each later one.
+        release: give ``lease`` up in the save's own atomic write (a checkpointer built
+            on ``BaseCheckpointer`` whose store has ``Capabilities.release_on_save``);
+            a write that landed released it, one that did not left it held.
 
     Returns:
         The revision the snapshot is stored at.
@@ -92,6 +99,9 @@ async def confirmed_save(
             if landed is not None:
                 return landed
         try:
+            if release and lease is not None:
+                base = cast("BaseCheckpointer[S]", checkpointer)
+                return await base.save_and_release(expected_revision, snapshot, lease=lease)
             return await checkpointer.save(expected_revision, snapshot, lease=lease)
         except StorageUnavailableError as exc:
             last = exc

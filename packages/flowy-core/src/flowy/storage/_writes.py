@@ -65,7 +65,9 @@ class Write:
     live lease; without, no live lease holds the thread. ``summary`` carries the head's
     columns (for listing without decoding records). ``native`` holds the application's
     own actions (checked by ``BaseCheckpointer._native_action``), written in the same
-    atomic operation.
+    atomic operation. With ``release`` (only given to ``BaseCheckpointer._write_release``,
+    always with a ``lease``), the same atomic operation also gives that lease up once
+    written; a refused write leaves it held.
     """
 
     expected_revision: int
@@ -74,6 +76,7 @@ class Write:
     lease: Lease | None
     outbox: tuple[OutboxRow, ...] = ()
     native: tuple[object, ...] = ()
+    release: bool = False
 
     @property
     def thread_id(self) -> str:

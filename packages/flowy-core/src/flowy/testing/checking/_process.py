@@ -124,9 +124,15 @@ class Operations:
             if result is not None:
                 return  # refused (a ``Refused``): nothing was written
             self.landed += 1
-            self.last_pointer = cast(Write, op.args[0]).summary.execution_pointer
-        elif phase is Phase.ACQUIRE and isinstance(result, Lease):
-            process.leases[result.thread_id] = result
+            write = cast(Write, op.args[0])
+            self.last_pointer = write.summary.execution_pointer
+            if write.release:  # the save gave its lease up
+                process.leases.pop(write.thread_id, None)
+        elif phase is Phase.ACQUIRE:
+            if isinstance(result, tuple):  # ``_acquire_head``: the lease and the head
+                result = cast(tuple[object, object], result)[0]
+            if isinstance(result, Lease):
+                process.leases[result.thread_id] = result
         elif phase is Phase.RELEASE_LEASE:
             process.leases.pop(cast(Lease, op.args[0]).thread_id, None)
         elif phase is Phase.CLAIM:

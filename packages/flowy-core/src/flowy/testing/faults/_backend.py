@@ -38,6 +38,8 @@ __all__ = ["PRIMITIVES", "FaultyBackend"]
 PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
     BaseCheckpointer: {
         "_write": None,
+        "_write_release": None,
+        "_acquire_head": Phase.ACQUIRE,
         "_read_head": Phase.LOAD,
         "_read_history": Phase.READ,
         "_prune": Phase.PRUNE,

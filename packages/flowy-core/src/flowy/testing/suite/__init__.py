@@ -45,6 +45,7 @@ from ._waits import *  # noqa: F403
 from ._watch import *  # noqa: F403
 
 __all__ = [
+    "AcquireAndLoadSuite",
     "ActivitySuite",
     "ArgumentSuite",
     "BacklogSuite",
@@ -64,6 +65,7 @@ __all__ = [
     "LimitsSuite",
     "LineageSuite",
     "OutboxSuite",
+    "ReleasingSaveSuite",
     "RoundTripSuite",
     "ScheduleSuite",
     "ScratchSuite",

@@ -17,17 +17,27 @@ from typing import Any, ClassVar
 import pytest
 
 from ..._directives import Directive, completed, end, handoff, suspend
+from ..._errors import (
+    ConcurrencyConflictError,
+    LeaseLostError,
+    ThreadLeaseBusyError,
+    ThreadNotFoundError,
+)
 from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
 from ..._worker import Outcome, Worker
-from ...storage import Backend, RunStatus
-from ...storage.dialect import BaseBackend, RoundTrips
-from ..faults import FaultPlan, FaultyBackend, Operation
+from ...storage import Backend, Lease, RunStatus
+from ...storage.dialect import BaseBackend, BaseCheckpointer, RoundTrips
+from ..faults import FaultKind, FaultPlan, FaultyBackend, Operation, Phase
 from ._support import Suite, make_snapshot, new_thread_id
 
-__all__ = ["RoundTripSuite"]
+__all__ = ["AcquireAndLoadSuite", "ReleasingSaveSuite", "RoundTripSuite"]
 
 State = dict[str, Any]
+
+
+_SAVES = frozenset({"_write", "_write_release"})
+"""The primitives that are one save each."""
 
 
 class _Counting(FaultPlan):
@@ -39,6 +49,17 @@ class _Counting(FaultPlan):
     async def decide(self, operation: Operation) -> None:
         self.calls.append(operation.primitive)
         return None
+
+    @property
+    def saves(self) -> int:
+        """The saves among the calls (each one conditional write)."""
+        return sum(call in _SAVES for call in self.calls)
+
+
+def _counted(backend: Backend[Any]) -> tuple[FaultyBackend[Any], _Counting]:
+    """``backend`` with every primitive call recorded."""
+    plan = _Counting()
+    return FaultyBackend(backend, plan), plan
 
 
 def _merge(state: State, update: State) -> State:
@@ -81,16 +102,11 @@ class RoundTripSuite(Suite):
             )
         return type(backend).round_trips
 
-    @staticmethod
-    def _counted(backend: Backend[Any]) -> tuple[FaultyBackend[Any], _Counting]:
-        plan = _Counting()
-        return FaultyBackend(backend, plan), plan
-
     async def test_a_save_is_its_declared_round_trips_fenced_or_not(
         self, flowy_backend: Backend[Any]
     ) -> None:
         declared = self._declared(flowy_backend)
-        counted, plan = self._counted(flowy_backend)
+        counted, plan = _counted(flowy_backend)
         tid = new_thread_id("rt-save")
         assert await counted.checkpointer.save(0, make_snapshot(tid)) == 1
         assert len(plan.calls) == declared.save, plan.calls
@@ -104,12 +120,13 @@ class RoundTripSuite(Suite):
     ) -> None:
         declared = self._declared(flowy_backend)
         for steps in (1, 5):
-            counted, plan = self._counted(flowy_backend)
+            counted, plan = _counted(flowy_backend)
             runner = Runner(_chain(steps), counted, run_lease=("rt-owner", self.long_ttl))
             result = await runner.start(new_thread_id("rt-start"), {})
             assert result.status is RunStatus.COMPLETED, result
-            assert plan.calls.count("_write") == steps, plan.calls
+            assert plan.saves == steps, plan.calls
             assert len(plan.calls) == steps + declared.segment, plan.calls
+            assert await flowy_backend.leases.holder(result.thread_id) is None
 
     async def test_a_leased_resume_is_its_saves_and_the_segments_round_trips(
         self, flowy_backend: Backend[Any]
@@ -125,11 +142,12 @@ class RoundTripSuite(Suite):
         tid = new_thread_id("rt-resume")
         first = await Runner(graph, flowy_backend).start(tid, {})
         assert first.status is RunStatus.SUSPENDED and first.resume_token is not None, first
-        counted, plan = self._counted(flowy_backend)
+        counted, plan = _counted(flowy_backend)
         runner = Runner(graph, counted, run_lease=("rt-owner", self.long_ttl))
         result = await runner.resume(first.resume_token, state_overlay={"ok": True})
         assert result.status is RunStatus.COMPLETED, result
-        assert len(plan.calls) == plan.calls.count("_write") + declared.segment, plan.calls
+        assert len(plan.calls) == plan.saves + declared.segment, plan.calls
+        assert await flowy_backend.leases.holder(tid) is None
 
     async def test_a_hand_off_a_worker_continues_is_its_saves_and_the_hand_offs_round_trips(
         self, flowy_backend: Backend[Any]
@@ -142,12 +160,126 @@ class RoundTripSuite(Suite):
             tid = new_thread_id("rt-handoff")
             first = await Runner(graph, flowy_backend).start(tid, {})
             assert first.status is RunStatus.HANDOFF, first
-            counted, plan = self._counted(flowy_backend)
+            counted, plan = _counted(flowy_backend)
             worker = Worker(Runner(graph, counted), owner="rt-worker", busy_grace=0.0)
             (message,) = await counted.consumer.claim(1, self.long_ttl, wait=2.0)
             assert message.intent.thread_id == tid
             assert await worker.process(message) is Outcome.RESUMED
             head, _ = await flowy_backend.checkpointer.load(tid)
             assert head.status is RunStatus.COMPLETED, head
-            assert plan.calls.count("_write") == continued, plan.calls
+            assert plan.saves == continued, plan.calls
             assert len(plan.calls) == continued + declared.handoff, plan.calls
+
+
+class ReleasingSaveSuite(Suite):
+    """A save that releases (``Capabilities.release_on_save``): the written save gives
+    the lease up in its own atomic write, keeping the token counter; a refused one
+    writes nothing and leaves the lease held; a leased segment makes no separate
+    release call."""
+
+    requires: ClassVar[tuple[str, ...]] = ("release_on_save",)
+
+    async def test_a_releasing_save_writes_and_gives_the_lease_up(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid = new_thread_id("rel-save")
+        lease = await flowy_backend.leases.acquire(tid, "rel-owner", self.long_ttl)
+        assert await cp.save_and_release(0, make_snapshot(tid), lease=lease) == 1
+        assert await flowy_backend.leases.holder(tid) is None
+        _, revision = await cp.load(tid)
+        assert revision == 1
+        again = await flowy_backend.leases.acquire(tid, "rel-other", self.long_ttl)
+        assert again.fencing_token > lease.fencing_token
+
+    async def test_a_refused_releasing_save_keeps_the_lease_and_writes_nothing(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid = new_thread_id("rel-refused")
+        lease = await flowy_backend.leases.acquire(tid, "rel-owner", self.long_ttl)
+        with pytest.raises(ConcurrencyConflictError):
+            await cp.save_and_release(3, make_snapshot(tid), lease=lease)
+        holder = await flowy_backend.leases.holder(tid)
+        assert holder is not None and holder.fencing_token == lease.fencing_token
+        stale = Lease(tid, "rel-stale", lease.fencing_token - 1, lease.expires_at)
+        with pytest.raises(LeaseLostError):
+            await cp.save_and_release(0, make_snapshot(tid), lease=stale)
+        holder = await flowy_backend.leases.holder(tid)
+        assert holder is not None and holder.fencing_token == lease.fencing_token
+        with pytest.raises(ThreadNotFoundError):
+            await cp.load(tid)
+        await flowy_backend.leases.release(lease)
+
+    async def test_a_leased_segment_releases_in_its_last_save(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        counted, plan = _counted(flowy_backend)
+        runner = Runner(_chain(2), counted, run_lease=("rel-owner", self.long_ttl))
+        result = await runner.start(new_thread_id("rel-run"), {})
+        assert result.status is RunStatus.COMPLETED, result
+        assert plan.calls[-1] == "_write_release", plan.calls
+        assert "_release" not in plan.calls, plan.calls
+        assert await flowy_backend.leases.holder(result.thread_id) is None
+
+    async def test_a_segment_whose_last_save_fails_still_releases_the_lease(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        counted = FaultyBackend(flowy_backend)
+        counted.arm(Phase.SAVE_TERMINAL, FaultKind.UNAVAILABLE, times=10)
+        runner = Runner(_chain(1), counted, run_lease=("rel-owner", self.long_ttl))
+        result = await runner.start(new_thread_id("rel-fail"), {})
+        assert result.status is RunStatus.FAILED, result
+        assert await flowy_backend.leases.holder(result.thread_id) is None
+
+
+class AcquireAndLoadSuite(Suite):
+    """Take a lease and read the head in one round trip
+    (``Capabilities.acquire_with_load``): the lease the lease manager would give (busy
+    while another holds it, a greater fencing token each time) and the head as
+    ``load`` reads it; a leased segment starts with that one call."""
+
+    requires: ClassVar[tuple[str, ...]] = ("acquire_with_load",)
+
+    async def test_it_takes_the_lease_and_reads_no_head_of_a_new_thread(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid = new_thread_id("al-new")
+        lease, head = await cp.acquire_and_load(tid, "al-owner", self.long_ttl)
+        assert head is None
+        holder = await flowy_backend.leases.holder(tid)
+        assert holder is not None and holder.fencing_token == lease.fencing_token
+        assert holder.owner == "al-owner"
+        await flowy_backend.leases.release(lease)
+
+    async def test_it_reads_the_head_and_is_refused_while_another_holds_the_thread(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid = new_thread_id("al-head")
+        await cp.save(0, make_snapshot(tid, state={"n": 1}))
+        first, head = await cp.acquire_and_load(tid, "al-owner", self.long_ttl)
+        assert head is not None
+        snapshot, revision = head
+        assert revision == 1 and snapshot.state == {"n": 1}
+        with pytest.raises(ThreadLeaseBusyError):
+            await cp.acquire_and_load(tid, "al-other", self.long_ttl)
+        await cp.save(1, make_snapshot(tid, state={"n": 2}), lease=first)
+        await flowy_backend.leases.release(first)
+        second, head = await cp.acquire_and_load(tid, "al-other", self.long_ttl)
+        assert second.fencing_token > first.fencing_token
+        assert head is not None and head[1] == 2 and head[0].state == {"n": 2}
+        await flowy_backend.leases.release(second)
+
+    async def test_a_leased_segment_starts_with_one_call(self, flowy_backend: Backend[Any]) -> None:
+        counted, plan = _counted(flowy_backend)
+        runner = Runner(_chain(1), counted, run_lease=("al-owner", self.long_ttl))
+        result = await runner.start(new_thread_id("al-run"), {})
+        assert result.status is RunStatus.COMPLETED, result
+        assert plan.calls[0] == "_acquire_head", plan.calls
+        assert "_acquire" not in plan.calls and "_read_head" not in plan.calls, plan.calls
