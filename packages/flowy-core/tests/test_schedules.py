@@ -61,7 +61,9 @@ async def test_a_nightly_cron_keeps_its_wall_time_across_the_spring_change() -> 
         claim = await backend.schedules.claim_from(schedule, schedule.next_tick)
         assert claim is not None
         seen += [thread for _, thread in claim.ticks]
-        schedule = claim.schedule
+        for tick, _ in claim.ticks:  # started: no longer pending
+            await backend.schedules.started("nightly", tick)
+        schedule = await backend.schedules.get("nightly")
     # 28 March 02:30 CET, 29 March: no 02:30 that night (03:30 CEST), 30 March 02:30 CEST.
     assert seen == [
         "nightly@2026-03-28T01:30:00Z",

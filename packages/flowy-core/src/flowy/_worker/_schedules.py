@@ -4,8 +4,10 @@ one claims a tick) and starts a thread per claimed tick, ``concurrency`` at a ti
 
 The time is the runner's ``clock``, so tests move it instead of sleeping. A tick's
 thread id is derived from the schedule and the tick, so even a second start of the same
-tick is refused by the checkpointer. A start that fails is logged; the tick is not
-tried again (its claim is spent).
+tick is refused by the checkpointer. Once a tick's thread started (or exists), the worker
+says so (``BaseScheduleStore.started``); a tick whose start failed, or whose worker died
+first, stays pending and is claimed again once its hold (the worker's lease ttl) runs
+out. A start that fails is logged with its traceback.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Schedules(Generic[S, E]):
             return 0
         shared = self.shared
         now = shared.runner.clock()
+        hold = shared.options.lease_ttl
         try:
             schedules = await self.store.list()
         except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
@@ -74,10 +77,10 @@ class Schedules(Generic[S, E]):
             return 0
         starts: list[tuple[Schedule, float, str]] = []
         for schedule in schedules:
-            if schedule.paused or schedule.next_tick > now:
+            if not schedule.due_at(now):
                 continue
             try:
-                claim = await self.store.claim_from(schedule, now)
+                claim = await self.store.claim_from(schedule, now, hold=hold)
             except Exception as exc:  # noqa: BLE001 - logged; the next look tries again
                 shared.log_failure(f"claiming schedule {schedule.name!r} failed", exc)
                 continue
@@ -93,6 +96,7 @@ class Schedules(Generic[S, E]):
 
     async def _start(self, schedule: Schedule, tick: float, thread_id: str) -> int:
         shared = self.shared
+        started = 1
         try:
             runner = self._runner(schedule.graph)
             state = _initial_state(runner, schedule)
@@ -103,18 +107,26 @@ class Schedules(Generic[S, E]):
                 run_lease=lease if runner.lease_manager is not None else None,
                 metadata={"schedule": schedule.name, "tick": tick},
             )
-        except (ConcurrencyConflictError, ThreadAlreadyRunningError, ThreadLeaseBusyError):
-            return 0  # the tick's thread exists already
+        except ConcurrencyConflictError:
+            started = 0  # the tick's thread exists already: another start got there
+        except (ThreadAlreadyRunningError, ThreadLeaseBusyError):
+            return 0  # another worker is starting it now; it says so when it has
         except Exception as exc:
             logger.error(
-                "flowy worker %r: schedule %r could not start thread %r",
+                "flowy worker %r: schedule %r could not start thread %r (it stays pending "
+                "and is tried again once its hold runs out)",
                 shared.owner,
                 schedule.name,
                 thread_id,
                 exc_info=exc,
             )
             return 0
-        return 1
+        assert self.store is not None
+        try:
+            await self.store.started(schedule.name, tick)
+        except Exception as exc:  # noqa: BLE001 - the tick stays pending: a later start is refused
+            shared.log_failure(f"marking tick {thread_id!r} started failed", exc)
+        return started
 
     def _runner(self, target: str) -> Runner[Any, Any]:
         runner = self._runners.get(target)

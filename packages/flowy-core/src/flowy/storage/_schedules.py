@@ -19,8 +19,15 @@ Catch-up after downtime (the ticks that came due while no worker fired them):
 - ``"all"``: every due tick starts, oldest first, but at most ``catch_up_cap`` of them
   (the newest ones); older ones are dropped.
 
-A claim happens before the start: a worker that crashes between the two loses that
-tick (the next ticks are unaffected).
+A claim happens before the start, and the claimed ticks stay ``pending`` in the record,
+each held by its claim until a deadline (``hold`` seconds), until the worker that
+claimed them has started their threads (:meth:`BaseScheduleStore.started`). A worker
+that dies in between leaves them pending: once their hold runs out, the next claim by any
+worker takes them again and starts them. A start of a tick whose thread exists already
+(the first worker started it, then died before saying so) is refused by the
+checkpointer, so the tick starts once. The one gap: a graph that deletes its threads on
+success (``delete_on_success``) whose run finished, in a worker that died before it said
+so, starts again.
 """
 
 from __future__ import annotations
@@ -116,6 +123,9 @@ class Schedule:
     """The newest tick claimed (started or dropped), or ``None``."""
     created_at: float
     """When it was created (an ``every`` schedule's ticks count from here)."""
+    pending: tuple[tuple[float, float], ...] = ()
+    """``(tick, held until)`` of each claimed tick whose thread its worker has not yet
+    said it started: past its hold, the next claim takes it again (module notes)."""
     version: int = 0
     """The store's version of the record: every change adds one."""
 
@@ -124,6 +134,13 @@ class Schedule:
         in UTC, ``"nightly@2026-12-03T02:00:00Z"``."""
         when = _dt.datetime.fromtimestamp(tick, _dt.UTC)
         return f"{self.name}@{when.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+    def due_at(self, now: float) -> bool:
+        """Whether a claim at ``now`` takes something: a tick is due, or a pending tick's
+        hold ran out (a paused schedule takes nothing)."""
+        if self.paused:
+            return False
+        return self.next_tick <= now or any(until <= now for _, until in self.pending)
 
     def next_after(self, after: float) -> float:
         """The first tick of this schedule strictly after ``after``."""
@@ -194,6 +211,7 @@ def _encode(schedule: Schedule) -> bytes:
         "next_tick": schedule.next_tick,
         "last_tick": schedule.last_tick,
         "created_at": schedule.created_at,
+        "pending": [list(pair) for pair in schedule.pending],
     }
     return dump_json(f"schedule {schedule.name!r}", {"flowy_schedule": 1, **body})
 
@@ -203,7 +221,8 @@ def _decode(name: str, version: int, data: bytes | str) -> Schedule:
         body = cast(dict[str, Any], json.loads(data))
         if body.pop("flowy_schedule") != 1 or body["name"] != name:
             raise ValueError("not this schedule's record")
-        return Schedule(**body, version=int(version))
+        pending = tuple((float(tick), float(until)) for tick, until in body.pop("pending", ()))
+        return Schedule(**body, pending=pending, version=int(version))
     except (ValueError, TypeError, KeyError) as exc:
         raise SnapshotEnvelopeInvalidError(
             f"the stored record of schedule {name!r} is corrupt: {exc}"
@@ -383,32 +402,53 @@ class BaseScheduleStore(abc.ABC):
         if not await self._delete(name):
             raise self._missing(name)
 
-    async def claim(self, name: str, now: float) -> TickClaim | None:
+    async def claim(self, name: str, now: float, *, hold: float = 60.0) -> TickClaim | None:
         """Claim the due ticks of ``name`` at ``now``: ``None`` if none is due (or it is
         paused, deleted, or another worker claimed them first); else the ticks to start,
-        by the schedule's catch-up policy, with their thread ids. One read and one
+        by the schedule's catch-up policy, with their thread ids, and the pending ticks
+        whose hold ran out (their claimer died). Each stays pending, held for ``hold``
+        seconds, until :meth:`started` says its thread started. One read and one
         compare-and-set: of any number of workers claiming at once, one succeeds."""
         validate_schedule_name(name)
         found = await self._read(name)
         if found is None:
             return None
-        return await self.claim_from(_decode(name, *found), now)
+        return await self.claim_from(_decode(name, *found), now, hold=hold)
 
-    async def claim_from(self, schedule: Schedule, now: float) -> TickClaim | None:
+    async def claim_from(
+        self, schedule: Schedule, now: float, *, hold: float = 60.0
+    ) -> TickClaim | None:
         """:meth:`claim` for ``schedule`` as already read (by :meth:`list`) at ``now``:
         one compare-and-set, which fails (``None``) if the schedule changed since."""
-        if schedule.paused or schedule.next_tick > now:
+        if not schedule.due_at(now):
             return None
+        lapsed = [tick for tick, until in schedule.pending if until <= now]
+        held = [(tick, until) for tick, until in schedule.pending if until > now]
         ticks, newest, following = schedule.due(now)
+        starts = sorted({*lapsed, *ticks})
         claimed = replace(
             schedule,
             next_tick=following,
             last_tick=schedule.last_tick if newest is None else newest,
+            pending=tuple(sorted([*held, *((tick, now + hold) for tick in starts)])),
         )
         if not await self._replace(schedule.name, schedule.version, _encode(claimed)):
             return None
         claimed = replace(claimed, version=schedule.version + 1)
-        return TickClaim(claimed, tuple((t, claimed.thread_id(t)) for t in ticks))
+        return TickClaim(claimed, tuple((t, claimed.thread_id(t)) for t in starts))
+
+    async def started(self, name: str, tick: float) -> None:
+        """Say that the thread of ``name``'s claimed ``tick`` started (or exists): it is
+        no longer pending. Nothing happens if the schedule is gone or the tick is not
+        pending."""
+
+        def done(schedule: Schedule, now: float) -> Schedule:
+            return replace(schedule, pending=tuple(p for p in schedule.pending if p[0] != tick))
+
+        try:
+            await self._change(name, done)
+        except ScheduleError:
+            return  # deleted meanwhile: nothing is pending any more
 
     async def _change(self, name: str, change: Callable[[Schedule, float], Schedule]) -> Schedule:
         validate_schedule_name(name)

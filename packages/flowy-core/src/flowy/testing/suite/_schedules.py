@@ -186,11 +186,13 @@ class ScheduleSuite(Suite):
             claim = await store.claim(due.name, due.next_tick)
             assert claim is not None
             assert calls == Counter({"_read": 1, "_replace": 1})
+            await store.started(due.name, due.next_tick)  # its thread started
             calls.clear()
-            # A worker's look: one listing, then one write per due schedule only.
+            # A worker's look: one listing, one write per due schedule only, and a read
+            # and a write per started tick (it is no longer pending).
             worker = Worker(Runner(TICK_GRAPH, flowy_backend, clock=Clock(due.next_tick + 60)))
             assert await worker.fire_schedules() == 1
-            assert calls == Counter({"_read_all": 1, "_replace": 1})
+            assert calls == Counter({"_read_all": 1, "_replace": 2, "_read": 1})
         finally:
             for primitive in ("_read", "_read_all", "_replace", "_insert", "_delete"):
                 delattr(store, primitive)
@@ -224,6 +226,39 @@ class ScheduleSuite(Suite):
             assert head.status is RunStatus.COMPLETED
             assert head.state == {"ran": True}
 
+    async def test_a_tick_whose_worker_died_before_starting_it_starts_later(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        store = schedules_of(flowy_backend)
+        made = await store.create(_name("died"), graph=TARGET, every=MINUTE)
+        tick = made.next_tick
+        # A worker claims the tick, then dies before it starts the tick's thread.
+        claim = await store.claim(made.name, tick, hold=30.0)
+        assert claim is not None and claim.ticks == ((tick, made.thread_id(tick)),)
+        assert [t for t, _ in (await store.get(made.name)).pending] == [tick]
+        clock = Clock(tick + 10)
+        worker = Worker(Runner(TICK_GRAPH, flowy_backend, clock=clock), lease_ttl=30.0)
+        assert await worker.fire_schedules() == 0  # still held by the claim
+        clock.now = tick + 31  # the hold ran out: the next look takes it again
+        assert await worker.fire_schedules() == 1
+        assert STARTS[made.thread_id(tick)] == 1
+        assert (await store.get(made.name)).pending == ()
+        assert await worker.fire_schedules() == 0
+
+    async def test_a_pending_tick_whose_thread_exists_is_not_started_again(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        store = schedules_of(flowy_backend)
+        made = await store.create(_name("exists"), graph=TARGET, every=MINUTE)
+        tick, thread_id = made.next_tick, made.thread_id(made.next_tick)
+        # A worker claims the tick and starts its thread, then dies before it says so.
+        assert await store.claim(made.name, tick, hold=30.0) is not None
+        runner = Runner(TICK_GRAPH, flowy_backend, clock=Clock(tick + 31))
+        await runner.start(thread_id, {})
+        assert await Worker(runner, lease_ttl=30.0).fire_schedules() == 0
+        assert STARTS[thread_id] == 1
+        assert (await store.get(made.name)).pending == ()
+
     async def test_four_schedulers_that_read_one_version_claim_once(
         self, flowy_backend: Backend[Any]
     ) -> None:
@@ -244,6 +279,7 @@ class ScheduleSuite(Suite):
                 won = [c for c in claims if c is not None]
                 assert len(won) == 1, claims
                 assert won[0].ticks == ((now, made.thread_id(now)),)
+                await stores[0].started(made.name, now)  # the winner started its thread
 
     async def test_a_ticks_thread_cannot_start_twice(self, flowy_backend: Backend[Any]) -> None:
         store = schedules_of(flowy_backend)
