@@ -277,13 +277,18 @@ async def test_the_engine_builds_snapshots_with_every_field_a_snapshot_has() -> 
     backend: MemoryBackend[Any] = MemoryBackend()
     checkpointer = backend.checkpointer
     saved: list[set[str]] = []
-    save = checkpointer.save
+    save, save_and_release = checkpointer.save, checkpointer.save_and_release
 
     async def recording_save(expected: int, snap: Any, **kwargs: Any) -> Any:
         saved.append(set(vars(snap)))
         return await save(expected, snap, **kwargs)
 
+    async def recording_save_and_release(expected: int, snap: Any, **kwargs: Any) -> Any:
+        saved.append(set(vars(snap)))
+        return await save_and_release(expected, snap, **kwargs)
+
     checkpointer.save = recording_save  # type: ignore[method-assign]
+    checkpointer.save_and_release = recording_save_and_release  # type: ignore[method-assign]
     b: flowy.GraphBuilder[dict[str, Any], Any] = flowy.GraphBuilder(lambda s, u: {**s, **u})
 
     async def step(s: dict[str, Any]) -> tuple[dict[str, Any], Any]:

@@ -191,6 +191,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
                 "listen and pooler_mode exclude each other: LISTEN needs a session of its "
                 "own, which a transaction-mode pooler does not keep (consumers poll instead)"
             )
+        self._listen = listen
         names = {"schema": schema, "prefix": prefix}
         self.url: str = url or sibling_url(dsn or "postgresql://", options=names)
         self._dsn, self._pooler_mode, self._pool_size = dsn, pooler_mode, pool_size
@@ -292,6 +293,11 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     async def _setup(self) -> int:
         await self._pool()
         return await prepare(self.connector, upgrade=True)
+
+    def _has_channel(self) -> bool:
+        # Without LISTEN (behind a transaction-mode pooler, or listen=false) progress
+        # reaches watchers in this process only, as on a store without a channel.
+        return self._listen and super()._has_channel()
 
     async def _publish(self, thread_id: str, messages: Sequence[bytes]) -> None:
         channel = self._live.channel(thread_id)
