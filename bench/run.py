@@ -32,6 +32,7 @@ import _common as c
 HERE = Path(__file__).resolve().parent
 ORDER = [
     "engine",
+    "codecs",
     "durable",
     "backend_dynamodb",
     "concurrency",
