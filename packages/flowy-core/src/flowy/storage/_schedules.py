@@ -419,7 +419,8 @@ class BaseScheduleStore(abc.ABC):
         self, schedule: Schedule, now: float, *, hold: float = 60.0
     ) -> TickClaim | None:
         """:meth:`claim` for ``schedule`` as already read (by :meth:`list`) at ``now``:
-        one compare-and-set, which fails (``None``) if the schedule changed since."""
+        one compare-and-set, which fails (``None``) if the schedule changed since; the
+        ticks it takes stay pending, held for ``hold`` seconds."""
         if not schedule.due_at(now):
             return None
         lapsed = [tick for tick, until in schedule.pending if until <= now]
