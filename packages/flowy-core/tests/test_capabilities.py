@@ -42,6 +42,7 @@ EVERYTHING = Capabilities(
     backlog=True,
     live_progress=True,
     schedules=True,
+    queues=True,
     acquire_with_load=True,
     release_on_save=True,
 )
@@ -79,7 +80,9 @@ async def test_the_memory_store_can_do_everything() -> None:
 async def test_the_sqlite_store_can_do_everything(tmp_path: Path) -> None:
     async with await flowy.connect(f"sqlite:///{tmp_path / 'caps.db'}") as backend:
         # A file has no channel: progress reaches watchers in the running process only.
-        assert backend.capabilities == dataclasses.replace(EVERYTHING, live_progress=False)
+        assert backend.capabilities == dataclasses.replace(
+            EVERYTHING, live_progress=False, queues=False
+        )
 
 
 async def test_capabilities_are_a_frozen_value() -> None:
@@ -123,7 +126,7 @@ def test_loose_components_have_what_they_implement() -> None:
     # Loose components have no channel: progress reaches watchers in this process only;
     # and they keep no schedules.
     assert full.capabilities == dataclasses.replace(
-        EVERYTHING, live_progress=False, schedules=False
+        EVERYTHING, live_progress=False, schedules=False, queues=True
     )
     bare = as_backend(cp)
     assert bare.capabilities.missing() == (
@@ -136,6 +139,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "backlog",
         "live_progress",
         "schedules",
+        "queues",
         "acquire_with_load",
         "release_on_save",
     )
@@ -178,7 +182,12 @@ async def test_a_runner_given_loose_leases_and_outbox_warns_and_hands_off() -> N
         )
     assert len(caught) == 1
     assert runner.backend is not None and runner.backend.capabilities == dataclasses.replace(
-        EVERYTHING, consumer=False, backlog=False, live_progress=False, schedules=False
+        EVERYTHING,
+        consumer=False,
+        backlog=False,
+        live_progress=False,
+        schedules=False,
+        queues=False,
     )
     result = await runner.start("t", {}, run_lease=("me", 30.0))
     assert result.status is flowy.RunStatus.HANDOFF

@@ -218,12 +218,21 @@ def _header(**changes: Any) -> dict[str, Any]:
     header["handoff_status"] = record.handoff_status.value
     header["budget_counts"] = dict(record.budget_counts)
     header["metadata"] = dict(record.metadata)
+    header["route"] = {}
     header.update(changes)
     return header
 
 
 def test_well_formed_handmade_record_decodes() -> None:
     assert decode_record(_with_header(_header())).revision == 3
+
+
+def test_a_route_is_kept_and_the_default_is_not_written() -> None:
+    route = storage.Route("llm", "customer-7", 3)
+    record = decode_record(encode_snapshot(dataclasses.replace(snap(), route=route), 3))
+    assert record.route == route and record.to_snapshot(JSONCodec()).route == route
+    plain = encode_snapshot(snap(), 3)
+    assert b'"route"' not in plain and decode_record(plain).route == storage.Route()
 
 
 @pytest.mark.parametrize(
@@ -236,6 +245,10 @@ def test_well_formed_handmade_record_decodes() -> None:
         ({"status": "exploded"}, "exploded"),
         ({"budget_counts": {"a": "x"}}, "budget_counts"),
         ({"handoff_pending_at": "soon"}, "handoff_pending_at"),
+        ({"route": []}, "route"),
+        ({"route": {"queue": "no spaces"}}, "queue name"),
+        ({"route": {"priority": -1}}, "priority"),
+        ({"route": {"lane": "x"}}, "unknown fields"),
     ],
 )
 def test_invalid_headers(changes: dict[str, Any], match: str) -> None:

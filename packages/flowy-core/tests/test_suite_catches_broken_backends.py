@@ -916,6 +916,70 @@ class ConflatingChannelBackend(MemoryBackend[Any]):
         await super()._publish(thread_id, messages[-1:])
 
 
+class UncountedQueueConsumer(MemoryConsumer):
+    """Claims from a queue as if it had no global or worker concurrency limit."""
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        limits = self.store.queue_limits.pop(queue, None)
+        try:
+            if limits is not None:
+                self.store.queue_limits[queue] = replace(
+                    limits, global_concurrency=None, worker_concurrency=None
+                )
+            return await super()._claim_queue(queue, limit, visibility_timeout, held)
+        finally:
+            if limits is not None:
+                self.store.queue_limits[queue] = limits
+
+
+class BlockedByPartitionConsumer(MemoryConsumer):
+    """Stops its claim at the first message of a full partition: the messages behind
+    it wait, whatever their partition."""
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        now = self.store.clock()
+        mine = sorted(
+            (
+                m
+                for m in self.store.messages.values()
+                if m.route.queue == queue and m.visible_at <= now
+            ),
+            key=lambda m: (m.route.priority, m.seq),
+        )
+        taken = await super()._claim_queue(queue, limit, visibility_timeout, held)
+        ids = {raw.message_id for raw in taken}
+        prefix: list[RawMessage] = []
+        for entry in mine:  # give back what lies past the first message skipped
+            if entry.message_id not in ids:
+                break
+            prefix.append(next(raw for raw in taken if raw.message_id == entry.message_id))
+        for raw in taken:
+            if raw not in prefix:
+                await self._release(raw.message_id, error="", delay=0.0, dead=False)
+                self.store.messages[raw.message_id].attempts -= 1
+        return prefix
+
+
+class FifoOnlyQueueConsumer(MemoryConsumer):
+    """Ignores priorities: a queue's messages go first in, first out."""
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        saved = {m.message_id: m.route for m in self.store.messages.values()}
+        for m in self.store.messages.values():
+            m.route = replace(m.route, priority=0)
+        try:
+            return await super()._claim_queue(queue, limit, visibility_timeout, held)
+        finally:
+            for m in self.store.messages.values():
+                m.route = saved[m.message_id]
+
+
 class BlindReplaceSchedules(MemoryScheduleStore):
     """Replaces a schedule whatever its version: two workers that read it at once both
     claim its tick."""
@@ -1357,6 +1421,29 @@ CASES = [
         ((S.ScheduleSuite, "test_a_stale_claim_is_refused"),),
     ),
     Case(
+        "a queue's claim counts no global or worker concurrency",
+        "memory",
+        {"consumer": UncountedQueueConsumer},
+        (
+            (S.QueueSuite, "test_a_claim_that_runs_out_gives_its_slot_back"),
+            (S.QueueSuite, "test_worker_concurrency_counts_what_the_caller_holds"),
+            (S.QueueSuite, "test_a_limit_changed_live_takes_effect_on_the_next_claim"),
+            (S.QueueSuite, "test_ack_and_release_give_slots_back_and_a_delay_holds_none"),
+        ),
+    ),
+    Case(
+        "a full partition blocks the messages behind it",
+        "memory",
+        {"consumer": BlockedByPartitionConsumer},
+        ((S.QueueSuite, "test_a_full_partition_does_not_block_the_others"),),
+    ),
+    Case(
+        "a queue ignores priorities",
+        "memory",
+        {"consumer": FifoOnlyQueueConsumer},
+        ((S.QueueSuite, "test_lower_priority_numbers_go_first_then_fifo"),),
+    ),
+    Case(
         "a save that reads the head before its conditional write",
         "memory",
         {"checkpointer": ReadBeforeWriteCheckpointer},
@@ -1479,7 +1566,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 57
+    assert len(CASES) == 60
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

@@ -35,7 +35,7 @@ from .storage import (
     Snapshot,
 )
 from .storage._adapt import Binding, Merge
-from .storage._model import built_snapshot
+from .storage._model import DEFAULT_ROUTE, Route, built_snapshot
 from .storage.dialect import confirmed_save, new_write_id
 
 __all__ = [
@@ -313,6 +313,7 @@ class Segment(Generic[S, E]):
         wake_at: float | None = None,
         waiting_for: str = "",
         on_timeout: str = "",
+        route: Route = DEFAULT_ROUTE,
     ) -> Snapshot[S]:
         meta = self.meta
         lineage = self.lineage
@@ -342,6 +343,7 @@ class Segment(Generic[S, E]):
                 "graph_version": self.graph.version,
                 "parent_thread_id": lineage[0],
                 "parent_revision": lineage[1],
+                "route": route,
                 "nested": dict(self.nested),
             }
         )

@@ -12,12 +12,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic
 
 from ._types import S
 from .storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
+from .storage._model import DEFAULT_QUEUE, DEFAULT_ROUTE, Route
+from .storage._queues import NO_LIMITS, QueueLimits
 from .storage._watch import HUB, Inbox
 from .storage.dialect import (
     BaseBackend,
@@ -28,6 +31,7 @@ from .storage.dialect import (
     BaseScheduleStore,
     Busy,
     OutboxRow,
+    QueueCounts,
     RawMessage,
     Refused,
     RoundTrips,
@@ -73,6 +77,12 @@ class _Message:
     visible_at: float = 0.0
     error: str = ""
     enqueued_at: float = 0.0
+    route: Route = DEFAULT_ROUTE
+    seq: int = 0  # the claim order within a priority: enqueue order
+    claimed_until: float = 0.0  # in flight until then (0: not in flight)
+
+    def in_flight(self, now: float) -> bool:
+        return self.claimed_until > now
 
 
 class MemoryStore:
@@ -94,6 +104,8 @@ class MemoryStore:
         self.messages: dict[str, _Message] = {}
         self.dead: dict[str, _Message] = {}
         self.schedules: dict[str, tuple[int, bytes]] = {}  # name -> (version, record)
+        self.queue_limits: dict[str, QueueLimits] = {}
+        self.starts: dict[str, list[tuple[float, str]]] = {}  # queue -> [(at, partition)]
         self.ids: itertools.count[int] = itertools.count(1)
         self.wakeups: Wakeups = Wakeups()
         """The consumers of this store waiting in ``claim(wait=...)``."""
@@ -147,9 +159,16 @@ class MemoryStore:
                 entry.payload = row.payload
                 self.revive(message_id)
                 return
-        message_id = str(next(self.ids))
+        seq = next(self.ids)
+        message_id = str(seq)
         self.messages[message_id] = _Message(
-            message_id, row.thread_id, row.committed_revision, row.payload, enqueued_at=self.clock()
+            message_id,
+            row.thread_id,
+            row.committed_revision,
+            row.payload,
+            enqueued_at=self.clock(),
+            route=row.route,
+            seq=seq,
         )
         self.notify()
 
@@ -160,7 +179,7 @@ class MemoryStore:
         if entry is None:
             return False
         entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
-        entry.enqueued_at = self.clock()
+        entry.enqueued_at, entry.claimed_until, entry.seq = self.clock(), 0.0, next(self.ids)
         self.messages[message_id] = entry
         self.notify()
         return True
@@ -396,17 +415,93 @@ class MemoryConsumer(BaseConsumer):
         self.domain: Hashable = self.store
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        now = self.store.clock()
+        return await self._claim_queue(DEFAULT_QUEUE, limit, visibility_timeout, 0)
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        store = self.store
+        now = store.clock()
+        limits = store.queue_limits.get(queue, NO_LIMITS)
+        mine = [m for m in store.messages.values() if m.route.queue == queue]
+        flying: Counter[str] = Counter(m.route.partition_key for m in mine if m.in_flight(now))
+        starts = self._starts(queue, limits, now)
+        started: Counter[str] = Counter(partition for _, partition in starts)
+        room = limit
+        if limits.worker_concurrency is not None:
+            room = min(room, limits.worker_concurrency - held)
+        if limits.global_concurrency is not None:
+            room = min(room, limits.global_concurrency - flying.total())
+        if limits.rate_limit is not None:
+            room = min(room, limits.rate_limit - len(starts))
         out: list[RawMessage] = []
-        for entry in list(self.store.messages.values()):
-            if len(out) >= limit:
+        visible = sorted(
+            (m for m in mine if m.visible_at <= now), key=lambda m: (m.route.priority, m.seq)
+        )
+        for entry in visible:
+            if len(out) >= room:
                 break
-            if entry.visible_at > now:
+            key = entry.route.partition_key
+            if key and (
+                (
+                    limits.partition_concurrency is not None
+                    and flying[key] >= limits.partition_concurrency
+                )
+                or (
+                    limits.partition_rate_limit is not None
+                    and started[key] >= limits.partition_rate_limit
+                )
+            ):
                 continue
+            flying[key] += 1
+            started[key] += 1
             entry.attempts += 1
-            entry.visible_at = now + visibility_timeout
+            entry.visible_at = entry.claimed_until = now + visibility_timeout
+            if limits.rate_limited:
+                starts.append((now, key))
             out.append(RawMessage(entry.message_id, entry.payload, entry.attempts, entry.error))
         return out
+
+    def _starts(self, queue: str, limits: QueueLimits, now: float) -> list[tuple[float, str]]:
+        """The queue's recorded starts within its rate window (older ones dropped)."""
+        kept = [s for s in self.store.starts.get(queue, ()) if s[0] > now - limits.rate_period]
+        if kept or limits.rate_limited:
+            self.store.starts[queue] = kept
+        else:
+            self.store.starts.pop(queue, None)
+        return kept
+
+    async def _set_limits(self, queue: str, limits: QueueLimits | None) -> None:
+        if limits is None:
+            self.store.queue_limits.pop(queue, None)
+        else:
+            self.store.queue_limits[queue] = limits
+        self.store.notify()  # a raised limit lets waiting claims take more
+
+    async def _read_limits(self) -> dict[str, QueueLimits]:
+        return dict(self.store.queue_limits)
+
+    async def _queue_counts(self) -> dict[str, QueueCounts]:
+        store = self.store
+        now = store.clock()
+        out: dict[str, QueueCounts] = {}
+        names = {m.route.queue for m in store.messages.values()} | set(store.starts)
+        for name in names:
+            mine = [m for m in store.messages.values() if m.route.queue == name]
+            waiting = [m.enqueued_at for m in mine if not m.in_flight(now)]
+            limits = store.queue_limits.get(name, NO_LIMITS)
+            started = len(self._starts(name, limits, now)) if limits.rate_limited else 0
+            out[name] = QueueCounts(
+                len(mine) - len(waiting), len(waiting), min(waiting, default=None), started
+            )
+        return out
+
+    async def _queue_messages(self, queue: str, limit: int) -> list[RawMessage]:
+        mine = sorted(
+            (m for m in self.store.messages.values() if m.route.queue == queue),
+            key=lambda m: (m.route.priority, m.seq),
+        )
+        return [RawMessage(m.message_id, m.payload, m.attempts, m.error) for m in mine[:limit]]
 
     async def _ack(self, message_id: str) -> None:
         self.store.messages.pop(message_id, None)
@@ -416,11 +511,12 @@ class MemoryConsumer(BaseConsumer):
         if entry is None:
             return
         entry.error = error
+        entry.claimed_until = 0.0
         if dead:
             self.store.dead[message_id] = self.store.messages.pop(message_id)
         else:
             entry.visible_at = self.store.clock() + delay
-            self.store.notify()
+        self.store.notify()  # a slot of its queue is free again
 
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
         return [

@@ -39,6 +39,7 @@ from ._model import HandoffStatus as HandoffStatus
 from ._model import Lease as Lease
 from ._model import OutboxMessage as OutboxMessage
 from ._model import OutboxStats as OutboxStats
+from ._model import Route as Route
 from ._model import RunStatus as RunStatus
 from ._model import Snapshot as Snapshot
 from ._model import ThreadSummary as ThreadSummary
@@ -50,6 +51,8 @@ from ._protocols import Outbox as Outbox
 from ._protocols import OutboxConsumer as OutboxConsumer
 from ._protocols import TransactionalCheckpointer as TransactionalCheckpointer
 from ._protocols import TransactionalOutbox as TransactionalOutbox
+from ._queues import QueueLimits as QueueLimits
+from ._queues import QueueStats as QueueStats
 from ._schedules import Schedule as Schedule
 from ._schedules import TickClaim as TickClaim
 from ._writes import OutboxTransaction as OutboxTransaction
@@ -76,7 +79,10 @@ __all__ = [
     "OutboxStats",
     "OutboxTransaction",
     "PydanticCodec",
+    "QueueLimits",
+    "QueueStats",
     "ResumeToken",
+    "Route",
     "RunStatus",
     "Schedule",
     "Signal",

@@ -35,6 +35,7 @@ from .._types import S
 from ._capabilities import Capabilities, RoundTrips
 from ._derive import derive_capabilities
 from ._limits import Limits
+from ._queue_admin import Queues, queues_of
 from ._watch import HUB, Inbox, WatchEvent, encode_progress, follow_thread, subscribe_hub
 
 _log = logging.getLogger("flowy")
@@ -596,6 +597,13 @@ class BaseBackend(abc.ABC, Generic[S]):
     def closed(self) -> bool:
         """True once :meth:`aclose` was called."""
         return self._closed
+
+    @property
+    def queues(self) -> Queues:
+        """The store's queues: their limits, changed at run time, and their backlog
+        (:class:`flowy.queues.Queues`); ``TypeError`` if the store keeps none
+        (``capabilities.queues``)."""
+        return queues_of(self)
 
     @property
     def limits(self) -> Limits:

@@ -48,6 +48,9 @@ class Capabilities:
     runs in the watcher's process."""
     schedules: bool = False
     """It keeps durable schedules (``backend.schedules``) that workers fire."""
+    queues: bool = False
+    """It keeps named queues of hand-off messages with limits enforced across workers
+    (``backend.queues``); without, every message is in the default queue."""
     acquire_with_load: bool = False
     """Its fencing checkpointer takes a run lease and reads the head in one round trip
     (``BaseCheckpointer.acquire_and_load`` over ``_acquire_head``): a leased segment

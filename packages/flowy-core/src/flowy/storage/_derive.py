@@ -51,6 +51,7 @@ def _implements(cls: type, base: type, name: str) -> bool:
 
 _SIGNALS = ("_timers", "_append_signal", "_read_signals")
 _JOURNAL = ("_put_activity", "_get_activity", "_list_activities")
+_QUEUES = ("_claim_queue", "_set_limits", "_read_limits", "_queue_counts", "_queue_messages")
 
 
 def _durable(checkpointer: Any, primitives: tuple[str, ...]) -> bool:
@@ -108,6 +109,7 @@ def derive_capabilities(
         and isinstance(cp, BaseCheckpointer),
         live_progress=live_progress,
         schedules=isinstance(schedules, BaseScheduleStore),
+        queues=isinstance(consumer, BaseConsumer) and overrides(consumer, BaseConsumer, *_QUEUES),
         acquire_with_load=fencing
         and isinstance(cp, BaseCheckpointer)
         and overrides(cast(object, cp), BaseCheckpointer, "_acquire_head"),

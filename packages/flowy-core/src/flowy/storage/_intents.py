@@ -13,9 +13,17 @@ from typing import Any, cast
 
 from .._types import ResumeToken
 from ._limits import value_depth
-from ._model import HandoffIntent, HandoffStatus
+from ._model import DEFAULT_QUEUE, DEFAULT_ROUTE, HandoffIntent, HandoffStatus, Route
 
-__all__ = ["MAX_INTENT_BYTES", "decode_intent", "encode_intent", "json_depth", "loads_bounded"]
+__all__ = [
+    "MAX_INTENT_BYTES",
+    "decode_intent",
+    "encode_intent",
+    "json_depth",
+    "loads_bounded",
+    "route_json",
+    "route_of",
+]
 
 MAX_INTENT_BYTES = 64 * 1024
 """The largest intent payload decoded (an intent is a few hundred bytes; a thread id at
@@ -96,6 +104,9 @@ def encode_intent(intent: HandoffIntent) -> bytes:
     }
     if intent.trace:
         body["trace"] = dict(intent.trace)
+    route = intent.route
+    if route is not DEFAULT_ROUTE and route != DEFAULT_ROUTE:
+        body["route"] = route_json(route)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
@@ -150,8 +161,39 @@ def decode_intent(data: bytes | str) -> HandoffIntent:
             execution_pointer=_str(raw, "pointer"),
             created_at=float(created_at),
             trace=cast(dict[str, str], trace_raw),
+            route=route_of(raw.get("route")),
         )
     except KeyError as exc:
         raise ValueError(f"malformed hand-off intent: missing field {exc}") from None
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"malformed hand-off intent: {exc}") from None
+
+
+def route_json(route: Route) -> dict[str, object]:
+    """The JSON object of ``route``: only the fields that differ from the default."""
+    out: dict[str, object] = {}
+    if route.queue != DEFAULT_QUEUE:
+        out["queue"] = route.queue
+    if route.partition_key:
+        out["partition_key"] = route.partition_key
+    if route.priority:
+        out["priority"] = route.priority
+    return out
+
+
+def route_of(raw: object) -> Route:
+    """The route :func:`route_json` wrote (``None``: the default route); ``ValueError``
+    or ``TypeError`` for anything else."""
+    if raw is None:
+        return DEFAULT_ROUTE
+    if not isinstance(raw, dict):
+        raise ValueError(f"field 'route' is not an object: {raw!r:.80}")
+    fields = cast(dict[str, Any], raw)
+    unknown = set(fields) - {"queue", "partition_key", "priority"}
+    if unknown:
+        raise ValueError(f"field 'route' has unknown fields {sorted(unknown)!r:.80}")
+    return Route(
+        fields.get("queue", DEFAULT_QUEUE),
+        fields.get("partition_key", ""),
+        fields.get("priority", 0),
+    )

@@ -5,6 +5,7 @@ every store shares."""
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -20,8 +21,11 @@ __all__ = [
     "HandoffIntent",
     "HandoffStatus",
     "Lease",
+    "DEFAULT_QUEUE",
+    "DEFAULT_ROUTE",
     "OutboxMessage",
     "OutboxStats",
+    "Route",
     "RunStatus",
     "Snapshot",
     "ThreadSummary",
@@ -88,6 +92,73 @@ def next_fencing_token(previous: int | None, now: float) -> int:
     return max((previous or 0) + 1, int(now * 1_000_000))
 
 
+DEFAULT_QUEUE = "default"
+"""The queue of a hand-off that names none (and of a graph that sets no default)."""
+
+MAX_PARTITION_KEY_BYTES = 256
+"""The longest partition key accepted, in UTF-8 bytes."""
+
+MAX_PRIORITY = 2**31 - 1
+"""The highest priority number (the lowest priority) a hand-off may have."""
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it is a usable queue name, else raise ``ValueError`` (or
+    ``TypeError`` for a non-str): 1 to 64 characters of ``A-Z a-z 0-9 _ . : -``,
+    starting with a letter or digit."""
+    if not isinstance(name, str):
+        raise TypeError(f"a queue name must be a str, got {type(name).__name__} {name!r:.80}")
+    if not _QUEUE_NAME.fullmatch(name):
+        raise ValueError(
+            f"queue name {name!r:.80} is not 1 to 64 characters of letters, digits, "
+            "'_', '.', ':' and '-' starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a hand-off's message waits until a worker starts it.
+
+    ``queue`` names the queue (a ``flowy.Worker`` serves the queues of its
+    ``WorkerOptions.queues``); ``partition_key`` puts it in a partition of that queue
+    (a customer id, say; ``""``: none), which the queue's partition limits count apart;
+    ``priority`` orders a queue's messages, lower first, first in first out within a
+    priority. Every field is checked when the route is made (``ValueError``).
+    """
+
+    queue: str = DEFAULT_QUEUE
+    partition_key: str = ""
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.queue)
+        key = self.partition_key
+        if not isinstance(key, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"partition_key must be a str, got {type(key).__name__}")
+        if "\x00" in key:
+            raise ValueError("partition_key must not contain NUL characters")
+        try:
+            size = len(key.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError(f"partition_key is not valid Unicode text: {key!r:.80}") from None
+        if size > MAX_PARTITION_KEY_BYTES:
+            raise ValueError(
+                f"partition_key is {size} bytes long; the limit is {MAX_PARTITION_KEY_BYTES}"
+            )
+        priority = self.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise TypeError(f"priority must be an int, got {priority!r:.80}")
+        if not 0 <= priority <= MAX_PRIORITY:
+            raise ValueError(f"priority must be within 0 .. {MAX_PRIORITY}, got {priority}")
+
+
+DEFAULT_ROUTE = Route()
+"""The route of a hand-off that names no queue, partition or priority."""
+
+
 def new_write_id() -> str:
     """A fresh random id stamped on every saved snapshot (resolves ambiguous saves)."""
     return os.urandom(16).hex()  # 128 random bits
@@ -152,6 +223,10 @@ class Snapshot(Generic[S]):
     """The thread this one was forked from (``""``: not a fork)."""
     parent_revision: int = 0
     """The revision of ``parent_thread_id`` it was forked at (0: not a fork)."""
+    route: Route = DEFAULT_ROUTE
+    """Where its hand-off's message goes (queue, partition, priority): set on the
+    snapshots of a hand-off, so a recovered hand-off is enqueued where it was meant to
+    go; the default route otherwise."""
     nested: Mapping[str, JSON] = field(default_factory=lambda: {})
     """Where a run paused inside a subgraph: ``node`` (the subgraph's node in this
     graph), ``pointer`` (the node inside it), ``state`` (its state, as JSON) and
@@ -258,6 +333,8 @@ class HandoffIntent:
     trace: Mapping[str, str] = field(default_factory=lambda: {})
     """String entries carried with the message unchanged (tracing context, say); flowy
     sets none itself."""
+    route: Route = DEFAULT_ROUTE
+    """The queue, partition and priority of the message."""
 
     @property
     def intent_id(self) -> str:

@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from .._errors import StorageError
 from ._checks import check_count, check_seconds
 from ._intents import decode_intent
-from ._model import DeadLetter, HandoffIntent, OutboxMessage, OutboxStats
+from ._model import (
+    DEFAULT_QUEUE,
+    DeadLetter,
+    HandoffIntent,
+    OutboxMessage,
+    OutboxStats,
+    validate_queue_name,
+)
+from ._queues import QueueCounts, QueueLimits
 from ._writes import OutboxRow, OutboxTransaction
 
 __all__ = ["MAX_ERROR_CHARS", "BaseConsumer", "BaseOutbox", "RawMessage", "message_row_id"]
@@ -74,9 +82,10 @@ class BaseOutbox(abc.ABC):
 
     @abc.abstractmethod
     async def _append(self, row: OutboxRow) -> None:
-        """Durably add ``row`` unless a message of the same (thread, committed revision)
-        exists: a live one is left exactly as it is (payload, claims, attempts and
-        all); a dead-lettered one comes back to life under its message id, with
+        """Durably add ``row`` (in ``row.route``'s queue, for a store that keeps
+        queues) unless a message of the same (thread, committed revision) exists: a
+        live one is left exactly as it is (payload, claims, attempts and all); a
+        dead-lettered one comes back to life under its message id and route, with
         ``row``'s payload, its attempts and error reset, visible now."""
 
     async def enqueue_intent(self, intent: HandoffIntent) -> None:
@@ -129,7 +138,8 @@ class BaseConsumer(abc.ABC):
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
         """Atomically take up to ``limit`` (> 0) visible live messages, oldest first:
         count one more delivery on each and hide it for ``visibility_timeout`` seconds.
-        Two consumers never take the same message while it is hidden."""
+        Two consumers never take the same message while it is hidden. A store that
+        keeps queues takes those of the default queue only (see ``_claim_queue``)."""
 
     @abc.abstractmethod
     async def _ack(self, message_id: str) -> None:
@@ -139,8 +149,9 @@ class BaseConsumer(abc.ABC):
     @abc.abstractmethod
     async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
         """Record ``error`` on that live message and make it visible again after
-        ``delay`` seconds; with ``dead``, move it to the dead letters instead. A dead
-        letter of that id is left exactly as it is."""
+        ``delay`` seconds (no longer in flight, for a store that keeps queues); with
+        ``dead``, move it to the dead letters instead. A dead letter of that id is left
+        exactly as it is."""
 
     @abc.abstractmethod
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
@@ -148,8 +159,9 @@ class BaseConsumer(abc.ABC):
 
     @abc.abstractmethod
     async def _retry_dead_letter(self, message_id: str) -> bool:
-        """Move that dead letter back to the live messages under the same id, visible
-        now, attempts and error reset; ``False`` if there is no such dead letter."""
+        """Move that dead letter back to the live messages under the same id and route,
+        visible now, attempts and error reset; ``False`` if there is no such dead
+        letter."""
 
     async def _wait(self, seconds: float) -> None:
         """Wait up to ``seconds`` for new messages (default: a poll interval's sleep).
@@ -240,6 +252,52 @@ class BaseConsumer(abc.ABC):
                 await stop()
         self._notify()
 
+    # -- queues (optional): a store that keeps them implements all five -------------------
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        """Take messages of ``queue`` as :meth:`_claim` does, within its stored limits.
+
+        In ONE atomic operation, by the store's clock ``now``:
+
+        - ``n`` = ``limit`` (> 0), at most ``worker_concurrency - held`` (``held``: how
+          many of the queue's messages this consumer has in flight), at most
+          ``global_concurrency`` minus the queue's messages in flight, and at most
+          ``rate_limit`` minus the queue's starts in ``(now - rate_period, now]``;
+        - then the queue's visible live messages in claim order (``priority``
+          ascending, then enqueue order), skipping each whose partition (a non-empty
+          ``partition_key``) is at ``partition_concurrency`` in flight or at
+          ``partition_rate_limit`` starts in the window (counting what this claim took),
+          until ``n`` are taken. A full partition never hides the messages behind it.
+        - Each taken message: one more delivery, hidden and in flight until
+          ``now + visibility_timeout``; while the queue has a rate limit, a start
+          (queue, partition, ``now``) is recorded.
+
+        A message is in flight from its claim until :meth:`_ack`, :meth:`_release` or
+        the end of its visibility timeout. Messages of other queues are never taken."""
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps no queues (_claim_queue); it claims from the "
+            "default queue only"
+        )
+
+    async def _set_limits(self, queue: str, limits: QueueLimits | None) -> None:
+        """Store ``limits`` as ``queue``'s (replacing any), or forget them (``None``)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no queues (_set_limits)")
+
+    async def _read_limits(self) -> dict[str, QueueLimits]:
+        """The stored limits of every queue that has some."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no queues (_read_limits)")
+
+    async def _queue_counts(self) -> dict[str, QueueCounts]:
+        """The counts of every queue with live messages or recorded starts (see
+        :class:`QueueCounts`), from one consistent read where the store can."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no queues (_queue_counts)")
+
+    async def _queue_messages(self, queue: str, limit: int) -> list[RawMessage]:
+        """Up to ``limit`` (> 0) live messages of ``queue`` in claim order, unchanged
+        (in flight or not)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no queues (_queue_messages)")
+
     # Every store of flowy-core and its adapters implements it; a store written for
     # flowy 0.2.0 that does not still delivers messages, and says what is missing when
     # its backlog is read.
@@ -255,21 +313,50 @@ class BaseConsumer(abc.ABC):
         )
 
     # -- the protocol ----------------------------------------------------------------------
+    @property
+    def keeps_queues(self) -> bool:
+        """True if the store keeps queues (implements the queue primitives)."""
+        return type(self)._claim_queue is not BaseConsumer._claim_queue
+
     async def claim(
-        self, limit: int, visibility_timeout: float, wait: float = 0.0
+        self,
+        limit: int,
+        visibility_timeout: float,
+        wait: float = 0.0,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        held: int = 0,
     ) -> list[OutboxMessage]:
-        """Claim up to ``limit`` messages, hidden for ``visibility_timeout`` seconds,
-        waiting up to ``wait`` seconds for one (``OutboxConsumer.claim``)."""
+        """Claim up to ``limit`` messages of ``queue``, hidden for ``visibility_timeout``
+        seconds, waiting up to ``wait`` seconds for one (``OutboxConsumer.claim``),
+        within the queue's limits; ``held``: how many of the queue's messages the
+        caller has in flight (counted against ``worker_concurrency``).
+
+        Raises:
+            ValueError: a bad queue name, or a queue other than the default one on a
+                store that keeps no queues.
+        """
         check_count(limit, "limit")
         hide = check_seconds(visibility_timeout, "visibility_timeout")
         wait = check_seconds(wait, "wait", allow_zero=True)
+        validate_queue_name(queue)
+        check_count(held, "held")
+        queues = self.keeps_queues
+        if not queues and queue != DEFAULT_QUEUE:
+            raise ValueError(
+                f"{type(self).__name__} keeps no queues: it claims from the default queue "
+                f"only, not {queue!r}"
+            )
         if limit == 0:
             return []
         deadline = time.monotonic() + wait
         while True:
             # A notification that arrives between this claim and the wait counts.
             seen = self._notified if self.listening else None
-            raws = await self._claim(limit, hide)
+            if queues:
+                raws = await self._claim_queue(queue, limit, hide, held)
+            else:
+                raws = await self._claim(limit, hide)
             out: list[OutboxMessage] = []
             for raw in raws:
                 message = await self._accept(raw)

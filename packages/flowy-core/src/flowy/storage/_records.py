@@ -20,9 +20,9 @@ from typing import Any, cast
 from .._errors import LimitError, SnapshotEnvelopeInvalidError
 from .._types import JSON, S
 from ._codecs import JSON_CODEC_NAMES, JSON_ENCODER, JSONCodec, StateCodec
-from ._intents import json_depth, loads_bounded
+from ._intents import json_depth, loads_bounded, route_json, route_of
 from ._limits import MAX_DEPTH, MAX_TIMESTAMP, check_depth, check_time
-from ._model import HandoffStatus, RunStatus, Snapshot
+from ._model import DEFAULT_ROUTE, HandoffStatus, Route, RunStatus, Snapshot
 
 __all__ = [
     "FORMAT_VERSION",
@@ -108,6 +108,8 @@ class Record:
     """The thread it was forked from (``""``: none)."""
     parent_revision: int = 0
     """The revision of the parent it was forked at."""
+    route: Route = DEFAULT_ROUTE
+    """Where its hand-off's message goes (the snapshot's ``route``)."""
     nested: Mapping[str, JSON] = field(default_factory=lambda: {})
     """Where the run paused inside a subgraph (empty: not inside one)."""
     format_version: int = FORMAT_VERSION
@@ -145,6 +147,7 @@ class Record:
             graph_version=snapshot.graph_version,
             parent_thread_id=snapshot.parent_thread_id,
             parent_revision=snapshot.parent_revision,
+            route=snapshot.route,
             nested=dict(snapshot.nested),
         )
 
@@ -199,6 +202,7 @@ class Record:
             graph_version=self.graph_version,
             parent_thread_id=self.parent_thread_id,
             parent_revision=self.parent_revision,
+            route=self.route,
             nested=dict(self.nested),
         )
 
@@ -298,6 +302,8 @@ def _envelope(
         fields["parent_revision"] = source.parent_revision
     if source.nested:
         fields["nested"] = dict(source.nested)
+    if source.route is not DEFAULT_ROUTE and source.route != DEFAULT_ROUTE:
+        fields["route"] = route_json(source.route)
     try:
         header = JSON_ENCODER.encode(fields).encode("utf-8")
     except (TypeError, RecursionError) as exc:
@@ -464,6 +470,10 @@ def decode_record(
     nested = h.get("nested", {})
     if not isinstance(nested, dict):
         raise _invalid("nested must be an object")
+    try:
+        route = route_of(h.get("route"))
+    except (TypeError, ValueError) as exc:
+        raise _invalid(f"route: {exc}") from None
     cursors = h.get("signal_cursors", {})
     if not isinstance(cursors, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool)
@@ -507,6 +517,7 @@ def decode_record(
         graph_version=graph_version,
         parent_thread_id=parent_thread,
         parent_revision=parent_revision,
+        route=route,
         nested=cast(dict[str, JSON], nested),
         format_version=version,
     )

@@ -16,7 +16,7 @@ from .._errors import (
     ThreadLeaseBusyError,
 )
 from ._intents import encode_intent
-from ._model import HandoffIntent, Lease, ThreadSummary
+from ._model import DEFAULT_ROUTE, HandoffIntent, Lease, Route, ThreadSummary
 
 __all__ = [
     "Busy",
@@ -46,11 +46,19 @@ class OutboxRow:
     """The revision its hand-off committed (the intent's ``committed_snapshot_revision``)."""
     payload: bytes
     """The encoded intent (``encode_intent``)."""
+    route: Route = DEFAULT_ROUTE
+    """The intent's queue, partition and priority (also inside ``payload``), for a store
+    that keeps queues to index."""
 
     @classmethod
     def of(cls, intent: HandoffIntent) -> OutboxRow:
         """The row of ``intent`` (its payload is ``encode_intent(intent)``)."""
-        return cls(intent.thread_id, intent.committed_snapshot_revision, encode_intent(intent))
+        return cls(
+            intent.thread_id,
+            intent.committed_snapshot_revision,
+            encode_intent(intent),
+            intent.route,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from ._outbox import RawMessage as RawMessage
 from ._outbox import message_row_id as message_row_id
 from ._protocols import EnqueueCallback as EnqueueCallback
 from ._protocols import FencingCheckpointer as FencingCheckpointer
+from ._queues import QueueCounts as QueueCounts
 from ._records import FORMAT_VERSION as FORMAT_VERSION
 from ._records import DecodeRecordOptions as DecodeRecordOptions
 from ._records import Record as Record
@@ -93,6 +94,7 @@ __all__ = [
     "FencingCheckpointer",
     "Inbox",
     "OutboxRow",
+    "QueueCounts",
     "RawMessage",
     "Record",
     "Refused",

@@ -63,6 +63,7 @@ PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
     BaseOutbox: {"_append": Phase.ENQUEUE},
     BaseConsumer: {
         "_claim": Phase.CLAIM,
+        "_claim_queue": Phase.CLAIM,
         "_ack": Phase.ACK,
         "_release": Phase.RELEASE,
         "_dead_letters": Phase.READ,
@@ -70,6 +71,9 @@ PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
         "_stats": Phase.READ,
         "_listen": Phase.READ,
         "_next_visible": Phase.READ,
+        "_read_limits": Phase.READ,
+        "_queue_counts": Phase.READ,
+        "_queue_messages": Phase.READ,
     },
 }
 """Every primitive a :class:`FaultyBackend` intercepts, by the base that declares it."""

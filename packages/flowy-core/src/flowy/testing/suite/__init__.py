@@ -35,6 +35,7 @@ from ._integrity import *  # noqa: F403
 from ._leases import *  # noqa: F403
 from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
+from ._queues import *  # noqa: F403
 from ._round_trips import *  # noqa: F403
 from ._runs import *  # noqa: F403
 from ._schedules import *  # noqa: F403
@@ -65,6 +66,7 @@ __all__ = [
     "LimitsSuite",
     "LineageSuite",
     "OutboxSuite",
+    "QueueSuite",
     "ReleasingSaveSuite",
     "RoundTripSuite",
     "ScheduleSuite",

@@ -3,8 +3,8 @@ and ``claim`` must not grow with the number of revisions, threads or messages.
 
 Nothing is timed. The suite counts what crosses the primitive layer while the public
 call runs: every primitive called (``_read_head``, ``_read_history``, ``_list_heads``,
-``_timers``, ``_claim``, ``_release``, ``_dead_letters``), every row each one returns,
-and every head the store builds with ``self.summary``. The count is taken on the
+``_timers``, ``_claim``, ``_claim_queue``, ``_release``, ``_dead_letters``), every row
+each one returns, and every head the store builds with ``self.summary``. The count is taken on the
 store's own checkpointer and consumer objects, so a primitive built from another
 primitive (a head read through the whole history, timers found by paging every head) or
 rows materialised and filtered in Python are counted too. A store is measured twice, with
@@ -41,6 +41,7 @@ _COUNTED = (
     "_list_heads",
     "_timers",
     "_claim",
+    "_claim_queue",
     "_release",
     "_dead_letters",
 )

@@ -30,6 +30,7 @@ from ...storage import (
     TransactionalOutbox,
     connect,
 )
+from ...storage._model import DEFAULT_ROUTE, Route
 from ...storage.dialect import FencingCheckpointer, new_write_id
 from ..backends import require_backends
 from ..hooks import Corrupt
@@ -193,6 +194,7 @@ def make_intent(
     pending_revision: int | None = None,
     reason: str = "handoff_requested",
     pointer: str = "worker",
+    route: Route = DEFAULT_ROUTE,
 ) -> HandoffIntent:
     """An intent with every field set (``created_at`` fixed so a round trip is exact)."""
     return HandoffIntent(
@@ -205,6 +207,7 @@ def make_intent(
         reason=reason,
         execution_pointer=pointer,
         created_at=fixed_time,
+        route=route,
     )
 
 
