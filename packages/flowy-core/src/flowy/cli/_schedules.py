@@ -35,22 +35,10 @@ def interval(text: str) -> dt.timedelta:
 
 
 def schedule_json(schedule: Schedule) -> dict[str, Any]:
-    """A schedule as ``--json`` prints it."""
-    return {
-        "name": schedule.name,
-        "graph": schedule.graph,
-        "cron": schedule.cron,
-        "tz": schedule.tz,
-        "every": schedule.every,
-        "state": schedule.state,
-        "catch_up": schedule.catch_up,
-        "catch_up_cap": schedule.catch_up_cap,
-        "paused": schedule.paused,
-        "next_tick": schedule.next_tick,
-        "next_thread": schedule.thread_id(schedule.next_tick),
-        "last_tick": schedule.last_tick,
-        "created_at": schedule.created_at,
-    }
+    """A schedule as ``--json`` prints it: its fields and the thread of its next tick."""
+    body = schedule.to_json()
+    body["next_thread"] = schedule.thread_id(schedule.next_tick)
+    return body
 
 
 def _when(schedule: Schedule) -> str:

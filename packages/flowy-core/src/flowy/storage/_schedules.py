@@ -39,7 +39,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, cast
 
 from .._cron import CronError, CronExpression, Every, zone
@@ -129,6 +129,13 @@ class Schedule:
     version: int = 0
     """The store's version of the record: every change adds one."""
 
+    def to_json(self) -> dict[str, Any]:
+        """Every field but ``version`` as a JSON object (``pending`` as lists): what the
+        store keeps and what ``flowy schedules --json`` prints."""
+        body = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"}
+        body["pending"] = [list(pair) for pair in self.pending]
+        return body
+
     def thread_id(self, tick: float) -> str:
         """The id of the thread this schedule starts for ``tick``: the name and the tick
         in UTC, ``"nightly@2026-12-03T02:00:00Z"``."""
@@ -198,22 +205,7 @@ class TickClaim:
 
 
 def _encode(schedule: Schedule) -> bytes:
-    body = {
-        "name": schedule.name,
-        "graph": schedule.graph,
-        "cron": schedule.cron,
-        "tz": schedule.tz,
-        "every": schedule.every,
-        "state": schedule.state,
-        "catch_up": schedule.catch_up,
-        "catch_up_cap": schedule.catch_up_cap,
-        "paused": schedule.paused,
-        "next_tick": schedule.next_tick,
-        "last_tick": schedule.last_tick,
-        "created_at": schedule.created_at,
-        "pending": [list(pair) for pair in schedule.pending],
-    }
-    return dump_json(f"schedule {schedule.name!r}", {"flowy_schedule": 1, **body})
+    return dump_json(f"schedule {schedule.name!r}", {"flowy_schedule": 1, **schedule.to_json()})
 
 
 def _decode(name: str, version: int, data: bytes | str) -> Schedule:
