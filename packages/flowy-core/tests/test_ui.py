@@ -842,11 +842,11 @@ def test_dead_letters_are_requeued_in_bulk_once_confirmed(client: TestClient, st
     text = re.search(r'id="msg">([^<]*)<', client.get(r.headers["location"]).text)
     assert text is not None
     assert text.group(1) == (
-        f"requeued 1 of 2 dead letter(s) ({first}); not requeued: 1: no-such-letter "
+        f"requeued 1 of 2 dead letter(s) (id {first}); not requeued: id no-such-letter "
         "(no longer a dead letter)"
     )
     text = _outcome(client, "requeue-many", {"which": "all", "confirm": "yes", "csrf": csrf})
-    assert text == f"requeued 1 of 1 dead letter(s) ({second})"
+    assert text == f"requeued 1 of 1 dead letter(s) (id {second})"
     assert "no dead letters" in client.get("/dead-letters").text
     assert "id='requeue-many'" not in client.get("/dead-letters").text
 
@@ -922,8 +922,66 @@ def test_a_bulk_requeue_names_the_letters_it_could_not_requeue_and_goes_on(
         faulty[0].arm(Phase.RETRY_DEAD_LETTER)  # the store is down for the first
         text = _outcome(c, "requeue-many", {"which": "all", "confirm": "yes", "csrf": csrf})
         assert text.startswith(
-            f"requeued 1 of 2 dead letter(s) ({second}); not requeued: 1: {first} "
+            f"requeued 1 of 2 dead letter(s) (id {second}); not requeued: id {first} "
             "(StorageUnavailableError: "
         ), text
         page = c.get("/dead-letters").text
     assert f"name='letter' value='{first}'" in page and "Requeue all (1)" in page
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Wait until ``done()`` (a minute at most: the caller's timeout then fails)."""
+    for _ in range(6000):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_a_stream_carries_a_save_made_while_it_is_open_and_ends_when_the_inspector_stops(
+    db: Path,
+) -> None:
+    async def follow() -> tuple[str, str]:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            app = build_app(backend, approval_graph(), token=TOKEN, host="127.0.0.1", port=PORT)
+            ui = app.state.inspector
+            headers = {"cookie": f"{COOKIE}={TOKEN}", "host": f"127.0.0.1:{PORT}"}
+            _, revision = await backend.checkpointer.load("susp")
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+
+                async def terminate_once_followed() -> None:
+                    await _until(lambda: ui.streams == 1)
+                    await flowy.Runner(approval_graph(), backend).terminate("susp")
+
+                # The stream ends by itself after the snapshot of the finished run.
+                watched, _ = await asyncio.wait_for(
+                    asyncio.gather(
+                        http.get(f"/events/susp?after={revision}", headers=headers),
+                        terminate_once_followed(),
+                    ),
+                    60,
+                )
+                # One that would go on ends when the inspector stops.
+                await flowy.Runner(approval_graph(), backend).start("later", {})
+                _, at = await backend.checkpointer.load("later")
+
+                async def stop_once_followed() -> None:
+                    await _until(lambda: ui.streams == 2)
+                    await ui.stop_actions()
+
+                stopped, _ = await asyncio.wait_for(
+                    asyncio.gather(
+                        http.get(f"/events/later?after={at}", headers=headers),
+                        stop_once_followed(),
+                    ),
+                    60,
+                )
+        return watched.text, stopped.text
+
+    watched, stopped = asyncio.run(follow())
+    events = watched.split("\n\n")
+    assert events[0] == "retry: 3000"
+    assert events[1].startswith("id: 3\nevent: snapshot\ndata: {")
+    assert '"status": "failed", "reason": "terminated"' in events[1]
+    assert events[-2:] == ["event: end\ndata: {}", ""]
+    assert stopped == "retry: 3000\n\n"

@@ -618,7 +618,7 @@ def test_checked_dead_letters_are_requeued_once_confirmed(
     browser.find_element(By.ID, "requeue-checked").click()
     text = _flash(browser, "msg")
     assert text == (
-        f"requeued 1 of 2 dead letter(s) ({dl}); not requeued: 1: {ho} (no longer a dead letter)"
+        f"requeued 1 of 2 dead letter(s) (id {dl}); not requeued: id {ho} (no longer a dead letter)"
     )
     assert "no dead letters" in browser.find_element(By.ID, "live").text
     assert browser.find_elements(By.ID, "requeue-all") == []
@@ -633,8 +633,8 @@ def test_every_dead_letter_is_requeued_at_once(browser: webdriver.Chrome, served
     browser.find_element(By.ID, "requeue-confirm").click()
     browser.find_element(By.ID, "requeue-all").click()
     text = _flash(browser, "msg")
-    assert text.startswith("requeued 2 of 2 dead letter(s) (")
-    assert sorted(text.rsplit("(", 1)[1].rstrip(")").split(", ")) == sorted(letters)
+    assert text.startswith("requeued 2 of 2 dead letter(s) (ids ")
+    assert sorted(text.split("(ids ", 1)[1].rstrip(")").split(", ")) == sorted(letters)
     assert asyncio.run(_dead_letters(served.store.url)) == []
 
 

@@ -29,7 +29,6 @@ from .._types import JSON
 from .._version import __version__
 from ..storage import (
     Backend,
-    DeadLetter,
     HandoffStatus,
     OutboxStats,
     ResumeToken,
@@ -568,21 +567,20 @@ class Inspector:
         seen = {r.letter.message_id for r in done}
         missed += [(m, "no longer a dead letter") for m in sorted(wanted - seen)]
         total = len(requeued) + len(missed)
-        text = f"requeued {len(requeued)} of {total} dead letter(s)" + _letters(requeued)
+        text = f"requeued {len(requeued)} of {total} dead letter(s)"
+        if requeued:
+            text += f" ({_ids([d.message_id for d in requeued])})"
         if missed:
-            text += f"; not requeued: {len(missed)}: " + ", ".join(
-                f"{m} ({why})" for m, why in missed[:5]
-            )
-            text += ", …" if len(missed) > 5 else ""
+            shown = ", ".join(f"id {m} ({why})" for m, why in missed[:5])
+            text += f"; not requeued: {shown}" + (", …" if len(missed) > 5 else "")
         return text
 
 
-def _letters(letters: Sequence[DeadLetter]) -> str:
-    """`` (id, id, …)``: the first few of ``letters``."""
-    if not letters:
-        return ""
-    ids = ", ".join(d.message_id for d in letters[:5])
-    return f" ({ids}{', …' if len(letters) > 5 else ''})"
+def _ids(ids: Sequence[str]) -> str:
+    """``id 7`` or ``ids 7, 9, …``: the first few of ``ids``."""
+    if len(ids) == 1:
+        return f"id {ids[0]}"
+    return "ids " + ", ".join(ids[:5]) + (", …" if len(ids) > 5 else "")
 
 
 def _sse(event: WatchEvent[Any]) -> str:
