@@ -13,11 +13,12 @@ import sys
 import time
 import urllib.parse
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import pytest
 from cli_support import require_ui_extra
 
@@ -40,6 +41,7 @@ from flowy.cli import main
 from flowy.cli._ui import _in, _when, build_app, cookie_name
 from flowy.cli._ui_thread import emitted
 from flowy.testing import corrupt_head
+from flowy.testing.faults import FaultyBackend, Phase
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -109,10 +111,13 @@ async def _start_paying(url: str) -> None:
         assert (await runner.start("payer", {})).status is flowy.RunStatus.WAITING
 
 
-def _inspector(url: str, graph: flowy.Graph[Any, Any]) -> ASGIApp:
-    """The inspector over the store at ``url``, which it opens at startup in its own event
-    loop, as ``flowy ui`` opens it in uvicorn's (asyncpg's and redis's connections belong
-    to the loop that made them), and closes at shutdown."""
+def _inspector(
+    url: str, graph: flowy.Graph[Any, Any], wrap: Callable[[Any], Any] | None = None
+) -> ASGIApp:
+    """The inspector over the store at ``url`` (through ``wrap`` of it, if given), which
+    it opens at startup in its own event loop, as ``flowy ui`` opens it in uvicorn's
+    (asyncpg's and redis's connections belong to the loop that made them), and closes
+    at shutdown."""
     app: list[ASGIApp] = []
 
     async def opened(scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,7 +126,8 @@ def _inspector(url: str, graph: flowy.Graph[Any, Any]) -> ASGIApp:
             return
         await receive()  # lifespan.startup
         async with flowy.connect(url) as backend:
-            app.append(build_app(backend, graph, token=TOKEN, host="127.0.0.1", port=PORT))
+            served = backend if wrap is None else wrap(backend)
+            app.append(build_app(served, graph, token=TOKEN, host="127.0.0.1", port=PORT))
             await send({"type": "lifespan.startup.complete"})
             await receive()  # lifespan.shutdown
         await send({"type": "lifespan.shutdown.complete"})
@@ -131,11 +137,15 @@ def _inspector(url: str, graph: flowy.Graph[Any, Any]) -> ASGIApp:
 
 @contextlib.contextmanager
 def _client(
-    url: str, graph: flowy.Graph[Any, Any] | None = None, *, token: bool = True
+    url: str,
+    graph: flowy.Graph[Any, Any] | None = None,
+    *,
+    token: bool = True,
+    wrap: Callable[[Any], Any] | None = None,
 ) -> Generator[TestClient]:
-    """A client of the inspector over ``url`` for threads of ``graph`` (the approval graph
-    by default), with the token's cookie when ``token``."""
-    app = _inspector(url, graph or approval_graph())
+    """A client of the inspector over ``url`` (``wrap`` of it, if given) for threads of
+    ``graph`` (the approval graph by default), with the token's cookie when ``token``."""
+    app = _inspector(url, graph or approval_graph(), wrap)
     with TestClient(app, base_url=BASE, follow_redirects=False) as c:
         if token:
             c.cookies.set(COOKIE, TOKEN)
@@ -692,3 +702,286 @@ def test_a_long_timeline_shows_the_latest_revisions_and_says_so(tmp_path: Path) 
     revisions = re.findall(r"<tr><td class='num'>(\d+)</td>", timeline)
     assert revisions == [str(n) for n in range(205, 5, -1)]
     assert "the latest 200 revisions" in timeline
+
+
+def _outcome(client: TestClient, action: str, data: dict[str, Any]) -> str:
+    """The outcome line of a POST to ``action``: its redirect's page, flash only."""
+    r = client.post(f"/actions/{action}", data=data)
+    assert r.status_code == 303, r.text
+    page = client.get(r.headers["location"]).text
+    found = re.search(r'<p class="(?:msg|err)" id="(?:msg|err)">([^<]*)</p>', page)
+    assert found is not None, page[:500]
+    return found.group(1)
+
+
+@pytest.mark.parametrize(
+    ("action", "data"),
+    [
+        ("signal", {"thread": "susp", "signal": "nudge", "payload": "1"}),
+        ("fork", {"thread": "susp", "revision": "1", "new_thread": "copy"}),
+        ("requeue-many", {"which": "all", "confirm": "yes"}),
+    ],
+)
+def test_the_new_actions_need_post_the_token_and_the_csrf_value(
+    store: Store, action: str, data: dict[str, str]
+) -> None:
+    with _client(store.url, token=False) as c:
+        assert c.post(f"/actions/{action}", data=data).status_code == 403  # no token
+        c.cookies.set(COOKIE, TOKEN)
+        csrf = _csrf(c.get("/threads/susp").text)
+        assert c.post(f"/actions/{action}", data=data).status_code == 403  # no CSRF
+        assert c.post(f"/actions/{action}", data={**data, "csrf": "x"}).status_code == 403
+        query = {**data, "csrf": csrf, "token": TOKEN}
+        assert c.get(f"/actions/{action}", params=query).status_code == 405
+        assert "nudge" not in c.get("/threads/susp").text  # nothing was sent,
+        assert c.get("/threads/copy").status_code == 404  # forked,
+        assert "no dead letters" not in c.get("/dead-letters").text  # or requeued
+
+
+def test_a_signal_is_kept_or_wakes_a_waiting_thread_or_is_refused(store: Store) -> None:
+    asyncio.run(_start_paying(store.url))
+    with _client(store.url, _paying_graph()) as c:
+        page = c.get("/threads/payer").text
+        assert "id='signal-name' value='approval'" in page  # what it waits for
+        csrf = _csrf(page)
+        form = {"thread": "payer", "csrf": csrf}
+        text = _outcome(c, "signal", {**form, "signal": "other", "payload": '{"n": 1}'})
+        assert re.fullmatch(
+            r"signal &#x27;other&#x27; #1 \(id \w+\) sent to payer; kept until the thread "
+            r"waits for it",
+            text,
+        ), text
+        text = _outcome(c, "signal", {**form, "signal": "approval"})
+        assert text.endswith(
+            "sent to payer; the thread waits for it at revision 1: a worker resumes it, "
+            "and its new revision shows here"
+        ), text
+        page = c.get("/threads/payer").text
+        signals = page[page.index("id='signals'") :]
+        assert "<td>other</td>" in signals and "<td>approval</td>" in signals
+        for data, error in (
+            ({"signal": "x", "payload": "{nope"}, "ValueError: the payload is not valid JSON"),
+            ({"signal": " "}, "ValueError: give the signal&#x27;s name"),
+            ({"signal": "a\x00b"}, "ValueError: signal name must not contain NUL"),
+        ):
+            assert _outcome(c, "signal", {**form, **data}).startswith(f"signal failed: {error}")
+        missing = _outcome(c, "signal", {**form, "thread": "nobody", "signal": "x"})
+        assert missing.startswith("signal failed: ThreadNotFoundError")
+    # A finished thread has no signal form, and a signal to it is refused.
+    with _client(store.url) as c:
+        csrf = _csrf(c.get("/threads/susp").text)
+        _outcome(c, "terminate", {"thread": "susp", "confirm": "yes", "csrf": csrf})
+        assert "id='signal-name'" not in c.get("/threads/susp").text
+        refused = _outcome(c, "signal", {"thread": "susp", "signal": "x", "csrf": csrf})
+        assert refused.startswith("signal failed: ThreadCompletedError: thread &#x27;susp")
+
+
+def test_the_fork_form_offers_every_revision_and_the_timeline_chooses_one(
+    client: TestClient, store: Store
+) -> None:
+    page = client.get("/threads/susp").text
+    head = _head(store, "susp")
+    revision = max(int(r) for r in re.findall(r"id='fork-at-(\d+)'", page))
+    assert re.findall(r"id='fork-at-(\d+)'", page) == [str(n) for n in range(revision, 0, -1)]
+    assert f"<option value='{revision}' selected>{revision} · {head.execution_pointer}" in page
+    assert "href='?fork=1#fork'" in page
+    chosen = client.get("/threads/susp?fork=1").text
+    assert "<option value='1' selected>" in chosen
+    assert f"<option value='{revision}' selected>" not in chosen
+    assert f"<option value='{revision}' selected>" in client.get("/threads/susp?fork=x").text
+    csrf = _csrf(page)
+    form = {"thread": "susp", "revision": "1", "new_thread": "at-one", "csrf": csrf}
+    r = client.post("/actions/fork", data=form)
+    assert r.headers["location"].startswith("/threads/at-one?msg=")
+    child = client.get(r.headers["location"]).text
+    assert "forked susp@1 into at-one" in child
+    assert "<a href='/threads/susp'>susp</a>@<span class='num'>1</span>" in child
+    again = _outcome(client, "fork", form)
+    assert again.startswith("fork failed: ConcurrencyConflictError"), again
+
+
+async def _bury_another(url: str) -> list[str]:
+    """Add a second dead letter (``dead2``'s hand-off); the dead letters' ids."""
+    async with flowy.connect(url) as backend:
+        runner = flowy.Runner(approval_graph(), backend, run_lease=("setup", 5.0))
+        started = await runner.start("dead2", {})
+        assert started.resume_token is not None
+        await runner.resume(started.resume_token, state_overlay={"approved": True})
+        for _ in range(backend.consumer.max_attempts):
+            for message in await backend.consumer.claim(10, 30.0):
+                await backend.consumer.release(message, error="down")
+        return [d.message_id for d in await backend.consumer.dead_letters()]
+
+
+def test_dead_letters_are_requeued_in_bulk_once_confirmed(client: TestClient, store: Store) -> None:
+    first, second = asyncio.run(_bury_another(store.url))
+    page = client.get("/dead-letters").text
+    assert "id='requeue-confirm' required" in page and "Requeue all (2)" in page
+    assert f"name='letter' value='{first}' form='requeue-many'" in page
+    csrf = _csrf(page)
+    for data, error in (
+        ({"which": "all"}, "tick the box to confirm the requeue; nothing was done"),
+        ({"which": "checked", "confirm": "yes"}, "check the dead letters to requeue"),
+        ({"which": "some", "confirm": "yes"}, "requeue &#x27;all&#x27; or &#x27;checked&#x27;"),
+    ):
+        text = _outcome(client, "requeue-many", {**data, "csrf": csrf})
+        assert text.startswith(f"requeue-many failed: ValueError: {error}"), text
+    assert "Requeue all (2)" in client.get("/dead-letters").text  # nothing was done
+    # Checked ones: each "letter" field is one; one that is no dead letter is named.
+    body = urllib.parse.urlencode(
+        [
+            ("which", "checked"),
+            ("confirm", "yes"),
+            ("csrf", csrf),
+            ("letter", first),
+            ("letter", "no-such-letter"),
+        ]
+    )
+    headers = {"content-type": "application/x-www-form-urlencoded"}
+    r = client.post("/actions/requeue-many", content=body, headers=headers)
+    text = re.search(r'id="msg">([^<]*)<', client.get(r.headers["location"]).text)
+    assert text is not None
+    assert text.group(1) == (
+        f"requeued 1 of 2 dead letter(s) (id {first}); not requeued: id no-such-letter "
+        "(no longer a dead letter)"
+    )
+    text = _outcome(client, "requeue-many", {"which": "all", "confirm": "yes", "csrf": csrf})
+    assert text == f"requeued 1 of 1 dead letter(s) (id {second})"
+    assert "no dead letters" in client.get("/dead-letters").text
+    assert "id='requeue-many'" not in client.get("/dead-letters").text
+
+
+def test_the_thread_stream_follows_the_store_s_watch(client: TestClient, store: Store) -> None:
+    page = client.get("/threads/susp").text
+    revision = _head(store, "susp")
+    head = int(re.findall(r"id='revision'>(\d+)<", page)[0])
+    assert f"data-events='/events/susp?after={head}'" in page
+    assert revision.status is flowy.RunStatus.SUSPENDED
+    csrf = _csrf(page)
+    _outcome(client, "terminate", {"thread": "susp", "confirm": "yes", "csrf": csrf})
+    # A finished thread's stream ends: every snapshot after the one asked for, then "end".
+    stream = client.get("/events/susp?after=1")
+    assert stream.status_code == 200
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    ids = re.findall(r"^id: (\d+)$", stream.text, re.MULTILINE)
+    assert ids == [str(n) for n in range(2, head + 2)]
+    assert '"status": "failed"' in stream.text
+    assert stream.text.endswith("event: end\ndata: {}\n\n")
+    # A browser that saw the end reconnects with its last id: 204 stops it.
+    seen = {"last-event-id": str(head + 1)}
+    assert client.get("/events/susp", headers=seen).status_code == 204
+    assert client.get("/events/susp?after=-1").status_code == 400
+    assert client.get("/events/nobody?after=0").status_code == 404
+    client.cookies.clear()
+    assert client.get("/events/susp?after=1").status_code == 403
+
+
+class _Unwatched:
+    """A store object without ``watch`` (a ``Backend`` from before it had one)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "watch":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_store_without_watch_keeps_the_periodic_refresh(db: Path) -> None:
+    async def page() -> tuple[bool, str, int]:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            store: Any = _Unwatched(backend)
+            app = build_app(store, approval_graph(), token=TOKEN, host="127.0.0.1", port=PORT)
+            ui = app.state.inspector
+            headers = {"cookie": f"{COOKIE}={TOKEN}", "host": f"127.0.0.1:{PORT}"}
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+                text = (await http.get("/threads/susp", headers=headers)).text
+                events = await http.get("/events/susp?after=1", headers=headers)
+            return ui.watching, text, events.status_code
+
+    watching, text, status = asyncio.run(page())
+    assert not watching
+    assert "data-events" not in text and "data-refresh='3'" in text
+    assert status == 404
+
+
+def test_a_bulk_requeue_names_the_letters_it_could_not_requeue_and_goes_on(
+    store: Store,
+) -> None:
+    first, second = asyncio.run(_bury_another(store.url))
+    faulty: list[FaultyBackend[Any]] = []
+
+    def wrap(backend: Any) -> Any:
+        faulty.append(FaultyBackend(backend))
+        return faulty[0]
+
+    with _client(store.url, wrap=wrap) as c:
+        csrf = _csrf(c.get("/dead-letters").text)
+        faulty[0].arm(Phase.RETRY_DEAD_LETTER)  # the store is down for the first
+        text = _outcome(c, "requeue-many", {"which": "all", "confirm": "yes", "csrf": csrf})
+        assert text.startswith(
+            f"requeued 1 of 2 dead letter(s) (id {second}); not requeued: id {first} "
+            "(StorageUnavailableError: "
+        ), text
+        page = c.get("/dead-letters").text
+    assert f"name='letter' value='{first}'" in page and "Requeue all (1)" in page
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Wait until ``done()`` (a minute at most: the caller's timeout then fails)."""
+    for _ in range(6000):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+
+
+def test_a_stream_carries_a_save_made_while_it_is_open_and_ends_when_the_inspector_stops(
+    db: Path,
+) -> None:
+    async def follow() -> tuple[str, str]:
+        async with flowy.connect(f"sqlite:///{db}") as backend:
+            app = build_app(backend, approval_graph(), token=TOKEN, host="127.0.0.1", port=PORT)
+            ui = app.state.inspector
+            headers = {"cookie": f"{COOKIE}={TOKEN}", "host": f"127.0.0.1:{PORT}"}
+            _, revision = await backend.checkpointer.load("susp")
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+
+                async def terminate_once_followed() -> None:
+                    await _until(lambda: ui.streams == 1)
+                    await flowy.Runner(approval_graph(), backend).terminate("susp")
+
+                # The stream ends by itself after the snapshot of the finished run.
+                watched, _ = await asyncio.wait_for(
+                    asyncio.gather(
+                        http.get(f"/events/susp?after={revision}", headers=headers),
+                        terminate_once_followed(),
+                    ),
+                    60,
+                )
+                # One that would go on ends when the inspector stops.
+                await flowy.Runner(approval_graph(), backend).start("later", {})
+                _, at = await backend.checkpointer.load("later")
+
+                async def stop_once_followed() -> None:
+                    await _until(lambda: ui.streams == 2)
+                    await ui.stop_actions()
+
+                stopped, _ = await asyncio.wait_for(
+                    asyncio.gather(
+                        http.get(f"/events/later?after={at}", headers=headers),
+                        stop_once_followed(),
+                    ),
+                    60,
+                )
+        return watched.text, stopped.text
+
+    watched, stopped = asyncio.run(follow())
+    events = watched.split("\n\n")
+    assert events[0] == "retry: 3000"
+    assert events[1].startswith("id: 3\nevent: snapshot\ndata: {")
+    assert '"status": "failed", "reason": "terminated"' in events[1]
+    assert events[-2:] == ["event: end\ndata: {}", ""]
+    assert stopped == "retry: 3000\n\n"

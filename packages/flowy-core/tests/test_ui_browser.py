@@ -9,7 +9,9 @@ chromium-driver``); nothing is downloaded here. Without them the tests skip, unl
 
 Every page is saved as a screenshot 1280 px and 390 px wide, as tall as it is, under
 ``.artifacts/ui-screenshots/STORE/`` (``FLOWY_UI_SCREENSHOTS=DIR`` puts them under DIR
-instead): ``threads``, ``thread``, ``thread-advanced``, ``dead-letters`` and
+instead): ``threads``, ``thread``, ``thread-advanced``, ``thread-watched``,
+``thread-signal``, ``thread-signal-refused``, ``thread-fork-chosen``, ``thread-forked``,
+``dead-letters``, ``dead-letters-checked``, ``dead-letters-requeued`` and
 ``threads-page-2``, each ``-1280.png`` and ``-390.png``, and the first three in dark
 mode too (``thread-dark-1280.png``, ...). ``docs/images`` holds the
 SQLite ones at 1280 px (``thread-advanced`` as ``ui-thread.png``, which the README
@@ -44,12 +46,14 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.select import Select
 from selenium.webdriver.support.wait import WebDriverWait
 from stores_support import ALL_STORES, Store, environment, fresh_store
 from stores_support import dynamodb_endpoint as dynamodb_endpoint  # a fixture
 
 import flowy
 from flowy.cli._ui import build_app
+from flowy.cli._ui_pages import Inspector
 
 TOKEN = "browser-test-token"
 CHROMIUM = os.environ.get("FLOWY_CHROMIUM", "/usr/bin/chromium")
@@ -143,6 +147,7 @@ class Served:
     url: str  # where the app answers
     store: Store  # the store
     threads: Threads  # what populate made
+    inspector: Inspector  # the app's pages and actions
 
     def open(self, browser: webdriver.Chrome, path: str) -> None:
         joiner = "&" if "?" in path else "?"
@@ -160,10 +165,12 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
             app="", host="127.0.0.1", port=port, log_level="warning", lifespan="off"
         )
         server = uvicorn.Server(config)
+        inspectors: list[Inspector] = []
+        loops: list[asyncio.AbstractEventLoop] = []
 
         async def serve() -> None:
             async with flowy.connect(store.url) as backend:
-                config.app = build_app(
+                config.app = app = build_app(
                     backend,
                     approval_graph(),
                     token=TOKEN,
@@ -172,6 +179,8 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
                     store=store.url,
                     refresh=LIVE if "live_update" in request.node.name else QUIET,
                 )
+                inspectors.append(app.state.inspector)
+                loops.append(asyncio.get_running_loop())
                 await server.serve()
 
         thread = threading.Thread(target=asyncio.run, args=(serve(),), daemon=True)
@@ -181,8 +190,11 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.05)
         try:
-            yield Served(f"http://127.0.0.1:{port}", store, threads)
+            yield Served(f"http://127.0.0.1:{port}", store, threads, inspectors[0])
         finally:
+            # As flowy ui does on Ctrl-C: end the event streams, then stop serving.
+            stopped = asyncio.run_coroutine_threadsafe(inspectors[0].stop_actions(), loops[0])
+            stopped.result(10)
             server.should_exit = True
             thread.join(10)
 
@@ -309,10 +321,11 @@ def test_a_fork_from_the_thread_page_links_back_to_its_parent(
     browser: webdriver.Chrome, served: Served
 ) -> None:
     served.open(browser, "/threads/susp")
-    fork = browser.find_element(By.CSS_SELECTOR, "form[action='/actions/fork']")
-    revision = fork.find_element(By.CSS_SELECTOR, "input[name='revision']:not([type='hidden'])")
-    revision.clear()
-    revision.send_keys("1")
+    revision = Select(browser.find_element(By.ID, "fork-revision"))
+    assert revision.first_selected_option.get_attribute("value") == str(
+        served.threads.susp_revision
+    )  # the head, unless the timeline chose another
+    revision.select_by_value("1")
     browser.find_element(By.NAME, "new_thread").send_keys("susp-copy")
     browser.find_element(By.XPATH, "//button[text()='Fork']").click()
     message = WebDriverWait(browser, WAIT).until(
@@ -504,3 +517,189 @@ def test_an_action_needs_post_the_token_and_the_csrf_value(served: Served) -> No
         done = http.post("/actions/resume", data={**data, "csrf": csrf})
         assert done.status_code == 303 and "resumed+susp" in done.headers["location"]
     assert asyncio.run(_head(served.store.url, "susp")).state["approved"] is True
+
+
+def _flash(browser: webdriver.Chrome, ident: str) -> str:
+    """The text of the page's outcome line (``msg``) or error line (``err``), once the
+    action's answer has loaded."""
+    found = WebDriverWait(browser, WAIT).until(
+        expected_conditions.presence_of_element_located((By.ID, ident))
+    )
+    return str(found.text)
+
+
+def test_a_signal_is_sent_from_the_thread_page_or_refused_with_its_error(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/threads/susp")
+    assert "no pending signals" in browser.find_element(By.ID, "live").text
+    name = browser.find_element(By.ID, "signal-name")
+    assert name.get_attribute("value") == ""  # susp waits for no signal
+    name.send_keys("nudge")
+    browser.find_element(By.ID, "signal-payload").send_keys('{"note": "from the inspector"}')
+    browser.find_element(By.XPATH, "//button[text()='Send signal']").click()
+    text = _flash(browser, "msg")
+    assert text.startswith("signal 'nudge' #1 (id ")
+    assert text.endswith("sent to susp; kept until the thread waits for it")
+    assert browser.current_url.split("?")[0].endswith("/threads/susp")
+    pending = _rows(browser, "signals")
+    assert [(r[0], r[1], r[2]) for r in pending] == [
+        ("1", "nudge", '{"note": "from the inspector"}')
+    ]
+    _screenshot(browser, served.store.name, "thread-signal")
+    # A payload that is not JSON is refused, with why, and nothing is sent.
+    browser.find_element(By.ID, "signal-name").send_keys("nudge")
+    browser.find_element(By.ID, "signal-payload").send_keys("{not json")
+    browser.find_element(By.XPATH, "//button[text()='Send signal']").click()
+    error = _flash(browser, "err")
+    assert error.startswith("signal failed: ValueError: the payload is not valid JSON")
+    assert len(_rows(browser, "signals")) == 1
+    _screenshot(browser, served.store.name, "thread-signal-refused")
+
+
+def test_a_fork_at_a_revision_chosen_in_the_timeline(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    served.open(browser, "/threads/susp")
+    assert browser.find_element(By.ID, "fork-at-1").text == "fork here"
+    browser.find_element(By.ID, "fork-at-1").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("fork=1"))
+    chosen = Select(browser.find_element(By.ID, "fork-revision")).first_selected_option
+    assert chosen.get_attribute("value") == "1"
+    assert chosen.text == "1 · ask"
+    _screenshot(browser, served.store.name, "thread-fork-chosen")
+    browser.find_element(By.ID, "fork-new").send_keys("susp-at-1")
+    browser.find_element(By.XPATH, "//button[text()='Fork']").click()
+    text = _flash(browser, "msg")
+    assert text.startswith("forked susp@1 into susp-at-1")
+    assert browser.current_url.split("?")[0].endswith("/threads/susp-at-1")
+    assert browser.find_element(By.ID, "lineage").text == "susp@1"
+    assert browser.find_element(By.ID, "status").text == "suspended"
+    _screenshot(browser, served.store.name, "thread-forked")
+    child = asyncio.run(_head(served.store.url, "susp-at-1"))
+    assert (child.parent_thread_id, child.parent_revision) == ("susp", 1)
+    browser.find_element(By.ID, "lineage").find_element(By.LINK_TEXT, "susp").click()
+    WebDriverWait(browser, WAIT).until(expected_conditions.url_contains("/threads/susp"))
+    assert browser.find_element(By.ID, "revision").text == str(served.threads.susp_revision)
+
+
+async def _bury(url: str) -> list[str]:
+    """Fail every delivery of the pending hand-offs (``ho``'s) until they are dead
+    letters; the dead letters' ids."""
+    async with flowy.connect(url) as backend:
+        consumer = backend.consumer
+        for _ in range(consumer.max_attempts):
+            for message in await consumer.claim(10, 30):
+                await consumer.release(message, error="the card service is down")
+        return [d.message_id for d in await consumer.dead_letters()]
+
+
+async def _requeue(url: str, message_id: str) -> None:
+    async with flowy.connect(url) as backend:
+        await backend.consumer.retry_dead_letter(message_id)
+
+
+def test_checked_dead_letters_are_requeued_once_confirmed(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    letters = asyncio.run(_bury(served.store.url))
+    dl = served.threads.dead_message_id
+    (ho,) = set(letters) - {dl}
+    served.open(browser, "/dead-letters")
+    assert len(_rows(browser, "letters")) == 2
+    for box in browser.find_elements(By.CSS_SELECTOR, "#letters input[name='letter']"):
+        box.click()
+    _screenshot(browser, served.store.name, "dead-letters-checked")
+    browser.find_element(By.ID, "requeue-checked").click()  # not confirmed: not sent
+    assert browser.find_elements(By.ID, "msg") == []
+    assert len(asyncio.run(_bury(served.store.url))) == 2
+    asyncio.run(_requeue(served.store.url, ho))  # someone else requeues one meanwhile
+    browser.find_element(By.ID, "requeue-confirm").click()
+    browser.find_element(By.ID, "requeue-checked").click()
+    text = _flash(browser, "msg")
+    assert text == (
+        f"requeued 1 of 2 dead letter(s) (id {dl}); not requeued: id {ho} (no longer a dead letter)"
+    )
+    assert "no dead letters" in browser.find_element(By.ID, "live").text
+    assert browser.find_elements(By.ID, "requeue-all") == []
+    _screenshot(browser, served.store.name, "dead-letters-requeued")
+
+
+def test_every_dead_letter_is_requeued_at_once(browser: webdriver.Chrome, served: Served) -> None:
+    letters = asyncio.run(_bury(served.store.url))
+    assert len(letters) == 2
+    served.open(browser, "/dead-letters")
+    assert browser.find_element(By.ID, "requeue-all").text == "Requeue all (2)"
+    browser.find_element(By.ID, "requeue-confirm").click()
+    browser.find_element(By.ID, "requeue-all").click()
+    text = _flash(browser, "msg")
+    assert text.startswith("requeued 2 of 2 dead letter(s) (ids ")
+    assert sorted(text.split("(ids ", 1)[1].rstrip(")").split(", ")) == sorted(letters)
+    assert asyncio.run(_dead_letters(served.store.url)) == []
+
+
+async def _dead_letters(url: str) -> list[str]:
+    async with flowy.connect(url) as backend:
+        return [d.message_id for d in await backend.consumer.dead_letters()]
+
+
+def test_a_save_reaches_the_page_through_the_stores_watch(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    # The page refreshes itself every QUIET seconds (10 min): within WAIT, only the
+    # stream of the store's watch can bring the update.
+    assert served.inspector.watching
+    served.open(browser, "/threads/susp")
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-events") == (
+        f"/events/susp?after={served.threads.susp_revision}"
+    )
+    WebDriverWait(browser, WAIT).until(
+        lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-watching") == "yes"
+    )
+    assert served.inspector.streams == 1
+    browser.execute_script("window.notReloaded = true")
+    _approve_elsewhere(served)
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "status"), "handoff")
+    )
+    assert browser.execute_script("return window.notReloaded") is True  # in place
+    saves = browser.find_element(By.TAG_NAME, "body").get_attribute("data-saves")
+    assert saves is not None and int(saves) >= 1  # the stream said a revision was saved
+    assert "save(s) heard" in browser.find_element(By.ID, "updated").text
+    assert served.inspector.streams == 1  # one stream, still open
+    _screenshot(browser, served.store.name, "thread-watched")
+
+
+def test_the_new_actions_need_post_the_token_and_the_csrf_value(served: Served) -> None:
+    actions = {
+        "signal": {"thread": "susp", "signal": "nudge", "payload": "1"},
+        "fork": {"thread": "susp", "revision": "1", "new_thread": "copy"},
+        "requeue-many": {"which": "all", "confirm": "yes"},
+    }
+    with httpx.Client(base_url=served.url, follow_redirects=False) as http:
+        for name, data in actions.items():
+            assert http.post(f"/actions/{name}", data=data).status_code == 403  # no token
+        assert http.get(f"/?token={TOKEN}").status_code == 303  # sets the cookie
+        found = re.search(r"name='csrf' value='([^']+)'", http.get("/threads/susp").text)
+        assert found is not None
+        for name, data in actions.items():
+            assert http.post(f"/actions/{name}", data=data).status_code == 403  # no CSRF
+            forged = {**data, "csrf": "forged"}
+            assert http.post(f"/actions/{name}", data=forged).status_code == 403
+            query = {**data, "csrf": found.group(1), "token": TOKEN}
+            assert http.get(f"/actions/{name}", params=query).status_code == 405
+    assert asyncio.run(_dead_letters(served.store.url)) == [served.threads.dead_message_id]
+    assert "copy" not in asyncio.run(_thread_ids(served.store.url))
+    pending = asyncio.run(_pending_signals(served.store.url, "susp"))
+    assert pending == []
+
+
+async def _thread_ids(url: str) -> list[str]:
+    async with flowy.connect(url) as backend:
+        return [s.thread_id for s in await backend.checkpointer.list_threads(limit=100)]
+
+
+async def _pending_signals(url: str, thread: str) -> list[str]:
+    async with flowy.connect(url) as backend:
+        cp: Any = backend.checkpointer
+        return [s.name for s in await cp.signals(thread)]

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, cast
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 from .._errors import FlowyError
 from .._runner import Runner, default_owner
@@ -25,16 +27,20 @@ from ._store import codec_for, locate, open_store
 
 __all__ = [
     "RESUMABLE",
+    "SCAN",
+    "RequeuePage",
+    "Requeued",
     "bulk_requeue",
     "bulk_resume",
     "cmd_dead_letters_any",
     "cmd_resume_any",
+    "requeue_pages",
 ]
 
 RESUMABLE = (RunStatus.CANCELED, RunStatus.SUSPENDED, RunStatus.FAILED, RunStatus.RUNNING)
 """The statuses a bulk resume may take (default: canceled only)."""
 
-_SCAN = 10_000
+SCAN = 10_000
 """Dead letters a bulk requeue reads at most in one run (run it again for more)."""
 
 
@@ -103,53 +109,111 @@ def _letter_matches(letter: DeadLetter, args: argparse.Namespace, now: float) ->
     return args.error is None or args.error in letter.error
 
 
+@dataclass(frozen=True)
+class Requeued:
+    """What a bulk requeue did with one dead letter: ``"requeued"`` (in a dry run: would
+    be), ``"gone"`` (no longer a dead letter when its turn came: requeued or dropped by
+    someone else meanwhile) or ``"failed"`` (``error`` says why)."""
+
+    letter: DeadLetter
+    outcome: Literal["requeued", "gone", "failed"]
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class RequeuePage:
+    """One page of a bulk requeue: what it did with each letter it took, in order, and
+    how many of the ``total`` dead letters it has read so far."""
+
+    done: tuple[Requeued, ...]
+    read: int
+    total: int
+
+
+async def requeue_pages(
+    consumer: OutboxConsumer,
+    keep: Callable[[DeadLetter], bool],
+    *,
+    limit: int,
+    page_size: int,
+    dry_run: bool = False,
+) -> AsyncIterator[RequeuePage]:
+    """Requeue the dead letters ``keep`` accepts (up to ``limit`` of them, the first
+    :data:`SCAN` read), a page of ``page_size`` at a time; a letter whose requeue fails
+    is reported and the rest go on. Safe to stop between pages and run again: a
+    requeued letter is no longer a dead letter."""
+    letters = await consumer.dead_letters(SCAN)
+    acted = 0
+    for start in range(0, len(letters), page_size):
+        done: list[Requeued] = []
+        for letter in letters[start : start + page_size]:
+            if acted >= limit:
+                break
+            if not keep(letter):
+                continue
+            if not dry_run:
+                try:
+                    await consumer.retry_dead_letter(letter.message_id)
+                # The SQLite store turns a numeric id into a 64-bit integer first.
+                except (KeyError, OverflowError):
+                    done.append(Requeued(letter, "gone"))
+                    continue
+                except FlowyError as exc:
+                    acted += 1
+                    error = f"{type(exc).__name__}: {one_line(str(exc))}"
+                    done.append(Requeued(letter, "failed", error))
+                    continue
+            acted += 1
+            done.append(Requeued(letter, "requeued"))
+        yield RequeuePage(tuple(done), min(start + page_size, len(letters)), len(letters))
+        if acted >= limit:
+            break
+
+
 async def bulk_requeue(args: argparse.Namespace, out: Console) -> int:
     """``flowy dead-letters --requeue``: requeue every dead letter that matches."""
     store = locate(args.backend, args.db)
     now = time.time()
-    limit = cast("int", args.limit)
-    page_size = cast("int", args.page_size)
     rows: list[dict[str, Any]] = []
-    acted = gone = 0
+    acted = gone = failed = 0
     async with open_store(store, None) as backend:
-        consumer: OutboxConsumer = backend.consumer
-        letters = await consumer.dead_letters(_SCAN)
-        for start in range(0, len(letters), page_size):
-            for letter in letters[start : start + page_size]:
-                if acted >= limit:
-                    break
-                if not _letter_matches(letter, args, now):
+        pages = requeue_pages(
+            backend.consumer,
+            lambda letter: _letter_matches(letter, args, now),
+            limit=cast("int", args.limit),
+            page_size=cast("int", args.page_size),
+            dry_run=args.dry_run,
+        )
+        async for page in pages:
+            for step in page.done:
+                letter = step.letter
+                if step.outcome == "gone":
+                    gone += 1
+                    continue
+                row = dead_letter_json(letter)
+                message = clean(letter.message_id, 80)
+                thread = clean(letter.intent.thread_id, 60) if letter.intent else "(undecodable)"
+                if step.outcome == "failed":
+                    failed += 1
+                    rows.append({**row, "requeue_error": step.error})
+                    if not args.json:
+                        out.line(f"{message} ({thread}): not requeued: {step.error}")
                     continue
                 acted += 1
-                rows.append(dead_letter_json(letter))
-                thread = clean(letter.intent.thread_id, 60) if letter.intent else "(undecodable)"
-                if args.dry_run:
-                    if not args.json:
-                        out.line(f"would requeue {clean(letter.message_id, 80)} ({thread})")
-                    continue
-                try:
-                    await consumer.retry_dead_letter(letter.message_id)
-                except KeyError:  # requeued (or dropped) by someone else meanwhile
-                    gone += 1
-                    acted -= 1
-                    continue
+                rows.append(row)
                 if not args.json:
-                    out.line(f"requeued {clean(letter.message_id, 80)} ({thread})")
-            progress(
-                out,
-                "dead-letters",
-                f"{min(start + page_size, len(letters))} of {len(letters)} dead letters read",
-            )
-            if acted >= limit:
-                break
+                    verb = "would requeue" if args.dry_run else "requeued"
+                    out.line(f"{verb} {message} ({thread})")
+            progress(out, "dead-letters", f"{page.read} of {page.total} dead letters read")
     if args.json:
         print_json(out, rows)
     elif args.dry_run:
         out.line(f"dry run: would requeue {acted} dead letter(s); nothing was changed")
     else:
         tail = f", {gone} gone meanwhile" if gone else ""
+        tail += f", {failed} failed" if failed else ""
         out.line(f"requeued {acted} dead letter(s){tail}")
-    return 0
+    return 1 if failed else 0
 
 
 async def cmd_resume_any(args: argparse.Namespace, out: Console) -> int:

@@ -1,7 +1,9 @@
 r"""``flowy ui``: a small local web inspector of a store's threads.
 
 Server-rendered HTML on Starlette, served by uvicorn (one small script, ``/live.js``,
-refreshes a page's content in place; with JavaScript off a page reloads itself): the
+refreshes a page's content in place, and a thread page's as soon as the store's watch
+says a revision was saved, through a stream of server-sent events at
+``/events/THREAD``; with JavaScript off a page reloads itself): the
 optional ``ui`` extra (``pip install "flowy-core[ui]"``). Both are imported only when the command
 runs or :func:`build_app` is called, so the core still needs the standard library alone.
 
@@ -12,8 +14,10 @@ SameSite=Strict cookie named after the port, so two inspectors never share one);
 action (a POST) also needs the per-process CSRF value of its form. Everything a store
 holds is escaped with ``html.escape``, control and bidi characters as ``\uXXXX``.
 Actions go through the same public API as the other commands (``Runner.resume``,
-``recover_stale_handoff``, ``fork``, ``Runner.cancel`` and ``Runner.terminate`` (each
-confirmed by a ticked box), the consumer's ``retry_dead_letter``). A page or
+``recover_stale_handoff``, ``Runner.signal``, ``fork`` at a chosen revision,
+``Runner.cancel`` and ``Runner.terminate`` (each confirmed by a ticked box), the
+consumer's ``retry_dead_letter``, also for every or every checked dead letter, confirmed
+by a ticked box, through the paging of ``flowy dead-letters --requeue``). A page or
 action that fails (a missing thread, an undecodable record, an unreachable store) shows
 one line on the page with a 4xx/5xx status; the traceback goes to the ``flowy.cli.ui``
 logger at debug level, never to the terminal.
@@ -43,6 +47,7 @@ from .._graph import Graph
 from ..storage import (
     Backend,
 )
+from ..storage._watch import TERMINAL_STATUSES
 from ._options import CliError, load_graph, one_line
 from ._render import Console
 from ._store import codec_for, locate, open_store
@@ -101,6 +106,13 @@ def _same(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
+def _revision(text: str) -> int:
+    """A stream's ``after`` (or ``Last-Event-ID``): a revision, a whole number."""
+    if not text.isdecimal() or len(text) > 18:
+        raise ValueError(f"after must be a revision (a whole number), got {text[:40]!r}")
+    return int(text)
+
+
 def _hosts(host: str, port: int) -> Callable[[str], bool]:
     """Whether a request's ``Host`` header names this inspector: the bound address or
     ``localhost``, with ``port`` (any name when bound to every interface)."""
@@ -145,6 +157,7 @@ def build_app(
         PlainTextResponse,
         RedirectResponse,
         Response,
+        StreamingResponse,
     )
     from starlette.routing import Route
 
@@ -227,7 +240,9 @@ def build_app(
             body += chunk
             if len(body) > MAX_FORM:
                 return PlainTextResponse("413 the form is too large", status_code=413)
-        form = dict(urllib.parse.parse_qsl(body.decode("utf-8", "replace")))
+        pairs = urllib.parse.parse_qsl(body.decode("utf-8", "replace"))
+        form = dict(pairs)
+        letters = [v for k, v in pairs if k == "letter"]
         if not _same(form.get("csrf"), ui.csrf):
             return refuse("the form's CSRF token is missing or wrong (reload the page)")
         name = cast(str, request.path_params["name"])
@@ -237,7 +252,7 @@ def build_app(
         if task is not None:
             ui.acting.add(task)
         try:
-            back, message = await ui.act(name, form)
+            back, message = await ui.act(name, form, letters)
             key = "msg"
         except asyncio.CancelledError:
             if not ui.stopping or task is None:
@@ -264,8 +279,44 @@ def build_app(
             return refused
         return Response(LIVE_JS, media_type="text/javascript; charset=utf-8", headers=_HEADERS)
 
+    async def events(request: Request) -> Response:
+        """The thread's stream of server-sent events (``Inspector.events``): from the
+        revision after ``Last-Event-ID`` (a reconnecting browser) or ``?after=``; 204
+        once the run has finished and that revision was its last, which stops the
+        browser's ``EventSource`` from reconnecting."""
+        if (refused := foreign(request)) is not None:
+            return refused
+        if not _same(request.cookies.get(cookie), token):
+            return refuse("open the URL with the token that flowy ui printed")
+        thread = cast(str, request.path_params["thread"])
+        if not ui.watching:
+            return PlainTextResponse(
+                "404 this store cannot be watched: the page refreshes itself instead",
+                status_code=404,
+                headers=_HEADERS,
+            )
+        last = request.headers.get("last-event-id") or request.query_params.get("after")
+        try:
+            after = None if last is None else _revision(last)
+            snap, revision = await backend.checkpointer.load(thread)
+        except (ThreadNotFoundError, InvalidThreadIdError, ValueError) as exc:
+            status = 404 if isinstance(exc, (ThreadNotFoundError, InvalidThreadIdError)) else 400
+            return PlainTextResponse(
+                f"{status} {one_line(str(exc))}"[:500], status_code=status, headers=_HEADERS
+            )
+        except Exception as exc:
+            log.debug("flowy ui: the stream of %r failed", thread, exc_info=exc)
+            return PlainTextResponse("503 the store is unavailable", status_code=503)
+        if snap.status in TERMINAL_STATUSES and after is not None and after >= revision:
+            return Response(status_code=204, headers=_HEADERS)
+        headers = {**_HEADERS, "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            ui.events(thread, after), media_type="text/event-stream", headers=headers
+        )
+
     routes = [
         Route("/live.js", live_js, methods=["GET"]),
+        Route("/events/{thread:path}", events, methods=["GET"]),
         Route("/", guarded(ui.threads), methods=["GET"]),
         Route("/dead-letters", guarded(ui.dead_letters), methods=["GET"]),
         Route("/threads/{thread:path}", guarded(thread_page), methods=["GET"]),

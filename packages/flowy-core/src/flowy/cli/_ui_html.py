@@ -82,6 +82,7 @@ meter{width:7em;vertical-align:middle}
 form.filters{display:flex;flex-wrap:wrap;gap:.4em .8em;align-items:end;margin:.6em 0}
 form.filters label{display:flex;flex-direction:column;font-size:.85em;color:var(--muted)}
 form.inline{display:inline}
+form.bulk{display:flex;flex-wrap:wrap;gap:.4em .8em;align-items:center;margin:.6em 0}
 input,select,textarea,button{font:inherit;color:inherit;background:var(--card);
 border:1px solid var(--line);border-radius:4px;padding:.2em .4em}
 button{cursor:pointer;background:var(--head)}
@@ -203,10 +204,14 @@ def status_badge(status: str, ident: str = "") -> str:
 
 
 LIVE_JS = """// flowy ui: refresh the live part of the page in place every few seconds, unless a
-// form is being filled in; without JavaScript the page's <noscript> refresh does it.
+// form is being filled in, and on a thread page also as soon as the store's watch says a
+// revision was saved (server-sent events); without JavaScript the page's <noscript>
+// refresh does it.
 (function () {
-  var every = 1000 * (Number(document.body.getAttribute("data-refresh")) || 3);
-  var dirty = false;
+  var body = document.body;
+  var every = 1000 * (Number(body.getAttribute("data-refresh")) || 3);
+  var events = body.getAttribute("data-events");
+  var dirty = false, running = false, again = false, timer = null, saves = 0;
   document.addEventListener("input", function () { dirty = true; });
   document.addEventListener("submit", function () { dirty = true; });
   function busy() {
@@ -218,9 +223,15 @@ LIVE_JS = """// flowy ui: refresh the live part of the page in place every few s
     if (s) { s.textContent = text; }
   }
   var took = 0;  // how long the last page took: a slow store is asked less often
-  function later() { setTimeout(tick, Math.max(every, 5 * took)); }
+  function later() {
+    clearTimeout(timer);
+    timer = setTimeout(tick, Math.max(every, 5 * took));
+  }
   function tick() {
+    if (running) { again = true; return; }
     if (document.hidden || busy()) { later(); return; }
+    clearTimeout(timer);
+    running = true;
     var started = Date.now();
     fetch(location.href, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) {
@@ -240,10 +251,29 @@ LIVE_JS = """// flowy ui: refresh the live part of the page in place every few s
           });
           old.replaceWith(fresh);
         }
-        stamp("live · updated " + new Date().toLocaleTimeString());
+        stamp("live · updated " + new Date().toLocaleTimeString() +
+              (saves ? " · " + saves + " save(s) heard" : ""));
       })
       .catch(function (err) { stamp("live · not updated: " + err.message); })
-      .then(later);
+      .then(function () {
+        running = false;
+        if (again) { again = false; tick(); } else { later(); }
+      });
+  }
+  if (events && window.EventSource) {
+    var stream = new EventSource(events);
+    stream.addEventListener("open", function () {
+      body.setAttribute("data-watching", "yes");
+    });
+    stream.addEventListener("snapshot", function () {
+      saves += 1;
+      body.setAttribute("data-saves", String(saves));
+      tick();
+    });
+    stream.addEventListener("end", function () { stream.close(); });
+    stream.addEventListener("error", function () {
+      body.setAttribute("data-watching", stream.readyState === 2 ? "closed" : "again");
+    });
   }
   later();
 })();

@@ -101,7 +101,8 @@ def _changes(older: Snapshot[Any] | None, newer: Snapshot[Any], ident: str) -> s
 
 def timeline(history: Sequence[Snapshot[Any]], now: float) -> str:
     """The revisions, newest first: when, how long after the one before, node, status,
-    reason, the effects emitted there, and the state changes (folded)."""
+    reason, the effects emitted there, the state changes (folded), and a link that
+    chooses the revision in the fork form (``?fork=N#fork``)."""
     rows: list[list[str]] = []
     for older, newer in zip([None, *history], history, strict=False):
         after = "" if older is None else "+" + span(newer.updated_at - older.updated_at)
@@ -116,12 +117,14 @@ def timeline(history: Sequence[Snapshot[Any]], now: float) -> str:
                 e(newer.reason or ""),
                 effects,
                 _changes(older, newer, f"diff-{newer.revision}"),
+                f"<a href='?fork={e(newer.revision)}#fork' id='fork-at-{e(newer.revision)}' "
+                f"title='fork the thread at revision {e(newer.revision)}'>fork here</a>",
             ]
         )
     return (
         "<div id='history'>"
         + table(
-            ["rev", "time", "after", "node", "status", "reason", "effects", "state"],
+            ["rev", "time", "after", "node", "status", "reason", "effects", "state", ""],
             reversed(rows),
             "no history",
             nums=(0, 2),
