@@ -57,7 +57,10 @@ _WRITE = (
     *("key", "tid", "record", "pointer", "status", "reason", "handoff", "pending", "updated"),
     *("wake", "graph_version"),
 )
-_OUTBOX = ("o_keys", "o_ids", "o_revisions", "o_payloads", "channel")
+_OUTBOX = (
+    *("o_keys", "o_ids", "o_revisions", "o_payloads", "o_queues", "o_partitions", "o_priorities"),
+    "channel",
+)
 
 
 def _save_sql(
@@ -98,12 +101,13 @@ def _save_sql(
     if outbox:
         # The rule of BaseOutbox._append: a live message stays as it is, a dead one lives again.
         queued = f""", queued AS (
-    INSERT INTO {n.outbox} AS o (thread_key, thread_id, committed_revision, payload)
+    INSERT INTO {n.outbox} AS o
+        (thread_key, thread_id, committed_revision, payload, queue, partition_key, priority)
     SELECT r.* FROM appended, unnest(:o_keys::bytea[], :o_ids::text[], :o_revisions::bigint[],
-        :o_payloads::bytea[]) AS r
+        :o_payloads::bytea[], :o_queues::text[], :o_partitions::text[], :o_priorities::int[]) AS r
     ON CONFLICT (thread_key, committed_revision) DO UPDATE SET payload = EXCLUDED.payload,
         attempts = 0, dead = false, last_error = '', visible_at = clock_timestamp(),
-        created_at = clock_timestamp()
+        created_at = clock_timestamp(), claimed_until = NULL
     WHERE o.dead
     RETURNING 1
 ), notified AS (SELECT pg_notify(:channel::text, '') FROM (SELECT FROM queued LIMIT 1) AS q)"""
@@ -274,7 +278,19 @@ SELECT data FROM {n.journal} WHERE thread_key = $1 AND activity_key = $3
 def _outbox_args(rows: tuple[OutboxRow, ...], channel: str) -> list[object]:
     ids = [r.thread_id for r in rows]
     keys = [thread_key(i) for i in ids]
-    return [keys, ids, [r.committed_revision for r in rows], [r.payload for r in rows], channel]
+    revisions, payloads = [r.committed_revision for r in rows], [r.payload for r in rows]
+    routes = [r.route for r in rows]
+    queues, partitions = [r.queue for r in routes], [r.partition_key for r in routes]
+    return [
+        keys,
+        ids,
+        revisions,
+        payloads,
+        queues,
+        partitions,
+        [r.priority for r in routes],
+        channel,
+    ]
 
 
 def _refused(row: Row, tid: str) -> Refused:

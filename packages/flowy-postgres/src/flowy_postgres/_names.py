@@ -49,6 +49,9 @@ class TableNames:
     signals: str = field(init=False)
     journal: str = field(init=False)
     schedules: str = field(init=False)
+    queue_limits: str = field(init=False)
+    queue_starts: str = field(init=False)
+    claim: str = field(init=False)
     version: str = field(init=False)
     channel: str = field(init=False)
     lock_key: int = field(init=False)
@@ -56,8 +59,12 @@ class TableNames:
     def __post_init__(self) -> None:
         check_identifier(self.schema, "schema name")
         check_identifier(self.prefix, "table prefix", empty=True, longest=MAX_PREFIX)
-        for table in ("threads", "history", "leases", "outbox", "signals", "journal", "schedules"):
+        for table in (
+            *("threads", "history", "leases", "outbox", "signals", "journal", "schedules"),
+            *("queue_limits", "queue_starts"),
+        ):
             object.__setattr__(self, table, self.table(table))
+        object.__setattr__(self, "claim", self.table("claim"))  # the claim function
         object.__setattr__(self, "version", self.table("schema_version"))
         channel = f"{self.schema}.{self.prefix}outbox"
         if len(channel) > 63:

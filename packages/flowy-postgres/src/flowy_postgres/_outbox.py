@@ -1,9 +1,11 @@
 """``PostgresOutbox`` and ``PostgresConsumer``: the outbox primitives on the outbox table.
 
 An enqueue (or a transactional save) inserts a row unique per thread and committed
-revision and calls ``pg_notify`` in the same statement, so waiting consumers wake when
-it commits. Claims take rows ``FOR UPDATE SKIP LOCKED`` (consumers never block on or
-double-deliver one) and hide them until ``visible_at`` (database clock). A waiting claim
+revision, with its queue route, and calls ``pg_notify`` in the same statement, so
+waiting consumers wake when it commits. A claim is one call of the schema's claim
+function (``_schema``): it takes rows of one queue ``FOR UPDATE SKIP LOCKED`` (consumers
+never block on or double-deliver one), within the queue's limits, and hides them and
+marks them in flight until ``visible_at`` and ``claimed_until`` (database clock). A waiting claim
 listens on one dedicated connection and also looks again every second and when a hidden
 message becomes visible, in case a notification is lost; without LISTEN it polls.
 """
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Awaitable, Callable, Hashable
 
+from flowy.queues import DEFAULT_QUEUE, QueueLimits
 from flowy.storage import OutboxStats
-from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
+from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, QueueCounts, RawMessage
 from flowy.storage.dialect import message_row_id as _row_id
 
 from ._conn import Connector, PgConnection, Row
@@ -33,27 +37,23 @@ _UNTIL = "clock_timestamp() + make_interval(secs => $2::float8)"
 
 class _Sql:
     def __init__(self, n: TableNames) -> None:
-        # $1 key, $2 thread id, $3 committed revision, $4 payload, $5 channel
+        # $1 key, $2 thread id, $3 committed revision, $4 payload, $5 queue,
+        # $6 partition key, $7 priority, $8 channel. A dead letter revived keeps its route.
         self.append = f"""
 WITH queued AS (
-    INSERT INTO {n.outbox} AS o (thread_key, thread_id, committed_revision, payload)
-    VALUES ($1, $2::text, $3::bigint, $4::bytea)
+    INSERT INTO {n.outbox} AS o
+        (thread_key, thread_id, committed_revision, payload, queue, partition_key, priority)
+    VALUES ($1, $2::text, $3::bigint, $4::bytea, $5::text, $6::text, $7::int)
     ON CONFLICT (thread_key, committed_revision) DO UPDATE
         SET payload = EXCLUDED.payload, attempts = 0, dead = false, last_error = '',
-            visible_at = clock_timestamp(), created_at = clock_timestamp()
+            visible_at = clock_timestamp(), created_at = clock_timestamp(),
+            claimed_until = NULL
         WHERE o.dead
     RETURNING o.id
 )
-SELECT pg_notify($5::text, '') FROM queued"""
-        # $1 limit, $2 visibility timeout (s)
-        self.claim = f"""
-WITH ready AS (
-    SELECT id FROM {n.outbox} WHERE NOT dead AND visible_at <= clock_timestamp()
-    ORDER BY visible_at, id LIMIT $1::int FOR UPDATE SKIP LOCKED
-)
-UPDATE {n.outbox} AS o SET attempts = o.attempts + 1, visible_at = {_UNTIL}
-FROM ready WHERE o.id = ready.id
-RETURNING o.id, o.payload, o.attempts, o.last_error"""
+SELECT pg_notify($8::text, '') FROM queued"""
+        # $1 queue, $2 limit, $3 visibility timeout (s), $4 held
+        self.claim = f"SELECT * FROM {n.claim}($1::text, $2::int, $3::float8, $4::int)"
         self.next_visible = f"""
 SELECT extract(epoch FROM min(visible_at) - clock_timestamp())::float8
 FROM {n.outbox} WHERE NOT dead"""
@@ -61,7 +61,8 @@ FROM {n.outbox} WHERE NOT dead"""
         # $1 id, $2 delay (s), $3 error, $4 dead, $5 channel
         self.release = f"""
 WITH released AS (
-    UPDATE {n.outbox} SET last_error = $3::text, dead = $4::bool, visible_at = {_UNTIL}
+    UPDATE {n.outbox} SET last_error = $3::text, dead = $4::bool, visible_at = {_UNTIL},
+        claimed_until = NULL
     WHERE id = $1::bigint AND NOT dead
     RETURNING dead
 )
@@ -72,7 +73,7 @@ SELECT id, payload, attempts, last_error FROM {n.outbox} WHERE dead ORDER BY id 
 WITH revived AS (
     UPDATE {n.outbox}
     SET dead = false, attempts = 0, last_error = '', visible_at = clock_timestamp(),
-        created_at = clock_timestamp()
+        created_at = clock_timestamp(), claimed_until = NULL
     WHERE id = $1::bigint AND dead
     RETURNING id
 )
@@ -83,6 +84,58 @@ SELECT count(*) FILTER (WHERE NOT dead) AS pending,
     extract(epoch FROM min(created_at) FILTER (WHERE NOT dead))::float8 AS oldest,
     count(*) FILTER (WHERE dead) AS dead
 FROM {n.outbox}"""
+        # $1 queue, $2..$6 the limits (NULL: none), $7 rate period (s), $8 channel
+        self.set_limits = f"""
+WITH stored AS (
+    INSERT INTO {n.queue_limits} AS l (queue, global_concurrency, worker_concurrency,
+        partition_concurrency, rate_limit, partition_rate_limit, rate_period)
+    VALUES ($1::text, $2::int, $3::int, $4::int, $5::int, $6::int, $7::float8)
+    ON CONFLICT (queue) DO UPDATE SET global_concurrency = EXCLUDED.global_concurrency,
+        worker_concurrency = EXCLUDED.worker_concurrency,
+        partition_concurrency = EXCLUDED.partition_concurrency,
+        rate_limit = EXCLUDED.rate_limit, partition_rate_limit = EXCLUDED.partition_rate_limit,
+        rate_period = EXCLUDED.rate_period
+    RETURNING 1
+), unrated AS (  -- starts are kept only while a rate limit is set
+    DELETE FROM {n.queue_starts}
+    WHERE queue = $1::text AND $5::int IS NULL AND $6::int IS NULL
+)
+SELECT pg_notify($8::text, '') FROM stored"""
+        # $1 queue, $2 channel
+        self.forget_limits = f"""
+WITH forgotten AS (
+    DELETE FROM {n.queue_limits} WHERE queue = $1::text
+), unrated AS (
+    DELETE FROM {n.queue_starts} WHERE queue = $1::text
+)
+SELECT pg_notify($2::text, '')"""
+        self.read_limits = f"""
+SELECT queue, global_concurrency, worker_concurrency, partition_concurrency, rate_limit,
+    partition_rate_limit, rate_period
+FROM {n.queue_limits}"""
+        # In flight: claimed_until is later than now; pending: every other live message.
+        self.queue_counts = f"""
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now_),
+messages AS (
+    SELECT o.queue, count(*) FILTER (WHERE o.claimed_until > c.now_) AS in_flight,
+        count(*) FILTER (WHERE (o.claimed_until > c.now_) IS NOT TRUE) AS pending,
+        extract(epoch FROM min(o.created_at)
+            FILTER (WHERE (o.claimed_until > c.now_) IS NOT TRUE))::float8 AS oldest
+    FROM {n.outbox} AS o, clock AS c WHERE NOT o.dead GROUP BY o.queue
+), starts AS (
+    SELECT s.queue, sum(s.count) AS started
+    FROM {n.queue_starts} AS s JOIN {n.queue_limits} AS l ON l.queue = s.queue, clock AS c
+    WHERE (l.rate_limit IS NOT NULL OR l.partition_rate_limit IS NOT NULL)
+        AND s.started_at > c.now_ - make_interval(secs => l.rate_period)
+    GROUP BY s.queue
+)
+SELECT coalesce(m.queue, s.queue) AS queue, coalesce(m.in_flight, 0) AS in_flight,
+    coalesce(m.pending, 0) AS pending, m.oldest, coalesce(s.started, 0) AS started
+FROM messages AS m FULL JOIN starts AS s ON s.queue = m.queue"""
+        # $1 queue, $2 limit
+        self.queue_messages = f"""
+SELECT id, payload, attempts, last_error FROM {n.outbox}
+WHERE queue = $1::text AND NOT dead ORDER BY priority, id LIMIT $2::bigint"""
 
 
 class PostgresOutbox(BaseOutbox):
@@ -96,19 +149,21 @@ class PostgresOutbox(BaseOutbox):
         self._sql = _Sql(connector.names)
 
     async def _append(self, row: OutboxRow) -> None:
-        tid = row.thread_id
+        tid, route = row.thread_id, row.route
         await self.connector.execute(
             f"enqueue the hand-off of thread {tid!r:.80}",
             self._sql.append,
             *(thread_key(tid), tid, row.committed_revision, row.payload),
+            *(route.queue, route.partition_key, route.priority),
             self.connector.names.channel,
         )
 
 
 def _raw(rows: list[Row]) -> list[RawMessage]:
+    """The messages of ``rows``, in the order the statement returned them."""
     return [
         RawMessage(str(r["id"]), bytes(r["payload"]), int(r["attempts"]), str(r["last_error"]))
-        for r in sorted(rows, key=lambda r: int(r["id"]))
+        for r in rows
     ]
 
 
@@ -163,8 +218,47 @@ class PostgresConsumer(BaseConsumer):
             await self._hooks[1](conn)
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        args = (self._sql.claim, min(limit, 10_000), visibility_timeout)
-        return _raw(await self.connector.fetch("claim outbox messages", *args))
+        return await self._claim_queue(DEFAULT_QUEUE, limit, visibility_timeout, 0)
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        held = min(held, 2**31 - 1)
+        args = (self._sql.claim, queue, min(limit, 10_000), visibility_timeout, held)
+        return _raw(await self.connector.fetch(f"claim messages of queue {queue!r}", *args))
+
+    async def _set_limits(self, queue: str, limits: QueueLimits | None) -> None:
+        channel = self._channel
+        if limits is None:
+            sql, args = self._sql.forget_limits, (queue, channel)
+        else:
+            counts = (limits.global_concurrency, limits.worker_concurrency)
+            counts += (limits.partition_concurrency, limits.rate_limit)
+            counts += (limits.partition_rate_limit,)
+            sql, args = self._sql.set_limits, (queue, *counts, limits.rate_period, channel)
+        await self.connector.execute(f"set the limits of queue {queue!r}", sql, *args)
+
+    async def _read_limits(self) -> dict[str, QueueLimits]:
+        rows = await self.connector.fetch("read the queue limits", self._sql.read_limits, read=True)
+        names = [f.name for f in dataclasses.fields(QueueLimits)]  # the columns
+        return {str(r["queue"]): QueueLimits.from_json({k: r[k] for k in names}) for r in rows}
+
+    async def _queue_counts(self) -> dict[str, QueueCounts]:
+        sql = self._sql.queue_counts
+        rows = await self.connector.fetch("count the queues", sql, read=True)
+        return {
+            str(r["queue"]): QueueCounts(
+                int(r["in_flight"]),
+                int(r["pending"]),
+                None if r["oldest"] is None else float(r["oldest"]),
+                int(r["started"]),
+            )
+            for r in rows
+        }
+
+    async def _queue_messages(self, queue: str, limit: int) -> list[RawMessage]:
+        sql, action = self._sql.queue_messages, f"list the messages of queue {queue!r}"
+        return _raw(await self.connector.fetch(action, sql, queue, limit, read=True))
 
     async def _next_visible(self) -> float | None:
         row = await self.connector.fetchrow("check the outbox", self._sql.next_visible, read=True)

@@ -1,15 +1,17 @@
 """The database schema: the DDL, its versions and its setup (its names are in ``_names``).
 
-Eight tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per
+Ten tables share a prefix in one PostgreSQL schema: ``threads`` (a head row per
 thread, with the columns listings and timers read), ``history`` (every record by thread
-and revision; the head's record is its entry there), ``leases``, ``outbox``, ``signals``
-(each thread's inbox), ``journal`` (each thread's activity records), ``schedules``
-(durable schedules, by name) and ``schema_version``. Threads are keyed by the SHA-256
-of the id (b-tree indexes cannot hold 16 KiB ids), signals and journal entries also by
-the SHA-256 of their id or key; statements also compare the full texts, stored
-exactly. Listings go in code point order through an index on the first 200 characters
-of the id. A new schema is created at :data:`SCHEMA_VERSION`; :data:`UPGRADES` bring an
-older one up to date, on ``setup()``.
+and revision; the head's record is its entry there), ``leases``, ``outbox`` (each
+message with its queue route), ``queue_limits`` and ``queue_starts`` (each queue's
+limits, and the starts of its rate window), ``signals`` (each thread's inbox),
+``journal`` (each thread's activity records), ``schedules`` (durable schedules, by name)
+and ``schema_version``; the function ``claim`` claims a queue's messages. Threads are
+keyed by the SHA-256 of the id (b-tree indexes cannot hold 16 KiB ids), signals and
+journal entries also by the SHA-256 of their id or key; statements also compare the full
+texts, stored exactly. Listings go in code point order through an index on the first
+200 characters of the id. A new schema is created at :data:`SCHEMA_VERSION`;
+:data:`UPGRADES` bring an older one up to date, on ``setup()``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ __all__ = [
     "thread_key",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """The schema version this code reads and writes."""
 
 ID_PREFIX = 'substr(thread_id, 1, 200) COLLATE "C"'
@@ -105,12 +107,14 @@ def _create(n: TableNames) -> list[str]:
     dead boolean NOT NULL DEFAULT false,
     last_error text NOT NULL DEFAULT '',
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    {_ROUTE_COLUMNS},
     UNIQUE (thread_key, committed_revision))""",
         f"""CREATE INDEX IF NOT EXISTS {n.index("outbox_ready_idx")}
     ON {n.outbox} (visible_at, id) WHERE NOT dead""",
         f"CREATE INDEX IF NOT EXISTS {n.index('outbox_dead_idx')} ON {n.outbox} (id) WHERE dead",
         *_durable(n),
         *_schedules(n),
+        *_queues(n),
     ]
 
 
@@ -152,6 +156,165 @@ def _durable(n: TableNames) -> list[str]:
     ]
 
 
+# The route of a message and its flight (version 5), the last columns of the outbox.
+_ROUTE_COLUMNS = """queue text NOT NULL DEFAULT 'default',
+    partition_key text NOT NULL DEFAULT '',
+    priority integer NOT NULL DEFAULT 0,  -- lower first
+    -- in flight until then (NULL: released, or never claimed)
+    claimed_until timestamptz"""
+
+
+def _queues(n: TableNames) -> list[str]:
+    """The queues (version 5): the claim index of each queue, the index of messages in
+    flight, the limits of each queue, the starts of its rate window and the claim."""
+    return [
+        # Claim order (priority, then enqueue order); visibility is checked in the index.
+        f"""CREATE INDEX IF NOT EXISTS {n.index("outbox_queue_idx")}
+    ON {n.outbox} (queue, priority, id, visible_at) WHERE NOT dead""",
+        f"""CREATE INDEX IF NOT EXISTS {n.index("outbox_flight_idx")}
+    ON {n.outbox} (queue, claimed_until) WHERE claimed_until IS NOT NULL""",
+        f"""CREATE TABLE IF NOT EXISTS {n.queue_limits} (
+    queue text PRIMARY KEY,
+    global_concurrency integer, worker_concurrency integer,  -- NULL: no limit
+    partition_concurrency integer, rate_limit integer, partition_rate_limit integer,
+    rate_period double precision NOT NULL  -- seconds
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {n.queue_starts} (
+    queue text NOT NULL, partition_key text NOT NULL,
+    started_at timestamptz NOT NULL,  -- the database clock at the claim
+    count integer NOT NULL  -- the partition's messages that claim started
+)""",
+        f"""CREATE INDEX IF NOT EXISTS {n.index("queue_starts_idx")}
+    ON {n.queue_starts} (queue, started_at)""",
+        _claim_function(n),
+    ]
+
+
+def _claim_function(n: TableNames) -> str:
+    """The claim of up to ``want`` messages of queue ``q`` (``BaseConsumer._claim_queue``).
+
+    A queue without a concurrency or rate limit is claimed as the outbox always was:
+    its visible messages in claim order, ``FOR UPDATE SKIP LOCKED``, no lock besides.
+    The claims of a queue with one take turns on its limits row (``FOR UPDATE``), and
+    count what is in flight and what started only once they hold it, each count by a
+    statement of its own: a function's statements read the database as of their own
+    start (READ COMMITTED), so each claim sees what the claim before it took. One
+    statement of a single snapshot would not: waiting for the row, it would still count
+    from the snapshot taken before the wait. Messages of a full partition are skipped,
+    not waited behind.
+    """
+    outbox, starts = n.outbox, n.queue_starts
+    ready = f"""SELECT o.id, o.partition_key FROM {outbox} AS o
+        WHERE o.queue = q AND NOT o.dead AND o.visible_at <= now_
+        ORDER BY o.priority, o.id"""
+    return f"""CREATE OR REPLACE FUNCTION {n.claim}(
+    q text, want integer, hide double precision, held integer)
+RETURNS TABLE (id bigint, payload bytea, attempts integer, last_error text)
+LANGUAGE plpgsql VOLATILE AS $claim$
+#variable_conflict use_column
+DECLARE
+    lim {n.queue_limits}%ROWTYPE;
+    counted boolean;
+    rated boolean;
+    now_ timestamptz;
+    room integer := want;
+    flying jsonb := '{{}}';
+    started jsonb := '{{}}';
+    total bigint;
+    seen integer;
+    went integer;
+    taken bigint[] := '{{}}';
+    keys text[] := '{{}}';
+    msg record;
+BEGIN
+    SELECT * INTO lim FROM {n.queue_limits} AS l WHERE l.queue = q;
+    counted := coalesce(lim.global_concurrency, lim.partition_concurrency, lim.rate_limit,
+        lim.partition_rate_limit) IS NOT NULL;
+    IF counted THEN  -- take turns, then read the limits as they are now
+        SELECT * INTO lim FROM {n.queue_limits} AS l WHERE l.queue = q FOR UPDATE;
+        counted := coalesce(lim.global_concurrency, lim.partition_concurrency,
+            lim.rate_limit, lim.partition_rate_limit) IS NOT NULL;
+    END IF;
+    now_ := clock_timestamp();
+    IF lim.worker_concurrency IS NOT NULL THEN
+        room := least(room, lim.worker_concurrency - held);
+    END IF;
+    IF NOT counted THEN
+        IF room > 0 THEN
+            SELECT coalesce(array_agg(r.id), '{{}}') INTO taken
+            FROM ({ready} LIMIT room FOR UPDATE SKIP LOCKED) AS r;
+        END IF;
+    ELSE
+        rated := lim.rate_limit IS NOT NULL OR lim.partition_rate_limit IS NOT NULL;
+        IF lim.global_concurrency IS NOT NULL OR lim.partition_concurrency IS NOT NULL THEN
+            SELECT coalesce(jsonb_object_agg(f.partition_key, f.n), '{{}}'),
+                coalesce(sum(f.n), 0) INTO flying, total
+            FROM (SELECT o.partition_key, count(*) AS n FROM {outbox} AS o
+                WHERE o.queue = q AND o.claimed_until > now_ GROUP BY o.partition_key) AS f;
+            room := least(room, lim.global_concurrency - total);
+        END IF;
+        IF rated THEN
+            DELETE FROM {starts} AS s WHERE s.queue = q
+                AND s.started_at <= now_ - make_interval(secs => lim.rate_period);
+            SELECT coalesce(jsonb_object_agg(c.partition_key, c.n), '{{}}'),
+                coalesce(sum(c.n), 0) INTO started, total
+            FROM (SELECT s.partition_key, sum(s.count) AS n FROM {starts} AS s
+                WHERE s.queue = q GROUP BY s.partition_key) AS c;
+            room := least(room, lim.rate_limit - total);
+        END IF;
+        IF room > 0 AND lim.partition_concurrency IS NULL
+                AND lim.partition_rate_limit IS NULL THEN
+            SELECT coalesce(array_agg(r.id), '{{}}'), coalesce(array_agg(r.partition_key), '{{}}')
+            INTO taken, keys FROM ({ready} LIMIT room FOR UPDATE SKIP LOCKED) AS r;
+        ELSIF room > 0 THEN  -- walk past the messages of full partitions
+            FOR msg IN {ready} FOR UPDATE SKIP LOCKED LOOP
+                IF msg.partition_key <> '' THEN
+                    seen := coalesce((flying ->> msg.partition_key)::integer, 0);
+                    went := coalesce((started ->> msg.partition_key)::integer, 0);
+                    CONTINUE WHEN seen >= lim.partition_concurrency
+                        OR went >= lim.partition_rate_limit;
+                    flying := jsonb_set(flying, ARRAY[msg.partition_key], to_jsonb(seen + 1));
+                    started := jsonb_set(started, ARRAY[msg.partition_key], to_jsonb(went + 1));
+                END IF;
+                taken := taken || msg.id;
+                keys := keys || msg.partition_key;
+                EXIT WHEN cardinality(taken) >= room;
+            END LOOP;
+        END IF;
+        IF rated AND cardinality(keys) > 0 THEN
+            INSERT INTO {starts} (queue, partition_key, started_at, count)
+            SELECT q, k.key, now_, count(*) FROM unnest(keys) AS k(key) GROUP BY k.key;
+        END IF;
+    END IF;
+    IF cardinality(taken) = 0 THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE {outbox} AS o SET attempts = o.attempts + 1,
+            visible_at = now_ + make_interval(secs => hide),
+            claimed_until = now_ + make_interval(secs => hide)
+        WHERE o.id = ANY (taken)
+        RETURNING o.id, o.payload, o.attempts, o.last_error, o.priority
+    )
+    SELECT c.id, c.payload, c.attempts, c.last_error FROM claimed AS c
+    ORDER BY c.priority, c.id;
+END
+$claim$"""
+
+
+def _upgrade_4_to_5(n: TableNames) -> list[str]:
+    # Constant defaults and a nullable column: no table rewrite; every message stored
+    # before is in the default queue, without a partition, at priority 0, not in flight.
+    return [
+        f"ALTER TABLE {n.outbox} ADD COLUMN IF NOT EXISTS queue text NOT NULL DEFAULT 'default', "
+        "ADD COLUMN IF NOT EXISTS partition_key text NOT NULL DEFAULT '', "
+        "ADD COLUMN IF NOT EXISTS priority integer NOT NULL DEFAULT 0, "
+        "ADD COLUMN IF NOT EXISTS claimed_until timestamptz",
+        *_queues(n),
+    ]
+
+
 def _upgrade_1_to_2(n: TableNames) -> list[str]:
     return [
         # The head's record lives in the history only (a v1 head always had its copy
@@ -183,6 +346,7 @@ UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {
     1: _upgrade_1_to_2,
     2: _upgrade_2_to_3,
     3: _schedules,
+    4: _upgrade_4_to_5,
 }
 """``UPGRADES[n](names)``: the statements that take a schema from version n to n + 1."""
 
