@@ -240,8 +240,10 @@ class SlidingHolderLeases(MemoryLeaseManager):
 class NoVisibilityConsumer(MemoryConsumer):
     """Ignores the visibility timeout: a claimed message is claimable again at once."""
 
-    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        return await super()._claim(limit, 1e-9)
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        return await super()._claim_queue(queue, limit, 1e-9, held)
 
 
 class StickyAttemptsConsumer(MemoryConsumer):
@@ -860,8 +862,10 @@ class ScannedTimersCheckpointer(MemoryCheckpointer[Any]):
 class GreedyClaimConsumer(MemoryConsumer):
     """Claims every visible message and gives back those past the limit."""
 
-    async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        taken = await super()._claim(1_000_000, visibility_timeout)
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        taken = await super()._claim_queue(queue, 1_000_000, visibility_timeout, held)
         for raw in taken[limit:]:
             await self._release(raw.message_id, error=raw.error, delay=0.0, dead=False)
         return taken[:limit]
