@@ -15,8 +15,14 @@ are each one transaction. The file holds:
   hour ago are swept by later acquisitions (tokens are floored by the clock, so they
   never go back);
 - ``flowy_outbox``: one row per (thread, committed revision), with attempts,
-  visibility, the last error, a dead-letter flag and when it was enqueued (or came
-  back from the dead letters);
+  visibility, the last error, a dead-letter flag, when it was enqueued (or came
+  back from the dead letters), its route (queue, partition key, priority) and until
+  when its claim holds a slot of its queue (``claimed_until``, NULL when not in
+  flight); indexes of each queue's live messages in claim order, by visibility and in
+  flight;
+- ``flowy_queues``: the limits of each queue that has some, as JSON;
+- ``flowy_queue_starts``: the starts (queue, partition, time) of rate-limited queues,
+  swept by the queue's claims once older than its rate period;
 - ``flowy_signals``: each thread's inbox, by (thread, seq), unique by (thread, signal
   id); the head's ``wake_at`` column has a partial index, which ``timers`` reads;
 - ``flowy_journal``: each thread's activity records, by (thread, key).
@@ -609,7 +615,8 @@ class SQLiteOutbox(BaseOutbox):
 
 class SQLiteConsumer(BaseConsumer):
     """The outbox consumer of a SQLite file: consumers of this process are woken at once
-    by an enqueue; other processes' messages are seen by polling.
+    by an enqueue; other processes' messages are seen by polling. It keeps queues: a
+    claim takes one queue's messages within the limits stored in the file.
 
     Args:
         database: the SQLite file, shared by the components of one store.
