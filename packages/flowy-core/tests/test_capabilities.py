@@ -80,9 +80,7 @@ async def test_the_memory_store_can_do_everything() -> None:
 async def test_the_sqlite_store_can_do_everything(tmp_path: Path) -> None:
     async with await flowy.connect(f"sqlite:///{tmp_path / 'caps.db'}") as backend:
         # A file has no channel: progress reaches watchers in the running process only.
-        assert backend.capabilities == dataclasses.replace(
-            EVERYTHING, live_progress=False, queues=False
-        )
+        assert backend.capabilities == dataclasses.replace(EVERYTHING, live_progress=False)
 
 
 async def test_capabilities_are_a_frozen_value() -> None:

@@ -6,6 +6,7 @@ and OS processes, the transaction handle, and the event loop staying free.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sqlite3
 import sys
@@ -30,8 +31,15 @@ from flowy.errors import (
 from flowy.memory import MemoryLeaseManager
 from flowy.sqlite import SQLiteBackend, SQLiteDatabase
 from flowy.sqlite import _db as sqlite_db
-from flowy.storage import HandoffIntent, HandoffStatus, OutboxTransaction, ResumeToken, Snapshot
-from flowy.storage.dialect import new_write_id
+from flowy.storage import (
+    HandoffIntent,
+    HandoffStatus,
+    OutboxTransaction,
+    ResumeToken,
+    Route,
+    Snapshot,
+)
+from flowy.storage.dialect import OutboxRow, new_write_id
 from flowy.testing import corrupt_head
 
 pytestmark = pytest.mark.anyio
@@ -176,6 +184,56 @@ async def test_older_schema_needs_an_explicit_setup(
     with pytest.raises(SchemaVersionError, match="newer"):
         async with SQLiteBackend[Any](db_path):
             pass
+
+
+async def test_a_file_of_schema_3_upgrades_to_queues(db_path: Path) -> None:
+    # The file as the code before queues wrote it: a message in flight, one waiting and
+    # a dead letter.
+    conn = raw(db_path)
+    for step in sqlite_db.MIGRATIONS[:3]:
+        for statement in step:
+            conn.execute(statement)
+    conn.execute(f"PRAGMA application_id = {sqlite_db.APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 3")
+    now = time.time()
+    conn.executemany(
+        "INSERT INTO flowy_outbox (id, thread_id, committed_revision, payload, attempts, "
+        "visible_at, dead, error, created_at) VALUES (?, 'old', ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (1, 1, OutboxRow.of(intent("old", 1)).payload, 1, now + 600, 0, "", now),
+            (2, 2, OutboxRow.of(intent("old", 2)).payload, 1, 0, 1, "boom", now),
+            (3, 3, OutboxRow.of(intent("old", 3)).payload, 0, 0, 0, "", now),
+        ],
+    )
+    conn.close()
+    assert pragma(db_path, "user_version") == 3
+    backend = SQLiteBackend[Any](db_path)
+    try:
+        with pytest.raises(SchemaVersionError, match=r"older .*setup\(\)"):
+            await backend.consumer.claim(1, 60)
+        assert await backend.setup() == sqlite_db.SCHEMA_VERSION
+        # The old messages are in the default queue; the hidden one was claimed
+        # before the upgrade, so it holds no slot.
+        [stats] = await backend.queues.list()
+        assert (stats.queue, stats.in_flight, stats.pending) == ("default", 0, 2)
+        [waiting] = await backend.consumer.claim(5, 60)
+        assert waiting.intent == intent("old", 3)
+        assert waiting.attempts == 1
+        await backend.consumer.retry_dead_letter("2")
+        [back] = await backend.consumer.claim(5, 60)
+        assert (back.message_id, back.intent) == ("2", intent("old", 2))
+        routed = dataclasses.replace(intent("new", 1), route=Route("billing", "acme", 2))
+        await backend.outbox.enqueue_intent(routed)
+        assert await backend.consumer.claim(5, 60) == []
+        [message] = await backend.consumer.claim(5, 60, queue="billing")
+        assert message.intent == routed
+    finally:
+        await backend.aclose()
+    conn = raw(db_path)
+    indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    conn.close()
+    assert "flowy_outbox_ready" not in indexes
+    assert {"flowy_outbox_order", "flowy_outbox_visible", "flowy_outbox_flight"} <= indexes
 
 
 async def test_many_connections_opening_a_new_file_at_once(db_path: Path) -> None:

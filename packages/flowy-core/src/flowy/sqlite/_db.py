@@ -42,6 +42,7 @@ __all__ = [
     "SQLiteDatabase",
     "StrPath",
     "immediate",
+    "snapshot",
 ]
 
 T = TypeVar("T")
@@ -126,6 +127,35 @@ MIGRATIONS: list[tuple[str, ...]] = [
             record BLOB NOT NULL
         )""",
     ),
+    # 3 -> 4: queues. Each message's route (messages stored before are in the default
+    # queue) and when its claim stops holding a slot (NULL: not in flight); indexes of
+    # the live messages in claim order, of the visible ones (the look before a claim)
+    # and of those in flight; each queue's limits, and the starts of rate-limited
+    # queues. The ready index of version 1 is replaced by the one per queue.
+    (
+        "ALTER TABLE flowy_outbox ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'",
+        "ALTER TABLE flowy_outbox ADD COLUMN partition_key TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE flowy_outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE flowy_outbox ADD COLUMN claimed_until REAL",
+        "DROP INDEX IF EXISTS flowy_outbox_ready",
+        "CREATE INDEX IF NOT EXISTS flowy_outbox_order ON flowy_outbox (queue, priority, id) "
+        "WHERE dead = 0",
+        "CREATE INDEX IF NOT EXISTS flowy_outbox_visible ON flowy_outbox (queue, visible_at) "
+        "WHERE dead = 0",
+        "CREATE INDEX IF NOT EXISTS flowy_outbox_flight "
+        "ON flowy_outbox (queue, claimed_until, partition_key) WHERE claimed_until IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS flowy_outbox_dead ON flowy_outbox (id) WHERE dead = 1",
+        """CREATE TABLE IF NOT EXISTS flowy_queues (
+            queue TEXT PRIMARY KEY,
+            limits TEXT NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS flowy_queue_starts (
+            queue TEXT NOT NULL,
+            at REAL NOT NULL,
+            partition_key TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS flowy_queue_starts_at ON flowy_queue_starts (queue, at)",
+    ),
 ]
 """Schema steps: ``MIGRATIONS[n]`` upgrades a file from version ``n`` to ``n + 1``."""
 
@@ -139,6 +169,19 @@ def immediate(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
     """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction: commit if it returns, roll
     back if it raises. Runs on the worker thread."""
     conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body()
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return result
+
+
+def snapshot(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
+    """Run ``body``'s reads in one read transaction (``BEGIN DEFERRED``): they see one
+    state of the file. Runs on the worker thread."""
+    conn.execute("BEGIN DEFERRED")
     try:
         result = body()
         conn.execute("COMMIT")

@@ -15,8 +15,14 @@ are each one transaction. The file holds:
   hour ago are swept by later acquisitions (tokens are floored by the clock, so they
   never go back);
 - ``flowy_outbox``: one row per (thread, committed revision), with attempts,
-  visibility, the last error, a dead-letter flag and when it was enqueued (or came
-  back from the dead letters);
+  visibility, the last error, a dead-letter flag, when it was enqueued (or came
+  back from the dead letters), its route (queue, partition key, priority) and until
+  when its claim holds a slot of its queue (``claimed_until``, NULL when not in
+  flight); indexes of each queue's live messages in claim order, by visibility and in
+  flight;
+- ``flowy_queues``: the limits of each queue that has some, as JSON;
+- ``flowy_queue_starts``: the starts (queue, partition, time) of rate-limited queues,
+  swept by the queue's claims once older than its rate period;
 - ``flowy_signals``: each thread's inbox, by (thread, seq), unique by (thread, signal
   id); the head's ``wake_at`` column has a partial index, which ``timers`` reads;
 - ``flowy_journal``: each thread's activity records, by (thread, key).
@@ -24,13 +30,18 @@ are each one transaction. The file holds:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sqlite3
+from collections import Counter
 from collections.abc import Callable, Hashable
 from typing import Any, Generic
 
-from .._errors import SnapshotTooLargeError
+from .._errors import SnapshotTooLargeError, StorageError
 from .._types import S
 from ..storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
+from ..storage._model import DEFAULT_QUEUE
+from ..storage._queues import NO_LIMITS, QueueLimits
 from ..storage.dialect import (
     BaseCheckpointer,
     BaseConsumer,
@@ -39,13 +50,14 @@ from ..storage.dialect import (
     BaseScheduleStore,
     Busy,
     OutboxRow,
+    QueueCounts,
     RawMessage,
     Refused,
     Write,
     next_fencing_token,
 )
 from ..storage.dialect import message_row_id as _row_id
-from ._db import SQLiteDatabase, immediate
+from ._db import SQLiteDatabase, immediate, snapshot
 
 __all__ = [
     "LEASE_RECORD_GRACE",
@@ -79,11 +91,13 @@ _UPDATE_HEAD_INDEXED = (
 
 # A live message is left as it is; a dead one comes back with its attempts reset,
 # enqueued again now.
+# A revived message keeps its route.
 _APPEND = (
-    "INSERT INTO flowy_outbox (thread_id, committed_revision, payload, created_at) "
-    "VALUES (?, ?, ?, ?) ON CONFLICT (thread_id, committed_revision) DO UPDATE SET "
+    "INSERT INTO flowy_outbox (thread_id, committed_revision, payload, created_at, queue, "
+    "partition_key, priority) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (thread_id, committed_revision) DO UPDATE SET "
     "payload = excluded.payload, attempts = 0, visible_at = 0, error = '', dead = 0, "
-    "created_at = excluded.created_at WHERE dead = 1"
+    "claimed_until = NULL, created_at = excluded.created_at WHERE dead = 1"
 )
 
 _SUMMARY_COLUMNS = (
@@ -109,7 +123,19 @@ def _holds(conn: sqlite3.Connection, lease: Lease, now: float) -> bool:
 
 
 def _append(conn: sqlite3.Connection, row: OutboxRow, now: float) -> None:
-    conn.execute(_APPEND, (row.thread_id, row.committed_revision, row.payload, now))
+    route = row.route
+    conn.execute(
+        _APPEND,
+        (
+            row.thread_id,
+            row.committed_revision,
+            row.payload,
+            now,
+            route.queue,
+            route.partition_key,
+            route.priority,
+        ),
+    )
 
 
 def _head(conn: sqlite3.Connection, thread_id: str) -> tuple[int, bytes] | None:
@@ -118,6 +144,109 @@ def _head(conn: sqlite3.Connection, thread_id: str) -> tuple[int, bytes] | None:
         "SELECT revision, record FROM flowy_threads WHERE thread_id = ?", (thread_id,)
     ).fetchone()
     return None if row is None else (int(row[0]), bytes(row[1]))
+
+
+def _limits(queue: str, text: object) -> QueueLimits:
+    """The limits stored for ``queue`` (``StorageError`` if they do not read back)."""
+    try:
+        return QueueLimits.from_json(json.loads(str(text)))
+    except (ValueError, TypeError) as exc:
+        raise StorageError(
+            f"the limits stored for queue {queue!r} do not read back ({exc}); set them "
+            "again (backend.queues.configure, or reset)"
+        ) from exc
+
+
+def _take(
+    conn: sqlite3.Connection,
+    queue: str,
+    limit: int,
+    visibility_timeout: float,
+    held: int,
+    now: float,
+) -> list[RawMessage]:
+    """Claim messages of ``queue`` within its limits (``_claim_queue``), in the caller's
+    write transaction."""
+    row = conn.execute("SELECT limits FROM flowy_queues WHERE queue = ?", (queue,)).fetchone()
+    limits = NO_LIMITS if row is None else _limits(queue, row[0])
+    room = limit
+    if limits.worker_concurrency is not None:
+        room = min(room, limits.worker_concurrency - held)
+    flying: Counter[str] = Counter()
+    if limits.global_concurrency is not None or limits.partition_concurrency is not None:
+        for key, count in conn.execute(
+            "SELECT partition_key, count(*) FROM flowy_outbox "
+            "WHERE queue = ? AND claimed_until > ? GROUP BY partition_key",
+            (queue, now),
+        ):
+            flying[str(key)] = int(count)
+        if limits.global_concurrency is not None:
+            room = min(room, limits.global_concurrency - flying.total())
+    # Starts older than the window are swept (those of a queue whose rate limit was
+    # removed too, after the default period).
+    since = now - limits.rate_period
+    conn.execute("DELETE FROM flowy_queue_starts WHERE queue = ? AND at <= ?", (queue, since))
+    started: Counter[str] = Counter()
+    if limits.rate_limited:
+        for key, count in conn.execute(
+            "SELECT partition_key, count(*) FROM flowy_queue_starts WHERE queue = ? "
+            "GROUP BY partition_key",
+            (queue,),
+        ):
+            started[str(key)] = int(count)
+        if limits.rate_limit is not None:
+            room = min(room, limits.rate_limit - started.total())
+    if room <= 0:
+        return []
+    partitioned = (
+        limits.partition_concurrency is not None or limits.partition_rate_limit is not None
+    )
+    # Walk the live messages in claim order, passing over the hidden ones, rather than
+    # sort every visible message of a long backlog (SQLite's choice without the hint).
+    sql = (
+        "SELECT id, payload, attempts, error, partition_key FROM flowy_outbox "
+        "INDEXED BY flowy_outbox_order "
+        "WHERE queue = ? AND dead = 0 AND visible_at <= ? ORDER BY priority, id"
+    )
+    params: list[object] = [queue, now]
+    if not partitioned:  # the first ``room`` visible ones
+        sql += " LIMIT ?"
+        params.append(room)
+    taken: list[tuple[Any, ...]] = []
+    cursor = conn.execute(sql, params)
+    try:
+        for candidate in cursor:
+            key = str(candidate[4])
+            if key and (
+                (
+                    limits.partition_concurrency is not None
+                    and flying[key] >= limits.partition_concurrency
+                )
+                or (
+                    limits.partition_rate_limit is not None
+                    and started[key] >= limits.partition_rate_limit
+                )
+            ):
+                continue  # its partition is full: look behind it
+            flying[key] += 1
+            started[key] += 1
+            taken.append(candidate)
+            if len(taken) >= room:
+                break
+    finally:
+        cursor.close()
+    until = now + visibility_timeout
+    conn.executemany(
+        "UPDATE flowy_outbox SET attempts = attempts + 1, visible_at = ?, claimed_until = ? "
+        "WHERE id = ?",
+        [(until, until, r[0]) for r in taken],
+    )
+    if limits.rate_limited:
+        conn.executemany(
+            "INSERT INTO flowy_queue_starts (queue, at, partition_key) VALUES (?, ?, ?)",
+            [(queue, now, r[4]) for r in taken],
+        )
+    return [RawMessage(str(r[0]), bytes(r[1]), int(r[2]) + 1, str(r[3])) for r in taken]
 
 
 class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
@@ -486,7 +615,8 @@ class SQLiteOutbox(BaseOutbox):
 
 class SQLiteConsumer(BaseConsumer):
     """The outbox consumer of a SQLite file: consumers of this process are woken at once
-    by an enqueue; other processes' messages are seen by polling.
+    by an enqueue; other processes' messages are seen by polling. It keeps queues: a
+    claim takes one queue's messages within the limits stored in the file.
 
     Args:
         database: the SQLite file, shared by the components of one store.
@@ -503,36 +633,108 @@ class SQLiteConsumer(BaseConsumer):
         self.domain: Hashable = database.domain
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        return await self._claim_queue(DEFAULT_QUEUE, limit, visibility_timeout, 0)
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        clock = self.database.clock
+
         def job(conn: sqlite3.Connection) -> list[RawMessage]:
-            now = self.database.clock()
             # Most polls find nothing: look before taking the write lock.
             if (
                 conn.execute(
-                    "SELECT 1 FROM flowy_outbox WHERE dead = 0 AND visible_at <= ? LIMIT 1",
-                    (now,),
+                    "SELECT 1 FROM flowy_outbox WHERE queue = ? AND dead = 0 AND visible_at <= ? "
+                    "LIMIT 1",
+                    (queue, clock()),
                 ).fetchone()
                 is None
             ):
                 return []
+            # The time is read under the lock, so the starts of the claims are recorded
+            # in the order they were made.
+            return immediate(
+                conn, lambda: _take(conn, queue, limit, visibility_timeout, held, clock())
+            )
 
-            def body() -> list[RawMessage]:
-                rows = conn.execute(
-                    "SELECT id, payload, attempts, error FROM flowy_outbox "
-                    "WHERE dead = 0 AND visible_at <= ? ORDER BY id LIMIT ?",
-                    (now, limit),
-                ).fetchall()
-                conn.executemany(
-                    "UPDATE flowy_outbox SET attempts = attempts + 1, visible_at = ? WHERE id = ?",
-                    [(now + visibility_timeout, row[0]) for row in rows],
+        return await self.database.run(job, f"claim outbox messages of queue {queue!r}")
+
+    async def _set_limits(self, queue: str, limits: QueueLimits | None) -> None:
+        def body(conn: sqlite3.Connection) -> None:
+            if limits is None:
+                conn.execute("DELETE FROM flowy_queues WHERE queue = ?", (queue,))
+            else:
+                conn.execute(
+                    "INSERT INTO flowy_queues (queue, limits) VALUES (?, ?) "
+                    "ON CONFLICT (queue) DO UPDATE SET limits = excluded.limits",
+                    (queue, json.dumps(limits.to_json())),
                 )
-                return [
-                    RawMessage(str(row[0]), bytes(row[1]), int(row[2]) + 1, str(row[3]))
-                    for row in rows
-                ]
 
-            return immediate(conn, body)
+        await self.database.run(
+            lambda conn: immediate(conn, lambda: body(conn)), f"set the limits of queue {queue!r}"
+        )
+        self.database.wakeups.notify()  # a raised limit lets waiting claims take more
 
-        return await self.database.run(job, "claim outbox messages")
+    async def _read_limits(self) -> dict[str, QueueLimits]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute("SELECT queue, limits FROM flowy_queues").fetchall(),
+            "read the limits of the queues",
+        )
+        return {str(queue): _limits(str(queue), text) for queue, text in rows}
+
+    async def _queue_counts(self) -> dict[str, QueueCounts]:
+        clock = self.database.clock
+
+        def body(conn: sqlite3.Connection) -> dict[str, QueueCounts]:
+            now = clock()
+            limits = {
+                str(queue): _limits(str(queue), text)
+                for queue, text in conn.execute("SELECT queue, limits FROM flowy_queues")
+            }
+            out: dict[str, QueueCounts] = {}
+            for queue, live, flying, oldest in conn.execute(
+                "SELECT queue, count(*), coalesce(sum(claimed_until > ?), 0), "
+                "min(CASE WHEN claimed_until IS NULL OR claimed_until <= ? THEN created_at END) "
+                "FROM flowy_outbox WHERE dead = 0 GROUP BY queue",
+                (now, now),
+            ).fetchall():
+                pending = int(live) - int(flying)
+                out[str(queue)] = QueueCounts(
+                    int(flying), pending, None if oldest is None else float(oldest), 0
+                )
+            starts = conn.execute(
+                "SELECT queue, max(at) FROM flowy_queue_starts GROUP BY queue"
+            ).fetchall()
+            for name, last in starts:
+                queue = str(name)
+                queue_limits = limits.get(queue, NO_LIMITS)
+                since = now - queue_limits.rate_period
+                if float(last) <= since:
+                    continue  # none in the window: swept by the queue's next claim
+                started = 0
+                if queue_limits.rate_limited:
+                    (started,) = conn.execute(
+                        "SELECT count(*) FROM flowy_queue_starts WHERE queue = ? AND at > ?",
+                        (queue, since),
+                    ).fetchone()
+                counts = out.get(queue, QueueCounts(0, 0, None, 0))
+                out[queue] = dataclasses.replace(counts, started=int(started))
+            return out
+
+        return await self.database.run(
+            lambda conn: snapshot(conn, lambda: body(conn)), "count the messages of the queues"
+        )
+
+    async def _queue_messages(self, queue: str, limit: int) -> list[RawMessage]:
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(
+                "SELECT id, payload, attempts, error FROM flowy_outbox "
+                "WHERE queue = ? AND dead = 0 ORDER BY priority, id LIMIT ?",
+                (queue, limit),
+            ).fetchall(),
+            f"list the messages of queue {queue!r}",
+        )
+        return [RawMessage(str(r[0]), bytes(r[1]), int(r[2]), str(r[3])) for r in rows]
 
     async def _ack(self, message_id: str) -> None:
         row_id = _row_id(message_id)
@@ -557,8 +759,8 @@ class SQLiteConsumer(BaseConsumer):
             lambda conn: immediate(
                 conn,
                 lambda: conn.execute(
-                    "UPDATE flowy_outbox SET dead = ?, error = ?, visible_at = ? "
-                    "WHERE id = ? AND dead = 0",
+                    "UPDATE flowy_outbox SET dead = ?, error = ?, visible_at = ?, "
+                    "claimed_until = NULL WHERE id = ? AND dead = 0",
                     (int(dead), error, now + delay, row_id),
                 ),
             ),
@@ -587,7 +789,8 @@ class SQLiteConsumer(BaseConsumer):
                 lambda: (
                     conn.execute(
                         "UPDATE flowy_outbox SET dead = 0, attempts = 0, visible_at = 0, "
-                        "error = '', created_at = ? WHERE id = ? AND dead = 1",
+                        "claimed_until = NULL, error = '', created_at = ? "
+                        "WHERE id = ? AND dead = 1",
                         (self.database.clock(), row_id),
                     ).rowcount
                 ),
