@@ -179,7 +179,7 @@ class MemoryStore:
         if entry is None:
             return False
         entry.attempts, entry.visible_at, entry.error = 0, 0.0, ""
-        entry.enqueued_at, entry.claimed_until, entry.seq = self.clock(), 0.0, next(self.ids)
+        entry.enqueued_at, entry.claimed_until = self.clock(), 0.0  # its place stays
         self.messages[message_id] = entry
         self.notify()
         return True
