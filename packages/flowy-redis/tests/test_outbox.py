@@ -14,6 +14,7 @@ import pytest
 from redis_support import BackendFactory, RedisTarget, client_for
 
 from flowy.storage import HandoffIntent, HandoffStatus, OutboxMessage, ResumeToken
+from flowy.storage.dialect import encode_intent
 from flowy_redis import RedisBackend, RedisConsumer
 
 pytestmark = pytest.mark.anyio
@@ -254,3 +255,34 @@ async def test_outbox_throughput_smoke(
             assert await client.hlen(shard.outbox[6]) == 0  # the (thread, revision) index
     finally:
         await client.aclose()
+
+
+async def test_messages_written_before_queues_are_the_default_queues(
+    make_backend: BackendFactory,
+) -> None:
+    """Entries as an earlier version wrote them (no route fields, in no ready set) are
+    claimed from the default queue, in enqueue order before a message added after them
+    (shard by shard on a cluster); a delivered one waits out its visibility first."""
+    backend = make_backend()
+    client: Any = backend.client
+    group = backend.consumer.group
+    old = [_tid() for _ in range(3)]
+    entries: list[bytes] = []
+    for tid in old:
+        shard = backend.store.layout.thread(tid).shard
+        key = f"1:{tid}"
+        entry = await client.xadd(shard.stream, {"intent": encode_intent(intent(tid)), "key": key})
+        await client.hset(shard.outbox[6], key, entry)
+        entries.append(entry)
+        await asyncio.sleep(0.005)  # entry ids order by the millisecond across shards
+    # The third was delivered once and is hidden until long after now.
+    hidden = backend.store.layout.thread(old[2]).shard
+    await client.xgroup_create(hidden.stream, group, "0", mkstream=True)
+    await client.xclaim(hidden.stream, group, "gone", 0, [entries[2]], force=True, retrycount=1)
+    await client.zadd(hidden.outbox[1], {entries[2]: 2**50})
+    await backend.outbox.enqueue_intent(intent(new := _tid()))
+    got = [m.intent.thread_id for m in await backend.consumer.claim(10, 30)]
+    if backend.store.cluster:
+        got.sort(key=[old[0], old[1], new].index)
+    assert got == [old[0], old[1], new]
+    assert (await backend.consumer.stats()).pending == 4

@@ -26,6 +26,7 @@ from ._keys import KeyLayout as KeyLayout
 from ._lease import RedisLeaseManager as RedisLeaseManager
 from ._outbox import RedisConsumer as RedisConsumer
 from ._outbox import RedisOutbox as RedisOutbox
+from ._outbox import RedisQueueConsumer as RedisQueueConsumer
 from ._schedules import RedisScheduleStore as RedisScheduleStore
 from ._store import LAYOUT_VERSION as LAYOUT_VERSION
 from ._store import RedisClient as RedisClient
@@ -48,6 +49,7 @@ __all__ = [
     "RedisConsumer",
     "RedisLeaseManager",
     "RedisOutbox",
+    "RedisQueueConsumer",
     "RedisScheduleStore",
     "open_backend",
     "purge_namespace",

@@ -29,7 +29,7 @@ from flowy.storage.dialect import (
 from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
 from ._lease import RedisLeaseManager
-from ._outbox import RedisConsumer, RedisOutbox
+from ._outbox import RedisConsumer, RedisOutbox, RedisQueueConsumer
 from ._schedules import RedisScheduleStore
 from ._store import RedisClient, Store, purge_namespace
 
@@ -233,7 +233,9 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         self._live = _LiveChannels(client, namespace)
         self.schedules: RedisScheduleStore = RedisScheduleStore(self.store)
         self.outbox: RedisOutbox = RedisOutbox(self.store)
-        self.consumer: RedisConsumer = RedisConsumer(
+        # A queue's claim counts across every shard in one script: a standalone server.
+        consumer_class = RedisConsumer if self.store.cluster else RedisQueueConsumer
+        self.consumer: RedisConsumer = consumer_class(
             self.store,
             group=group,
             consumer=consumer,

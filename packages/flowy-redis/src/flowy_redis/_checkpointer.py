@@ -16,6 +16,7 @@ from flowy.storage import HandoffStatus, Lease, StateCodec, ThreadSummary, Timer
 from flowy.storage.dialect import BaseCheckpointer, Busy, Refused, Write, show_id
 
 from ._keys import STATUS_DIGITS
+from ._outbox import route_args
 from ._scripts import (
     ACQUIRE_HEAD,
     ACTIVITY,
@@ -130,6 +131,7 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                         "saved thread."
                     )
                 args += [f"{row.committed_revision}:{row.thread_id}", row.payload]
+                args += route_args(row)
             key_list = (*key_list, *keys.shard.outbox)
         script = self._save_release if write.release and lease is not None else self._save
         reply: int | list[bytes] = await self.store.run(

@@ -120,6 +120,12 @@ class KeyLayout:
         """The key recording the namespace's layout."""
         return self.namespace.encode("utf-8") + b":meta"
 
+    @property
+    def queues(self) -> bytes:
+        """The prefix of the keys of the namespace's queues (limits, messages in flight,
+        starts), all in the hash slot of the tag ``{<ns>:queues}``."""
+        return self._tag_prefix + b"queues}:"
+
     def pattern(self, kind: bytes = b"") -> bytes:
         """A ``SCAN MATCH`` pattern for the namespace's keys of ``kind`` (every key but
         ``meta`` when empty), and no key of another namespace."""

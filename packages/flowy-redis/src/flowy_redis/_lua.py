@@ -120,21 +120,79 @@ local function entry_of(k, mid)
   return redis.call('HGET', k.alias, mid) or mid
 end
 
--- Bring dead letter `mid` back as a new entry keeping its id; attempts and error reset.
+-- The shard's key of `kind` (its outbox keys share the prefix `<ns>:{<ns>:<i>}:`).
+local function shard_key(k, kind)
+  return string.sub(k.stream, 1, -7) .. kind
+end
+
+-- The route of an entry with fields `f`: queue, priority, order, partition key. An
+-- entry written before queues is of the default queue, priority 0, in entry id order.
+local function route_of(f, id)
+  local o = field(f, 'o')
+  if not o then
+    local ms, seq = string.match(id, '(%d+)-(%d+)')
+    o = string.format('%016.0f%010.0f', tonumber(ms) * 1000, tonumber(seq))
+  end
+  return field(f, 'q') or 'default', tonumber(field(f, 'p') or '0'), o, field(f, 'k') or ''
+end
+
+-- Entry `id` (fields `f`) becomes visible: a member of its queue's ready set, ordered
+-- by priority (the score), then order; the member also names the entry and partition.
+local function make_ready(k, id, f)
+  local q, p, o, part = route_of(f, id)
+  redis.call('ZADD', shard_key(k, 'ready:' .. q), p, o .. '|' .. id .. '|' .. part)
+  redis.call('ZREM', k.vis, id)
+end
+
+-- Once per shard: index the entries written before queues (idempotent).
+local function index_old(k)
+  local flag = shard_key(k, 'queued')
+  if redis.call('EXISTS', flag) == 1 then return end
+  local after = '-'
+  while true do
+    local es = redis.call('XRANGE', k.stream, after, '+', 'COUNT', 500)
+    for _, e in ipairs(es) do
+      if not redis.call('ZSCORE', k.vis, e[1]) then make_ready(k, e[1], e[2]) end
+      redis.call('SADD', shard_key(k, 'queues'), field(e[2], 'q') or 'default')
+    end
+    if #es < 500 then break end
+    after = '(' .. es[#es][1]
+  end
+  redis.call('SET', flag, '1')
+end
+
+-- Add an entry for message `mid` (a new message when false) on route (q, p, part).
+local function add(k, payload, key, mid, q, p, part)
+  local n = redis.call('INCR', shard_key(k, 'seq'))
+  local o = string.format('%016.0f%010.0f', now_us(), n % 10000000000)
+  local f = {'intent', payload, 'key', key, 'q', q, 'p', p, 'k', part, 'o', o}
+  if mid then
+    f[#f + 1] = 'mid'
+    f[#f + 1] = mid
+  end
+  local id = redis.call('XADD', k.stream, '*', unpack(f))
+  redis.call('ZADD', shard_key(k, 'ready:' .. q), p, o .. '|' .. id .. '|' .. part)
+  redis.call('SADD', shard_key(k, 'queues'), q)
+  return id
+end
+
+-- Bring dead letter `mid` back as a new entry keeping its id and route; attempts and
+-- error reset.
 local function revive(k, mid, did, payload)
   local e = redis.call('XRANGE', k.dead, did, did)
   redis.call('HDEL', k.deadix, mid)
   if #e == 0 then return 0 end
   local f = e[1][2]
-  local id = redis.call('XADD', k.stream, '*', 'intent', payload or field(f, 'intent'),
-    'key', field(f, 'key') or '', 'mid', mid)
+  local id = add(k, payload or field(f, 'intent'), field(f, 'key') or '', mid,
+    field(f, 'q') or 'default', field(f, 'p') or '0', field(f, 'k') or '')
   redis.call('HSET', k.alias, mid, id)
   redis.call('XDEL', k.dead, did)
   return 1
 end
 
--- Add a message unless one for `key` (revision:thread) lives; revive a dead one.
-local function append(k, key, payload)
+-- Add a message on route (q, p, part) unless one for `key` (revision:thread) lives;
+-- revive a dead one.
+local function append(k, key, payload, q, p, part)
   local mid = redis.call('HGET', k.ids, key)
   if mid then
     local did = redis.call('HGET', k.deadix, mid)
@@ -142,12 +200,33 @@ local function append(k, key, payload)
     local id = entry_of(k, mid)
     if #redis.call('XRANGE', k.stream, id, id) > 0 then return end
   end
-  local id = redis.call('XADD', k.stream, '*', 'intent', payload, 'key', key)
+  local id = add(k, payload, key, false, q, p, part)
   redis.call('HSET', k.ids, key, id)
 end
 
+-- Message `mid` of queue `q` (partition `part`) is no longer in flight; `gp` is the
+-- prefix of the queues' keys ('' when the store keeps no queue counts).
+local function land(k, gp, q, part, mid)
+  if gp == '' then return end
+  local member = string.match(k.stream, '{.-}') .. mid
+  redis.call('ZREM', gp .. 'fly:' .. q, member)
+  if part ~= '' then redis.call('ZREM', gp .. 'pfly:' .. q .. '\\0' .. part, member) end
+end
+
+-- Entry `id` (message `mid`) leaves its queue's ready set and the in-flight counts;
+-- returns its fields (false when there is no such entry).
+local function unqueue(k, gp, id, mid)
+  local e = redis.call('XRANGE', k.stream, id, id)
+  if #e == 0 then return false end
+  local q, _, o, part = route_of(e[1][2], id)
+  redis.call('ZREM', shard_key(k, 'ready:' .. q), o .. '|' .. id .. '|' .. part)
+  land(k, gp, q, part, mid)
+  return e[1][2]
+end
+
 -- Remove entry `id` (message `mid`) from the live messages for good.
-local function drop(k, group, id, mid)
+local function drop(k, group, gp, id, mid)
+  unqueue(k, gp, id, mid)
   redis.pcall('XACK', k.stream, group, id)
   redis.call('XDEL', k.stream, id)
   redis.call('ZREM', k.vis, id)
@@ -155,17 +234,19 @@ local function drop(k, group, id, mid)
   redis.call('HDEL', k.alias, mid)
 end
 
--- Move entry `id` (message `mid`) to the dead letters.
-local function bury(k, group, id, mid, err)
+-- Move entry `id` (message `mid`) to the dead letters, with its route.
+local function bury(k, group, gp, id, mid, err)
   local e = redis.call('XRANGE', k.stream, id, id)
   if #e > 0 then
     local p = redis.call('XPENDING', k.stream, group, id, id, 1)
     local f = e[1][2]
+    local q, prio, _, part = route_of(f, id)
     local did = redis.call('XADD', k.dead, '*', 'mid', mid, 'intent', field(f, 'intent') or '',
-      'key', field(f, 'key') or '', 'attempts', (p[1] and p[1][4]) or 0, 'error', err)
+      'key', field(f, 'key') or '', 'attempts', (p[1] and p[1][4]) or 0, 'error', err,
+      'q', q, 'p', prio, 'k', part)
     redis.call('HSET', k.deadix, mid, did)
   end
-  drop(k, group, id, mid)
+  drop(k, group, gp, id, mid)
 end
 """.replace("@DIGITS@", _DIGITS)
 )

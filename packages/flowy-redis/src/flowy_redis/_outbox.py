@@ -1,5 +1,6 @@
-"""The hand-off outbox on Redis Streams: ``RedisOutbox`` (producer) and
-``RedisConsumer`` (consumer group, visibility, dead letters).
+"""The hand-off outbox on Redis Streams: ``RedisOutbox`` (producer), ``RedisConsumer``
+(consumer group, visibility, dead letters) and ``RedisQueueConsumer`` (the same with
+named queues and their limits, on a standalone server).
 
 Shard ``i``'s stream ``<ns>:{<ns>:i}:outbox`` lives in the hash slot of the threads of
 shard ``i``, so a save and its hand-off are one script. A message is unique per (thread,
@@ -7,25 +8,57 @@ committed revision) through the shard's ``ids`` hash. A consumer reads every sha
 backlog (``stats``) is each shard's stream and dead-letter stream lengths and the id of
 its first entry, which carries the time it was added (a dead letter that comes back is
 added again).
+
+Each message also has a route (queue, partition key, priority) in its entry. A visible
+message is a member of its shard's ready set of its queue (``ready:<queue>``, scored by
+priority; the member is its enqueue order, entry id and partition key); a hidden one
+(claimed, or released with a delay) is in the shard's ``vis`` set until its time is up,
+when a claim puts it back in its ready set. The queues' limits, the messages in flight
+and the starts of each queue live under ``{<ns>:queues}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import uuid
 from collections.abc import Hashable
 from typing import Any
 
-from flowy.storage import OutboxStats
-from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage, show_id
+from flowy.queues import DEFAULT_QUEUE
+from flowy.storage import OutboxStats, QueueLimits
+from flowy.storage.dialect import (
+    BaseConsumer,
+    BaseOutbox,
+    OutboxRow,
+    QueueCounts,
+    RawMessage,
+    show_id,
+)
 
 from ._keys import ShardKeys
-from ._scripts import ACK, APPEND, CLAIM, DEAD_LIST, RELEASE_MESSAGE, RETRY_DEAD, STATS
+from ._scripts import (
+    ACK,
+    APPEND,
+    CLAIM,
+    DEAD_LIST,
+    QUEUE_COUNTS,
+    QUEUE_MESSAGES,
+    RELEASE_MESSAGE,
+    RETRY_DEAD,
+    STATS,
+)
 from ._store import Store
 
-__all__ = ["RedisConsumer", "RedisOutbox"]
+__all__ = ["RedisConsumer", "RedisOutbox", "RedisQueueConsumer"]
+
+
+def route_args(row: OutboxRow) -> tuple[str, int, str]:
+    """The append scripts' arguments of ``row``'s route: queue, priority, partition."""
+    route = row.route
+    return route.queue, route.priority, route.partition_key
 
 
 class RedisOutbox(BaseOutbox):
@@ -40,7 +73,7 @@ class RedisOutbox(BaseOutbox):
         await self.store.run(
             APPEND,
             self.store.layout.thread(thread_id).shard.outbox,
-            [f"{row.committed_revision}:{thread_id}", row.payload],
+            [f"{row.committed_revision}:{thread_id}", row.payload, *route_args(row)],
             lambda: f"enqueuing the hand-off of thread {show_id(thread_id)}",
         )
 
@@ -48,12 +81,16 @@ class RedisOutbox(BaseOutbox):
 class RedisConsumer(BaseConsumer):
     """The consuming side (``flowy.Worker`` uses it): a consumer group over every shard.
 
-    A claim takes, shard by shard, the deliveries whose time is up (a visibility timeout
-    that ran out, or a release whose delay is over: ``XCLAIM`` moves them to this
-    consumer and counts the delivery), then entries never delivered (``XREADGROUP``).
-    ``attempts`` is the group's delivery count. A waiting claim blocks on ``XREAD``
-    across the shards on a standalone server (woken by a new entry, and at least every
-    ``poll_interval`` seconds for released or timed-out messages); on a cluster it polls.
+    A claim makes the hidden messages whose time is up (a visibility timeout that ran
+    out, or a release whose delay is over) visible again, then takes the default
+    queue's visible messages by priority, then enqueue order (``XCLAIM`` moves each to
+    this consumer and counts the delivery). ``attempts`` is the group's delivery count.
+    A waiting claim blocks on ``XREAD`` across the shards on a standalone server (woken
+    by a new entry, and at least every ``poll_interval`` seconds for released or
+    timed-out messages); on a cluster it polls. This consumer keeps no queue limits:
+    a cluster's shards live in different hash slots, so no one script could count a
+    queue's messages in flight across them (:class:`RedisQueueConsumer` does, on a
+    standalone server).
 
     Args:
         store: the store's connection.
@@ -90,10 +127,20 @@ class RedisConsumer(BaseConsumer):
         self._next_shard = (start + 1) % len(shards)
         return [*shards[start:], *shards[:start]]
 
+    @property
+    def _queues(self) -> bytes:
+        """The prefix of the queues' keys the scripts count in (none: no counts)."""
+        return b""
+
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
+        return await self._claim_from(DEFAULT_QUEUE, limit, visibility_timeout, 0)
+
+    async def _claim_from(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
         shards = self._rotation()
         hide = max(1, round(visibility_timeout * 1e3))
-        args: list[Any] = [self.group, self.consumer, limit, hide]
+        args: list[Any] = [self.group, self.consumer, limit, hide, queue, held, self._queues]
         # One script for every shard on a standalone server. On a cluster each shard is
         # its own script (own slot): shard by shard, so a claim never takes more than
         # `limit` messages.
@@ -151,13 +198,13 @@ class RedisConsumer(BaseConsumer):
         )
 
     async def _ack(self, message_id: str) -> None:
-        await self._shard_call(ACK, message_id, [self.group], "acking outbox message")
+        await self._shard_call(ACK, message_id, [self.group, self._queues], "acking outbox message")
 
     async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
         await self._shard_call(
             RELEASE_MESSAGE,
             message_id,
-            [self.group, error, round(delay * 1e3), "1" if dead else "0"],
+            [self.group, error, round(delay * 1e3), "1" if dead else "0", self._queues],
             "releasing outbox message",
         )
 
@@ -196,3 +243,74 @@ class RedisConsumer(BaseConsumer):
                     added = int(bytes(first).partition(b"-")[0]) / 1e3
                     oldest = added if oldest is None else min(oldest, added)
         return OutboxStats(pending, oldest, dead)
+
+
+class RedisQueueConsumer(RedisConsumer):
+    """The consumer of a standalone Redis server, which keeps named queues.
+
+    Every claim is one script over every shard and the queue's keys: it reads the
+    queue's limits (``{<ns>:queues}:limits``, a JSON object per queue), prunes and
+    counts its messages in flight (a sorted set of message -> in flight until, per
+    queue and per partition) and, while a rate limit is set, its starts in the window,
+    then takes the ready messages of every shard merged by priority, then enqueue
+    order, skipping those of full partitions. An ack, a release or a dead-lettering
+    takes the message out of the in-flight sets in its own script; a claim whose
+    visibility timeout ran out stops counting by itself (its score is past).
+    """
+
+    @property
+    def _queues(self) -> bytes:
+        return self.store.layout.queues
+
+    async def _claim_queue(
+        self, queue: str, limit: int, visibility_timeout: float, held: int
+    ) -> list[RawMessage]:
+        return await self._claim_from(queue, limit, visibility_timeout, held)
+
+    async def _set_limits(self, queue: str, limits: QueueLimits | None) -> None:
+        key = self._queues + b"limits"
+        what = f"setting the limits of queue {queue!r}"
+        if limits is None:
+            await self.store.execute(what, "HDEL", key, queue)
+        else:
+            await self.store.execute(what, "HSET", key, queue, json.dumps(limits.to_json()))
+
+    async def _read_limits(self) -> dict[str, QueueLimits]:
+        rows: dict[bytes, bytes] = await self.store.execute(
+            "reading the queues' limits", "HGETALL", self._queues + b"limits"
+        )
+        return {
+            name.decode("utf-8"): QueueLimits.from_json(json.loads(raw))
+            for name, raw in rows.items()
+        }
+
+    async def _queue_counts(self) -> dict[str, QueueCounts]:
+        shards = self.store.layout.all_shards()
+        keys = [key for shard in shards for key in shard.outbox]
+        rows = await self.store.run(QUEUE_COUNTS, keys, [self._queues], "counting the queues")
+        return {
+            name.decode("utf-8"): QueueCounts(
+                int(flying),
+                int(pending),
+                int(bytes(oldest)[:16]) / 1e6 if oldest else None,
+                int(started),
+            )
+            for name, flying, pending, oldest, started in rows
+        }
+
+    async def _queue_messages(self, queue: str, limit: int) -> list[RawMessage]:
+        shards = self.store.layout.all_shards()
+        keys = [key for shard in shards for key in shard.outbox]
+        rows: list[list[Any]] = await self.store.run(
+            QUEUE_MESSAGES, keys, [queue, limit, self.group], f"listing queue {queue!r}"
+        )
+        rows.sort(key=lambda row: (int(row[1]), bytes(row[2])))
+        return [
+            RawMessage(
+                self.store.layout.message_id(shards[int(position) - 1].shard, mid),
+                payload,
+                int(attempts),
+                error.decode("utf-8", "replace"),
+            )
+            for position, _, _, mid, payload, attempts, error in rows[:limit]
+        ]

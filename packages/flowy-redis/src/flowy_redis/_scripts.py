@@ -30,6 +30,8 @@ __all__ = [
     "LAYOUT",
     "LIST",
     "PRUNE",
+    "QUEUE_COUNTS",
+    "QUEUE_MESSAGES",
     "RELEASE",
     "RELEASED_TTL_MS",
     "RELEASE_MESSAGE",
@@ -65,8 +67,8 @@ _SAVE = """
 --       outbox keys].
 -- ARGV: expected, record, replay ('1': an identical record at the new revision is this
 --       very save, resent), lease owner, lease token ('' without a lease), thread id,
---       the head's columns (HEAD_COLUMNS, from ARGV[7]), then (key, payload) per outbox
---       row.
+--       the head's columns (HEAD_COLUMNS, from ARGV[7]), then (key, payload, queue,
+--       priority, partition key) per outbox row.
 -- Returns the new revision, or {actual revision[, owner, token, exp of the live lease]}.
 local TTL = @TTL@
 local expected, id = tonumber(ARGV[1]), ARGV[6]
@@ -122,7 +124,9 @@ end
 @RELEASE@
 if #ARGV > 14 then
   local k = outbox_keys(9)
-  for i = 15, #ARGV, 2 do append(k, ARGV[i], ARGV[i + 1]) end
+  for i = 15, #ARGV, 5 do
+    append(k, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
+  end
 end
 return rev
 """.replace("@COLUMNS@", ", ".join(f"'{c}', ARGV[{i}]" for i, c in enumerate(HEAD_COLUMNS, 7)))
@@ -416,66 +420,157 @@ return {}
 """)
 
 APPEND = LuaScript("""
--- KEYS: 7 outbox keys of one shard.  ARGV: key, payload.
-append(outbox_keys(0), ARGV[1], ARGV[2])
+-- KEYS: 7 outbox keys of one shard.  ARGV: key, payload, queue, priority, partition.
+append(outbox_keys(0), ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return 1
 """)
 
 CLAIM = LuaScript("""
--- KEYS: 7 per shard.  ARGV: group, consumer, limit, visibility_ms.
+-- KEYS: 7 per shard.  ARGV: group, consumer, limit, visibility_ms, queue, held, the
+-- prefix of the queues' keys ('' to keep no limits or counts: a cluster's claim).
 -- Returns {{shard position, message id, payload, attempts, error}...}, and when nothing
 -- was claimed the last entry id of each shard (where a blocking wait starts).
-local group, consumer = ARGV[1], ARGV[2]
+--
+-- With a prefix, the queue's limits (a JSON object in the `limits` hash), its messages
+-- in flight (`fly:<queue>`, and `pfly:<queue>\\0<partition>` per partition: sorted sets
+-- of message -> in flight until, ms) and its starts (`starts:<queue>`, `pstarts:...`:
+-- start ms, while a rate limit is set) are read and written in this same script.
+local group, consumer, queue, gp = ARGV[1], ARGV[2], ARGV[5], ARGV[7]
 local now = now_ms()
-local limit, deadline = tonumber(ARGV[3]), now + tonumber(ARGV[4])
-local out, lasts = {}, {}
+local n, deadline = tonumber(ARGV[3]), now + tonumber(ARGV[4])
+local L, rated, since = {}, false, 0
+local fly = gp .. 'fly:' .. queue
+local function live(key, floor)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', floor)
+  return redis.call('ZCARD', key)
+end
+if gp ~= '' then
+  local raw = redis.call('HGET', gp .. 'limits', queue)
+  if raw then
+    for name, value in pairs(cjson.decode(raw)) do
+      if value ~= cjson.null then L[name] = value end
+    end
+  end
+  if L.worker_concurrency then n = math.min(n, L.worker_concurrency - tonumber(ARGV[6])) end
+  if L.global_concurrency then n = math.min(n, L.global_concurrency - live(fly, now)) end
+  rated = L.rate_limit ~= nil or L.partition_rate_limit ~= nil
+  if rated then
+    since = now - math.floor(L.rate_period * 1000)
+    local started = live(gp .. 'starts:' .. queue, since)
+    if L.rate_limit then n = math.min(n, L.rate_limit - started) end
+  end
+end
+local out, lasts, shards = {}, {}, {}
 for base = 0, #KEYS - 1, 7 do
   local k = outbox_keys(base)
-  local pos = base / 7 + 1
-  if #out < limit then
-    -- Deliveries whose time is up: timed out, or released and their delay over.
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', k.vis, '-inf', now, 'LIMIT', 0,
-        limit - #out)) do
-      local p = redis.call('XPENDING', k.stream, group, id, id, 1)
-      local e = #p > 0 and redis.call('XCLAIM', k.stream, group, consumer, 0, id)
-      if not e or #e == 0 or not e[1] then
-        redis.call('XACK', k.stream, group, id)
-        redis.call('ZREM', k.vis, id)
-      else
-        redis.call('ZADD', k.vis, deadline, id)
-        local mid = field(e[1][2], 'mid') or id
-        out[#out + 1] = {pos, mid, field(e[1][2], 'intent') or '', tonumber(p[1][4]) + 1,
-          redis.call('HGET', k.errs, mid) or ''}
-      end
+  index_old(k)
+  -- Hidden entries whose time is up (timed out, or released and their delay over)
+  -- become visible in their queues again.
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', k.vis, '-inf', now)) do
+    local e = redis.call('XRANGE', k.stream, id, id)
+    if #e == 0 then
+      redis.pcall('XACK', k.stream, group, id)
+      redis.call('ZREM', k.vis, id)
+    else
+      make_ready(k, id, e[1][2])
     end
   end
-  if #out < limit then
-    -- Entries never delivered.
-    local r = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', limit - #out,
-      'STREAMS', k.stream, '>')
-    if type(r) == 'table' and r.err then
-      if string.sub(r.err, 1, 7) ~= 'NOGROUP' then return redis.error_reply(r.err) end
+  shards[#shards + 1] = {k = k, pos = base / 7 + 1, ready = shard_key(k, 'ready:' .. queue),
+    tag = string.match(k.stream, '{.-}'), skipped = 0, buf = {}, at = 1, more = true}
+end
+-- Take the ready entries in (priority, order) across the shards, skipping those of
+-- full partitions; each shard's set is read a batch at a time as the merge needs it.
+local batch = math.max(n, 0) + 8
+local function head(s)
+  if s.at > #s.buf then
+    if not s.more then return nil end
+    s.buf = redis.call('ZRANGE', s.ready, s.skipped, s.skipped + batch - 1, 'WITHSCORES')
+    s.at, s.more = 1, #s.buf == 2 * batch
+    if #s.buf == 0 then return nil end
+  end
+  return s.buf[s.at], tonumber(s.buf[s.at + 1])
+end
+local pfly, pstarted = {}, {}
+local function full(part)
+  if part == '' or gp == '' then return false end
+  if L.partition_concurrency then
+    if not pfly[part] then pfly[part] = live(gp .. 'pfly:' .. queue .. '\\0' .. part, now) end
+    if pfly[part] >= L.partition_concurrency then return true end
+  end
+  if L.partition_rate_limit then
+    if not pstarted[part] then
+      pstarted[part] = live(gp .. 'pstarts:' .. queue .. '\\0' .. part, since)
+    end
+    if pstarted[part] >= L.partition_rate_limit then return true end
+  end
+  return false
+end
+local stamp = 0
+while #out < n do
+  local best, bm, bp
+  for _, s in ipairs(shards) do
+    local m, p = head(s)
+    if m and (not best or p < bp or (p == bp and string.sub(m, 1, 26) < string.sub(bm, 1, 26)))
+    then
+      best, bm, bp = s, m, p
+    end
+  end
+  if not best then break end
+  best.at = best.at + 2
+  local id, part = string.match(bm, '^%d+|([^|]+)|(.*)$')
+  if full(part) then
+    best.skipped = best.skipped + 1
+  else
+    local k = best.k
+    redis.call('ZREM', best.ready, bm)
+    local p = redis.pcall('XPENDING', k.stream, group, id, id, 1)
+    if type(p) == 'table' and p.err then
+      if string.sub(p.err, 1, 7) ~= 'NOGROUP' then return redis.error_reply(p.err) end
       redis.call('XGROUP', 'CREATE', k.stream, group, '0', 'MKSTREAM')
-      r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', limit - #out,
-        'STREAMS', k.stream, '>')
+      p = {}
     end
-    if r then
-      for _, e in ipairs(r[1][2]) do
-        redis.call('ZADD', k.vis, deadline, e[1])
-        out[#out + 1] = {pos, field(e[2], 'mid') or e[1], field(e[2], 'intent') or '', 1, ''}
+    local attempts = ((p[1] and tonumber(p[1][4])) or 0) + 1
+    local e = redis.call('XCLAIM', k.stream, group, consumer, 0, id, 'RETRYCOUNT', attempts,
+      'FORCE')
+    if #e > 0 and e[1] then
+      redis.call('ZADD', k.vis, deadline, id)
+      local mid = field(e[1][2], 'mid') or id
+      out[#out + 1] = {best.pos, mid, field(e[1][2], 'intent') or '', attempts,
+        redis.call('HGET', k.errs, mid) or ''}
+      if gp ~= '' then
+        local member = best.tag .. mid
+        redis.call('ZADD', fly, deadline, member)
+        if part ~= '' then
+          redis.call('ZADD', gp .. 'pfly:' .. queue .. '\\0' .. part, deadline, member)
+          if pfly[part] then pfly[part] = pfly[part] + 1 end
+        end
+        if rated then
+          stamp = stamp + 1
+          local start = fmt(now_us()) .. ':' .. stamp
+          redis.call('ZADD', gp .. 'starts:' .. queue, now, start)
+          if stamp == 1 then redis.call('SADD', gp .. 'started', queue) end
+          if part ~= '' then
+            redis.call('ZADD', gp .. 'pstarts:' .. queue .. '\\0' .. part, now, start)
+            if pstarted[part] then pstarted[part] = pstarted[part] + 1 end
+          end
+        end
       end
+    else
+      redis.pcall('XACK', k.stream, group, id)  -- a member whose entry is gone
     end
   end
-  if #out == 0 then
-    local last = redis.call('XREVRANGE', k.stream, '+', '-', 'COUNT', 1)
-    lasts[pos] = (last[1] and last[1][1]) or '0-0'
+end
+if #out == 0 then
+  for _, s in ipairs(shards) do
+    local last = redis.call('XREVRANGE', s.k.stream, '+', '-', 'COUNT', 1)
+    lasts[s.pos] = (last[1] and last[1][1]) or '0-0'
   end
 end
 return {out, lasts}
 """)
 
 ACK = LuaScript("""
--- KEYS: 7 of one shard.  ARGV: group, message id.
+-- KEYS: 7 of one shard.  ARGV: group, message id, the prefix of the queues' keys.
 local k = outbox_keys(0)
 local mid = ARGV[2]
 local id = entry_of(k, mid)
@@ -484,20 +579,22 @@ if #e > 0 then
   local key = field(e[1][2], 'key')
   if key and redis.call('HGET', k.ids, key) == mid then redis.call('HDEL', k.ids, key) end
 end
-drop(k, ARGV[1], id, mid)
+drop(k, ARGV[1], ARGV[3], id, mid)
 return 1
 """)
 
 RELEASE_MESSAGE = LuaScript("""
--- KEYS: 7 of one shard.  ARGV: group, message id, error, delay_ms, dead ('1'/'0').
--- Returns 0 when the message is not pending (acked or unknown): nothing to do.
+-- KEYS: 7 of one shard.  ARGV: group, message id, error, delay_ms, dead ('1'/'0'), the
+-- prefix of the queues' keys.  Returns 0 when the message is not pending (acked or
+-- unknown): nothing to do.  A released message is hidden until its delay is over, and
+-- no longer in flight.
 local k = outbox_keys(0)
 local group, mid, err = ARGV[1], ARGV[2], ARGV[3]
 local id = entry_of(k, mid)
 local p = redis.pcall('XPENDING', k.stream, group, id, id, 1)
 if type(p) ~= 'table' or p.err or #p == 0 then return 0 end
 if ARGV[5] == '1' then
-  bury(k, group, id, mid, err)
+  bury(k, group, ARGV[6], id, mid, err)
   return 1
 end
 if err == '' then
@@ -505,7 +602,8 @@ if err == '' then
 else
   redis.call('HSET', k.errs, mid, err)
 end
-redis.call('ZADD', k.vis, now_ms() + tonumber(ARGV[4]), id)
+local f = unqueue(k, ARGV[6], id, mid)
+if f then redis.call('ZADD', k.vis, now_ms() + tonumber(ARGV[4]), id) end
 return 1
 """)
 
@@ -544,6 +642,100 @@ local k = outbox_keys(0)
 local did = redis.call('HGET', k.deadix, ARGV[1])
 if not did then return 0 end
 return revive(k, ARGV[1], did, false)
+""")
+
+QUEUE_COUNTS = LuaScript("""
+-- KEYS: 7 per shard.  ARGV: the prefix of the queues' keys.  Returns {queue, in flight,
+-- pending, order of the oldest pending ('' when none), starts in the rate window}
+-- for each queue with live messages or starts: the ready sets and the hidden entries of
+-- every shard are read (the cost grows with the backlog).
+local gp = ARGV[1]
+local now = now_ms()
+local seen, names = {}, {}
+local function name(q)
+  if not seen[q] then
+    seen[q] = {live = 0, oldest = false}
+    names[#names + 1] = q
+  end
+  return seen[q]
+end
+local function older(c, o)
+  if not c.oldest or o < c.oldest then c.oldest = o end
+end
+for _, q in ipairs(redis.call('SMEMBERS', gp .. 'started')) do name(q) end
+for base = 0, #KEYS - 1, 7 do
+  local k = outbox_keys(base)
+  index_old(k)
+  local tag = string.match(k.stream, '{.-}')
+  for _, q in ipairs(redis.call('SMEMBERS', shard_key(k, 'queues'))) do
+    local c = name(q)
+    for _, m in ipairs(redis.call('ZRANGE', shard_key(k, 'ready:' .. q), 0, -1)) do
+      c.live = c.live + 1
+      older(c, string.sub(m, 1, 26))
+    end
+  end
+  for _, id in ipairs(redis.call('ZRANGE', k.vis, 0, -1)) do
+    local e = redis.call('XRANGE', k.stream, id, id)
+    if #e > 0 then
+      local q, _, o = route_of(e[1][2], id)
+      local c = name(q)
+      c.live = c.live + 1
+      local until_ = redis.call('ZSCORE', gp .. 'fly:' .. q, tag .. (field(e[1][2], 'mid') or id))
+      if not until_ or tonumber(until_) <= now then older(c, o) end
+    end
+  end
+end
+local out = {}
+for _, q in ipairs(names) do
+  local c = seen[q]
+  local flying = redis.call('ZCOUNT', gp .. 'fly:' .. q, '(' .. now, '+inf')
+  local started = 0
+  local raw = redis.call('HGET', gp .. 'limits', q)
+  if raw then
+    local L = cjson.decode(raw)
+    if L.rate_limit ~= cjson.null or L.partition_rate_limit ~= cjson.null then
+      local since = now - math.floor(L.rate_period * 1000)
+      started = redis.call('ZCOUNT', gp .. 'starts:' .. q, '(' .. since, '+inf')
+    end
+  end
+  if c.live > 0 or started > 0 then
+    out[#out + 1] = {q, flying, math.max(c.live - flying, 0), c.oldest or '', started}
+  end
+end
+return out
+""")
+
+QUEUE_MESSAGES = LuaScript("""
+-- KEYS: 7 per shard.  ARGV: queue, limit, group.  Returns {shard position, priority,
+-- order, message id, payload, attempts, error} of the first `limit` ready entries and
+-- every hidden entry of the queue, per shard (the caller merges them in claim order).
+local q, limit, group = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local out = {}
+for base = 0, #KEYS - 1, 7 do
+  local k = outbox_keys(base)
+  index_old(k)
+  local ids = {}
+  for _, m in ipairs(redis.call('ZRANGE', shard_key(k, 'ready:' .. q), 0, limit - 1)) do
+    ids[#ids + 1] = string.match(m, '^%d+|([^|]+)|')
+  end
+  for _, id in ipairs(redis.call('ZRANGE', k.vis, 0, -1)) do ids[#ids + 1] = id end
+  for _, id in ipairs(ids) do
+    local e = redis.call('XRANGE', k.stream, id, id)
+    if #e > 0 then
+      local f = e[1][2]
+      local eq, p, o = route_of(f, id)
+      if eq == q then
+        local pend = redis.pcall('XPENDING', k.stream, group, id, id, 1)
+        local attempts = 0
+        if type(pend) == 'table' and not pend.err and pend[1] then attempts = pend[1][4] end
+        local mid = field(f, 'mid') or id
+        out[#out + 1] = {base / 7 + 1, p, o, mid, field(f, 'intent') or '', attempts,
+          redis.call('HGET', k.errs, mid) or ''}
+      end
+    end
+  end
+end
+return out
 """)
 
 READS = frozenset({HISTORY, LIST, HEADS, TIMERS, SIGNALS, HOLDER, DEAD_LIST, STATS})
