@@ -215,10 +215,10 @@ async def test_a_newer_schema_is_refused(
 ) -> None:
     url = dynamo_endpoint.store_url(table_name)
     async with flowy.connect(url) as backend:
-        assert await backend.setup() == 3
+        assert await backend.setup() == 4
     raw_client.put_item(
         TableName=table_name,
-        Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "4"}},
+        Item={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}, "version": {"N": "5"}},
     )
     with pytest.raises(SchemaVersionError, match="newer"):
         await flowy.connect(url)
@@ -324,11 +324,11 @@ async def test_a_schema_2_table_is_refused_until_set_up(
 
     client = dynamo_endpoint.client()
     backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
-    assert await backend.setup() == 3
-    assert await backend.setup() == 3  # idempotent
+    assert await backend.setup() == 4
+    assert await backend.setup() == 4  # idempotent
     indexes = raw_client.describe_table(TableName=table_name)["Table"]["GlobalSecondaryIndexes"]
     assert {i["IndexName"]: i["IndexStatus"] for i in indexes} == dict.fromkeys(
-        ("heads", "outbox", "dead_letters", "timers"), "ACTIVE"
+        ("heads", "outbox", "dead_letters", "timers", "queues"), "ACTIVE"
     )
     async with backend:
         cp = backend.checkpointer
@@ -456,10 +456,12 @@ async def test_a_0_1_table_is_refused_until_set_up(
 
     client = dynamo_endpoint.client()
     backend: DynamoBackend[Any] = DynamoBackend[Any].from_client(client, table_name, clock_skew=0)
-    assert await backend.setup() == 3
-    assert await backend.setup() == 3  # idempotent
+    assert await backend.setup() == 4
+    assert await backend.setup() == 4  # idempotent
     indexes = raw_client.describe_table(TableName=table_name)["Table"]["GlobalSecondaryIndexes"]
-    assert {"heads", "outbox", "dead_letters", "timers"} <= {i["IndexName"] for i in indexes}
+    assert {"heads", "outbox", "dead_letters", "timers", "queues"} <= {
+        i["IndexName"] for i in indexes
+    }
     async with backend:
         cp, consumer = backend.checkpointer, backend.consumer
         assert await cp.load(tid) == (snap.at_revision(2), 2)

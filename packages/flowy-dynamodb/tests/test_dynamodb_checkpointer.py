@@ -436,12 +436,13 @@ def test_create_table_is_idempotent(dynamo_endpoint: Any, table_name: str) -> No
         "dead_letters",
         "heads",
         "outbox",
+        "queues",
         "timers",
     ]
     version = client.get_item(
         TableName=table_name, Key={"pk": {"S": "flowy#schema"}, "sk": {"S": "version"}}
     )["Item"]["version"]["N"]
-    assert version == "3"
+    assert version == "4"
     client.close()
 
 

@@ -7,20 +7,25 @@ Items, keyed by the string partition key ``pk`` and sort key ``sk``::
     thread#<id> or thread-sha256#<hex>  head                a thread's head and its lease
     (same)                              rev#<20 digits>     one history entry
     (same)                              outbox#<20 digits>  the hand-off message of that
-                                                            committed revision
+                                                            committed revision, with its
+                                                            route
     (same)                              sig#<20 digits>     one signal of the inbox
     (same)                              sigid#<signal id>   the number of the signal sent
                                                             with that id
     (same)                              act#<key>           one activity journal entry
     flowy#schema                        version             the schema version
     flowy#schedules                     sched#<name>        one durable schedule
+    flowy#queues                        queue#<name>        a queue's limits, its claims in
+                                                            flight and its recent starts
 
 A signal id or activity key whose sort key would pass 1 KiB is hashed instead:
 ``sigid-sha256#<hex>``, ``act-sha256#<hex>`` (the item keeps it in full).
 
-Four sparse global secondary indexes: ``heads`` (``list_key``: hand-off status and
+Five sparse global secondary indexes: ``heads`` (``list_key``: hand-off status and
 shard; ``list_sort``: the thread id) lists heads in thread-id order; ``outbox``
-(``live_key``: shard; ``visible_at``) finds visible messages oldest first;
+(``live_key``: shard; ``visible_at``) lists the live messages; ``queues``
+(``queue_key``: queue and shard; ``queue_order``: priority, then enqueue time) holds
+each queue's live messages in claim order;
 ``dead_letters`` (``dead_key``, ``dead_at``) lists dead letters oldest first;
 ``timers`` (``timer_shard``: shard; ``wake_at``) finds the heads due to wake up.
 """
@@ -47,7 +52,9 @@ SIGNAL, SIGNAL_IDS, ACTIVITIES = "sig#", "sigid", "act"
 SCHEMA_KEY: Item = {PK: {"S": "flowy#schema"}, SK: {"S": "version"}}
 TTL = "expires"
 THREADS_INDEX, OUTBOX_INDEX, DEAD_INDEX = "heads", "outbox", "dead_letters"
-TIMERS_INDEX = "timers"
+TIMERS_INDEX, QUEUES_INDEX = "timers", "queues"
+QUEUES_PK = "flowy#queues"
+"""The partition of the queue items (``queue#<name>``)."""
 SHARDS = 8
 MAX_ITEM_BYTES = 400 * 1024
 """DynamoDB's item size limit (attribute names included)."""
@@ -73,6 +80,10 @@ class A:
     LIVE, VISIBLE, DEAD, DEAD_AT = "live_key", "visible_at", "dead_key", "dead_at"
     TIMER, WAKE, GRAPH_VERSION = "timer_shard", "wake_at", "graph_version"
     SEQ, SIGNAL_ID, KEY, DATA = "seq", "signal_id", "activity_key", "data"
+    QUEUE, PARTITION, PRIORITY = "queue", "partition", "priority"
+    QUEUE_KEY, QUEUE_ORDER = "queue_key", "queue_order"
+    IN_FLIGHT, COUNTED_IN = "in_flight_until", "counted_in"
+    LIMITS, FLYING, STARTS, VERSION = "limits", "flying", "starts", "version"
     SUMMARY = (
         *(THREAD_ID, REVISION, POINTER, STATUS, REASON, HANDOFF, HANDOFF_AT, UPDATED, WAKE),
         GRAPH_VERSION,
@@ -119,6 +130,31 @@ def named_key(thread_id: str, prefix: str, name: str) -> Item:
     if len(sk.encode("utf-8")) > MAX_KEY_BYTES:
         sk = f"{prefix}-sha256#{hashlib.sha256(name.encode('utf-8')).hexdigest()}"
     return {PK: {"S": thread_key(thread_id)}, SK: {"S": sk}}
+
+
+def queue_key(queue: str, pk: str) -> str:
+    """The ``queue_key`` of a message of ``queue`` in the partition ``pk``: the queue and
+    the shard of ``pk`` (a queue name never holds ``#``)."""
+    return f"{queue}#{shard_of(pk)}"
+
+
+def queue_order(priority: int, enqueued_at: float) -> str:
+    """The ``queue_order`` of a message: its priority, then its enqueue time, both fixed
+    width, so string order is claim order."""
+    return f"{priority:010d}#{enqueued_at:020.6f}"
+
+
+def message_id(item: Item) -> str:
+    """The message id of a message item: its sort key, ``|``, its partition key."""
+    return f"{item[SK]['S']}|{item[PK]['S']}"  # a sort key never holds "|"
+
+
+def message_key(message_id: str) -> Item | None:
+    """The key of the message ``message_id`` names (``None``: no id of ours)."""
+    sk, sep, pk = message_id.partition("|")
+    if not sep or not sk.startswith(MESSAGE) or not pk.startswith(("thread", "legacy#")):
+        return None
+    return {PK: s(pk), SK: s(sk)}
 
 
 def key_of(item: Item) -> Item:
@@ -226,6 +262,12 @@ class Expression:
         """The placeholder of an attribute name (all of ours are identifiers)."""
         self.names["#" + attribute] = attribute
         return "#" + attribute
+
+    def key(self, name: str) -> str:
+        """A new placeholder for a name that need not be an identifier (a map key)."""
+        label = f"#k{len(self.names)}"
+        self.names[label] = name
+        return label
 
     def v(self, value: Mapping[str, Any]) -> str:
         """A new placeholder bound to the attribute value ``value``."""

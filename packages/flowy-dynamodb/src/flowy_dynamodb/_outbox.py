@@ -2,14 +2,14 @@
 
 The message of a thread's committed revision is the item ``outbox#<revision>`` of the
 thread: unique per (thread, revision), written in the save's transaction. A live one has
-``live_key``, ``visible_at``, ``attempts``, ``error`` and ``enqueued_at`` (when it was
+``live_key``, ``visible_at``, ``attempts``, ``error``, ``enqueued_at`` (when it was
 enqueued, or came back from the dead letters; a message written by flowy-dynamodb 0.2.0
-has none) (the ``outbox`` index finds visible ones, oldest first; a claim is a
-conditional update on the ``visible_at`` it saw); a dead letter has ``dead_key`` and
-``dead_at`` instead. Index reads are eventually consistent: on DynamoDB a new message
-may take a moment to be claimable. The backlog (``stats``) reads the ``outbox`` index of
-every shard, the ``enqueued_at`` of each live message it lists (``BatchGetItem``, so
-O(messages pending)), and counts the ``dead_letters`` index.
+has none) and its route with its place in the ``queues`` index (see ``_queues``, which
+also holds the claim); a dead letter has ``dead_key`` and ``dead_at`` instead, and is
+out of both indexes of live messages. Index reads are eventually consistent: on
+DynamoDB a new message may take a moment to be claimable. The backlog (``stats``) reads
+the ``outbox`` index of every shard, the ``enqueued_at`` of each live message it lists
+(``BatchGetItem``, so O(messages pending)), and counts the ``dead_letters`` index.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
+from flowy.queues import DEFAULT_QUEUE, Route
 from flowy.storage import OutboxStats
-from flowy.storage.dialect import BaseConsumer, BaseOutbox, OutboxRow, RawMessage
+from flowy.storage.dialect import BaseOutbox, OutboxRow, RawMessage
 
 from ._layout import (
     DEAD_INDEX,
@@ -26,20 +27,22 @@ from ._layout import (
     OUTBOX_INDEX,
     PK,
     SHARDS,
-    SK,
     A,
     Expression,
     Item,
     entry_key,
-    get_b,
     get_int,
     get_n,
     get_s,
     key_of,
+    message_key,
     n,
+    queue_key,
+    queue_order,
     s,
     shard_of,
 )
+from ._queues import QueueClaims, raw_message
 from ._table import ConditionFailed, DynamoTable
 
 __all__ = ["DynamoConsumer", "DynamoOutbox", "message_write"]
@@ -48,29 +51,37 @@ _LIVE = [f"live#{shard}" for shard in range(SHARDS)]
 """The partitions of the ``outbox`` index: one per shard."""
 
 
-def _message_id(item: Item) -> str:
-    return f"{item[SK]['S']}|{item[PK]['S']}"  # a sort key never holds "|"
+def route_fields(route: Route, pk: str, now: float) -> Item:
+    """The attributes of a message of ``route`` in the partition ``pk``, enqueued
+    ``now``: its route, and its place in the ``queues`` index."""
+    return {
+        A.QUEUE: s(route.queue),
+        A.PARTITION: s(route.partition_key),
+        A.PRIORITY: n(route.priority),
+        A.QUEUE_KEY: s(queue_key(route.queue, pk)),
+        A.QUEUE_ORDER: s(queue_order(route.priority, now)),
+    }
 
 
-def _message_key(message_id: str) -> Item | None:
-    sk, sep, pk = message_id.partition("|")
-    if not sep or not sk.startswith(MESSAGE) or not pk.startswith(("thread", "legacy#")):
-        return None
-    return {PK: s(pk), SK: s(sk)}
+def stored_route(item: Item | None) -> Route:
+    """The route stored on a message item (the default one for a message written
+    before queues)."""
+    queue = get_s(item, A.QUEUE)
+    if queue is None:
+        return Route()
+    return Route(queue, get_s(item, A.PARTITION) or "", get_int(item, A.PRIORITY) or 0)
 
 
-def _raw_message(item: Item) -> RawMessage:
-    payload, error = get_b(item, A.PAYLOAD) or b"", get_s(item, A.ERROR) or ""
-    return RawMessage(_message_id(item), payload, get_int(item, A.ATTEMPTS) or 0, error)
-
-
-def _revive(expr: Expression, pk: str, now: float, payload: bytes | None = None) -> str:
+def _revive(
+    expr: Expression, pk: str, now: float, route: Route, payload: bytes | None = None
+) -> str:
     fields: Item = {
         A.LIVE: s(f"live#{shard_of(pk)}"),
         A.VISIBLE: n(now),
         A.ATTEMPTS: n(0),
         A.ERROR: s(""),
         A.ENQUEUED: n(now),
+        **route_fields(route, pk, now),
     }
     if payload is not None:  # written again: the new row's payload
         fields[A.PAYLOAD] = {"B": payload}
@@ -80,17 +91,18 @@ def _revive(expr: Expression, pk: str, now: float, payload: bytes | None = None)
 def message_write(table: DynamoTable, row: OutboxRow, now: float, *, revive: bool) -> Item:
     """``UpdateItem`` parameters that add ``row``'s message: a new one is created, a live
     one left exactly as it is (condition: not dead); with ``revive``, a dead one comes
-    back with ``row``'s payload, its attempts and error reset (condition: dead)."""
+    back with ``row``'s payload and route, its attempts and error reset (condition:
+    dead)."""
     key = entry_key(row.thread_id, MESSAGE, row.committed_revision)
+    pk = key[PK]["S"]
     expr = Expression()
     if revive:
-        update = _revive(expr, key[PK]["S"], now, row.payload)
+        update = _revive(expr, pk, now, row.route, row.payload)
     else:
         kept = {A.PAYLOAD: {"B": row.payload}, A.VISIBLE: n(now), A.ATTEMPTS: n(0), A.ERROR: s("")}
         kept[A.ENQUEUED] = n(now)
-        update = expr.sets(
-            {A.THREAD_ID: s(row.thread_id), A.LIVE: s(f"live#{shard_of(key[PK]['S'])}")}
-        )
+        kept |= route_fields(row.route, pk, now)
+        update = expr.sets({A.THREAD_ID: s(row.thread_id), A.LIVE: s(f"live#{shard_of(pk)}")})
         update += "".join(
             f", {expr(k)} = if_not_exists({expr(k)}, {expr.v(v)})" for k, v in kept.items()
         )
@@ -123,10 +135,11 @@ class DynamoOutbox(BaseOutbox):
         self.table.wakeups.notify()
 
 
-class DynamoConsumer(BaseConsumer):
-    """The consuming side, for ``flowy.Worker``: a claim queries the ``outbox`` index of
-    every shard; while there is nothing, ``claim(wait=...)`` polls with a growing pause
-    (up to ``poll_interval``) and wakes at once for messages this store adds."""
+class DynamoConsumer(QueueClaims):
+    """The consuming side, for ``flowy.Worker``: a claim queries the ``queues`` index of
+    every shard of its queue (see :class:`~flowy_dynamodb._queues.QueueClaims`); while
+    there is nothing, ``claim(wait=...)`` polls with a growing pause (up to
+    ``poll_interval``) and wakes at once for messages this store adds."""
 
     def __init__(
         self, table: DynamoTable, *, max_attempts: int = 5, poll_interval: float = 0.5
@@ -137,74 +150,68 @@ class DynamoConsumer(BaseConsumer):
         self._pause = 0.02
 
     async def _claim(self, limit: int, visibility_timeout: float) -> list[RawMessage]:
-        now = self.table.clock()
-        found = await self.table.query_index(
-            OUTBOX_INDEX, A.LIVE, _LIVE, limit, lambda e: f"{e(A.VISIBLE)} <= {e.v(n(now))}"
-        )
-        oldest = sorted(found, key=lambda i: get_n(i, A.VISIBLE) or 0)
-        taken = await asyncio.gather(
-            *(self._take(i, now, visibility_timeout) for i in oldest[:limit])
-        )
-        claimed = [message for message in taken if message is not None]
-        if claimed:
-            self._pause = 0.02
-        return claimed
-
-    async def _take(self, item: Item, now: float, visibility_timeout: float) -> RawMessage | None:
-        expr = Expression()
-        update = expr.sets({A.VISIBLE: n(now + visibility_timeout)})
-        update += f", {expr(A.ATTEMPTS)} = {expr(A.ATTEMPTS)} + {expr.v(n(1))}"
-        condition = (
-            f"attribute_exists({expr(A.LIVE)}) AND {expr(A.VISIBLE)} = {expr.v(item[A.VISIBLE])}"
-        )
-        try:
-            return _raw_message(await self.table.update(key_of(item), expr, update, condition))
-        except ConditionFailed:
-            return None  # claimed, released or acked by someone else meanwhile
-
-    async def _change(
-        self, message_id: str, expr: Expression, update: str | None, live: bool
-    ) -> bool:
-        key = _message_key(message_id)
-        if key is None:
-            return False
-        condition = f"attribute_exists({expr(A.LIVE if live else A.DEAD)})"
-        try:
-            if update is None:
-                await self.table.delete(key, expr, condition)
-            else:
-                await self.table.update(key, expr, update, condition)
-        except ConditionFailed:
-            return False
-        return True
+        return await self._claim_queue(DEFAULT_QUEUE, limit, visibility_timeout, 0)
 
     async def _ack(self, message_id: str) -> None:
-        await self._change(message_id, Expression(), None, live=True)
+        key = message_key(message_id)
+        if key is None:
+            return
+        expr = Expression()
+        try:
+            result = await self.table.call(
+                "delete_item",
+                TableName=self.table.name,
+                Key=key,
+                ConditionExpression=f"attribute_exists({expr(A.LIVE)})",
+                ReturnValues="ALL_OLD",
+                **expr.params(),
+            )
+        except ConditionFailed:
+            return
+        await self._uncount(message_id, result.get("Attributes"))
 
     async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
+        key = message_key(message_id)
+        if key is None:
+            return
         now = self.table.clock()
         expr = Expression()
+        gone = [A.IN_FLIGHT, A.COUNTED_IN]
         if dead:
             fields = {A.DEAD: s("dead"), A.DEAD_AT: n(now), A.ERROR: s(error)}
-            update = expr.sets(fields) + expr.removes([A.LIVE, A.VISIBLE])
+            gone += [A.LIVE, A.VISIBLE, A.QUEUE_KEY]
         else:
-            update = expr.sets({A.VISIBLE: n(now + delay), A.ERROR: s(error)})
-        if await self._change(message_id, expr, update, live=True) and not dead:
+            fields = {A.VISIBLE: n(now + delay), A.ERROR: s(error)}
+        update = expr.sets(fields) + expr.removes(gone)
+        condition = f"attribute_exists({expr(A.LIVE)})"
+        try:
+            old = await self.table.update(key, expr, update, condition, returns="ALL_OLD")
+        except ConditionFailed:
+            return
+        await self._uncount(message_id, old)
+        if not dead:
             self.table.wakeups.notify()
 
     async def _dead_letters(self, limit: int) -> list[RawMessage]:
         items = await self.table.query_index(DEAD_INDEX, A.DEAD, ["dead"], limit)
-        return [_raw_message(item) for item in items]
+        return [raw_message(item) for item in items]
 
     async def _retry_dead_letter(self, message_id: str) -> bool:
+        key = message_key(message_id)
+        if key is None:
+            return False
+        # The route is on the item (a message of flowy-dynamodb 0.2 has the default one).
+        item = await self.table.get(key, [A.DEAD, A.QUEUE, A.PARTITION, A.PRIORITY])
+        if item is None or A.DEAD not in item:
+            return False
         expr = Expression()
-        pk = message_id.partition("|")[2]
-        revived = await self._change(
-            message_id, expr, _revive(expr, pk, self.table.clock()), live=False
-        )
-        if revived:
-            self.table.wakeups.notify()
-        return revived
+        update = _revive(expr, key[PK]["S"], self.table.clock(), stored_route(item))
+        try:
+            await self.table.update(key, expr, update, f"attribute_exists({expr(A.DEAD)})")
+        except ConditionFailed:
+            return False
+        self.table.wakeups.notify()
+        return True
 
     async def _stats(self) -> OutboxStats:
         async def dead() -> int:

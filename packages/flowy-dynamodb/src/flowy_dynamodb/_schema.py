@@ -1,5 +1,5 @@
 """The table's schema: creating it, checking its version, upgrading an older table to
-schema 3; and :func:`make_client`.
+schema 4; and :func:`make_client`.
 
 Schema 2 keeps the heads and history entries of schema 1 (flowy-dynamodb 0.1) where they
 were and adds the ``by_thread``, ``outbox`` and ``dead_letters`` indexes; the upgrade
@@ -14,11 +14,17 @@ threads' partitions, and no head of an older schema has a wake-up time or a grap
 version, so no item changes. The upgrade creates the
 new indexes one at a time, waiting until each is ``ACTIVE`` (DynamoDB backfills them),
 then deletes ``by_thread``. Stop a table's older clients first.
+
+Schema 4 (queues) adds the ``queues`` index (``queue_key``, ``queue_order``): each live
+message carries its route and its place in it. The upgrade creates the index, then
+gives each live message of an older schema the default route, in its enqueue order
+(it lists them from the ``outbox`` index; dead letters get theirs when they come back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Mapping
@@ -29,6 +35,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from flowy.errors import StorageError, StorageUnavailableError
+from flowy.queues import DEFAULT_QUEUE
 from flowy.storage.dialect import BaseBackend, decode_intent
 
 from ._layout import (
@@ -37,7 +44,9 @@ from ._layout import (
     MESSAGE,
     OUTBOX_INDEX,
     PK,
+    QUEUES_INDEX,
     SCHEMA_KEY,
+    SHARDS,
     SK,
     THREADS_INDEX,
     TIMERS_INDEX,
@@ -50,19 +59,22 @@ from ._layout import (
     get_int,
     get_n,
     get_s,
+    key_of,
     n,
+    queue_key,
+    queue_order,
     s,
     shard_of,
     sort_key,
 )
-from ._table import DynamoTable, translate_error
+from ._table import ConditionFailed, DynamoTable, translate_error
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
 __all__ = ["SCHEMA_VERSION", "create_table", "make_client"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The table layout this version of flowy-dynamodb reads and writes."""
 
 _KEYS = {PK: "S", SK: "S", A.LIST_KEY: "S", A.LIST_SORT: "S", A.LIVE: "S", A.VISIBLE: "N"} | {
@@ -70,12 +82,15 @@ _KEYS = {PK: "S", SK: "S", A.LIST_KEY: "S", A.LIST_SORT: "S", A.LIVE: "S", A.VIS
     A.DEAD_AT: "N",
     A.TIMER: "S",
     A.WAKE: "N",
+    A.QUEUE_KEY: "S",
+    A.QUEUE_ORDER: "S",
 }
 _INDEXES: dict[str, tuple[str, str, list[str] | None]] = {  # hash, range, included
     THREADS_INDEX: (A.LIST_KEY, A.LIST_SORT, list(A.SUMMARY)),
     OUTBOX_INDEX: (A.LIVE, A.VISIBLE, None),
     DEAD_INDEX: (A.DEAD, A.DEAD_AT, [A.PAYLOAD, A.ATTEMPTS, A.ERROR]),
     TIMERS_INDEX: (A.TIMER, A.WAKE, [A.THREAD_ID]),
+    QUEUES_INDEX: (A.QUEUE_KEY, A.QUEUE_ORDER, [A.VISIBLE, A.PARTITION, A.IN_FLIGHT]),
 }
 _RETIRED = ("by_thread",)
 """Indexes of schema 2 that schema 3 replaced (``heads`` replaces ``by_thread``)."""
@@ -184,7 +199,7 @@ def create_table(
 ) -> None:
     """Create flowy's table unless it exists and wait until it is ``ACTIVE`` (blocking;
     idempotent): on-demand billing, string keys ``pk`` and ``sk``, the indexes of the
-    package README, time to live on ``expires``, schema version 3. With
+    package README, time to live on ``expires``, schema version 4. With
     ``create=False`` a missing table is a ``StorageError``."""
     raw: Any = client
     try:
@@ -282,10 +297,37 @@ async def migrate(table: DynamoTable, *, wait: float = 1800.0) -> int:
             items: list[Item] = page.get("Items") or []
             for item in items:
                 await _upgrade(table, item)
+    await _route_messages(table)
     await table.call(
         "put_item", TableName=table.name, Item={**SCHEMA_KEY, "version": n(SCHEMA_VERSION)}
     )
     return SCHEMA_VERSION
+
+
+async def _route_messages(table: DynamoTable) -> None:
+    """Give each live message without a route the default one (schema 4)."""
+    lives = [f"live#{shard}" for shard in range(SHARDS)]
+    listed = await table.query_index(OUTBOX_INDEX, A.LIVE, lives, None)
+    fields = (A.QUEUE_KEY, A.ENQUEUED, A.VISIBLE)
+    for item in await table.get_keys([key_of(i) for i in listed], fields, consistent=True):
+        if A.QUEUE_KEY in item:
+            continue
+        at = float(get_n(item, A.ENQUEUED) or get_n(item, A.VISIBLE) or 0)
+        expr = Expression()
+        update = expr.sets(
+            {
+                A.QUEUE: s(DEFAULT_QUEUE),
+                A.PARTITION: s(""),
+                A.PRIORITY: n(0),
+                A.QUEUE_KEY: s(queue_key(DEFAULT_QUEUE, item[PK]["S"])),
+                A.QUEUE_ORDER: s(queue_order(0, at)),
+            }
+        )
+        condition = (
+            f"attribute_exists({expr(A.LIVE)}) AND attribute_not_exists({expr(A.QUEUE_KEY)})"
+        )
+        with contextlib.suppress(ConditionFailed):  # acked, dead or routed meanwhile
+            await table.update(key_of(item), expr, update, condition)
 
 
 async def _upgrade(table: DynamoTable, item: Item) -> None:

@@ -254,16 +254,19 @@ class DynamoTable:
         )
         return result.get("Item")
 
-    async def update(self, key: Item, expr: Expression, update: str, condition: str) -> Item:
-        """One conditional ``UpdateItem`` of ``key``; returns the item as it is after it.
-        A false ``condition`` raises :class:`ConditionFailed` with the item as it was."""
+    async def update(
+        self, key: Item, expr: Expression, update: str, condition: str, returns: str = "ALL_NEW"
+    ) -> Item:
+        """One conditional ``UpdateItem`` of ``key``; returns the item as it is after it
+        (or as it was before, with ``returns="ALL_OLD"``). A false ``condition`` raises
+        :class:`ConditionFailed` with the item as it was."""
         result = await self.call(
             "update_item",
             TableName=self.name,
             Key=key,
             UpdateExpression=update,
             ConditionExpression=condition,
-            ReturnValues="ALL_NEW",
+            ReturnValues=returns,
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
             **expr.params(),
         )
@@ -374,11 +377,18 @@ class DynamoTable:
             check_stored_id(thread_id, item)
         return items
 
-    async def get_keys(self, keys: Sequence[Item], attributes: Sequence[str]) -> list[Item]:
+    async def get_keys(
+        self, keys: Sequence[Item], attributes: Sequence[str], *, consistent: bool = False
+    ) -> list[Item]:
         """The items of ``keys`` that exist, with ``attributes`` (and their keys), 100 per
-        ``BatchGetItem`` (eventually consistent), asking again for unprocessed keys."""
+        ``BatchGetItem`` (eventually consistent unless ``consistent``), asking again for
+        unprocessed keys; in no particular order."""
         expr = Expression()
-        request = {"ProjectionExpression": ", ".join(map(expr, (PK, SK, *attributes)))}
+        request: dict[str, Any] = {
+            "ProjectionExpression": ", ".join(map(expr, (PK, SK, *attributes)))
+        }
+        if consistent:
+            request["ConsistentRead"] = True
         request.update(expr.params())
         return await self._batch("batch_get_item", keys, 100, lambda k: {"Keys": k, **request})
 
