@@ -17,6 +17,7 @@ from .._results import RunResult
 from .._runner import Runner, default_owner
 from .._types import E, S
 from ..storage import HandoffIntent, OutboxConsumer, RunStatus
+from ..storage.dialect import BaseConsumer
 from ._options import Outcome, WorkerOptions, WorkerStats
 
 __all__ = ["Shared"]
@@ -35,6 +36,8 @@ class Shared(Generic[S, E]):
         self.options = options
         self.owner: str = default_owner() if options.owner is None else options.owner
         self.visibility_timeout: float = options.visibility_timeout or options.lease_ttl * 4
+        self.keeps_queues: bool = isinstance(consumer, BaseConsumer) and consumer.keeps_queues
+        """Whether the consumer claims from named queues (else the default one only)."""
         self.stopping = asyncio.Event()
         self._threads: dict[str, asyncio.Lock] = {}  # one message per thread at a time
         self.outcomes: dict[str, int] = {o.value: 0 for o in Outcome}
