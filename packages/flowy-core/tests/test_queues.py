@@ -6,6 +6,7 @@ one seen from the runs, and a store without queues (``_directives.py``, ``_hando
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,7 @@ from core_graphs import PlainOutbox, State, merge
 
 import flowy
 from flowy import types as ftypes
+from flowy.cli._main import main
 from flowy.memory import MemoryBackend, MemoryConsumer
 from flowy.queues import QueueLimits, Route, queues_of
 from flowy.storage import as_backend
@@ -389,3 +391,99 @@ async def test_limits_of_a_queue_are_what_the_store_keeps() -> None:
     async with await flowy.connect("memory://") as backend:
         limits = await backend.queues.configure("llm", rate_limit=60, rate_period=60)
         assert limits == QueueLimits(rate_limit=60)
+
+
+# -- the command line ---------------------------------------------------------------------
+GRAPH_SPEC = "test_queues:routed_graph"
+
+
+def flowy_cli(capsys: pytest.CaptureFixture[str], url: str, *args: str) -> tuple[int, str]:
+    """``flowy ARGS --backend URL`` in this process (a memory:// store lives in it)."""
+    capsys.readouterr()
+    code = main([*args, "--backend", url, "--color", "never"])
+    captured = capsys.readouterr()
+    assert code == 0 or not captured.out, captured.out
+    return code, captured.out + captured.err
+
+
+async def started(url: str, threads: dict[str, State]) -> None:
+    async with await flowy.connect(url) as backend:
+        runner = flowy.Runner(routed_graph(), backend)
+        for thread, state in threads.items():
+            await runner.start(thread, state)
+
+
+def test_flowy_queues_lists_sets_and_resets(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "memory://cli-queues"
+    asyncio.run(started(url, {"a": {"queue": "llm"}, "b": {"queue": "llm"}, "c": {}}))
+    code, text = flowy_cli(
+        capsys, url, "queues", "set", "llm", "--global-concurrency", "2", "--rate-limit", "60"
+    )
+    assert (code, text.strip()) == (0, "queue llm: global 2, rate 60/60s")
+    code, text = flowy_cli(capsys, url, "queues", "set", "llm", "--global-concurrency", "none")
+    assert (code, text.strip()) == (0, "queue llm: rate 60/60s")
+    code, text = flowy_cli(capsys, url, "queues")
+    lines = text.splitlines()
+    assert lines[0].split() == ["QUEUE", "IN", "FLIGHT", "PENDING", "OLDEST", "STARTED", "LIMITS"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["default"][1:3] == ["0", "1"] and rows["default"][4:] == ["-", "none"]
+    assert rows["llm"][1:3] == ["0", "2"] and rows["llm"][4:] == ["0/60", "rate", "60/60s"]
+    code, text = flowy_cli(capsys, url, "queues", "--json")
+    listed = {q["queue"]: q for q in json.loads(text)}
+    assert listed["llm"]["limits"]["rate_limit"] == 60 and listed["llm"]["pending"] == 2
+    assert listed["llm"]["oldest_pending_age"] >= 0
+    code, text = flowy_cli(capsys, url, "queues", "reset", "llm", "--json")
+    assert json.loads(text)["limits"]["rate_limit"] is None
+
+    async def limits() -> QueueLimits:
+        async with await flowy.connect(url) as backend:
+            return await backend.queues.limits("llm")
+
+    assert asyncio.run(limits()) == QueueLimits()
+
+
+def test_flowy_threads_queue_lists_the_threads_waiting_in_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "memory://cli-threads-queue"
+    asyncio.run(
+        started(
+            url,
+            {
+                "late": {"queue": "llm", "priority": 3},
+                "first": {"queue": "llm", "priority": 1, "customer": "acme"},
+                "elsewhere": {},
+            },
+        )
+    )
+    code, text = flowy_cli(capsys, url, "threads", "--queue", "llm")
+    lines = text.splitlines()
+    assert code == 0 and lines[0].split()[:5] == [
+        "THREAD",
+        "STATUS",
+        "POINTER",
+        "PRIORITY",
+        "PARTITION",
+    ]
+    assert [line.split()[:6] for line in lines[1:]] == [
+        ["first", "handoff", "finish", "1", "acme", "0"],
+        ["late", "handoff", "finish", "3", "-", "0"],
+    ]
+    code, text = flowy_cli(capsys, url, "threads", "--queue", "llm", "--json")
+    assert [r["thread_id"] for r in json.loads(text)] == ["first", "late"]
+    code, text = flowy_cli(capsys, url, "threads", "--queue", "idle")
+    assert text.strip() == "no threads with a message in queue 'idle' of memory://cli-threads-queue"
+
+
+def test_flowy_worker_serves_the_queues_it_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    url = "memory://cli-worker-queue"
+    asyncio.run(started(url, {"a": {"queue": "llm"}, "b": {"queue": "tools"}, "c": {}}))
+    code, text = flowy_cli(
+        capsys, url, "worker", "--graph", GRAPH_SPEC, "--once", "--idle-wait", "0.05",
+        "--owner", "w", "--queue", "llm", "--queue", "tools",
+    )  # fmt: skip
+    assert code == 0, text
+    assert "· queues llm, tools" in text.splitlines()[0]
+    assert text.splitlines()[-1] == "w: 2 message(s) processed (resumed 2)"
+    code, text = flowy_cli(capsys, url, "threads", "--queue", "default", "--json")
+    assert [r["thread_id"] for r in json.loads(text)] == ["c"]

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic
+from typing import Any, Generic, cast
 
 from .. import _tracing
 from .._cancel import is_canceled_from_outside, is_terminated
@@ -35,9 +35,8 @@ from .._types import E, ResumeToken, S
 from .._waits import wake
 from ..storage import HandoffStatus, OutboxMessage, RunStatus
 from ..storage._model import DEFAULT_QUEUE
-from ..storage.dialect import BaseConsumer
 from ._options import PERMANENT_ERRORS, Failure, Outcome
-from ._shared import Shared
+from ._shared import QueueConsumer, Shared
 
 __all__ = ["Consume"]
 
@@ -119,8 +118,7 @@ class Consume(Generic[S, E]):
         consumer = shared.consumer
         try:
             if shared.keeps_queues:
-                assert isinstance(consumer, BaseConsumer)
-                return await consumer.claim(
+                return await cast(QueueConsumer, consumer).claim(
                     limit,
                     shared.visibility_timeout,
                     wait,
