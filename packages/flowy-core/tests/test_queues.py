@@ -11,15 +11,14 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from core_graphs import PlainOutbox, State, merge
+from core_graphs import PlainOutbox, QueuelessConsumer, State, merge
 
 import flowy
 from flowy import types as ftypes
 from flowy.cli._main import main
-from flowy.memory import MemoryBackend, MemoryConsumer
+from flowy.memory import MemoryBackend
 from flowy.queues import QueueLimits, Route, queues_of
 from flowy.storage import as_backend
-from flowy.storage.dialect import BaseConsumer
 from flowy.testing.faults import FaultyOutbox
 
 pytestmark = pytest.mark.anyio
@@ -313,19 +312,6 @@ async def test_a_recovered_orphaned_handoff_keeps_its_queue() -> None:
 
 
 # -- a store without queues ---------------------------------------------------------------
-class QueuelessConsumer(MemoryConsumer):
-    """A consumer written before queues (the five queue primitives left to the base)."""
-
-    async def _claim(self, limit: int, visibility_timeout: float) -> Any:
-        return await MemoryConsumer._claim_queue(self, "default", limit, visibility_timeout, 0)
-
-    _claim_queue = BaseConsumer._claim_queue
-    _set_limits = BaseConsumer._set_limits
-    _read_limits = BaseConsumer._read_limits
-    _queue_counts = BaseConsumer._queue_counts
-    _queue_messages = BaseConsumer._queue_messages
-
-
 def queueless() -> tuple[Any, MemoryBackend[State]]:
     mem: MemoryBackend[State] = MemoryBackend()
     consumer = QueuelessConsumer(mem.store)
