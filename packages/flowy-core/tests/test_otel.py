@@ -35,7 +35,6 @@ from flowy.storage import (
     as_backend,
 )
 from flowy.storage import _base as storage_base
-
 from flowy.storage.dialect import BaseCheckpointer, QueueCounts
 
 pytestmark = pytest.mark.anyio
