@@ -2,7 +2,7 @@
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
 ``check``, ``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters``,
-``schedules`` and ``ui``; every one but ``demo``, ``graph`` and ``check`` works on any
+``schedules``, ``queues`` and ``ui``; every one but ``demo``, ``graph`` and ``check`` works on any
 store, named by ``--backend URL`` (or ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite
 file. A mistake
 prints one line on standard error, never a traceback, and exits 2 when the command line

@@ -163,7 +163,8 @@ async def cmd_queues(args: argparse.Namespace, out: Console) -> int:
     if args.json:
         print_json(out, {"queue": name, "limits": limits.to_json()})
     elif action == "set":
-        out.line(f"queue {clean(name)}: {_limits_text(limits)}")
+        shown = _limits_text(limits)
+        out.line(f"queue {clean(name)}: {'no limits' if shown == 'none' else shown}")
     else:
         out.line(f"queue {clean(name)}: every limit lifted (its messages stay)")
     return 0
