@@ -473,3 +473,48 @@ def test_flowy_worker_serves_the_queues_it_is_given(capsys: pytest.CaptureFixtur
     assert text.splitlines()[-1] == "w: 2 message(s) processed (resumed 2)"
     code, text = flowy_cli(capsys, url, "threads", "--queue", "default", "--json")
     assert [r["thread_id"] for r in json.loads(text)] == ["c"]
+
+
+async def test_a_handoff_inside_a_subgraph_takes_the_child_nodes_queue() -> None:
+    child = routed_graph(node_queue="tools")
+    inner = routed_graph()  # no queue of its own: the parent's default applies
+
+    async def start(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.completed()
+
+    def parent(sub: flowy.Graph[State, Any]) -> flowy.Graph[State, Any]:
+        b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+        b.add_node("start", start).add_subgraph("child", sub).add_edge("start", "child")
+        b.allow_no_outgoing_route("child")
+        return b.compile(queue="outer")
+
+    async with await flowy.connect("memory://") as backend:
+        await flowy.Runner(parent(child), backend).start("own", {})
+        await flowy.Runner(parent(inner), backend).start("inherited", {})
+        assert await queued(backend, "tools") == ["own"]
+        assert await queued(backend, "outer") == ["inherited"]
+
+
+async def test_a_branch_that_hands_off_sends_the_run_to_its_queue() -> None:
+    async def split(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.completed()
+
+    async def quick(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {"quick": True}, flowy.completed()
+
+    async def slow(s: State) -> tuple[State, flowy.Directive[Any]]:
+        if s.get("resumed"):
+            return {"slow": True}, flowy.completed()
+        return {}, flowy.handoff("model call", priority=2)
+
+    async def join(s: State) -> tuple[State, flowy.Directive[Any]]:
+        return {}, flowy.completed()
+
+    b: flowy.GraphBuilder[State, Any] = flowy.GraphBuilder(merge)
+    b.add_node("split", split).add_node("quick", quick).add_node("slow", slow, queue="llm")
+    b.add_node("join", join).add_parallel_edge("split", ["quick", "slow"], then="join")
+    b.allow_no_outgoing_route("join")
+    async with await flowy.connect("memory://") as backend:
+        await flowy.Runner(b.compile(), backend).start("t", {})
+        (message,) = await backend.queues.messages("llm")
+        assert message.intent is not None and message.intent.route == Route("llm", "", 2)
