@@ -7,7 +7,8 @@ from typing import Any
 
 import flowy
 from flowy import storage
-from flowy.memory import MemoryOutbox
+from flowy.memory import MemoryConsumer, MemoryOutbox
+from flowy.storage.dialect import BaseConsumer
 
 State = dict[str, Any]
 
@@ -81,3 +82,16 @@ def handoff_graph(**compile_kw: Any) -> flowy.Graph[State, Any]:
     b.add_node("work", work).add_node("finish", finish).add_edge("work", "finish")
     b.allow_no_outgoing_route("finish")
     return b.compile(**compile_kw)
+
+
+class QueuelessConsumer(MemoryConsumer):
+    """A consumer written before queues (the five queue primitives left to the base)."""
+
+    async def _claim(self, limit: int, visibility_timeout: float) -> Any:
+        return await MemoryConsumer._claim_queue(self, "default", limit, visibility_timeout, 0)
+
+    _claim_queue = BaseConsumer._claim_queue
+    _set_limits = BaseConsumer._set_limits
+    _read_limits = BaseConsumer._read_limits
+    _queue_counts = BaseConsumer._queue_counts
+    _queue_messages = BaseConsumer._queue_messages

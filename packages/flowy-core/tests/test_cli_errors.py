@@ -131,6 +131,17 @@ _OUT_OF_RANGE = [
         (["check", GRAPH, "--seed", _HUGE], 2, ["--seed", "from 0 to 1000000"]),
         (["show", "susp", "--codec", "core_graphs:merge"], 2, ["--codec"]),
         (["show", "susp", "--codec", "json:dumps"], 2, ["--codec"]),
+        (["queues", "set", "a b", "--rate-limit", "3"], 2, ["NAME", "queue name 'a b'"]),
+        (["queues", "set", "llm", "--global-concurrency", "-1"], 2, ["--global-concurrency"]),
+        (["queues", "set", "llm", "--rate-limit", _HUGE], 2, ["--rate-limit", "from 0"]),
+        (["queues", "set", "llm", "--rate-period", "0"], 2, ["--rate-period", "from 0.001"]),
+        (["queues", "set", "llm"], 2, ["at least one limit"]),
+        (["queues", "reset"], 2, ["needs the queue's NAME"]),
+        (["queues", "reset", "llm", "--rate-limit", "3"], 2, ["go with `flowy queues set"]),
+        (["queues", "llm"], 2, ["invalid choice: 'llm'"]),
+        (["threads", "--queue", "a/b"], 2, ["--queue", "queue name 'a/b'"]),
+        (["threads", "--queue", "llm", "--after", "x"], 2, ["do not go with --queue"]),
+        (["worker", "--graph", GRAPH, "--queue", ""], 2, ["--queue", "queue name ''"]),
     ],
 )
 def test_user_mistakes_are_one_line(

@@ -11,10 +11,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from core_graphs import State, approval_graph, merge
+from core_graphs import QueuelessConsumer, State, approval_graph, merge
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 import flowy
 import flowy.otel
 from flowy.memory import MemoryBackend, MemoryConsumer, MemoryStore
+from flowy.queues import Route
 from flowy.storage import (
     HandoffIntent,
     HandoffStatus,
@@ -33,7 +35,7 @@ from flowy.storage import (
     as_backend,
 )
 from flowy.storage import _base as storage_base
-from flowy.storage.dialect import BaseCheckpointer
+from flowy.storage.dialect import BaseCheckpointer, QueueCounts
 
 pytestmark = pytest.mark.anyio
 
@@ -222,8 +224,10 @@ async def test_the_backlog_gauges_report_a_sample(exported: Exported) -> None:
     assert ages.keys() == {"suspended", "waiting"}
     assert ages["suspended"] == pytest.approx(100, abs=2)
     assert ages["waiting"] == pytest.approx(40, abs=2)
-    points = exported.metrics()["flowy.outbox.depth"]
-    assert [p for p, _ in points] == [{"flowy.store.url": "memory://backlog"}]
+    points = exported.metrics()["flowy.outbox.depth"]  # the memory store keeps queues
+    assert [p for p, _ in points] == [
+        {"flowy.store.url": "memory://backlog", "flowy.queue": "default"}
+    ]
     # The backlog drains: the next sample says so.
     for message in await backend.consumer.claim(10, 60):
         await backend.consumer.ack(message)
@@ -234,6 +238,45 @@ async def test_the_backlog_gauges_report_a_sample(exported: Exported) -> None:
     assert seen["flowy.outbox.oldest_age"] == {"": 0}
     assert seen["flowy.threads.oldest_age"]["waiting"] == 0
     assert seen["flowy.threads.oldest_age"]["suspended"] == pytest.approx(100, abs=2)
+
+
+def by_queue(exported: Exported, name: str) -> dict[str, float]:
+    return {p["flowy.queue"]: v for p, v in exported.metrics().get(name, [])}
+
+
+async def test_a_store_with_queues_reports_each_queue(exported: Exported) -> None:
+    enqueued = time.time() - 30
+    store = MemoryStore(clock=lambda: enqueued)
+    backend = MemoryBackend[State](store, url="memory://queues")
+    for thread_id, queue in (("a", "llm"), ("b", "llm"), ("c", "llm"), ("d", "default")):
+        await backend.outbox.enqueue_intent(replace(intent(thread_id), route=Route(queue)))
+    [claimed] = await backend.consumer.claim(1, 60, queue="llm")
+    await flowy.otel.sample(backend)
+    assert by_queue(exported, "flowy.outbox.depth") == {"llm": 3, "default": 1}
+    assert by_queue(exported, "flowy.outbox.in_flight") == {"llm": 1, "default": 0}
+    ages = by_queue(exported, "flowy.outbox.oldest_age")
+    assert ages["llm"] == pytest.approx(30, abs=2) and ages["default"] == pytest.approx(30, abs=2)
+    # Dead letters have no queue: one series per store.
+    assert exported.metrics()["flowy.outbox.dead_letters"] == [
+        ({"flowy.store.url": "memory://queues"}, 0)
+    ]
+    await backend.consumer.ack(claimed)
+    await flowy.otel.sample(backend)
+    assert by_queue(exported, "flowy.outbox.in_flight") == {"llm": 0, "default": 0}
+    assert by_queue(exported, "flowy.outbox.depth") == {"llm": 2, "default": 1}
+
+
+async def test_a_store_without_queues_has_one_series_and_no_in_flight(
+    exported: Exported,
+) -> None:
+    mem = MemoryBackend[State](url="memory://plain")
+    consumer = QueuelessConsumer(mem.store)
+    backend = as_backend(mem.checkpointer, outbox=mem.outbox, consumer=consumer, url="plain://")
+    assert not backend.capabilities.queues
+    await mem.outbox.enqueue_intent(intent("a"))
+    await flowy.otel.sample(backend)
+    assert exported.metrics()["flowy.outbox.depth"] == [({"flowy.store.url": "plain://"}, 1)]
+    assert "flowy.outbox.in_flight" not in exported.metrics()
 
 
 async def test_each_store_is_its_own_series(exported: Exported) -> None:
@@ -269,6 +312,9 @@ class DownConsumer(MemoryConsumer):
     """A consumer whose backlog cannot be read."""
 
     async def _stats(self) -> OutboxStats:
+        raise flowy.errors.StorageUnavailableError("the outbox is down")
+
+    async def _queue_counts(self) -> dict[str, QueueCounts]:
         raise flowy.errors.StorageUnavailableError("the outbox is down")
 
 

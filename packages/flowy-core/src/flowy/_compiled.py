@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeAlias
 from ._directives import Directive
 from ._errors import UnknownNodeError
 from ._types import E, S
+from .storage._model import DEFAULT_QUEUE
 
 __all__ = [
     "CheckpointPolicy",
@@ -145,6 +146,30 @@ class Graph(Generic[S, E]):
     """Node → the branch node its ``fan_out`` runs, and the join after the superstep."""
     subgraphs: Mapping[str, Subgraph] = field(default_factory=lambda: MappingProxyType({}))
     """Node → the compiled graph it runs (``add_subgraph``)."""
+    queue: str | None = None
+    """The queue of its hand-offs and wake-up messages that name none
+    (``compile(queue=...)``; ``None``: ``"default"``)."""
+    node_queues: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Node → the queue of its hand-offs that name none (``add_node(queue=...)``)."""
+
+    @property
+    def default_queue(self) -> str:
+        """The queue of the graph's messages that name none: ``queue``, else
+        ``"default"``."""
+        return self.queue if self.queue is not None else DEFAULT_QUEUE
+
+    def queue_of(self, node: str) -> str:
+        """The queue of a hand-off from ``node`` that names none: the node's queue, else
+        the graph's, else ``"default"``."""
+        return self.node_queues.get(node, self.default_queue)
+
+    def queues(self) -> frozenset[str]:
+        """Every queue the graph and its subgraphs name as a default (not those its
+        nodes' ``handoff(queue=...)`` name)."""
+        names = {self.default_queue, *self.node_queues.values()}
+        for sub in self.subgraphs.values():
+            names |= sub.graph.queues()
+        return frozenset(names)
 
     def migration_path(self, version: str) -> list[MigrationStep] | None:
         """The steps that bring a thread saved under ``version`` to this graph's version

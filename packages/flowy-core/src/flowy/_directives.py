@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, final
 
 from ._types import E
+from .storage._model import DEFAULT_QUEUE, Route, validate_queue_name
 
 __all__ = [
     "Directive",
@@ -94,6 +95,18 @@ class Directive(Generic[E]):
     """The items of a ``FAN_OUT``: one branch of ``resume_at`` (the branch node) each."""
     concurrency: int | None = None
     """The most branches of a ``FAN_OUT`` running at once (``None``: all)."""
+    queue: str | None = None
+    """The queue a ``HANDOFF``'s message waits in (``None``: the node's default queue,
+    else the graph's, else ``"default"``)."""
+    partition_key: str = ""
+    """The partition of the queue a ``HANDOFF``'s message is in (``""``: none)."""
+    priority: int = 0
+    """The priority of a ``HANDOFF``'s message in its queue, lower first."""
+
+    def route(self, default_queue: str = DEFAULT_QUEUE) -> Route:
+        """The route of a ``HANDOFF``'s message: its own queue, else ``default_queue``."""
+        queue = self.queue if self.queue is not None else default_queue
+        return Route(queue, self.partition_key, self.priority)
 
 
 _COMPLETED: Directive[Any] = Directive(DirectiveKind.COMPLETED)
@@ -134,7 +147,14 @@ def suspend(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
     return Directive(DirectiveKind.SUSPEND, reason=reason, resume_at=resume_at)
 
 
-def handoff(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
+def handoff(
+    reason: str,
+    *,
+    resume_at: str | None = None,
+    queue: str | None = None,
+    partition_key: str | None = None,
+    priority: int | None = None,
+) -> Directive[Any]:
     """Stop here and hand the run to a background worker through the outbox.
 
     Args:
@@ -142,13 +162,35 @@ def handoff(reason: str, *, resume_at: str | None = None) -> Directive[Any]:
             empty.
         resume_at: the node the worker resumes the run at (an unknown node fails the
             run with ``handoff_resume_target_invalid``), or ``None`` for this node again.
+        queue: the queue its message waits in until a worker serving that queue
+            starts it (``None``: the node's queue, ``GraphBuilder.add_node(queue=...)``,
+            else the graph's, ``compile(queue=...)``, else ``"default"``).
+        partition_key: the partition of the queue it belongs to (a customer id, say),
+            which the queue's partition limits count apart (``None``: none).
+        priority: its order in the queue, lower first, first in first out within a
+            priority (``None``: 0).
 
     Raises:
-        ValueError: ``reason`` is empty.
+        ValueError: ``reason`` is empty, a queue name that is not 1 to 64 letters,
+            digits, ``_ . : -``, a partition key over 256 bytes, or a priority out of
+            ``0 .. 2**31 - 1``.
+        TypeError: a queue, partition key or priority of the wrong type.
     """
     if not reason:
         raise ValueError("handoff() needs a non-empty reason")
-    return Directive(DirectiveKind.HANDOFF, reason=reason, resume_at=resume_at)
+    if queue is not None:
+        validate_queue_name(queue)
+    key = "" if partition_key is None else partition_key
+    rank = 0 if priority is None else priority
+    Route(DEFAULT_QUEUE, key, rank)  # checks the key and the priority now, not at the save
+    return Directive(
+        DirectiveKind.HANDOFF,
+        reason=reason,
+        resume_at=resume_at,
+        queue=queue,
+        partition_key=key,
+        priority=rank,
+    )
 
 
 def retry(max_attempts: int) -> Directive[Any]:

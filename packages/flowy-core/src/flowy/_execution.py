@@ -32,7 +32,7 @@ from ._routing import route
 from ._segment import Segment, Stop, maybe_await, unregister_run
 from ._superstep import Supersteps
 from ._types import E, S
-from .storage import RunStatus
+from .storage import Route, RunStatus
 
 __all__ = ["Execution"]
 
@@ -388,7 +388,9 @@ class Execution(Segment[S, E]):
                     UnknownNodeError(f"handoff resume_at names unknown node {target!r}"),
                 )
             self.pointer = target
-            return await self.handoffs.handoff(directive.reason)
+            return await self.handoffs.handoff(
+                directive.reason, directive.route(graph.queue_of(pointer))
+            )
         else:  # pragma: no cover - every kind is handled above
             raise AssertionError(f"unhandled directive {directive!r}")
         if save_steps:
@@ -404,7 +406,8 @@ class Execution(Segment[S, E]):
                 )
                 raise await self.stopped_outside(err) or self.lease_lost(err)
             if kind == "handoff":
-                return await self.handoffs.handoff(Reason.LOCAL_HANDOFF)
+                queue = self.graph.queue_of(self.pointer)
+                return await self.handoffs.handoff(Reason.LOCAL_HANDOFF, Route(queue))
             return await self._cancel_save()
         except Stop as stop:
             return cast(RunResult[S, E], stop.result)

@@ -23,6 +23,7 @@ from ._graph import Graph
 from ._waits import merge_update
 from .storage import ActivityRecord, ActivityStatus, DurableCheckpointer, StateCodec
 from .storage._codecs import JSON_CODEC_NAMES
+from .storage._model import Route
 
 __all__ = ["SAME_STATE", "Branch", "BranchOutcome", "run_branches"]
 
@@ -54,6 +55,8 @@ class BranchOutcome:
     reason: str = ""
     error: BaseException | None = None
     replayed: bool = False
+    route: Route | None = None
+    """The route of a ``handoff`` (its queue resolved with the branch node's default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,8 @@ async def _run_node(graph: Graph[Any, Any], state: Any, branch: Branch) -> Branc
     if kind is DirectiveKind.SUSPEND:
         return BranchOutcome(branch, "suspend", reason=directive.reason)
     if kind is DirectiveKind.HANDOFF:
-        return BranchOutcome(branch, "handoff", reason=directive.reason)
+        route = directive.route(graph.queue_of(branch.node))
+        return BranchOutcome(branch, "handoff", reason=directive.reason, route=route)
     return BranchOutcome(branch, "unsupported", reason=kind.value)
 
 

@@ -22,6 +22,7 @@ from ._compiled import SignalHandler as SignalHandler
 from ._compiled import Subgraph as Subgraph
 from ._errors import GraphValidationError
 from ._types import E, S
+from .storage._model import validate_queue_name
 
 __all__ = [
     "CheckpointPolicy",
@@ -85,10 +86,26 @@ class GraphBuilder(Generic[S, E]):
         self._fan_outs: dict[str, list[tuple[str, str]]] = {}
         self._terminal: set[str] = set()
         self._budgets: dict[str, int] = {}
+        self._queues: dict[str, str] = {}
         self._problems: list[str] = []
 
-    def add_node(self, name: str, node: Node[S, E]) -> GraphBuilder[S, E]:
-        """Add ``node`` (an ``async def``) under ``name``."""
+    def add_node(
+        self, name: str, node: Node[S, E], *, queue: str | None = None
+    ) -> GraphBuilder[S, E]:
+        """Add ``node`` (an ``async def``) under ``name``.
+
+        Args:
+            name: the node's name.
+            node: ``async def node(state) -> (update, directive)``.
+            queue: the queue of its hand-offs that name none (``None``: the graph's,
+                ``compile(queue=...)``).
+
+        Raises:
+            ValueError: ``queue`` is not a queue name (1 to 64 letters, digits,
+                ``_ . : -``, starting with a letter or digit).
+        """
+        if queue is not None:
+            validate_queue_name(queue)
         if not name:
             self._problems.append(f"node name must be a non-empty str, got {name!r}")
             return self
@@ -104,6 +121,8 @@ class GraphBuilder(Generic[S, E]):
                 f"node {name!r} must be an async function (async def), got {node!r}"
             )
         self._nodes[name] = node
+        if queue is not None:
+            self._queues[name] = queue
         if self._entry is None:
             self._entry = name
         return self
@@ -358,6 +377,7 @@ class GraphBuilder(Generic[S, E]):
         save_every_step: bool = True,
         max_total_steps: int | None = 10_000,
         version: str | None = None,
+        queue: str | None = None,
     ) -> Graph[S, E]:
         """Validate and freeze the graph.
 
@@ -374,9 +394,13 @@ class GraphBuilder(Generic[S, E]):
         snapshot it saves (default: a fingerprint of its nodes, edges and routes, so a
         deploy that changes them changes it); a thread saved under another version is
         resumed, recovered or forked only through declared migrations
-        (``add_migration``, ``rename_node``). Raises ``GraphValidationError`` listing
-        every problem.
+        (``add_migration``, ``rename_node``). ``queue`` is the queue of the graph's
+        hand-offs (of nodes without a queue of their own) and of its wake-up messages
+        (signals) that name none (``None``: ``"default"``; a bad name raises
+        ``ValueError`` at once). Raises ``GraphValidationError`` listing every problem.
         """
+        if queue is not None:
+            validate_queue_name(queue)
         budgets = {**self._budgets, **(budgets or {})}
         problems = self._validate(max_steps, budgets, retention_limit)
         if max_total_steps is not None and max_total_steps < 1:
@@ -424,6 +448,8 @@ class GraphBuilder(Generic[S, E]):
             parallel_edges=MappingProxyType({k: v[0] for k, v in self._parallel.items()}),
             fan_outs=MappingProxyType({k: v[0] for k, v in self._fan_outs.items()}),
             subgraphs=MappingProxyType(dict(self._subgraphs)),
+            queue=queue,
+            node_queues=MappingProxyType(dict(self._queues)),
         )
 
     def _fingerprint(self) -> str:

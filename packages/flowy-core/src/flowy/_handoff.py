@@ -38,11 +38,23 @@ from .storage import (
     TransactionalCheckpointer,
     TransactionalOutbox,
 )
+from .storage._model import DEFAULT_ROUTE, Route
 from .storage.dialect import confirm_save, confirmed_save, new_write_id
 
-__all__ = ["Handoffs", "carrier", "recover_handoff", "three_phase_tail"]
+__all__ = ["Handoffs", "carrier", "queues_unsupported", "recover_handoff", "three_phase_tail"]
 
 logger = logging.getLogger("flowy")
+
+
+def queues_unsupported(backend: object, route: Route) -> TypeError:
+    """The error of a hand-off bound for ``route`` on ``backend``, a store without
+    queues (its message would wait in the default queue instead)."""
+    return TypeError(
+        f"a hand-off to queue {route.queue!r} (partition {route.partition_key!r}, priority "
+        f"{route.priority}) needs a store that keeps queues; {type(backend).__name__} "
+        "keeps none (capabilities.queues is false): hand off to the default queue, or use "
+        "a store with queues"
+    )
 
 
 def carrier() -> dict[str, str]:
@@ -120,6 +132,7 @@ async def three_phase_tail(
         execution_pointer=pending.execution_pointer,
         created_at=clock(),
         trace=carrier(),
+        route=pending.route,
     )
     try:
         await outbox.enqueue_intent(intent)
@@ -192,9 +205,16 @@ class Handoffs(Generic[S, E]):
             and seg.state == seg.start_state
         )
 
-    async def handoff(self, reason: str) -> RunResult[S, E]:
-        """Persist a hand-off at the segment's pointer (transactional or three-phase)."""
+    async def handoff(self, reason: str, route: Route | None = None) -> RunResult[S, E]:
+        """Persist a hand-off at the segment's pointer (transactional or three-phase),
+        its message bound for ``route`` (``None``: the graph's default queue).
+
+        A route other than the default one on a store that keeps no queues fails the
+        run with ``handoff_queue_unsupported`` (its state saved at the hand-off's node,
+        resumable), since its message would land in the default queue."""
         seg = self.seg
+        if route is None:
+            route = Route(seg.graph.default_queue)
         if self._no_progress():
             self._warn_no_progress()
         cp = seg.cp
@@ -204,15 +224,23 @@ class Handoffs(Generic[S, E]):
             result = seg.result(RunStatus.HANDOFF, reason)
             seg.emit(EventType.HANDOFF, reason=reason, execution_pointer=seg.pointer)
             return result
+        if outbox is not None and route != DEFAULT_ROUTE and not store.capabilities.queues:
+            return await seg.fail(
+                Reason.HANDOFF_QUEUE_UNSUPPORTED, queues_unsupported(store.backend, route)
+            )
         error: BaseException | None = None
         handoff_status = HandoffStatus.NONE
         if outbox is None:
-            error = await seg.save_or_stop(seg.snapshot(RunStatus.HANDOFF, reason), "handoff")
+            error = await seg.save_or_stop(
+                seg.snapshot(RunStatus.HANDOFF, reason, route=route), "handoff"
+            )
         elif store.transactional is not None:
-            error = await self._handoff_tx(*store.transactional, reason)
+            error = await self._handoff_tx(*store.transactional, reason, route)
             handoff_status = HandoffStatus.ENQUEUED
         else:
-            reason, handoff_status, error = await self._handoff_three_phase(cp, outbox, reason)
+            reason, handoff_status, error = await self._handoff_three_phase(
+                cp, outbox, reason, route
+            )
         persisted = not isinstance(error, CheckpointSkippedError)
         if persisted:
             reason, retention_error = await seg.retention(reason, "handoff")
@@ -242,10 +270,12 @@ class Handoffs(Generic[S, E]):
         return result
 
     async def _handoff_three_phase(
-        self, cp: Checkpointer[S], outbox: Outbox, reason: str
+        self, cp: Checkpointer[S], outbox: Outbox, reason: str, route: Route
     ) -> tuple[str, HandoffStatus, BaseException | None]:
         seg = self.seg
-        snap = seg.snapshot(RunStatus.HANDOFF, reason, HandoffStatus.PENDING, seg.clock())
+        snap = seg.snapshot(
+            RunStatus.HANDOFF, reason, HandoffStatus.PENDING, seg.clock(), route=route
+        )
         try:
             await seg.save(snap)
         except LeaseLostError as exc:
@@ -287,9 +317,12 @@ class Handoffs(Generic[S, E]):
         cp: TransactionalCheckpointer[S],
         outbox: TransactionalOutbox,
         reason: str,
+        route: Route,
     ) -> BaseException | None:
         seg = self.seg
-        snap = seg.snapshot(RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, seg.clock())
+        snap = seg.snapshot(
+            RunStatus.HANDOFF, reason, HandoffStatus.ENQUEUED, seg.clock(), route=route
+        )
         thread_id = seg.thread_id
         clock = seg.clock
 
@@ -307,6 +340,7 @@ class Handoffs(Generic[S, E]):
                     execution_pointer=snap.execution_pointer,
                     created_at=clock(),
                     trace=carrier(),
+                    route=snap.route,
                 ),
             )
 

@@ -130,7 +130,10 @@ class Subgraphs(Generic[S, E]):
                 )
             elif kind is DirectiveKind.HANDOFF:
                 self.nest(name, target, cstate, codec)
-                return await self.handoffs.handoff(directive.reason)
+                # The child node's queue, else the child graph's, else this graph's.
+                own = child.node_queues.get(cptr, child.queue)
+                queue = own if own is not None else seg.graph.queue_of(name)
+                return await self.handoffs.handoff(directive.reason, directive.route(queue))
             elif kind is DirectiveKind.WAIT:
                 signal = directive.signal
                 timeout_to = directive.on_timeout or child.timeout_routes.get(cptr, "")

@@ -13,7 +13,7 @@ from ._results import Reason, RunResult
 from ._segment import Segment
 from ._types import E, S
 from ._waits import next_signal, take_signal
-from .storage import RunStatus
+from .storage import Route, RunStatus
 from .storage.dialect import MAX_TIMESTAMP
 
 __all__ = ["Pauses"]
@@ -132,8 +132,15 @@ class Pauses(Generic[S, E]):
                         "(Limits.max_sleep)"
                     ),
                 )
+        # The queue of its wake-up message (a signal's): the graph's default queue.
+        route = Route(seg.graph.default_queue)
         snap = seg.snapshot(
-            RunStatus.WAITING, reason, wake_at=wake_at, waiting_for=signal, on_timeout=on_timeout
+            RunStatus.WAITING,
+            reason,
+            wake_at=wake_at,
+            waiting_for=signal,
+            on_timeout=on_timeout,
+            route=route,
         )
         error = await seg.save_or_stop(snap, "wait")
         saved = error is None

@@ -98,6 +98,10 @@ class Reason(enum.StrEnum):
     HANDOFF_ORPHANED = "handoff_orphaned"
     """The intent could not be enqueued; the snapshot is saved as orphaned and
     the result's ``error`` is a ``HandoffEnqueueFailedError``."""
+    HANDOFF_QUEUE_UNSUPPORTED = "handoff_queue_unsupported"
+    """A hand-off named a queue, partition or priority on a store that keeps no queues;
+    the run failed at the hand-off's node (its state saved, resumable) with a
+    ``TypeError`` naming the store and the queue."""
     STEP_SAVE_FAILED = "step_save_failed"
     """A checkpoint between steps failed; the run failed."""
     COMPLETED_SAVE_FAILED = "completed_save_failed"

@@ -47,6 +47,7 @@ from .storage import (
     Snapshot,
 )
 from .storage._adapt import Binding, backend_of, bind, opened_backend
+from .storage._model import DEFAULT_QUEUE
 from .storage.dialect import validate_thread_id
 
 __all__ = [
@@ -68,6 +69,21 @@ DEFAULT_LEASE_TTL = 30.0
 def default_owner() -> str:
     """A lease owner naming this process: ``host-pid``."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _check_queues(graph: Graph[Any, Any], store: Binding[Any]) -> None:
+    """Refuse a graph whose hand-offs go to other queues than the default one by default,
+    on a store that would put their messages in the default queue."""
+    if store.outbox is None or store.capabilities.queues:
+        return
+    others = sorted(graph.queues() - {DEFAULT_QUEUE})
+    if others:
+        raise TypeError(
+            f"the graph hands off to queue {others[0]!r} (compile(queue=...) or "
+            f"add_node(queue=...)), but {type(store.backend).__name__} keeps no queues "
+            "(capabilities.queues is false): every message would wait in the default queue; "
+            "use a store with queues, or drop the queue from the graph"
+        )
 
 
 class Runner(Generic[S, E]):
@@ -110,7 +126,9 @@ class Runner(Generic[S, E]):
         ValueError: ``run_lease`` was given without a lease manager.
         LeaseRequiredError: ``run_lease`` is not a non-empty owner and a positive ttl.
         TypeError: the graph has a state type, but the checkpointer has no codec and no
-            ``with_codec`` to get one.
+            ``with_codec`` to get one; or the graph names a queue other than the default
+            one (``compile(queue=...)``, ``add_node(queue=...)``) and the store has an
+            outbox but keeps no queues.
     """
 
     def __init__(
@@ -134,6 +152,7 @@ class Runner(Generic[S, E]):
             backend = cast(Backend[S], backend_of(store, lease_manager, handoff_outbox))
             store_binding = bind(backend, graph.state_type)
             self.backend = backend
+            _check_queues(graph, store_binding)
             lease_manager = store_binding.leases
             if run_lease is None and opened_backend(store):
                 run_lease = (default_owner(), DEFAULT_LEASE_TTL)

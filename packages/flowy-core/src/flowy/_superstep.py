@@ -83,7 +83,7 @@ class Supersteps(Generic[S, E]):
                 return await self.pauses.suspend(
                     Directive(DirectiveKind.SUSPEND, reason=first.reason, resume_at=origin)
                 )
-            return await self.handoffs.handoff(first.reason)
+            return await self.handoffs.handoff(first.reason, first.route)
         reducer = graph.reducer
         try:
             for outcome in outcomes:

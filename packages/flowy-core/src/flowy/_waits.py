@@ -26,6 +26,7 @@ from .storage import (
     HandoffStatus,
     LeaseGuardCheckpointer,
     Outbox,
+    Route,
     RunStatus,
     Signal,
     Snapshot,
@@ -156,7 +157,8 @@ async def send_signal(
     now: float,
 ) -> Signal:
     """Store the signal in the thread's inbox (once per ``signal_id``) and, if the
-    thread waits for it, put a wake-up message in the outbox for a worker.
+    thread waits for it, put a wake-up message in the outbox for a worker, in the queue
+    its waiting snapshot names (its graph's default queue).
 
     The inbox is written before the head is read again, and a waiting run reads the
     inbox after its waiting snapshot is saved: so either the run sees the signal, or
@@ -193,6 +195,7 @@ async def send_signal(
                 reason=f"signal:{stored.name}",
                 execution_pointer=snap.execution_pointer,
                 created_at=now,
+                route=Route(snap.route.queue),
             )
         )
     return stored

@@ -28,10 +28,18 @@ without its password), read from the store by :func:`sample`:
 - ``flowy.outbox.depth``: messages pending delivery (claimed or not);
 - ``flowy.outbox.oldest_age`` (s): how long ago the oldest of them was enqueued (0 with
   none);
+- ``flowy.outbox.in_flight`` (stores with queues only): messages claimed and not yet
+  acked or released;
 - ``flowy.outbox.dead_letters``: dead letters held now (the counter above counts those
   a worker buried; this one also sees those requeued or buried elsewhere);
 - ``flowy.threads.oldest_age`` (s, ``flowy.status`` ``suspended`` or ``waiting``): how
   long ago the oldest thread in that status was saved (0 with none).
+
+On a store that keeps queues (``backend.capabilities.queues``) the three gauges above
+are reported per queue, with the attribute ``flowy.queue`` (from
+``backend.queues.list()``): ``depth`` counts the queue's messages pending and in flight,
+``oldest_age`` the age of its oldest message not in flight. On other stores they are
+one series per store, without ``flowy.queue``.
 
 Gauge callbacks cannot wait on a store, so the values are those of the latest
 ``await flowy.otel.sample(backend)``; ages grow with the clock between samples. A
@@ -53,6 +61,7 @@ from typing import Any
 
 from . import _tracing
 from ._version import __version__
+from .queues import QueueStats, queues_of
 from .storage import Backend, OutboxStats, RunStatus, redact_url
 from .storage.dialect import BACKLOG_STATUSES, BaseCheckpointer, BaseConsumer
 
@@ -142,15 +151,23 @@ class _Backlog:
 
     outbox: OutboxStats | None = None
     oldest_heads: dict[RunStatus, float] | None = None
+    queues: list[QueueStats] | None = None
+    """Each queue's backlog (``None``: the store keeps no queues, or not read yet)."""
 
 
 async def _read_backlog(
     backend: object,
-) -> tuple[OutboxStats | BaseException, dict[RunStatus, float] | BaseException]:
-    """The consumer's ``stats()`` and the checkpointer's ``oldest_heads()``, read at
-    once; each is what the read returned or raised."""
+) -> tuple[
+    OutboxStats | BaseException,
+    dict[RunStatus, float] | BaseException,
+    list[QueueStats] | BaseException | None,
+]:
+    """The consumer's ``stats()``, the checkpointer's ``oldest_heads()`` and, on a store
+    that keeps queues, ``backend.queues.list()``, read at once; each is what the read
+    returned (``None``: no queues) or raised."""
     consumer = getattr(backend, "consumer", None)
     checkpointer = getattr(backend, "checkpointer", None)
+    capabilities = getattr(backend, "capabilities", None)
 
     async def stats() -> OutboxStats:
         if not isinstance(consumer, BaseConsumer):
@@ -168,10 +185,15 @@ async def _read_backlog(
             )
         return await checkpointer.oldest_heads()
 
-    return await asyncio.gather(stats(), heads(), return_exceptions=True)
+    async def queues() -> list[QueueStats] | None:
+        if not getattr(capabilities, "queues", False):
+            return None
+        return await queues_of(backend).list()
+
+    return await asyncio.gather(stats(), heads(), queues(), return_exceptions=True)
 
 
-def _age_of_oldest(stats: OutboxStats, now: float) -> float:
+def _age_of_oldest(stats: OutboxStats | QueueStats, now: float) -> float:
     oldest = stats.oldest_pending_at
     return 0.0 if oldest is None else max(now - oldest, 0.0)
 
@@ -204,19 +226,29 @@ class _OpenTelemetry:
         self.backlogs: dict[str, _Backlog] = {}  # by the store's redacted URL
         meter.create_observable_gauge(
             "flowy.outbox.depth",
-            callbacks=[self._outbox_gauge(lambda stats, now: stats.pending)],
+            callbacks=[
+                self._outbox_gauge(
+                    lambda stats, now: stats.pending, lambda q, now: q.pending + q.in_flight
+                )
+            ],
             unit="{message}",
             description="outbox messages pending delivery",
         )
         meter.create_observable_gauge(
             "flowy.outbox.oldest_age",
-            callbacks=[self._outbox_gauge(_age_of_oldest)],
+            callbacks=[self._outbox_gauge(_age_of_oldest, _age_of_oldest)],
             unit="s",
             description="how long ago the oldest pending outbox message was enqueued",
         )
         meter.create_observable_gauge(
+            "flowy.outbox.in_flight",
+            callbacks=[self._outbox_gauge(None, lambda q, now: q.in_flight)],
+            unit="{message}",
+            description="outbox messages claimed and not yet acked or released, per queue",
+        )
+        meter.create_observable_gauge(
             "flowy.outbox.dead_letters",
-            callbacks=[self._outbox_gauge(lambda stats, now: stats.dead_letters)],
+            callbacks=[self._outbox_gauge_store(lambda stats, now: stats.dead_letters)],
             unit="{message}",
             description="dead letters held",
         )
@@ -229,13 +261,15 @@ class _OpenTelemetry:
 
     async def sample(self, backend: object) -> None:
         url = redact_url(str(getattr(backend, "url", "")))
-        outbox, heads = await _read_backlog(backend)
+        outbox, heads, queues = await _read_backlog(backend)
         backlog = self.backlogs.setdefault(url, _Backlog())
         if isinstance(outbox, OutboxStats):
             backlog.outbox = outbox
         if isinstance(heads, dict):
             backlog.oldest_heads = heads
-        for result in (outbox, heads):
+        if not isinstance(queues, BaseException):
+            backlog.queues = queues
+        for result in (outbox, heads, queues):
             if isinstance(result, BaseException):
                 raise result
 
@@ -246,6 +280,30 @@ class _OpenTelemetry:
             yield {"flowy.store.url": url}, backlog
 
     def _outbox_gauge(
+        self,
+        value: Callable[[OutboxStats, float], float] | None,
+        per_queue: Callable[[QueueStats, float], float],
+    ) -> Callable[[Any], Iterator[Any]]:
+        """A gauge callback reporting ``per_queue(stats, now)`` of each queue of a store
+        that keeps queues, else ``value(stats, now)`` of the store's outbox (``None``:
+        nothing for such a store)."""
+
+        def observe(options: Any) -> Iterator[Any]:
+            from opentelemetry.metrics import Observation
+
+            now = time.time()
+            for attributes, backlog in self._samples():
+                if backlog.queues is not None:
+                    for queue in backlog.queues:
+                        yield Observation(
+                            per_queue(queue, now), {**attributes, "flowy.queue": queue.queue}
+                        )
+                elif backlog.outbox is not None and value is not None:
+                    yield Observation(value(backlog.outbox, now), attributes)
+
+        return observe
+
+    def _outbox_gauge_store(
         self, value: Callable[[OutboxStats, float], float]
     ) -> Callable[[Any], Iterator[Any]]:
         """A gauge callback reporting ``value(stats, now)`` of each store's outbox."""

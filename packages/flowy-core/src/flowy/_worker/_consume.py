@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic
+from typing import Any, Generic, cast
 
 from .. import _tracing
 from .._cancel import is_canceled_from_outside, is_terminated
@@ -34,8 +34,9 @@ from .._segment import running_here
 from .._types import E, ResumeToken, S
 from .._waits import wake
 from ..storage import HandoffStatus, OutboxMessage, RunStatus
+from ..storage._model import DEFAULT_QUEUE
 from ._options import PERMANENT_ERRORS, Failure, Outcome
-from ._shared import Shared
+from ._shared import QueueConsumer, Shared
 
 __all__ = ["Consume"]
 
@@ -48,10 +49,13 @@ class Consume(Generic[S, E]):
     def __init__(self, shared: Shared[S, E]) -> None:
         self.shared = shared
         self._inflight: set[asyncio.Task[Outcome]] = set()
+        self._held: dict[str, int] = dict.fromkeys(shared.options.queues, 0)
+        """Messages of each served queue in flight here (``held`` of the next claim)."""
+        self._turn = 0
 
     async def loop(self) -> None:
-        """Claim and process messages, ``concurrency`` at a time, until the worker
-        stops (the runs in flight are left to :meth:`drain`)."""
+        """Claim and process messages, ``concurrency`` at a time across the served
+        queues, until the worker stops (the runs in flight are left to :meth:`drain`)."""
         shared = self.shared
         concurrency, poll = shared.options.concurrency, shared.options.poll_interval
         while not shared.stopping.is_set():
@@ -59,11 +63,39 @@ class Consume(Generic[S, E]):
             if free <= 0:
                 await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            messages = await self.claim(free, poll)
-            for message in messages:
+            for queue, message in await self.claim_round(free, poll):
+                self._held[queue] += 1
                 task = asyncio.ensure_future(self.process(message))
                 self._inflight.add(task)
                 task.add_done_callback(self._inflight.discard)
+                task.add_done_callback(lambda _, q=queue: self._let_go(q))
+
+    def _let_go(self, queue: str) -> None:
+        self._held[queue] -= 1
+
+    async def claim_round(self, limit: int, wait: float) -> list[tuple[str, OutboxMessage]]:
+        """Up to ``limit`` messages of the served queues, with the queue of each.
+
+        Each round starts at the next queue in turn and claims from each in that order
+        while there is room, so a queue with a backlog never starves the others. A
+        round that finds none waits up to ``wait / len(queues)`` seconds on the queue
+        whose turn it was, so each queue is looked at within about ``wait`` seconds
+        (one queue: the claim itself waits ``wait``)."""
+        queues = self.shared.options.queues
+        first = self._turn % len(queues)
+        self._turn = first + 1
+        order = queues[first:] + queues[:first]
+        if len(order) == 1:
+            return [(order[0], m) for m in await self.claim(limit, wait, order[0])]
+        out: list[tuple[str, OutboxMessage]] = []
+        for queue in order:
+            if len(out) >= limit:
+                break
+            out.extend((queue, m) for m in await self.claim(limit - len(out), 0.0, queue))
+        if not out and wait > 0:
+            queue = order[0]
+            out.extend((queue, m) for m in await self.claim(limit, wait / len(order), queue))
+        return out
 
     async def drain(self) -> None:
         """Wait for the runs in flight; if the calling task is being cancelled, cancel
@@ -76,12 +108,24 @@ class Consume(Generic[S, E]):
             # Cancelled while draining, the gather cancels them all the same.
             await asyncio.gather(*self._inflight, return_exceptions=True)
 
-    async def claim(self, limit: int, wait: float) -> list[OutboxMessage]:
-        """Up to ``limit`` messages, waiting up to ``wait`` seconds; a failed claim is
-        logged and gives none (after a pause, so a down store is not hammered)."""
+    async def claim(
+        self, limit: int, wait: float, queue: str = DEFAULT_QUEUE
+    ) -> list[OutboxMessage]:
+        """Up to ``limit`` messages of ``queue``, waiting up to ``wait`` seconds; a
+        failed claim is logged and gives none (after a pause, so a down store is not
+        hammered)."""
         shared = self.shared
+        consumer = shared.consumer
         try:
-            return await shared.consumer.claim(limit, shared.visibility_timeout, wait)
+            if shared.keeps_queues:
+                return await cast(QueueConsumer, consumer).claim(
+                    limit,
+                    shared.visibility_timeout,
+                    wait,
+                    queue=queue,
+                    held=self._held.get(queue, 0),
+                )
+            return await consumer.claim(limit, shared.visibility_timeout, wait)
         except Exception as exc:  # noqa: BLE001 - logged; the next claim tries again
             shared.log_failure("claim failed", exc)
             await asyncio.sleep(min(wait, 1.0) or 0.1)

@@ -11,11 +11,12 @@ import enum
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from .._errors import SnapshotEnvelopeInvalidError, UnknownNodeError
 from .._results import RunResult
 from ..storage import HandoffIntent, OutboxMessage
+from ..storage._model import DEFAULT_QUEUE, validate_queue_name
 
 __all__ = [
     "PERMANENT_ERRORS",
@@ -109,8 +110,10 @@ class WorkerOptions:
 
     Raises:
         ValueError: an empty ``owner``, ``concurrency`` below 1, a negative
-            ``busy_grace``, a ``schedule_interval`` that is not positive, or retry
-            delays or jitter out of range.
+            ``busy_grace``, a ``schedule_interval`` that is not positive, retry delays
+            or jitter out of range, or ``queues`` empty, repeating a name or naming a
+            bad one.
+        TypeError: ``queues`` is not a tuple or list of str.
     """
 
     owner: str | None = None
@@ -118,7 +121,11 @@ class WorkerOptions:
     lease_ttl: float = 30.0
     """Seconds of the run lease each resumed run holds (renewed every third of it)."""
     concurrency: int = 4
-    """The most runs in flight at once."""
+    """The most runs in flight at once, across every queue it serves."""
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    """The queues whose messages it claims, each in turn so none starves the others
+    (a list is taken as a tuple). The messages of a queue no worker serves wait, and
+    are kept. A store without queues has the default queue only."""
     visibility_timeout: float | None = None
     """Seconds a claimed message stays hidden from other consumers (``None``:
     4 × ``lease_ttl``)."""
@@ -174,6 +181,21 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         if self.owner is not None and not self.owner:
             raise ValueError("Worker needs a non-empty owner name")
+        queues: Any = self.queues
+        if isinstance(queues, list):
+            queues = tuple(cast(list[object], queues))
+            object.__setattr__(self, "queues", queues)
+        if not isinstance(queues, tuple):
+            raise TypeError(
+                f"queues must be a tuple of queue names, got {type(queues).__name__} {queues!r:.80}"
+            )
+        names = cast(tuple[object, ...], queues)
+        if not names:
+            raise ValueError("queues must name at least one queue, e.g. ('default',)")
+        for name in names:
+            validate_queue_name(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"queues names a queue twice: {names!r:.200}")
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency!r}")
         if self.schedule_interval is not None and not self.schedule_interval > 0:
@@ -201,6 +223,7 @@ class WorkerKeywords(TypedDict, total=False):
     owner: str | None
     lease_ttl: float
     concurrency: int
+    queues: tuple[str, ...]
     visibility_timeout: float | None
     poll_interval: float
     resume_options: ResumeOptions | None

@@ -10,18 +10,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Generic
+from typing import Any, Generic, Protocol, runtime_checkable
 
 from .._errors import StorageUnavailableError
 from .._results import RunResult
 from .._runner import Runner, default_owner
 from .._types import E, S
-from ..storage import HandoffIntent, OutboxConsumer, RunStatus
+from ..storage import HandoffIntent, OutboxConsumer, OutboxMessage, RunStatus
 from ._options import Outcome, WorkerOptions, WorkerStats
 
-__all__ = ["Shared"]
+__all__ = ["QueueConsumer", "Shared"]
 
 logger = logging.getLogger("flowy.worker")
+
+
+@runtime_checkable
+class QueueConsumer(Protocol):
+    """A consumer that claims from named queues (``BaseConsumer``, or a wrapper of one
+    that passes ``queue`` and ``held`` on)."""
+
+    @property
+    def keeps_queues(self) -> bool:
+        """True if its store keeps queues (else it claims from the default one only)."""
+        ...
+
+    async def claim(
+        self,
+        limit: int,
+        visibility_timeout: float,
+        wait: float = 0.0,
+        *,
+        queue: str = ...,
+        held: int = 0,
+    ) -> list[OutboxMessage]:
+        """Claim up to ``limit`` messages of ``queue`` (``BaseConsumer.claim``)."""
+        ...
 
 
 class Shared(Generic[S, E]):
@@ -35,6 +58,8 @@ class Shared(Generic[S, E]):
         self.options = options
         self.owner: str = default_owner() if options.owner is None else options.owner
         self.visibility_timeout: float = options.visibility_timeout or options.lease_ttl * 4
+        self.keeps_queues: bool = isinstance(consumer, QueueConsumer) and consumer.keeps_queues
+        """Whether the consumer claims from named queues (else the default one only)."""
         self.stopping = asyncio.Event()
         self._threads: dict[str, asyncio.Lock] = {}  # one message per thread at a time
         self.outcomes: dict[str, int] = {o.value: 0 for o in Outcome}

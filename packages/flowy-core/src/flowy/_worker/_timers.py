@@ -21,7 +21,7 @@ from .._errors import (
 )
 from .._types import E, S
 from .._waits import durable_of
-from ..storage import HandoffIntent, HandoffStatus, RunStatus, Timer
+from ..storage import HandoffIntent, HandoffStatus, Route, RunStatus, Timer
 from ._shared import Shared
 
 __all__ = ["Timers"]
@@ -99,6 +99,7 @@ class Timers(Generic[S, E]):
                 reason="timer",
                 execution_pointer=head.execution_pointer,
                 created_at=timer.wake_at,
+                route=Route(head.route.queue),
             )
             extra = dict(options.resume_options(intent)) if options.resume_options else {}
             lease = (shared.owner, options.lease_ttl) if runner.lease_manager is not None else None

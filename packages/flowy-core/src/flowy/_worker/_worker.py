@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Generic, Unpack
 from .._runner import Runner
 from .._types import E, S
 from ..storage import OutboxConsumer, OutboxMessage
+from ..storage._model import DEFAULT_QUEUE
 from ._consume import Consume
 from ._options import Outcome, WorkerKeywords, WorkerOptions, WorkerStats
 from ._recovery import Recovery
@@ -65,7 +66,8 @@ class Worker(Generic[S, E]):
     Raises:
         TypeError: no ``consumer`` was given and the runner is not built on a backend,
             or a keyword is not a field of ``WorkerOptions``.
-        ValueError: an option out of range (see ``WorkerOptions``).
+        ValueError: an option out of range (see ``WorkerOptions``), or ``queues``
+            other than ``("default",)`` with a consumer that keeps no queues.
     """
 
     def __init__(
@@ -93,6 +95,12 @@ class Worker(Generic[S, E]):
         if keywords:
             options = replace(options, **keywords)
         shared = Shared(runner, consumer, options)
+        if not shared.keeps_queues and options.queues != (DEFAULT_QUEUE,):
+            raise ValueError(
+                f"WorkerOptions.queues is {options.queues!r}, but {type(consumer).__name__} "
+                "keeps no queues (capabilities.queues is false): it serves the default "
+                "queue only, queues=('default',)"
+            )
         self.runner = runner
         self.consumer = consumer
         self.options = options
@@ -161,9 +169,10 @@ class Worker(Generic[S, E]):
         done = 0
         while True:
             fired = await self.fire_timers() if timers else 0
-            messages = await self._consume.claim(self.options.concurrency, idle_wait)
-            if not messages and not fired:
+            claimed = await self._consume.claim_round(self.options.concurrency, idle_wait)
+            if not claimed and not fired:
                 return done
+            messages = [message for _, message in claimed]
             await asyncio.gather(*(self.process(m) for m in messages))
             done += len(messages) + fired
 

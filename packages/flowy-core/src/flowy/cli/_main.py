@@ -2,7 +2,7 @@
 
 Subcommands: ``demo``, ``threads``, ``show``, ``history``, ``timers``, ``graph``,
 ``check``, ``recover``, ``resume``, ``fork``, ``signal``, ``worker``, ``dead-letters``,
-``schedules`` and ``ui``; every one but ``demo``, ``graph`` and ``check`` works on any
+``schedules``, ``queues`` and ``ui``; every one but ``demo``, ``graph`` and ``check`` works on any
 store, named by ``--backend URL`` (or ``FLOWY_BACKEND``), or ``--db FILE`` for a SQLite
 file. A mistake
 prints one line on standard error, never a traceback, and exits 2 when the command line
@@ -29,7 +29,7 @@ from ..storage import RunStatus
 from ._bulk import RESUMABLE, cmd_dead_letters_any, cmd_resume_any
 from ._check import cmd_check
 from ._history import cmd_history
-from ._inspect import cmd_graph, cmd_threads, cmd_timers
+from ._inspect import cmd_graph, cmd_timers
 from ._operate import cmd_fork, cmd_recover, cmd_signal
 from ._options import (
     CliError,
@@ -42,6 +42,7 @@ from ._options import (
     seconds,
     seed,
 )
+from ._queues import add_queues, cmd_threads_any, queue_name
 from ._render import ColorMode, Console, set_console
 from ._schedules import cmd_schedules, interval
 from ._serve import cmd_worker
@@ -142,7 +143,13 @@ def _add_inspect(sub: _Subcommands) -> None:
         help="only the threads whose head was saved by graph version V (flowy graph prints "
         "a graph's version)",
     )
-    p.set_defaults(handler=cmd_threads)
+    p.add_argument(
+        "--queue",
+        type=queue_name,
+        metavar="NAME",
+        help="the threads with a message in queue NAME, in the order a worker takes them",
+    )
+    p.set_defaults(handler=cmd_threads_any)
 
     p = sub.add_parser(
         "show",
@@ -381,6 +388,14 @@ def _add_operate(sub: _Subcommands) -> None:
         help="a failed message is delivered again after S seconds, doubling on each "
         "failure up to 300 (default: 1)",
     )
+    p.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        type=queue_name,
+        metavar="NAME",
+        help="serve queue NAME (repeat for several; default: the default queue)",
+    )
     _stale_after(p, default_text="for --recovery-interval")
     p.set_defaults(handler=cmd_worker)
 
@@ -478,6 +493,7 @@ def _add_operate(sub: _Subcommands) -> None:
     bulk.add_argument("--dry-run", action="store_true", help="list them; requeue nothing")
     p.set_defaults(handler=cmd_dead_letters_any)
     _add_schedules(sub, store)
+    add_queues(sub, store)
 
     p = sub.add_parser(
         "ui",

@@ -22,6 +22,8 @@ from .._results import RunResult
 from .._runner import Runner, default_owner
 from .._worker import ResumeOptions, Worker, WorkerOptions
 from ..storage import DeadLetter, HandoffIntent, OutboxConsumer, OutboxMessage, RunStatus
+from ..storage._model import DEFAULT_QUEUE
+from ..storage.dialect import BaseConsumer
 from ._options import CliError, load_graph, load_object, one_line, quote
 from ._render import Console, clean, effect_text, result_line
 from ._store import DEAD_LETTER_SCAN, Store, codec_for, locate, open_store
@@ -47,6 +49,11 @@ class WatchedConsumer:
         """The inner consumer's ``max_attempts``."""
         return self.inner.max_attempts
 
+    @property
+    def keeps_queues(self) -> bool:
+        """Whether the inner consumer claims from named queues."""
+        return isinstance(self.inner, BaseConsumer) and self.inner.keeps_queues
+
     def _token(self, message: OutboxMessage) -> str:
         return clean(str(message.intent.resume_token), 60)
 
@@ -54,10 +61,21 @@ class WatchedConsumer:
         return f" ({self._token(message)})" if self.tag else ""
 
     async def claim(
-        self, limit: int, visibility_timeout: float, wait: float = 0.0
+        self,
+        limit: int,
+        visibility_timeout: float,
+        wait: float = 0.0,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        held: int = 0,
     ) -> list[OutboxMessage]:
-        """Claim, and print each message taken."""
-        messages = await self.inner.claim(limit, visibility_timeout, wait)
+        """Claim (from ``queue``, if the inner consumer keeps queues), and print each
+        message taken."""
+        inner = self.inner
+        if isinstance(inner, BaseConsumer) and inner.keeps_queues:
+            messages = await inner.claim(limit, visibility_timeout, wait, queue=queue, held=held)
+        else:
+            messages = await inner.claim(limit, visibility_timeout, wait)
         out = self.out
         for m in messages:
             intent = m.intent
@@ -264,6 +282,9 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
             assert graph is not None
             runner, resume_options = Runner(graph, backend), None
             what = f"graph {args.graph}"
+        if args.queues:
+            what += f" {out.sym('dot')} queue{'s' if len(args.queues) > 1 else ''} "
+            what += ", ".join(args.queues)
         watch = WatchedConsumer(backend.consumer, out, store, tag=args.concurrency > 1)
         before = {d.message_id for d in await backend.consumer.dead_letters(DEAD_LETTER_SCAN)}
         options = WorkerOptions(
@@ -280,8 +301,12 @@ async def cmd_worker(args: argparse.Namespace, out: Console) -> int:
             on_result=watch.on_result,
             retry_delay=args.retry_delay,
             max_retry_delay=max(300.0, args.retry_delay),
+            queues=tuple(args.queues or (DEFAULT_QUEUE,)),
         )
-        worker: Worker[Any, Any] = Worker(runner, watch, options=options)
+        try:
+            worker: Worker[Any, Any] = Worker(runner, watch, options=options)
+        except ValueError as exc:  # queues on a store that keeps none
+            raise CliError(one_line(str(exc)), 2) from None
         dot = out.sym("dot")
         out.line(
             out.paint(
