@@ -26,12 +26,14 @@ def blocks(path: Path, lang: str) -> list[str]:
 
 
 def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    # A page's blocks run as one program; checking.md's search of 10,000 schedules takes
+    # about a minute on an idle machine and several on a busy one.
     return subprocess.run(
         [sys.executable, "-c", code],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
         env={**os.environ, "NO_COLOR": "1"},
     )
 
