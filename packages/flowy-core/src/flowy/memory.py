@@ -442,16 +442,7 @@ class MemoryConsumer(BaseConsumer):
             if len(out) >= room:
                 break
             key = entry.route.partition_key
-            if key and (
-                (
-                    limits.partition_concurrency is not None
-                    and flying[key] >= limits.partition_concurrency
-                )
-                or (
-                    limits.partition_rate_limit is not None
-                    and started[key] >= limits.partition_rate_limit
-                )
-            ):
+            if key and limits.partition_full(flying[key], started[key]):
                 continue
             flying[key] += 1
             started[key] += 1

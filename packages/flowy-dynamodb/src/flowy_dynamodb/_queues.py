@@ -297,16 +297,7 @@ class QueueClaims(BaseConsumer):
         candidate = first
         while candidate is not None and len(taken) < room:
             key = get_s(candidate, A.PARTITION) or ""
-            full = key and (
-                (
-                    limits.partition_concurrency is not None
-                    and in_flight[key] >= limits.partition_concurrency
-                )
-                or (
-                    limits.partition_rate_limit is not None
-                    and started[key] >= limits.partition_rate_limit
-                )
-            )
+            full = bool(key) and limits.partition_full(in_flight[key], started[key])
             # An index that lags may still show a message in flight as visible.
             if not full and message_id(candidate) not in flying:
                 in_flight[key] += 1

@@ -168,20 +168,17 @@ _CLOSED_HINT = "open a new SQLiteBackend (or component) to use the file again"
 def immediate(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
     """Run ``body`` in a ``BEGIN IMMEDIATE`` transaction: commit if it returns, roll
     back if it raises. Runs on the worker thread."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = body()
-        conn.execute("COMMIT")
-    except BaseException:
-        _rollback(conn)
-        raise
-    return result
+    return _transaction(conn, "BEGIN IMMEDIATE", body)
 
 
 def snapshot(conn: sqlite3.Connection, body: Callable[[], T]) -> T:
     """Run ``body``'s reads in one read transaction (``BEGIN DEFERRED``): they see one
     state of the file. Runs on the worker thread."""
-    conn.execute("BEGIN DEFERRED")
+    return _transaction(conn, "BEGIN DEFERRED", body)
+
+
+def _transaction(conn: sqlite3.Connection, begin: str, body: Callable[[], T]) -> T:
+    conn.execute(begin)
     try:
         result = body()
         conn.execute("COMMIT")

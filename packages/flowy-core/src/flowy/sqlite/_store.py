@@ -217,16 +217,7 @@ def _take(
     try:
         for candidate in cursor:
             key = str(candidate[4])
-            if key and (
-                (
-                    limits.partition_concurrency is not None
-                    and flying[key] >= limits.partition_concurrency
-                )
-                or (
-                    limits.partition_rate_limit is not None
-                    and started[key] >= limits.partition_rate_limit
-                )
-            ):
+            if key and limits.partition_full(flying[key], started[key]):
                 continue  # its partition is full: look behind it
             flying[key] += 1
             started[key] += 1

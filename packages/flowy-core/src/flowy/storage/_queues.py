@@ -85,6 +85,13 @@ class QueueLimits:
             )
         object.__setattr__(self, "rate_period", float(period))
 
+    def partition_full(self, in_flight: int, started: int) -> bool:
+        """Whether a partition with ``in_flight`` messages in flight and ``started``
+        starts in the rate window may start no more (a claim skips its messages)."""
+        return (
+            self.partition_concurrency is not None and in_flight >= self.partition_concurrency
+        ) or (self.partition_rate_limit is not None and started >= self.partition_rate_limit)
+
     @property
     def rate_limited(self) -> bool:
         """True if either rate limit is set (the store then records each start)."""
