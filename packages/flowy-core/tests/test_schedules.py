@@ -149,6 +149,13 @@ async def test_a_sqlite_file_of_schema_2_is_upgraded_to_hold_schedules(tmp_path:
         pass
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE flowy_schedules")
+    # Take the file back to version 2: without the queues of version 4 either.
+    for index in ("order", "visible", "flight", "dead"):
+        conn.execute(f"DROP INDEX flowy_outbox_{index}")
+    conn.execute("DROP TABLE flowy_queues")
+    conn.execute("DROP TABLE flowy_queue_starts")
+    for column in ("queue", "partition_key", "priority", "claimed_until"):
+        conn.execute(f"ALTER TABLE flowy_outbox DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 2")
     conn.commit()
     conn.close()
@@ -156,7 +163,7 @@ async def test_a_sqlite_file_of_schema_2_is_upgraded_to_hold_schedules(tmp_path:
     try:
         with pytest.raises(SchemaVersionError, match=r"older .*setup\(\)"):
             await backend.schedules.list()
-        assert await backend.setup() == 3
+        assert await backend.setup() == 4
         made = await backend.schedules.create("after", graph=TARGET, cron="0 * * * *")
         assert await backend.schedules.list() == [made]
     finally:

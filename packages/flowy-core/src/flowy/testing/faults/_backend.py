@@ -71,6 +71,7 @@ PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
         "_stats": Phase.READ,
         "_listen": Phase.READ,
         "_next_visible": Phase.READ,
+        "_set_limits": Phase.CONFIGURE,
         "_read_limits": Phase.READ,
         "_queue_counts": Phase.READ,
         "_queue_messages": Phase.READ,

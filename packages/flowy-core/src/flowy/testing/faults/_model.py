@@ -82,6 +82,8 @@ class Phase(enum.StrEnum):
     RELEASE = "release"
     """A consumer giving a message back (or dead-lettering it)."""
     RETRY_DEAD_LETTER = "retry_dead_letter"
+    CONFIGURE = "configure"
+    """The write of a queue's limits."""
     READ = "read"
     """Any other read (history, listings, timers, signals, journal, lease holder,
     dead letters, backlog)."""
