@@ -39,6 +39,7 @@ import pkgutil
 import sqlite3
 import subprocess
 import sys
+import time
 import textwrap
 import urllib.parse
 import uuid
@@ -46,7 +47,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -415,7 +416,13 @@ class KeptSignalIdsCheckpointer(MemoryCheckpointer[Any]):
 
 class LostUpdateSQLiteCheckpointer(SQLiteCheckpointer[Any]):
     """Transactional saves check the revision in one transaction and write in the next:
-    under contention every racer passes the check and the later writes overwrite."""
+    under contention every racer passes the check and the later writes overwrite.
+
+    A racer that passed the check waits (up to 5 s) until a second racer of the same
+    thread has passed it too, so the lost update happens however the racers are
+    scheduled on a busy machine."""
+
+    passed: ClassVar[dict[str, int]] = {}
 
     async def _write(self, write: Write) -> Refused | None:
         if not write.outbox:
@@ -430,7 +437,11 @@ class LostUpdateSQLiteCheckpointer(SQLiteCheckpointer[Any]):
         actual = await self.database.run(check, "check the revision")
         if actual != write.expected_revision:
             return Refused(actual, None)
-        await asyncio.sleep(0)
+        passed = type(self).passed
+        passed[write.thread_id] = passed.get(write.thread_id, 0) + 1
+        deadline = time.monotonic() + 5.0
+        while passed[write.thread_id] < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         return await self.database.run(
             lambda conn: immediate(conn, lambda: self._body_unchecked(conn, write)), "write"
         )
