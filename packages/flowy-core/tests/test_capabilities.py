@@ -45,6 +45,7 @@ EVERYTHING = Capabilities(
     queues=True,
     acquire_with_load=True,
     release_on_save=True,
+    ack_on_save=True,
 )
 
 
@@ -62,6 +63,7 @@ class TimerlessCheckpointer(MemoryCheckpointer[Any]):
     _get_activity = _BASE._get_activity
     _list_activities = _BASE._list_activities
     _write_release = _BASE._write_release
+    _write_ack = _BASE._write_ack
     _acquire_head = _BASE._acquire_head
 
 
@@ -100,6 +102,7 @@ def test_a_primitive_left_to_the_base_is_a_missing_capability() -> None:
         "backlog",
         "acquire_with_load",
         "release_on_save",
+        "ack_on_save",
     )
 
 
@@ -108,6 +111,7 @@ def test_components_of_two_stores_do_not_fence() -> None:
     caps = backend.capabilities
     assert caps.run_leases and not caps.fencing
     assert not caps.release_on_save  # only a save that fences the lease can release it
+    assert not caps.ack_on_save
     assert not caps.acquire_with_load
     assert not caps.handoff_outbox and not caps.transactional_outbox and not caps.consumer
 
@@ -140,6 +144,7 @@ def test_loose_components_have_what_they_implement() -> None:
         "queues",
         "acquire_with_load",
         "release_on_save",
+        "ack_on_save",
     )
     with pytest.raises(TypeError, match="without a consumer"):
         _ = bare.consumer
@@ -186,6 +191,7 @@ async def test_a_runner_given_loose_leases_and_outbox_warns_and_hands_off() -> N
         live_progress=False,
         schedules=False,
         queues=False,
+        ack_on_save=False,  # no consumer: no message to acknowledge
     )
     result = await runner.start("t", {}, run_lease=("me", 30.0))
     assert result.status is flowy.RunStatus.HANDOFF

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import copy
 import importlib
 import inspect
@@ -39,7 +40,6 @@ import pkgutil
 import sqlite3
 import subprocess
 import sys
-import time
 import textwrap
 import urllib.parse
 import uuid
@@ -422,7 +422,7 @@ class LostUpdateSQLiteCheckpointer(SQLiteCheckpointer[Any]):
     thread has passed it too, so the lost update happens however the racers are
     scheduled on a busy machine."""
 
-    passed: ClassVar[dict[str, int]] = {}
+    passed: ClassVar[dict[str, tuple[int, asyncio.Event]]] = {}
 
     async def _write(self, write: Write) -> Refused | None:
         if not write.outbox:
@@ -438,10 +438,12 @@ class LostUpdateSQLiteCheckpointer(SQLiteCheckpointer[Any]):
         if actual != write.expected_revision:
             return Refused(actual, None)
         passed = type(self).passed
-        passed[write.thread_id] = passed.get(write.thread_id, 0) + 1
-        deadline = time.monotonic() + 5.0
-        while passed[write.thread_id] < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
+        count, second = passed.get(write.thread_id, (0, asyncio.Event()))
+        passed[write.thread_id] = (count + 1, second)
+        if count + 1 >= 2:
+            second.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(second.wait(), 5.0)
         return await self.database.run(
             lambda conn: immediate(conn, lambda: self._body_unchecked(conn, write)), "write"
         )
@@ -870,6 +872,40 @@ class KeepsLeaseOnReleaseCheckpointer(MemoryCheckpointer[Any]):
 
     async def _write_release(self, write: Write) -> Refused | None:
         return await self._write(replace(write, release=False))
+
+
+class KeepsMessageOnAckSQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Says its last save acknowledges the message, and writes without removing it."""
+
+    async def _write_ack(self, write: Write) -> Refused | None:
+        return await self._write_release(replace(write, ack=None))
+
+
+class AcksBeforeWriteSQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Acknowledges the message in a transaction of its own before the write: a refused
+    save has already removed it."""
+
+    async def _write_ack(self, write: Write) -> Refused | None:
+        acked = write.ack
+
+        def ack(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM flowy_outbox WHERE id = ?", (int(str(acked)),))
+
+        await self.database.run(lambda conn: immediate(conn, lambda: ack(conn)), "ack first")
+        return await self._write_release(replace(write, ack=None))
+
+
+class AcksEveryMessageSQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Removes every message of the outbox with the acking save, not just its own."""
+
+    async def _write_ack(self, write: Write) -> Refused | None:
+        refused = await self._write_release(replace(write, ack=None))
+        if refused is None:
+            await self.database.run(
+                lambda conn: immediate(conn, lambda: conn.execute("DELETE FROM flowy_outbox")),
+                "ack everything",
+            )
+        return refused
 
 
 class ScannedTimersCheckpointer(MemoryCheckpointer[Any]):
@@ -1535,6 +1571,27 @@ CASES = [
             ),
         ),
     ),
+    Case(
+        "the save that ends a resumed run keeps the message it says it acknowledges",
+        "sqlite",
+        {"checkpointer": KeepsMessageOnAckSQLiteCheckpointer},
+        (
+            (S.AckingSaveSuite, "test_an_acking_save_writes_releases_and_removes_the_message"),
+            (S.AckingSaveSuite, "test_a_worker_acknowledges_in_the_last_save_of_the_run"),
+        ),
+    ),
+    Case(
+        "an acking save removes its message before it knows the save is written",
+        "sqlite",
+        {"checkpointer": AcksBeforeWriteSQLiteCheckpointer},
+        ((S.AckingSaveSuite, "test_a_refused_acking_save_keeps_the_message"),),
+    ),
+    Case(
+        "an acking save removes every message of the outbox",
+        "sqlite",
+        {"checkpointer": AcksEveryMessageSQLiteCheckpointer},
+        ((S.AckingSaveSuite, "test_an_acking_save_leaves_the_other_messages"),),
+    ),
 ]
 
 
@@ -1605,7 +1662,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 61
+    assert len(CASES) == 64
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

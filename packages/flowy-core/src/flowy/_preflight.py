@@ -9,12 +9,11 @@ registration of the thread in this process and its run lease.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, Generic, cast
 
 from . import _tracing
 from ._context import RunBindings, RunMetadata, RunMetadataInput, current_run
@@ -40,10 +39,27 @@ from ._graph import Graph, MigrationStep
 from ._observer import LifecycleEvent, LifecycleEventType, Telemetry
 from ._plan import ResumePlan, ResumeTargetPolicy
 from ._results import ResumeDecision, ResumeDecisionKind
-from ._segment import InvariantValidator, Services, maybe_await, register_run, unregister_run
+from ._segment import (
+    UNREAD,
+    Held,
+    InvariantValidator,
+    Loaded,
+    Services,
+    held_run,
+    maybe_await,
+    register_run,
+    unregister_run,
+)
 from ._types import E, ResumeToken, S
 from ._waits import Wake, merge_update, take_signal, wake_from
-from .storage import Checkpointer, HandoffStatus, Lease, LeaseManager, RunStatus, Snapshot
+from .storage import (
+    Checkpointer,
+    HandoffStatus,
+    Lease,
+    LeaseManager,
+    RunStatus,
+    Snapshot,
+)
 from .storage._adapt import Merge
 from .storage.dialect import validate_thread_id
 
@@ -59,17 +75,6 @@ StateMerge = Callable[[S, S], S]
 
 AfterLoad = Callable[[S], "S | Awaitable[S]"]
 """``after_load(state) -> state`` (sync or async), applied to every loaded state."""
-
-
-class _Unread(enum.Enum):
-    UNREAD = "unread"
-
-
-UNREAD = _Unread.UNREAD
-"""The head was not read with the lease: load it."""
-
-Loaded: TypeAlias = tuple[Snapshot[S], int] | _Unread | None
-"""The head read with a run's lease (``None``: no thread), or :data:`UNREAD`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +357,15 @@ class RunPreparation(Generic[S, E]):
                 "run_lease=(owner, ttl_seconds), e.g. run_lease=('worker-1', 30.0)"
             )
         owner, ttl = run_lease
+        held = held_run.get()
+        if (
+            held is not None
+            and not held.taken
+            and held.thread_id == thread_id
+            and held.lease.owner == owner
+        ):
+            held.taken = True
+            return held.lease, held.loaded
         tracing = _tracing.active()
         if tracing is None:
             return await self._take(thread_id, owner, ttl)
@@ -366,6 +380,34 @@ class RunPreparation(Generic[S, E]):
             raise
         finally:
             tracing.lease(thread_id, time.perf_counter() - started, outcome)
+
+    async def hold(
+        self, token: ResumeToken, run_lease: tuple[str, float]
+    ) -> tuple[Held[S], ResumeDecision]:
+        """Take the run lease on ``token``'s thread and read its head, in one round trip
+        where the store can (``Services.acquire_with_load``), and decide on ``token``
+        from that head: what a worker does before it resumes a hand-off, so the
+        resume reads nothing again (:class:`Held`). ``ThreadLeaseBusyError`` when a
+        live lease holds the thread."""
+        thread_id = self._validate_token(token)
+        lease, loaded = await self._acquire(thread_id, run_lease)
+        assert lease is not None
+        held: Held[S] = Held(thread_id, lease, loaded)
+        try:
+            pre = await self.preflight(token, loaded)
+        except BaseException:
+            await self.let_go(held)
+            raise
+        held.loaded = None if pre.snapshot is None else (pre.snapshot, pre.revision)
+        return held, pre.decision
+
+    async def let_go(self, held: Held[S]) -> None:
+        """Release ``held``'s lease unless a resume took it over."""
+        if held.taken:
+            return
+        held.taken = True
+        assert self.lease_manager is not None
+        await self.lease_manager.release(held.lease)
 
     async def _take(self, thread_id: str, owner: str, ttl: float) -> tuple[Lease, Loaded[S]]:
         if self._services.acquire_with_load:
@@ -523,6 +565,9 @@ class RunPreparation(Generic[S, E]):
         )
         if snap.nested and pointer == snap.nested.get("node"):
             ex.nested, ex.nested_wake = dict(snap.nested), nested_wake
+        held = held_run.get()
+        if held is not None and held.taken and held.lease is lease:
+            ex.held = held
         return ex
 
     def overlay(self, state: S, overlay: object, merge: StateMerge[S] | None) -> S:

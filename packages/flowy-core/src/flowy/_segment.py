@@ -8,12 +8,14 @@ shared surface.
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, NoReturn
+from typing import Any, Generic, NoReturn, TypeAlias
 
 from . import _tracing
 from ._cancel import is_canceled_from_outside, is_terminated
@@ -31,6 +33,7 @@ from .storage import (
     Lease,
     LeaseManager,
     Outbox,
+    OutboxMessage,
     RunStatus,
     Snapshot,
 )
@@ -97,6 +100,39 @@ def require_durable(
     return durable
 
 
+class _Unread(enum.Enum):
+    UNREAD = "unread"
+
+
+UNREAD = _Unread.UNREAD
+"""The head was not read with the lease: load it."""
+
+Loaded: TypeAlias = tuple[Snapshot[S], int] | _Unread | None
+"""The head read with a run's lease (``None``: no thread), or :data:`UNREAD`."""
+
+
+@dataclass(slots=True)
+class Held(Generic[S]):
+    """A run lease a ``Worker`` took on ``thread_id`` with the head it read alongside
+    (``Loaded``), to decide on a hand-off message without another read: the resume
+    it then calls in the same context (:data:`held_run`) uses them instead of taking
+    the lease and reading the head again. ``taken``: a resume took them over (its run
+    releases the lease); until then the worker releases it. ``message``: the claimed
+    message the run's last save acknowledges where the store can
+    (``Capabilities.ack_on_save``); ``acked``: it did."""
+
+    thread_id: str
+    lease: Lease
+    loaded: Loaded[S]
+    taken: bool = False
+    message: OutboxMessage | None = None
+    acked: bool = False
+
+
+held_run: ContextVar[Held[Any] | None] = ContextVar("flowy_held_run", default=None)
+"""The lease and head a worker holds for the resume it is about to call."""
+
+
 class Stop(Exception):
     """Ends the execution loop with a finished result."""
 
@@ -125,6 +161,9 @@ class Services(Generic[S, E]):
     release_on_save: bool = field(init=False)
     """The save that ends a leased segment gives the lease up in its own write
     (``Capabilities.release_on_save``): no separate release."""
+    ack_on_save: bool = field(init=False)
+    """That save also acknowledges the hand-off message a worker resumed the segment
+    for (``Capabilities.ack_on_save``): no separate ack."""
 
     def __post_init__(self) -> None:
         store = self.store
@@ -144,6 +183,7 @@ class Services(Generic[S, E]):
         caps = store.capabilities if store is not None else None
         set_(self, "release_on_save", own_leases and caps is not None and caps.release_on_save)
         set_(self, "acquire_with_load", own_leases and caps is not None and caps.acquire_with_load)
+        set_(self, "ack_on_save", self.release_on_save and caps is not None and caps.ack_on_save)
 
 
 class Segment(Generic[S, E]):
@@ -186,6 +226,9 @@ class Segment(Generic[S, E]):
         self.lease_ttl = lease_ttl
         self.released = False
         """The segment's last save gave its lease up (``Services.release_on_save``)."""
+        self.held: Held[S] | None = None
+        """The lease and head a worker took for this segment, with the message its last
+        save acknowledges (``Services.ack_on_save``)."""
         self.invariant = invariant
         self.sink = sink
         self.effects: list[E] = []
@@ -364,19 +407,25 @@ class Segment(Generic[S, E]):
         if self.progress_sent:
             await self.flush_progress()
         release = last and self.lease is not None and self.services.release_on_save
+        held = self.held
+        ack = held.message if release and held is not None and self.services.ack_on_save else None
         tracing = _tracing.active()
         if tracing is None:
             self.revision = await confirmed_save(
-                self.cp, self.revision, snap, lease=self.lease, release=release
+                self.cp, self.revision, snap, lease=self.lease, release=release, ack=ack
             )
             self.released = release
+            if ack is not None:
+                held.acked = True  # pyright: ignore[reportOptionalMemberAccess]
             return
         started, outcome = time.perf_counter(), "ok"
         try:
             self.revision = await confirmed_save(
-                self.cp, self.revision, snap, lease=self.lease, release=release
+                self.cp, self.revision, snap, lease=self.lease, release=release, ack=ack
             )
             self.released = release
+            if ack is not None:
+                held.acked = True  # pyright: ignore[reportOptionalMemberAccess]
         except ConcurrencyConflictError:
             outcome = "conflict"
             raise

@@ -238,6 +238,12 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
     async def _write_release(self, write: Write) -> Refused | None:
         return self._apply(write)
 
+    async def _write_ack(self, write: Write) -> Refused | None:
+        refused = self._apply(write)
+        if refused is None and write.ack is not None:
+            self.store.messages.pop(write.ack, None)
+        return refused
+
     async def _acquire_head(
         self, thread_id: str, owner: str, ttl: float
     ) -> tuple[Lease | Busy, tuple[int, bytes] | None]:
@@ -582,7 +588,7 @@ class MemoryBackend(BaseBackend[S], Generic[S]):
         url: the URL the backend reports (``flowy.connect`` passes the one it opened).
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=2)
 
     def __init__(
         self,

@@ -67,7 +67,7 @@ class DynamoBackend(BaseBackend[S], Generic[S]):
         owns_client: close ``client`` in :meth:`aclose` (``flowy.connect`` sets it).
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=3)
     """The lease is an attribute of the head item: the ``UpdateItem`` that takes it
     returns the head, and a segment's last save removes it in the save's own
     ``TransactWriteItems``. (A lease on a thread with no head yet costs one more

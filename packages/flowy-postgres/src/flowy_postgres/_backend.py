@@ -162,7 +162,7 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=3)
     """A leased segment takes its lease and reads the head in one statement, and its
     last save releases the lease in the save's own statement."""
 

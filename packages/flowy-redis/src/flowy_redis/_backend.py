@@ -193,7 +193,7 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         owns_client: close the client in ``aclose``.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=3)
     """A leased segment takes its lease and reads the head in one script, and its last
     save releases the lease in the save's own script."""
 

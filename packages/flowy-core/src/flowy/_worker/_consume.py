@@ -29,8 +29,8 @@ from .._errors import (
     ThreadLeaseBusyError,
     ThreadNotFoundError,
 )
-from .._results import ResumeDecisionKind, RunResult
-from .._segment import running_here
+from .._results import ResumeDecision, ResumeDecisionKind, RunResult
+from .._segment import Held, held_run, running_here
 from .._types import E, ResumeToken, S
 from .._waits import wake
 from ..storage import HandoffStatus, OutboxMessage, RunStatus
@@ -43,6 +43,25 @@ __all__ = ["Consume"]
 logger = logging.getLogger("flowy.worker")
 
 
+def _acks_in_save(shared: Shared[Any, Any]) -> bool:
+    """Whether a resumed run's last save may acknowledge the worker's message: the
+    runner's store can (``Capabilities.ack_on_save``) and the worker claims from that
+    store's own consumer, directly or through wrappers (``inner``) that each take an
+    ``acked_in_save(message)`` call for the acks they do not see."""
+    backend = shared.runner.backend
+    if backend is None or not backend.capabilities.ack_on_save:
+        return False
+    own = backend.consumer
+    consumer: object = shared.consumer
+    while consumer is not own:
+        if not callable(getattr(consumer, "acked_in_save", None)):
+            return False
+        consumer = getattr(consumer, "inner", None)
+        if consumer is None:
+            return False
+    return True
+
+
 class Consume(Generic[S, E]):
     """Claims messages from one worker's consumer and sees each one through."""
 
@@ -52,6 +71,10 @@ class Consume(Generic[S, E]):
         self._held: dict[str, int] = dict.fromkeys(shared.options.queues, 0)
         """Messages of each served queue in flight here (``held`` of the next claim)."""
         self._turn = 0
+        self._ack_in_save = _acks_in_save(shared)
+        """The run's last save may acknowledge the message (``Capabilities.ack_on_save``):
+        the consumer is the runner's store's own, or a wrapper of it that says it is
+        told of such acks (``acked_in_save``)."""
 
     async def loop(self) -> None:
         """Claim and process messages, ``concurrency`` at a time across the served
@@ -152,18 +175,54 @@ class Consume(Generic[S, E]):
             shared.unlock(thread_id, lock)
 
     async def _process(self, message: OutboxMessage) -> Outcome:
-        shared = self.shared
         intent = message.intent
-        runner = shared.runner
         try:
-            decision = await runner.evaluate_resume(intent.resume_token)
+            held, decision = await self._hold(intent.resume_token)
         except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "evaluate_resume failed", exc)
+        try:
+            return await self._decide(message, decision, held)
+        finally:
+            if held is not None:
+                await self._give_back(held)
+
+    async def _hold(self, token: ResumeToken) -> tuple[Held[S] | None, ResumeDecision]:
+        """The decision on ``token``. Where the runner leases its runs, the worker takes
+        the lease first and decides on the head it read with it (one round trip where the
+        store reads the head with the lease), and the resume then reads nothing again
+        (:class:`Held`); when another run holds the thread, or the runner takes no lease,
+        the decision is read without one (``None``)."""
+        shared = self.shared
+        runner = shared.runner
+        if runner.lease_manager is None:
+            return None, await runner.evaluate_resume(token)
+        prep = runner._prep  # pyright: ignore[reportPrivateUsage]
+        try:
+            return await prep.hold(token, (shared.owner, shared.options.lease_ttl))
+        except ThreadLeaseBusyError:
+            return None, await runner.evaluate_resume(token)
+
+    async def _give_back(self, held: Held[S]) -> None:
+        """Release ``held``'s lease unless the resume took it over (a failure is logged:
+        the lease then runs out by itself)."""
+        prep = self.shared.runner._prep  # pyright: ignore[reportPrivateUsage]
+        try:
+            await asyncio.shield(prep.let_go(held))
+        except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+            self.shared.log_failure("releasing the lease failed", exc)
+
+    async def _decide(
+        self, message: OutboxMessage, decision: ResumeDecision, held: Held[S] | None
+    ) -> Outcome:
+        shared = self.shared
+        intent = message.intent
         kind = decision.kind
         if kind is ResumeDecisionKind.NOT_FOUND:
             logger.info("flowy worker: thread %r is gone; dropping its message", intent.thread_id)
             return await self._ack(message, Outcome.GONE)
         if kind in (ResumeDecisionKind.HANDOFF_PENDING, ResumeDecisionKind.HANDOFF_ORPHANED):
+            if held is not None:
+                await self._give_back(held)  # recovery takes the thread's lease itself
             return await self._recover(message)
         if is_canceled_from_outside(decision.status, decision.reason) or is_terminated(
             decision.status, decision.reason
@@ -206,6 +265,9 @@ class Consume(Generic[S, E]):
         resume_options = shared.options.resume_options
         extra = dict(resume_options(intent)) if resume_options else {}
         joined = _tracing.incoming.set(intent.trace or None)  # the run joins the hand-off's trace
+        if held is not None and self._ack_in_save:
+            held.message = message  # the run's last save acknowledges it where it can
+        handed = held_run.set(held)  # the resume goes on with the lease and head held here
         try:
             result = await self._resume_when_free(token, extra)
         except (ThreadLeaseBusyError, ThreadAlreadyRunningError) as exc:
@@ -221,8 +283,14 @@ class Consume(Generic[S, E]):
         except Exception as exc:  # noqa: BLE001 - retried, logged and stored on the message
             return await self._retry(message, "resume failed", exc)
         finally:
+            held_run.reset(handed)
             _tracing.incoming.reset(joined)
         shared.report(intent, result)
+        if held is not None and held.acked:  # the run's last save acknowledged it
+            told = getattr(shared.consumer, "acked_in_save", None)
+            if told is not None:
+                told(message)
+            return self._count(Outcome.RESUMED)
         if result.status is RunStatus.FAILED and not await shared.failure_saved(result):
             # The run stopped without saving its end (the lease was lost, the store
             # failed…): the thread is still mid-run, so the message must come back.

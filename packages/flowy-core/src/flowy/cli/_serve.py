@@ -92,6 +92,11 @@ class WatchedConsumer:
     async def ack(self, message: OutboxMessage) -> None:
         """Ack, and say so."""
         await self.inner.ack(message)
+        self.acked_in_save(message)
+
+    def acked_in_save(self, message: OutboxMessage) -> None:
+        """Say that ``message`` was acknowledged (by the resumed run's last save, where
+        the store can, or by :meth:`ack`)."""
         out = self.out
         key = message.intent.intent_id
         what = "resumed" if key in self.resumed else "nothing left to run"

@@ -63,7 +63,7 @@ class SQLiteBackend(BaseBackend[S], Generic[S]):
         poll_interval: seconds between looks at the outbox while ``claim`` waits.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=4)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=2)
     """A leased segment takes its lease and reads the head in one transaction, and its
     last save releases the lease in its own."""
 

@@ -308,6 +308,9 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             _append(conn, outbox_row, now)
         if write.release:  # fenced above: the lease is this write's
             conn.execute("DELETE FROM flowy_leases WHERE thread_id = ?", (thread_id,))
+        acked = None if write.ack is None else _row_id(write.ack)
+        if acked is not None:
+            conn.execute("DELETE FROM flowy_outbox WHERE id = ? AND dead = 0", (acked,))
         return None
 
     async def _write(self, write: Write) -> Refused | None:
@@ -315,6 +318,9 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
 
     async def _write_release(self, write: Write) -> Refused | None:
         return await self._commit_write(write)  # ``_body`` deletes the lease
+
+    async def _write_ack(self, write: Write) -> Refused | None:
+        return await self._commit_write(write)  # ``_body`` also deletes the message
 
     async def _acquire_head(
         self, thread_id: str, owner: str, ttl: float

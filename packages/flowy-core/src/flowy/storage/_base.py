@@ -44,6 +44,7 @@ from ._limits import MAX_TIMESTAMP, Limits, check_time
 from ._model import (
     HandoffStatus,
     Lease,
+    OutboxMessage,
     RunStatus,
     Snapshot,
     ThreadSummary,
@@ -148,6 +149,17 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         raise NotImplementedError(
             f"{type(self).__name__} cannot release a lease in its save (_write_release); "
             "release it through the lease manager"
+        )
+
+    async def _write_ack(self, write: Write) -> Refused | None:
+        """Perform ``write`` as :meth:`_write_release` does and, in the same atomic
+        operation, acknowledge the outbox message ``write.ack`` of this store as
+        ``BaseConsumer._ack`` does (a message already gone is fine); a refused write
+        acknowledges nothing. The engine uses it for the save that ends a segment a
+        ``Worker`` resumed for that message, instead of a save and a separate ack."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot acknowledge a message in its save (_write_ack); "
+            "acknowledge it through the consumer"
         )
 
     async def _acquire_head(
@@ -363,7 +375,12 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         return Write(expected_revision, record, summary, lease)
 
     async def _commit(self, write: Write) -> int:
-        refused = await (self._write_release(write) if write.release else self._write(write))
+        if write.ack is not None:
+            refused = await self._write_ack(write)
+        elif write.release:
+            refused = await self._write_release(write)
+        else:
+            refused = await self._write(write)
         if refused is None:
             return write.revision
         error = refusal_error(write, refused, final=False)
@@ -381,14 +398,23 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         return await self._commit(self._prepare(expected_revision, snapshot, lease))
 
     async def save_and_release(
-        self, expected_revision: int, snapshot: Snapshot[S], *, lease: Lease
+        self,
+        expected_revision: int,
+        snapshot: Snapshot[S],
+        *,
+        lease: Lease,
+        ack: OutboxMessage | None = None,
     ) -> int:
         """Store ``snapshot`` if the head is at ``expected_revision``, fenced by
         ``lease``, in an atomic write that also gives ``lease`` up (``_write_release``;
-        ``Capabilities.release_on_save`` says the store can). A refused save leaves the
-        lease held. The engine's last save of a leased segment."""
+        ``Capabilities.release_on_save`` says the store can) and, with ``ack``,
+        acknowledges that claimed message of this store's outbox (``_write_ack``;
+        ``Capabilities.ack_on_save``). A refused save leaves the lease held and the
+        message claimed. The engine's last save of a leased segment."""
         write = self._prepare(expected_revision, snapshot, lease)
-        return await self._commit(replace(write, release=True))
+        return await self._commit(
+            replace(write, release=True, ack=None if ack is None else ack.message_id)
+        )
 
     async def save_with_outbox(
         self,

@@ -60,6 +60,10 @@ class Capabilities:
     save that ends a leased segment (``BaseCheckpointer.save_and_release`` over
     ``_write_release``), so the
     engine makes no separate release call."""
+    ack_on_save: bool = False
+    """That releasing save also acknowledges the hand-off message the run was resumed
+    for (``BaseCheckpointer.save_and_release(ack=...)`` over ``_write_ack``), so a
+    ``Worker`` makes no separate ack call after the run."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""
@@ -82,8 +86,9 @@ class RoundTrips:
     lease, read the head, release the lease (one less where the last save releases it,
     ``Capabilities.release_on_save``, and one less where the acquisition reads the
     head, ``Capabilities.acquire_with_load``)."""
-    handoff: int = 6
+    handoff: int = 5
     """What a hand-off a ``Worker`` claims and continues for N steps costs beyond its N
-    saves: the claim, the worker's read of the head (its decision), the run's acquire,
-    read and release, and the ack (one less for each of the capabilities ``segment``
-    names)."""
+    saves: the claim, the lease the worker takes and the head it reads with it (its
+    decision; the resumed run reads nothing again), the release of the lease, and the
+    ack (one less for each of the capabilities ``segment`` names, and one less where
+    the last save acknowledges the message, ``Capabilities.ack_on_save``)."""

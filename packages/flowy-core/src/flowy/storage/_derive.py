@@ -116,4 +116,8 @@ def derive_capabilities(
         release_on_save=fencing
         and isinstance(cp, BaseCheckpointer)
         and overrides(cast(object, cp), BaseCheckpointer, "_write_release"),
+        ack_on_save=fencing
+        and consumer is not None
+        and isinstance(cp, BaseCheckpointer)
+        and overrides(cast(object, cp), BaseCheckpointer, "_write_release", "_write_ack"),
     )

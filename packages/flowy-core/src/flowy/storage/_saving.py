@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .._errors import StorageUnavailableError, ThreadNotFoundError
 from .._types import S
-from ._model import Lease, Snapshot, new_write_id
+from ._model import Lease, OutboxMessage, Snapshot, new_write_id
 from ._protocols import Checkpointer
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ async def confirmed_save(
     attempts: int = 3,
     backoff: float = 0.05,
     release: bool = False,
+    ack: OutboxMessage | None = None,
 ) -> int:
     """Save ``snapshot`` at ``expected_revision + 1``, resolving unknown outcomes.
 
@@ -77,6 +78,9 @@ async def confirmed_save(
         release: give ``lease`` up in the save's own atomic write (a checkpointer built
             on ``BaseCheckpointer`` whose store has ``Capabilities.release_on_save``);
             a write that landed released it, one that did not left it held.
+        ack: with ``release``, the claimed hand-off message the write also
+            acknowledges (``Capabilities.ack_on_save``); a write that landed
+            acknowledged it, one that did not left it claimed.
 
     Returns:
         The revision the snapshot is stored at.
@@ -101,7 +105,9 @@ async def confirmed_save(
         try:
             if release and lease is not None:
                 base = cast("BaseCheckpointer[S]", checkpointer)
-                return await base.save_and_release(expected_revision, snapshot, lease=lease)
+                return await base.save_and_release(
+                    expected_revision, snapshot, lease=lease, ack=ack
+                )
             return await checkpointer.save(expected_revision, snapshot, lease=lease)
         except StorageUnavailableError as exc:
             last = exc

@@ -75,7 +75,10 @@ class Write:
     own actions (checked by ``BaseCheckpointer._native_action``), written in the same
     atomic operation. With ``release`` (only given to ``BaseCheckpointer._write_release``,
     always with a ``lease``), the same atomic operation also gives that lease up once
-    written; a refused write leaves it held.
+    written; a refused write leaves it held. With ``ack`` (only given to
+    ``BaseCheckpointer._write_ack``, always with ``release``), the same atomic operation
+    also acknowledges the outbox message of that id, as ``BaseConsumer._ack`` does (a
+    message already gone is no refusal).
     """
 
     expected_revision: int
@@ -85,6 +88,7 @@ class Write:
     outbox: tuple[OutboxRow, ...] = ()
     native: tuple[object, ...] = ()
     release: bool = False
+    ack: str | None = None
 
     @property
     def thread_id(self) -> str:

@@ -98,10 +98,13 @@ class Operations:
         self.ops += 1
         at = self.ops
         words = self._describe(name, op)
-        self.operations.append((name, words))
+        acked = cast(Write, op.args[0]).ack if name == "save" else None
+        # A save that acknowledges its message may also see it come back late.
+        faults = "acking save" if acked is not None else name
+        self.operations.append((faults, words))
         kind = self.planned(at, words)
         if kind is not None and (
-            kind not in KINDS.get(name, ()) or (kind is FaultKind.TAKEOVER and self.in_takeover)
+            kind not in KINDS.get(faults, ()) or (kind is FaultKind.TAKEOVER and self.in_takeover)
         ):
             kind = None
         if kind is None:
@@ -111,10 +114,13 @@ class Operations:
             await self.takeover(process)
             return None
         if kind is FaultKind.REDELIVER:
-            message = self.messages.get(str(op.args[0]))
-            process.claimed.pop(str(op.args[0]), None)
+            message_id = acked if acked is not None else str(op.args[0])
+            message = self.messages.get(message_id)
+            process.claimed.pop(message_id, None)
             if message is not None:
                 self.redelivered.append(message)
+            if acked is not None:
+                return None  # the save and its ack land; the message comes back anyway
         return Fault(at, kind)
 
     def done(self, process: Process, op: Operation, result: object) -> None:
@@ -128,6 +134,8 @@ class Operations:
             self.last_pointer = write.summary.execution_pointer
             if write.release:  # the save gave its lease up
                 process.leases.pop(write.thread_id, None)
+            if write.ack is not None:  # and acknowledged the message it ran for
+                process.claimed.pop(write.ack, None)
         elif phase is Phase.ACQUIRE:
             if isinstance(result, tuple):  # ``_acquire_head``: the lease and the head
                 result = cast(tuple[object, object], result)[0]
@@ -199,6 +207,8 @@ class Operations:
                 f"{who}'s lease expires before the {words}; another process takes the thread over"
             )
         if kind is FaultKind.REDELIVER:
+            if words.startswith("save"):
+                return f"the {words} acknowledges its message, which is delivered again, late"
             return f"the {words} is lost: the message is delivered again, late"
         if kind is FaultKind.CONCURRENT:
             return f"two processes {words} at once"

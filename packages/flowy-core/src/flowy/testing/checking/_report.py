@@ -22,6 +22,7 @@ _STORE_FAULTS = (
 )
 KINDS: Mapping[str, tuple[FaultKind, ...]] = {
     "save": (*_STORE_FAULTS, FaultKind.TAKEOVER),
+    "acking save": (*_STORE_FAULTS, FaultKind.TAKEOVER, FaultKind.REDELIVER),
     "journal": _STORE_FAULTS,
     "signal": _STORE_FAULTS,
     "enqueue": _STORE_FAULTS,

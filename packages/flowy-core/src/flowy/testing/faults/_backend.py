@@ -39,6 +39,7 @@ PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
     BaseCheckpointer: {
         "_write": None,
         "_write_release": None,
+        "_write_ack": None,
         "_acquire_head": Phase.ACQUIRE,
         "_read_head": Phase.LOAD,
         "_read_history": Phase.READ,

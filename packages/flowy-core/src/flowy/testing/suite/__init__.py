@@ -46,6 +46,7 @@ from ._waits import *  # noqa: F403
 from ._watch import *  # noqa: F403
 
 __all__ = [
+    "AckingSaveSuite",
     "AcquireAndLoadSuite",
     "ActivitySuite",
     "ArgumentSuite",

@@ -281,9 +281,9 @@ class CancelSuite(Suite):
                 runner = Runner(_chain(length), flowy_backend, run_lease=("suite-c", 30.0))
                 result = await runner.start(new_thread_id(f"steps{length}"), {})
             assert result.status is RunStatus.COMPLETED
-            saves = calls.get("_write", 0) + calls.get("_write_release", 0)
+            saves = sum(calls.get(n, 0) for n in ("_write", "_write_release", "_write_ack"))
             assert saves == length, calls  # one save per step (the last may release)
-            writes = ("_write", "_write_release", "_renew")
+            writes = ("_write", "_write_release", "_write_ack", "_renew")
             reads.append({k: v for k, v in calls.items() if k not in writes})
         assert reads[0] == reads[1], reads  # no read per step, canceled or not
 
@@ -399,7 +399,14 @@ def _round_trips(backend: Backend[Any]) -> Generator[dict[str, int]]:
         setattr(owner, name, counted)
         patched.append((owner, name))
 
-    for name in ("_read_head", "_read_history", "_write", "_write_release", "_acquire_head"):
+    for name in (
+        "_read_head",
+        "_read_history",
+        "_write",
+        "_write_release",
+        "_write_ack",
+        "_acquire_head",
+    ):
         count(cp, name)
     for name in ("_holder", "_acquire", "_renew", "_release"):
         count(leases, name)

@@ -12,7 +12,7 @@ says so.
 from __future__ import annotations
 
 import itertools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import pytest
 
@@ -26,17 +26,24 @@ from ..._errors import (
 from ..._graph import Graph, GraphBuilder
 from ..._runner import Runner
 from ..._worker import Outcome, Worker
-from ...storage import Backend, Lease, RunStatus
+from ...storage import (
+    Backend,
+    Lease,
+    OutboxMessage,
+    RunStatus,
+    TransactionalCheckpointer,
+    TransactionalOutbox,
+)
 from ...storage.dialect import BaseBackend, BaseCheckpointer, RoundTrips
 from ..faults import FaultKind, FaultPlan, FaultyBackend, Operation, Phase
-from ._support import Suite, make_snapshot, new_thread_id
+from ._support import Suite, make_intent, make_snapshot, new_thread_id
 
-__all__ = ["AcquireAndLoadSuite", "ReleasingSaveSuite", "RoundTripSuite"]
+__all__ = ["AckingSaveSuite", "AcquireAndLoadSuite", "ReleasingSaveSuite", "RoundTripSuite"]
 
 State = dict[str, Any]
 
 
-_SAVES = frozenset({"_write", "_write_release"})
+_SAVES = frozenset({"_write", "_write_release", "_write_ack"})
 """The primitives that are one save each."""
 
 
@@ -283,3 +290,99 @@ class AcquireAndLoadSuite(Suite):
         assert result.status is RunStatus.COMPLETED, result
         assert plan.calls[0] == "_acquire_head", plan.calls
         assert "_acquire" not in plan.calls and "_read_head" not in plan.calls, plan.calls
+
+
+class AckingSaveSuite(Suite):
+    """A releasing save that also acknowledges the hand-off message its run was resumed
+    for (``Capabilities.ack_on_save``): a written save removes that message, and only
+    that one; a refused save leaves it claimed; a message already gone is no refusal;
+    a worker's resumed run makes no separate ack."""
+
+    requires: ClassVar[tuple[str, ...]] = ("ack_on_save",)
+
+    async def _claimed(self, backend: Backend[Any], label: str) -> tuple[str, OutboxMessage]:
+        """A thread at revision 1 whose hand-off message is claimed."""
+        tid = new_thread_id(label)
+        cp = cast(TransactionalCheckpointer[Any], backend.checkpointer)
+        outbox = cast(TransactionalOutbox, backend.outbox)
+
+        async def enqueue(tx: object, revision: int) -> None:
+            await outbox.enqueue_intent_tx(tx, make_intent(tid, revision))
+
+        assert await cp.save_with_outbox(0, make_snapshot(tid), enqueue) == 1
+        claimed = await backend.consumer.claim(10, self.long_ttl, wait=2.0)
+        mine = [m for m in claimed if m.intent.thread_id == tid]
+        assert len(mine) == 1, claimed
+        return tid, mine[0]
+
+    async def _claim_again(self, backend: Backend[Any]) -> list[str]:
+        """The threads of the messages claimable now (claimed with a short lease)."""
+        claimed = await backend.consumer.claim(50, self.long_ttl, wait=0.5)
+        return [m.intent.thread_id for m in claimed]
+
+    async def test_an_acking_save_writes_releases_and_removes_the_message(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid, message = await self._claimed(flowy_backend, "ack-save")
+        lease = await flowy_backend.leases.acquire(tid, "ack-owner", self.long_ttl)
+        assert await cp.save_and_release(1, make_snapshot(tid), lease=lease, ack=message) == 2
+        assert await flowy_backend.leases.holder(tid) is None
+        _, revision = await cp.load(tid)
+        assert revision == 2
+        await flowy_backend.consumer.release(message, error="given back", delay=0.0)
+        assert tid not in await self._claim_again(flowy_backend)
+
+    async def test_a_refused_acking_save_keeps_the_message(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid, message = await self._claimed(flowy_backend, "ack-refused")
+        lease = await flowy_backend.leases.acquire(tid, "ack-owner", self.long_ttl)
+        with pytest.raises(ConcurrencyConflictError):
+            await cp.save_and_release(5, make_snapshot(tid), lease=lease, ack=message)
+        holder = await flowy_backend.leases.holder(tid)
+        assert holder is not None and holder.fencing_token == lease.fencing_token
+        await flowy_backend.consumer.release(message, error="given back", delay=0.0)
+        assert await self._claim_again(flowy_backend) == [tid]
+
+    async def test_an_acking_save_leaves_the_other_messages(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid, message = await self._claimed(flowy_backend, "ack-one")
+        other, other_message = await self._claimed(flowy_backend, "ack-other")
+        lease = await flowy_backend.leases.acquire(tid, "ack-owner", self.long_ttl)
+        assert await cp.save_and_release(1, make_snapshot(tid), lease=lease, ack=message) == 2
+        await flowy_backend.consumer.release(other_message, error="given back", delay=0.0)
+        assert await self._claim_again(flowy_backend) == [other]
+
+    async def test_an_acking_save_of_a_message_already_gone_still_writes(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        tid, message = await self._claimed(flowy_backend, "ack-gone")
+        await flowy_backend.consumer.ack(message)
+        lease = await flowy_backend.leases.acquire(tid, "ack-owner", self.long_ttl)
+        assert await cp.save_and_release(1, make_snapshot(tid), lease=lease, ack=message) == 2
+        assert await flowy_backend.leases.holder(tid) is None
+
+    async def test_a_worker_acknowledges_in_the_last_save_of_the_run(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        graph = _chain(2, hand_off_after=1)
+        tid = new_thread_id("ack-worker")
+        first = await Runner(graph, flowy_backend).start(tid, {})
+        assert first.status is RunStatus.HANDOFF, first
+        counted, plan = _counted(flowy_backend)
+        worker = Worker(Runner(graph, counted), owner="ack-worker", busy_grace=0.0)
+        (message,) = await counted.consumer.claim(1, self.long_ttl, wait=2.0)
+        assert await worker.process(message) is Outcome.RESUMED
+        assert plan.calls[-1] == "_write_ack", plan.calls
+        assert "_ack" not in plan.calls, plan.calls
+        await flowy_backend.consumer.release(message, error="given back", delay=0.0)
+        assert tid not in await self._claim_again(flowy_backend)
