@@ -1,10 +1,12 @@
 """The worker's consuming part: claims hand-off messages, resumes their runs, acks.
 
-Delivery is at-least-once, so every message starts with ``Runner.evaluate_resume``: a
-token that is no longer the head of an enqueued hand-off means the segment already ran,
-and the message is acknowledged without running anything. A message is acknowledged
-only after the resumed run's terminal save; a crash before that means redelivery. A
-signal to a waiting thread arrives as an outbox message like a hand-off.
+Delivery is at-least-once, so every message starts with the resume decision on the
+thread's head, read with the run's lease where the runner takes one (the resume then
+reads nothing again): a token that is no longer the head of an enqueued hand-off means
+the segment already ran, and the message is acknowledged without running anything. A
+message is acknowledged only with or after the resumed run's last save (in that save's
+own write where the store can, ``Capabilities.ack_on_save``); a crash before that means
+redelivery. A signal to a waiting thread arrives as an outbox message like a hand-off.
 
 A message that fails is released with its error after a backoff, or dead-lettered on
 its last delivery (at once when no delivery can cure it, :data:`PERMANENT_ERRORS`).
