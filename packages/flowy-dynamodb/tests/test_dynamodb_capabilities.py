@@ -1,6 +1,12 @@
 """The DynamoDB store has every capability (``Backend.capabilities``) but a progress
-channel: DynamoDB has no publish/subscribe, so ``watch`` hears the progress of runs in its
-own process only (``WatchSuite`` skips its one test of another connection's progress)."""
+channel and an acknowledging save.
+
+DynamoDB has no publish/subscribe, so ``watch`` hears the progress of runs in its own
+process only (``WatchSuite`` skips its one test of another connection's progress). An
+ack (``DynamoConsumer._ack``) deletes the message item and, from the item it deleted
+(``ReturnValues=ALL_OLD``), learns the queue whose in-flight entry it then removes; a
+``TransactWriteItems`` returns no item it wrote, so the save cannot fold that ack in
+(``AckingSaveSuite`` skips) and a worker acknowledges after the run's last save."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from flowy.storage import Backend
 pytestmark = pytest.mark.anyio
 
 
-async def test_the_store_has_every_capability_but_a_progress_channel(
+async def test_the_store_has_every_capability_but_a_progress_channel_and_an_acking_save(
     flowy_backend: Backend[Any],
 ) -> None:
-    assert flowy_backend.capabilities.missing() == ("live_progress",)
+    assert flowy_backend.capabilities.missing() == ("live_progress", "ack_on_save")
