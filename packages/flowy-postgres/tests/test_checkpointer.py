@@ -1,6 +1,7 @@
 """``PostgresCheckpointer`` beyond the conformance suite: one round trip per save, reused
 plans, the application's own transaction (asyncpg and SQLAlchemy), fencing against the
-lease table, listings by index, and records checked against their address."""
+lease table, listings by index, records checked against their address, and the save
+that acknowledges a message as the consumer's ack does."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from flowy.errors import LeaseLostError, SnapshotEnvelopeInvalidError, ThreadLeaseBusyError
 from flowy.memory import MemoryLeaseManager
-from flowy.storage import Signal, Timer
+from flowy.queues import Route
+from flowy.storage import OutboxMessage, Signal, Timer
+from flowy.testing.suite._support import make_intent
 from flowy_postgres import PostgresBackend
 from flowy_postgres._schema import TableNames, thread_key
 
@@ -429,3 +432,133 @@ async def test_a_dsn_backend_owns_its_pool_and_from_pool_leaves_it_open(
         assert (await shared.checkpointer.load("owned"))[1] == 1
     assert not pg_pool.is_closing()
     assert await sql(pg_pool).fetchval("SELECT 1") == 1
+
+
+# -- the save that acknowledges the message of a resumed run ----------------------------------
+
+
+async def _handed_off(
+    backend: PostgresBackend[Any], thread_id: str, route: Route | None = None
+) -> OutboxMessage:
+    """Thread ``thread_id`` at revision 1 with its hand-off message (in ``route``, else
+    the default queue) claimed."""
+    route = route or Route()
+    enqueue = make_intent(thread_id, 1, route=route)
+
+    async def hand_off(tx: object, revision: int) -> None:
+        await backend.outbox.enqueue_intent_tx(tx, enqueue)
+
+    assert await backend.checkpointer.save_with_outbox(0, snap(thread_id), hand_off) == 1
+    [message] = await backend.consumer.claim(1, 60, queue=route.queue)
+    assert message.intent == enqueue
+    return message
+
+
+async def _live_ids(backend: PostgresBackend[Any]) -> list[int]:
+    return [
+        int(r[0])
+        for r in await sql(backend.pool).fetch(
+            f"SELECT id FROM {backend.names.outbox} WHERE NOT dead ORDER BY id"
+        )
+    ]
+
+
+async def test_an_acking_save_is_one_round_trip(postgres_dsn: str, pg_schema: str) -> None:
+    async with (
+        PgProxy(postgres_dsn) as proxy,
+        opened(proxy.dsn, schema=pg_schema, pool_size=1, listen="false") as backend,
+    ):
+        cp = backend.checkpointer
+        for n in range(3):  # the last round is measured (asyncpg prepares once per connection)
+            tid = f"acked-{n}"
+            message = await _handed_off(backend, tid)
+            lease = await backend.leases.acquire(tid, "worker", 30)
+            await asyncio.sleep(0.05)  # the previous release has finished
+            before = proxy.round_trips
+            assert await cp.save_and_release(1, snap(tid, 2), lease=lease, ack=message) == 2
+            trips = proxy.round_trips - before
+        assert trips == 1
+        assert await _live_ids(backend) == []
+        assert [await backend.leases.holder(f"acked-{n}") for n in range(3)] == [None] * 3
+
+
+async def test_an_acking_save_frees_the_slot_of_a_limited_queue(
+    backend: PostgresBackend[Any],
+) -> None:
+    """The message leaves the queue's in-flight count as with an ack: the next claim
+    takes the next message; the rate window keeps its start, as with an ack."""
+    await backend.queues.configure("one", global_concurrency=1, rate_limit=10, rate_period=600)
+    message = await _handed_off(backend, "limited-1", Route("one"))
+    await backend.outbox.enqueue_intent(make_intent("limited-2", 1, route=Route("one")))
+    assert await backend.consumer.claim(5, 60, queue="one") == []
+    lease = await backend.leases.acquire("limited-1", "worker", 30)
+    cp = backend.checkpointer
+    assert await cp.save_and_release(1, snap("limited-1", 2), lease=lease, ack=message) == 2
+    [stats] = [s for s in await backend.queues.list() if s.queue == "one"]
+    assert (stats.in_flight, stats.pending, stats.started) == (0, 1, 1)
+    [after] = await backend.consumer.claim(5, 60, queue="one")
+    assert after.intent.thread_id == "limited-2"
+
+
+async def test_a_refused_acking_save_keeps_the_message_in_flight(
+    backend: PostgresBackend[Any],
+) -> None:
+    cp = backend.checkpointer
+    message = await _handed_off(backend, "kept")
+    lease = await backend.leases.acquire("kept", "worker", 30)
+    stale = replace(lease, fencing_token=lease.fencing_token - 1)
+    with pytest.raises(LeaseLostError):
+        await cp.save_and_release(1, snap("kept", 2), lease=stale, ack=message)
+    assert await _live_ids(backend) == [int(message.message_id)]
+    assert await backend.consumer.claim(5, 60) == []  # still claimed
+    assert (await cp.load("kept"))[1] == 1
+
+
+async def test_an_acking_save_leaves_a_dead_letter_and_lands_for_an_id_of_no_message(
+    backend: PostgresBackend[Any],
+) -> None:
+    """As the consumer's ack does: a dead letter stays, an id that names no row of the
+    outbox (or is not spelled as one) deletes nothing, and the save lands each time."""
+    cp = backend.checkpointer
+    buried = await _handed_off(backend, "buried")
+    await backend.consumer.release(buried, error="poison", dead=True)
+    lease = await backend.leases.acquire("buried", "worker", 30)
+    assert await cp.save_and_release(1, snap("buried", 2), lease=lease, ack=buried) == 2
+    [dead] = await backend.consumer.dead_letters()
+    assert dead.message_id == buried.message_id
+    live = await _handed_off(backend, "live")
+    for n, message_id in enumerate(("9" * 18, "0", "-1", " 1", "x", str(2**63))):
+        tid = f"no-message-{n}"
+        assert await cp.save(0, snap(tid)) == 1
+        lease = await backend.leases.acquire(tid, "worker", 30)
+        ack = replace(live, message_id=message_id)
+        assert await cp.save_and_release(1, snap(tid, 2), lease=lease, ack=ack) == 2
+        assert await backend.leases.holder(tid) is None
+    assert await _live_ids(backend) == [int(live.message_id)]
+
+
+async def test_a_bound_acking_save_rolls_back_with_the_application(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool
+) -> None:
+    cp = shared.checkpointer
+    message = await _handed_off(shared, "bound-ack")
+    lease = await shared.leases.acquire("bound-ack", "worker", 30)
+    async with acquired(pg_pool) as conn:
+        bound = cp.bind(as_asyncpg(conn))
+
+        async def save_then_fail() -> None:
+            async with conn.transaction():
+                saved = await bound.save_and_release(
+                    1, snap("bound-ack", 2), lease=lease, ack=message
+                )
+                assert saved == 2
+                raise Rollback
+
+        with pytest.raises(Rollback):
+            await save_then_fail()
+        assert await _live_ids(shared) == [int(message.message_id)]
+        assert await shared.leases.holder("bound-ack") == lease
+        async with conn.transaction():
+            assert await bound.save_and_release(1, snap("bound-ack", 2), lease=lease, ack=message)
+    assert await _live_ids(shared) == []
+    assert (await cp.load("bound-ack"))[1] == 2

@@ -162,9 +162,10 @@ class PostgresBackend(BaseBackend[S], Generic[S]):
     it. ``url`` is what reprs show (password masked) and what reaches this store again.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=3)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=2)
     """A leased segment takes its lease and reads the head in one statement, and its
-    last save releases the lease in the save's own statement."""
+    last save releases the lease in the save's own statement; the last save of a run a
+    worker resumed also acknowledges the worker's message in that statement."""
 
     def __init__(
         self,

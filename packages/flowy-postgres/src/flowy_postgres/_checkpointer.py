@@ -6,11 +6,14 @@ row only if it is at the expected revision, appends the record to the history (i
 copy: the head's record is its history entry) and inserts a transactional save's outbox
 rows, notifying consumers. When nothing was written the same statement reports what it
 saw; one more read happens only when a racing save or takeover committed while it
-waited for a lock. Each case (create or update, with or without a lease or outbox rows)
-has its own statement, so PostgreSQL settles on one generic plan for each. The head's
-wake-up time and graph version are columns of its row, written by the same statement;
-timers are read from the wake-up time's partial index, and the oldest suspended and
-waiting heads from the partial index of those heads (one query grouped by status).
+waited for a lock. The save that ends a leased segment also releases the lease, and
+the one that ends a run a worker resumed also deletes the message it was resumed for
+(both only when written). Each case (create or update, with or without a lease or
+outbox rows, releasing, acknowledging) has its own statement, so PostgreSQL settles on
+one generic plan for each. The head's wake-up time and graph version are columns of its
+row, written by the same statement; timers are read from the wake-up time's partial
+index, and the oldest suspended and waiting heads from the partial index of those heads
+(one query grouped by status).
 
 A thread's signals are numbered by one statement that inserts ``max(seq) + 1`` unless
 the signal id is there: a sender racing for the same number (or id) waits for the other
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, RunStatus, StateCodec, ThreadSummary, Timer
 from flowy.storage.dialect import BaseCheckpointer, Busy, OutboxRow, Refused, Write, show_id
+from flowy.storage.dialect import message_row_id as _row_id
 
 from ._conn import Connector, PgConnection, Row
 from ._lease import acquire_sql
@@ -64,7 +68,12 @@ _OUTBOX = (
 
 
 def _save_sql(
-    n: TableNames, create: bool, leased: bool, outbox: bool, release: bool = False
+    n: TableNames,
+    create: bool,
+    leased: bool,
+    outbox: bool,
+    release: bool = False,
+    ack: bool = False,
 ) -> tuple[str, tuple[str, ...]]:
     """The save statement of one case, and its parameter names.
 
@@ -73,10 +82,13 @@ def _save_sql(
     takeover in progress. The report columns are computed only when nothing was written.
     With ``release`` (leased only), a written save also marks its lease released (owner
     and expiry cleared, the token kept), as the lease manager's release does while a
-    save holds the row.
+    save holds the row. With ``ack`` (releasing only), a written save also deletes the
+    live outbox message of row id ``:ack``, as the consumer's ack does: a message in
+    flight counts against its queue's limits only while its row is there.
     """
     params = (*_WRITE, *(() if create else ("expected",)), *(("owner", "token") if leased else ()))
     params += _OUTBOX if outbox else ()
+    params += ("ack",) if ack else ()
     lease = f"SELECT owner, token, expires_at FROM {n.leases} WHERE thread_key = :key"
     if leased:  # a lease that does not match refuses the save: no lock needed then
         mine = "owner = :owner::text AND token = :token::bigint"
@@ -119,6 +131,11 @@ def _save_sql(
     WHERE thread_key = :key AND owner = :owner::text AND token = :token::bigint
       AND EXISTS (SELECT FROM written)
 )"""
+    acked = ""
+    if ack:  # the consumer's ack (``_outbox``), for a written save only
+        acked = f""", acked AS (
+    DELETE FROM {n.outbox} WHERE id = :ack::bigint AND NOT dead AND EXISTS (SELECT FROM written)
+)"""
     holder = f"FROM {n.leases} WHERE thread_key = :key AND {_LIVE}"
     sql = f"""
 WITH written AS (
@@ -126,7 +143,7 @@ WITH written AS (
 ), appended AS (
     INSERT INTO {n.history} (thread_key, revision, record)
     SELECT :key, revision, :record::bytea FROM written RETURNING revision
-){released}{queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
+){released}{acked}{queued}, outcome AS (SELECT (SELECT revision FROM appended) AS saved{notified})
 SELECT saved,
     CASE WHEN saved IS NULL THEN (SELECT revision FROM {n.threads}
         WHERE thread_key = :key AND thread_id = :tid::text) END AS actual,
@@ -153,6 +170,13 @@ class _Sql:
             for leased in (False, True)
             for outbox in (False, True)
             for release in ((False, True) if leased else (False,))
+        }
+        # A releasing save that also acknowledges a message: statements of their own,
+        # so that every other save runs its statement unchanged.
+        self.save_ack = {
+            (create, outbox): _save_sql(n, create, True, outbox, release=True, ack=True)
+            for create in (False, True)
+            for outbox in (False, True)
         }
         # The lease taken as the lease manager takes it, and the head: as of the
         # statement's snapshot (with its record) and as locked after the lease was taken
@@ -334,12 +358,22 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _write_release(self, write: Write) -> Refused | None:
         return await self._save(write)  # the statement marks the lease released
 
-    async def _save(self, write: Write) -> Refused | None:
+    async def _write_ack(self, write: Write) -> Refused | None:
+        row_id = None if write.ack is None else _row_id(write.ack)
+        if row_id is None:  # not an id of this outbox: no message to acknowledge
+            return await self._save(write)
+        return await self._save(write, row_id)  # the statement deletes the message
+
+    async def _save(self, write: Write, ack: int | None = None) -> Refused | None:
         head = write.summary
         leased = write.lease is not None
-        sql, _ = self._sql.save[
-            (write.expected_revision == 0, leased, bool(write.outbox), leased and write.release)
-        ]
+        if ack is None:
+            sql, _ = self._sql.save[
+                (write.expected_revision == 0, leased, bool(write.outbox), leased and write.release)
+            ]
+        else:
+            assert leased and write.release, "an acking save releases its lease"
+            sql, _ = self._sql.save_ack[(write.expected_revision == 0, bool(write.outbox))]
         args: list[object] = [thread_key(head.thread_id), head.thread_id, write.record]
         args += (head.execution_pointer, head.status.value, head.reason)
         args += (head.handoff_status.value, head.handoff_pending_at, head.updated_at)
@@ -351,6 +385,9 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
         if write.outbox:
             args += _outbox_args(write.outbox, self.connector.names.channel)
         action = f"save thread {show_id(head.thread_id)} at revision {write.revision}"
+        if ack is not None:
+            args.append(ack)
+            action += f" and ack outbox message {ack}"
         row = await self.connector.fetchrow(action, sql, *args)
         assert row is not None
         return None if row["saved"] is not None else _refused(row, head.thread_id)
