@@ -193,9 +193,11 @@ class RedisBackend(BaseBackend[S], Generic[S]):
         owns_client: close the client in ``aclose``.
     """
 
-    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=3)
+    round_trips: ClassVar[RoundTrips] = RoundTrips(segment=1, handoff=2)
     """A leased segment takes its lease and reads the head in one script, and its last
-    save releases the lease in the save's own script."""
+    save releases the lease in the save's own script; a hand-off a ``Worker`` resumes is
+    also acknowledged there (the message lives in its thread's shard: one hash slot, on
+    Redis Cluster too)."""
 
     def __init__(
         self,
@@ -223,16 +225,6 @@ class RedisBackend(BaseBackend[S], Generic[S]):
             "max_record_bytes": max_record_bytes, "group": group, "max_attempts": max_attempts,
             "poll_interval": poll_interval}  # fmt: skip
         self.url: str = url or _url_of(client, {k: v for k, v in settings.items() if v is not None})
-        self.checkpointer: RedisCheckpointer[S] = RedisCheckpointer(
-            self.store,
-            codec=codec,
-            completed_ttl=completed_ttl,
-            max_record_bytes=max_record_bytes,
-        )
-        self.leases: RedisLeaseManager = RedisLeaseManager(self.store)
-        self._live = _LiveChannels(client, namespace)
-        self.schedules: RedisScheduleStore = RedisScheduleStore(self.store)
-        self.outbox: RedisOutbox = RedisOutbox(self.store)
         # A queue's claim counts across every shard in one script: a standalone server.
         consumer_class = RedisConsumer if self.store.cluster else RedisQueueConsumer
         self.consumer: RedisConsumer = consumer_class(
@@ -242,6 +234,17 @@ class RedisBackend(BaseBackend[S], Generic[S]):
             max_attempts=max_attempts,
             poll_interval=poll_interval,
         )
+        self.checkpointer: RedisCheckpointer[S] = RedisCheckpointer(
+            self.store,
+            codec=codec,
+            completed_ttl=completed_ttl,
+            max_record_bytes=max_record_bytes,
+            consumer=self.consumer,  # a resumed run's last save acknowledges its messages
+        )
+        self.leases: RedisLeaseManager = RedisLeaseManager(self.store)
+        self._live = _LiveChannels(client, namespace)
+        self.schedules: RedisScheduleStore = RedisScheduleStore(self.store)
+        self.outbox: RedisOutbox = RedisOutbox(self.store)
 
     @classmethod
     def from_client(cls, client: RedisClient, **options: Any) -> RedisBackend[S]:

@@ -9,7 +9,7 @@ import math
 import uuid
 from collections.abc import Hashable
 from operator import attrgetter
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, StateCodec, ThreadSummary, Timer
@@ -31,6 +31,9 @@ from ._scripts import (
     save_script,
 )
 from ._store import Store
+
+if TYPE_CHECKING:
+    from ._outbox import RedisConsumer
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "RedisCheckpointer", "lease_of"]
 
@@ -68,11 +71,14 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     revision, writes the head, the history entry and the head's wake-up time in its
     shard's timer index, and appends the hand-off messages of ``save_with_outbox`` to
     the thread's outbox shard, atomically; the last save of a leased segment also
-    releases the lease. Threads saved ``completed`` or ``failed``
-    expire after ``completed_ttl`` seconds when it is set (with their signal inbox and
-    activity journal). Appending a signal is one script (numbered by the inbox's
-    length, once per signal id); the journal is a hash per thread. No index holds the
-    heads by run status: ``oldest_heads`` is the base's scan of ``list_threads``' pages.
+    releases the lease and, for a run a ``Worker`` resumed, acknowledges the hand-off
+    message it was resumed for as the consumer's ack does (``_write_ack``: the message
+    lives in the thread's shard, so one script does both on Redis Cluster too). Threads
+    saved ``completed`` or ``failed`` expire after ``completed_ttl`` seconds when it is
+    set (with their signal inbox and activity journal). Appending a signal is one
+    script (numbered by the inbox's length, once per signal id); the journal is a hash
+    per thread. No index holds the heads by run status: ``oldest_heads`` is the base's
+    scan of ``list_threads``' pages.
     """
 
     def __init__(
@@ -82,15 +88,20 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         codec: StateCodec[S] | None = None,
         completed_ttl: float | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        consumer: RedisConsumer | None = None,
     ) -> None:
         super().__init__(codec=codec)
         self.store = store
+        self.consumer: RedisConsumer | None = consumer
+        """The consumer whose claimed messages an acking save acknowledges (its group and
+        queue bookkeeping); ``RedisBackend`` gives its own."""
         self.domain: Hashable = store.domain
         self.completed_ttl = completed_ttl
         self.max_record_bytes: int | None = max_record_bytes
         ttl_ms = 0 if completed_ttl is None else max(1, round(completed_ttl * 1e3))
         self._save = save_script(ttl_ms)
         self._save_release = save_script(ttl_ms, release=True)
+        self._save_ack = save_script(ttl_ms, release=True, ack=True)
 
     async def _write(self, write: Write) -> Refused | None:
         return await self._run_save(write)
@@ -98,7 +109,36 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _write_release(self, write: Write) -> Refused | None:
         return await self._run_save(write)  # the script releases the lease it fenced
 
-    async def _run_save(self, write: Write) -> Refused | None:
+    async def _write_ack(self, write: Write) -> Refused | None:
+        return await self._run_save(write, self._ack_args(write))
+
+    def _ack_args(self, write: Write) -> list[bytes | str] | None:
+        """What the acking save script takes to acknowledge ``write.ack`` (the group, its
+        entry id, the prefix of the queues' keys), or ``None`` when it names no message
+        of this store: then the releasing save alone runs."""
+        if write.ack is None or not write.release or write.lease is None:
+            return None
+        if self.consumer is None:
+            raise TypeError(
+                "this RedisCheckpointer was built without its consumer (consumer=), so its "
+                f"save cannot acknowledge outbox message {write.ack!r}; use the "
+                "checkpointer of a RedisBackend"
+            )
+        target = self.consumer.ack_arguments(write.ack)
+        if target is None:
+            return None
+        shard, args = target
+        thread_id = write.thread_id
+        if shard.shard != self.store.layout.shard_of(thread_id):
+            # As for save_with_outbox's rows: a save script touches its own shard only.
+            raise ValueError(
+                f"the save of thread {show_id(thread_id)} cannot acknowledge outbox message "
+                f"{write.ack!r}, whose shard differs: one save script can only touch its own "
+                "shard. A save acknowledges a hand-off of the saved thread."
+            )
+        return args
+
+    async def _run_save(self, write: Write, ack: list[bytes | str] | None = None) -> Refused | None:
         thread_id = write.thread_id
         keys = self.store.layout.thread(thread_id)
         head, lease = write.summary, write.lease
@@ -119,6 +159,8 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             "" if wake_at is None else score(wake_at),
             head.graph_version,
         ]
+        if ack is not None:
+            args += ack  # ARGV[15..17] of the acking save, before the outbox rows
         key_list = keys.checkpoint
         if write.outbox:
             shard = keys.shard.shard
@@ -133,7 +175,14 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                 args += [f"{row.committed_revision}:{row.thread_id}", row.payload]
                 args += route_args(row)
             key_list = (*key_list, *keys.shard.outbox)
-        script = self._save_release if write.release and lease is not None else self._save
+        if ack is not None:
+            if not write.outbox:
+                key_list = (*key_list, *keys.shard.outbox)  # the acking save's last 7 KEYS
+            script = self._save_ack
+        elif write.release and lease is not None:
+            script = self._save_release
+        else:
+            script = self._save
         reply: int | list[bytes] = await self.store.run(
             script,
             key_list,

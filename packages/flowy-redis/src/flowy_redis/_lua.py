@@ -248,6 +248,18 @@ local function bury(k, group, gp, id, mid, err)
   end
   drop(k, group, gp, id, mid)
 end
+
+-- Acknowledge message `mid`: its key (revision:thread) no longer names it, and it leaves
+-- the live messages for good. A message already gone changes nothing.
+local function acknowledge(k, group, gp, mid)
+  local id = entry_of(k, mid)
+  local e = redis.call('XRANGE', k.stream, id, id)
+  if #e > 0 then
+    local key = field(e[1][2], 'key')
+    if key and redis.call('HGET', k.ids, key) == mid then redis.call('HDEL', k.ids, key) end
+  end
+  drop(k, group, gp, id, mid)
+end
 """.replace("@DIGITS@", _DIGITS)
 )
 

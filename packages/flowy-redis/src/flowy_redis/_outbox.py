@@ -197,8 +197,23 @@ class RedisConsumer(BaseConsumer):
             script, shard.outbox, [*args[:1], entry, *args[1:]], f"{what} {message_id!r}"
         )
 
+    def ack_arguments(self, message_id: str) -> tuple[ShardKeys, list[bytes | str]] | None:
+        """The shard of message ``message_id`` and what acknowledging it takes (the
+        group, its entry id, the prefix of the queues' keys): the arguments of the ack
+        script and of the acking save script (``RedisCheckpointer._write_ack``);
+        ``None`` for an id this store did not make (no such message)."""
+        parsed = self.store.layout.parse_message_id(message_id)
+        if parsed is None:
+            return None
+        shard, entry = parsed
+        return shard, [self.group, entry, self._queues]
+
     async def _ack(self, message_id: str) -> None:
-        await self._shard_call(ACK, message_id, [self.group, self._queues], "acking outbox message")
+        target = self.ack_arguments(message_id)
+        if target is not None:
+            shard, args = target
+            what = f"acking outbox message {message_id!r}"
+            await self.store.run(ACK, shard.outbox, args, what)
 
     async def _release(self, message_id: str, *, error: str, delay: float, dead: bool) -> None:
         await self._shard_call(

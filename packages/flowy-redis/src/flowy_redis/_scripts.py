@@ -122,9 +122,9 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   redis.call('ZREM', KEYS[5], id)
 end
 @RELEASE@
-if #ARGV > 14 then
+if #ARGV > @FIXED@ then
   local k = outbox_keys(9)
-  for i = 15, #ARGV, 5 do
+  for i = @ROW@, #ARGV, 5 do
     append(k, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
   end
 end
@@ -139,12 +139,30 @@ expire_after(KEYS[3], now + @RELEASED@ * 1000, l[2])
 """.replace("@RELEASED@", str(RELEASED_TTL_MS))
 
 
-def save_script(ttl_ms: int, *, release: bool = False) -> LuaScript:
+_SAVE_ACK = """
+-- The acking save also acknowledges the hand-off message its run was resumed for, as
+-- ACK does (one already gone is no refusal). Its ARGV[15..17] are the group, the message
+-- id and the prefix of the queues' keys (the outbox rows follow), and its last 7 KEYS
+-- are the outbox keys of the message's shard.
+acknowledge(outbox_keys(#KEYS - 7), ARGV[15], ARGV[17], ARGV[16])
+"""
+
+_SAVE_FIXED_ARGS = 14
+"""The save script's arguments before the outbox rows (the acking save's: 3 more)."""
+
+
+def save_script(ttl_ms: int, *, release: bool = False, ack: bool = False) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
     (0: never); with ``release``, a written save also releases its lease (a leased
-    save only)."""
+    save only); with ``ack`` too, it also acknowledges an outbox message (``_SAVE_ACK``).
+    The saves without ``ack`` run the same script as before ``ack`` existed."""
+    if ack and not release:
+        raise ValueError("an acking save is a releasing save: pass release=True with ack=True")
+    fixed = _SAVE_FIXED_ARGS + (3 if ack else 0)
     body = _SAVE.replace("@TTL@", str(int(ttl_ms)))
-    return LuaScript(body.replace("@RELEASE@", _SAVE_RELEASE if release else ""))
+    body = body.replace("@FIXED@", str(fixed)).replace("@ROW@", str(fixed + 1))
+    tail = (_SAVE_RELEASE if release else "") + (_SAVE_ACK if ack else "")
+    return LuaScript(body.replace("@RELEASE@", tail))
 
 
 HISTORY = LuaScript("""
@@ -571,15 +589,7 @@ return {out, lasts}
 
 ACK = LuaScript("""
 -- KEYS: 7 of one shard.  ARGV: group, message id, the prefix of the queues' keys.
-local k = outbox_keys(0)
-local mid = ARGV[2]
-local id = entry_of(k, mid)
-local e = redis.call('XRANGE', k.stream, id, id)
-if #e > 0 then
-  local key = field(e[1][2], 'key')
-  if key and redis.call('HGET', k.ids, key) == mid then redis.call('HDEL', k.ids, key) end
-end
-drop(k, ARGV[1], ARGV[3], id, mid)
+acknowledge(outbox_keys(0), ARGV[1], ARGV[3], ARGV[2])
 return 1
 """)
 
