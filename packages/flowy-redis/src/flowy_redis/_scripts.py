@@ -189,15 +189,19 @@ return {}
 """)
 
 LIST = LuaScript("""
--- KEYS: (threads, exp, timers) of each shard.  ARGV: limit, after ('' for none), status
--- digits...  Returns up to `limit` members (digit .. id) past `after` of every shard and
--- status, merged in id order and joined by NUL (no id has one); '' for none.
+-- KEYS: (threads, exp, timers) of each shard.  ARGV: limit, after ('' for none), the
+-- status digits listed, ascending.  Returns up to `limit` members (digit .. id) past
+-- `after` of every shard and status, merged in id order and joined by NUL (no id has
+-- one); '' for none.
 -- Each (shard, status) range is read a few members at a time, as the merge (of the ranges
 -- kept in order of their next member) needs them, so a page reads about `limit` members
--- however many threads the sets hold. Ids are merged in byte order, like ZRANGEBYLEX's
--- (Lua's own string comparison follows the server's locale).
+-- however many threads the sets hold. A range's first read runs on to the end of the
+-- last status listed: when its status ends there, the read shows which status has
+-- members next, so the statuses without any cost no read. Ids are merged in byte order,
+-- like ZRANGEBYLEX's (Lua's own string comparison follows the server's locale).
 local limit, after = tonumber(ARGV[1]), ARGV[2]
-local batch = math.ceil(limit / math.max(#KEYS / 3 * (#ARGV - 2), 1)) + 2
+local batch = math.ceil(limit / math.max(#KEYS / 3, 1)) + 2
+local stop = '(' .. (tonumber(ARGV[#ARGV]) + 1)
 -- The range's next member, and its id's first 12 bytes as two numbers of 6 bytes (0 past
 -- its end, and no id has a NUL) for a quick comparison.
 local function head(r)
@@ -220,20 +224,62 @@ local function earlier(x, y)
   end
   return #a < #b
 end
--- Read the range's next members (twice as many each time: a range read again is dense).
-local function fill(r)
+-- The ranges with members left, ordered by their next member, the first last.
+local ranges = {}
+local function place(r)
+  local lo, hi = 1, #ranges + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if earlier(ranges[mid], r) then hi = mid else lo = mid + 1 end
+  end
+  table.insert(ranges, lo, r)
+end
+-- Read up to r.n members of the range past r.last, until `to`; the next read takes twice
+-- as many (a range read again is dense).
+local function read(r, to)
   local from = (r.last == '' and '[' .. r.d) or '(' .. r.d .. r.last
-  r.buf = redis.call('ZRANGEBYLEX', r.s.set, from, '(' .. (tonumber(r.d) + 1), 'LIMIT', 0, r.n)
+  r.buf = redis.call('ZRANGEBYLEX', r.s.set, from, to, 'LIMIT', 0, r.n)
   r.pos, r.more, r.n = 1, #r.buf == r.n, math.min(2 * r.n, limit + 2)
-  if #r.buf == 0 then return false end
-  head(r)
-  return true
 end
 local function advance(r)
   r.pos = r.pos + 1
-  if r.pos > #r.buf then return r.more and fill(r) end
+  if r.pos > #r.buf then
+    if not r.more then return false end
+    read(r, '(' .. (tonumber(r.d) + 1))
+    if #r.buf == 0 then return false end
+  end
   head(r)
   return true
+end
+-- Open the range of status ARGV[j] of shard s; return the position in ARGV of the next
+-- status of s that may have members past `after` (false: none).
+local function open(s, j)
+  local r = {s = s, d = ARGV[j], last = after, n = batch}
+  read(r, stop)
+  local buf, digit, next_j = r.buf, string.byte(r.d), false
+  if #buf > 0 and string.byte(buf[#buf]) ~= digit then
+    local lo, hi = 1, #buf  -- the first member of a later status
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if string.byte(buf[mid]) ~= digit then hi = mid else lo = mid + 1 end
+    end
+    local later = string.byte(buf[lo])
+    for x = #buf, lo, -1 do buf[x] = nil end
+    r.more = false
+    for x = j + 1, #ARGV do
+      if string.byte(ARGV[x]) >= later then
+        next_j = x
+        break
+      end
+    end
+  elseif r.more and j < #ARGV then
+    next_j = j + 1  -- nothing read of a later status: it may have members
+  end
+  if #buf > 0 then
+    head(r)
+    place(r)
+  end
+  return next_j
 end
 -- A thread expired under completed_ttl is skipped and forgotten (as the save script
 -- forgets it) once its time in `exp` is a second past: its head's own expiry, set by the
@@ -253,22 +299,9 @@ local function expired(s, id)
   gone[id] = true
   return true
 end
--- The ranges with members left, ordered by their next member, the first last.
-local ranges = {}
-local function place(r)
-  local lo, hi = 1, #ranges + 1
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if earlier(ranges[mid], r) then hi = mid else lo = mid + 1 end
-  end
-  table.insert(ranges, lo, r)
-end
 for i = 1, #KEYS, 3 do
-  local s = {set = KEYS[i], exp = KEYS[i + 1], timers = KEYS[i + 2]}
-  for j = 3, #ARGV do
-    local r = {s = s, d = ARGV[j], last = after, n = batch}
-    if fill(r) then place(r) end
-  end
+  local s, j = {set = KEYS[i], exp = KEYS[i + 1], timers = KEYS[i + 2]}, 3
+  while j do j = open(s, j) end
 end
 local out = {}
 while #out < limit and #ranges > 0 do
