@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -24,6 +25,9 @@ from flowy.storage import HandoffStatus, RunStatus, Snapshot
 from flowy.storage.dialect import new_write_id
 from flowy.testing.suite._support import make_intent
 from flowy_redis import RedisBackend, purge_namespace
+from flowy_redis._keys import STATUS_DIGITS
+from flowy_redis._scripts import HEADS, LuaScript
+from flowy_redis._store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -161,6 +165,140 @@ async def test_listing_is_in_thread_id_order_across_shards(make_backend: Backend
     assert [s.thread_id for s in got] == wanted[3:6]
 
 
+async def test_a_page_of_list_threads_is_two_scripts(standalone: RedisTarget) -> None:
+    """One script merges the index of every shard, one reads the heads: a page costs the
+    same two round trips over 30 threads as over 300."""
+    client = _CountingRedis.from_url(standalone.url)  # pyright: ignore[reportUnknownMemberType]
+    namespace = new_namespace()
+    try:
+        async with RedisBackend[Any].from_client(client, namespace=namespace) as backend:
+            cp = backend.checkpointer
+            ids = [f"page-{i:04d}" for i in range(300)]
+            saved = 0
+            for count in (30, 300):
+                for tid in ids[saved:count]:
+                    await cp.save(0, snap(tid))
+                saved = count
+                _CountingRedis.sent = []
+                page = await cp.list_threads(limit=20, after=ids[count // 4])
+                assert [s.thread_id for s in page] == ids[count // 4 + 1 : count // 4 + 21]
+                assert _CountingRedis.sent == ["EVALSHA", "EVALSHA"]
+    finally:
+        await purge_namespace(client, namespace)
+        await client.aclose()
+
+
+async def test_listing_skips_and_forgets_threads_expired_a_while_ago(
+    make_backend: BackendFactory,
+) -> None:
+    """Expired threads the saves have not forgotten yet are skipped and forgotten by the
+    script that merges the index: they leave the thread index and the expiry index."""
+    backend = make_backend(completed_ttl=0.1, shards=2)
+    cp, client = backend.checkpointer, backend.client
+    for i in range(40):
+        await cp.save(0, snap(f"a-{i:02d}", status=RunStatus.COMPLETED))
+    live = [f"b-{i}" for i in range(3)]
+    for tid in live:
+        await cp.save(0, snap(tid))
+    await asyncio.sleep(1.4)  # the script forgets a thread a second after its expiry
+    got = await cp.list_threads(limit=2)
+    assert [s.thread_id for s in got] == live[:2]
+    shards = backend.store.layout.all_shards()
+    assert sum([await client.zcard(s.threads) for s in shards]) == len(live)
+    assert sum([await client.zcard(s.exp) for s in shards]) == 0
+    assert [s.thread_id for s in await cp.list_threads()] == live
+
+
+async def test_a_stale_index_member_neither_repeats_nor_misplaces_a_thread(
+    make_backend: BackendFactory,
+) -> None:
+    """A thread whose old index member is still there (a save moved it between the two
+    scripts of a listing) is listed once, under the status of its head, and the stale
+    member is removed."""
+    backend = make_backend(shards=1)
+    cp, client = backend.checkpointer, backend.client
+    ids = ["s-1", "s-2", "s-3"]
+    for tid in ids:
+        await cp.save(0, snap(tid, handoff_status=HandoffStatus.ENQUEUED))
+    threads = backend.store.layout.shard(0).threads
+    digit = STATUS_DIGITS[HandoffStatus.PENDING]
+    await client.zadd(threads, {digit + b"s-2": 0})
+    listed = await cp.list_threads(limit=3)  # a page holding both members of s-2
+    assert [(s.thread_id, s.handoff_status) for s in listed] == [
+        (tid, HandoffStatus.ENQUEUED) for tid in ids
+    ]
+    assert await client.zscore(threads, digit + b"s-2") is None
+    await client.zadd(threads, {digit + b"s-2": 0})
+    pending = frozenset({HandoffStatus.PENDING})
+    assert await cp.list_threads(handoff_statuses=pending) == []
+    assert await client.zscore(threads, digit + b"s-2") is None
+    assert [s.thread_id for s in await cp.list_threads()] == ids
+
+
+async def test_a_thread_saved_between_the_two_scripts_is_listed_as_saved(
+    make_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that moves a thread to another hand-off status between the script that
+    merges the index and the one that reads the heads: the listing reports the head as
+    saved, or leaves it out when the filter no longer takes it."""
+    backend = make_backend(shards=1)
+    cp = backend.checkpointer
+    ids = ["m-1", "m-2", "m-3"]
+    for tid in ids:
+        await cp.save(0, snap(tid))
+    moves: list[str] = []
+    run = Store.run
+
+    async def save_between(
+        store: Store, script: LuaScript, keys: Any, args: Any, action: Any
+    ) -> Any:
+        if script is HEADS and moves:
+            await cp.save(1, snap(moves.pop(), handoff_status=HandoffStatus.ENQUEUED))
+        return await run(store, script, keys, args, action)
+
+    monkeypatch.setattr(Store, "run", save_between)
+    moves.append("m-2")
+    listed = await cp.list_threads()
+    assert [(s.thread_id, s.revision, s.handoff_status) for s in listed] == [
+        ("m-1", 1, HandoffStatus.NONE),
+        ("m-2", 2, HandoffStatus.ENQUEUED),
+        ("m-3", 1, HandoffStatus.NONE),
+    ]
+    moves.append("m-3")
+    none = frozenset({HandoffStatus.NONE})
+    assert [s.thread_id for s in await cp.list_threads(handoff_statuses=none)] == ["m-1"]
+    assert not moves
+
+
+async def test_listed_columns_keep_any_text(make_backend: BackendFactory) -> None:
+    """The heads' columns cross the listing as JSON: quotes, backslashes, control
+    characters, NUL and characters beyond the BMP come back as saved."""
+    cp = make_backend().checkpointer
+    text = 'a"b\\c/d\ne\x00f\x1fg\x7fé😀\u2028'
+    tid = _tid()
+    saved = Snapshot(
+        tid,
+        {"n": 0},
+        text,
+        reason=text,
+        graph_version=text,
+        updated_at=1.25,
+        wake_at=2.5,
+        handoff_status=HandoffStatus.PENDING,
+        handoff_pending_at=1.5,
+        write_id=new_write_id(),
+    )
+    await cp.save(0, saved)
+    [summary] = await cp.list_threads()
+    assert (summary.thread_id, summary.revision, summary.handoff_status) == (
+        tid,
+        1,
+        HandoffStatus.PENDING,
+    )
+    assert (summary.execution_pointer, summary.reason, summary.graph_version) == (text,) * 3
+    assert (summary.updated_at, summary.wake_at, summary.handoff_pending_at) == (1.25, 2.5, 1.5)
+
+
 async def test_long_history_and_batched_prune(
     make_standalone_backend: BackendFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -230,7 +368,9 @@ async def test_a_layout_1_namespace_is_migrated(make_backend: BackendFactory) ->
     layout = backend.store.layout
     await client.hset(layout.meta, mapping={"shards": 16, "layout": 1})
     never = 2**48 - 1
-    threads = {"a": (0, never), "b": (2, never), "c": (3, 10_000)}
+    # c finished and expires in an hour: its expiry moves to the shard's expiry index.
+    expiry = int(time.time() * 1000) + 3_600_000
+    threads = {"a": (0, never), "b": (2, never), "c": (3, expiry)}
     for tid, (position, expiry) in threads.items():
         keys = layout.thread(tid)
         await client.zadd(
@@ -254,6 +394,7 @@ async def test_a_layout_1_namespace_is_migrated(make_backend: BackendFactory) ->
         ("b", HandoffStatus.ENQUEUED),
         ("c", HandoffStatus.ORPHANED),
     ]
+    assert await client.zscore(layout.thread("c").shard.exp, "c") == expiry
     assert await client.pttl(live) > 0
     assert await client.exists(released) == 0
     holder = await backend.leases.holder("a")

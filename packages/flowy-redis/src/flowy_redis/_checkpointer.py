@@ -5,6 +5,7 @@ transactional outbox; every save is one Lua script (one round trip).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import uuid
 from collections.abc import Hashable
@@ -41,6 +42,8 @@ DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 """The largest encoded snapshot a save accepts by default (64 MiB)."""
 
 _PRUNE_BATCH = 10_000
+_MAX_ASK = 1_000
+"""The most index members a listing asks for at once beyond its limit."""
 # The keys of a thread each script takes.
 _HISTORY = attrgetter("head", "hist")
 _LEASED_HEAD = attrgetter("lease", "head", "hist")
@@ -246,47 +249,71 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     async def _list_heads(
         self, statuses: frozenset[HandoffStatus] | None, limit: int, after: str | None
     ) -> list[ThreadSummary]:
-        # Each shard's index lists its threads by status, then id (ZRANGEBYLEX): the
-        # script merges the first `want` of every shard and status (each call's answer
-        # is in id order), then the heads' columns are read.
-        store, layout = self.store, self.store.layout
+        # Two steps, each one script per shard (one call for all shards on a standalone
+        # server): LIST merges the first `want` index members past `after` of every shard
+        # and status in id order, then HEADS reads their heads' columns.
+        store = self.store
         digits = sorted(STATUS_DIGITS[s] for s in statuses or STATUS_DIGITS)
+        shards = [[s.threads, s.exp, s.timers] for s in store.layout.all_shards()]
         out: list[ThreadSummary] = []
-        while len(out) < limit:
-            want = limit - len(out)
-            replies = await store.run_sharded(
-                LIST,
-                [[shard.threads] for shard in layout.all_shards()],
-                [want, "" if after is None else after, *digits],
-                "listing threads",
+        last: str | None = None
+        want = limit
+        while True:
+            replies: list[bytes] = await store.run_sharded(
+                LIST, shards, [want, "" if after is None else after, *digits], "listing threads"
             )
-            members = sorted({m for r in replies for m in r}, key=lambda m: m[1:])[:want]
+            members = [m for reply in replies if reply for m in reply.split(b"\0")]
+            if len(replies) > 1:  # one answer per shard: merge them
+                members.sort(key=lambda m: m[1:])
+                del members[want:]
             if not members:
-                break
-            by_shard: dict[int, list[tuple[str, bytes]]] = {}
+                return out
+            rows = await self._heads(members, b"".join(digits))
             for member in members:
+                row = rows[member]
                 thread_id = member[1:].decode("utf-8")
-                by_shard.setdefault(layout.shard_of(thread_id), []).append((thread_id, member))
-            answers = await asyncio.gather(
-                *(
-                    store.run(
-                        HEADS,
-                        [layout.shard(shard).threads, *(layout.thread(t).head for t, _ in group)],
-                        [member for _, member in group],
-                        "reading thread heads",
-                    )
-                    for shard, group in by_shard.items()
-                )
-            )
-            for group, answer in zip(by_shard.values(), answers, strict=True):
-                for (thread_id, _), row in zip(group, answer, strict=True):
-                    if row is not None:  # '' or absent: no hand-off pending, no wake-up time
-                        out.append(self.summary(thread_id, *row))
+                # A thread whose save moved it to another status since it was indexed
+                # may come twice (its old member, not yet removed, then its new one).
+                if row and thread_id != last:
+                    out.append(self.summary(thread_id, *row))
+                    last = thread_id
+                    if len(out) == limit:
+                        return out
             if len(members) < want:
-                break
+                return out
             after = members[-1][1:].decode("utf-8")
-        out.sort(key=lambda summary: summary.thread_id)
-        return out[:limit]
+            # Members of threads just gone (expired, deleted, moved): ask for more each
+            # time, so a run of them costs a few round trips, not one per page of them.
+            want = max(limit - len(out), min(2 * want, _MAX_ASK))
+
+    async def _heads(self, members: list[bytes], listed: bytes) -> dict[bytes, list[str] | None]:
+        """The columns of the heads of index ``members``, by member; ``None`` for a head
+        that is gone or whose status is not ``listed`` (status digits)."""
+        store, layout = self.store, self.store.layout
+        groups: dict[int, tuple[list[bytes], list[bytes]]] = {}
+        for member in members:
+            shard, head = layout.head_of(member[1:])
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = ([layout.shard(shard).threads], [])
+            group[0].append(head)
+            group[1].append(member)
+        calls: list[tuple[list[bytes], list[bytes]]] = []
+        for keys, group_members in groups.values():
+            if calls and not store.cluster:  # a standalone server takes every shard at once
+                calls[0][0].extend(keys)
+                calls[0][1].append(b"\0".join(group_members))
+            else:
+                calls.append((keys, [listed, b"\0".join(group_members)]))
+        what = "reading thread heads"
+        if len(calls) == 1:
+            replies: list[bytes] = [await store.run(HEADS, *calls[0], what)]
+        else:
+            replies = await asyncio.gather(*(store.run(HEADS, *call, what) for call in calls))
+        # Stored columns are the UTF-8 of str values; a byte that is not stays visible.
+        rows = [row for reply in replies for row in json.loads(reply.decode("utf-8", "replace"))]
+        ordered = [m for _, group_members in groups.values() for m in group_members]
+        return {m: row or None for m, row in zip(ordered, rows, strict=True)}
 
     async def _timers(self, before: float, limit: int) -> list[Timer]:
         # Each shard's timer set is ordered by (wake_at, UTF-8 id), and UTF-8 byte order

@@ -82,7 +82,7 @@ class KeyLayout:
             same number: it decides which keys a thread lives under.
     """
 
-    __slots__ = ("_cache", "_shards", "_tag_prefix", "namespace", "shards")
+    __slots__ = ("_cache", "_heads", "_shards", "_tag_prefix", "namespace", "shards")
 
     def __init__(self, namespace: str = DEFAULT_NAMESPACE, shards: int = DEFAULT_SHARDS) -> None:
         if not isinstance(namespace, str) or not namespace:  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -102,6 +102,7 @@ class KeyLayout:
         ns = namespace.encode("utf-8")
         self._tag_prefix = ns + b":{" + ns + b":"
         self._shards = tuple(self._build_shard(i) for i in range(shards))
+        self._heads = tuple(self._base(i) + b"head:" for i in range(shards))
         self._cache: dict[str, ThreadKeys] = {}
 
     def __eq__(self, other: object) -> bool:
@@ -161,6 +162,12 @@ class KeyLayout:
     def all_shards(self) -> tuple[ShardKeys, ...]:
         """The keys of every shard, in shard order."""
         return self._shards
+
+    def head_of(self, raw_id: bytes) -> tuple[int, bytes]:
+        """The shard and head key of the thread whose id is ``raw_id`` (UTF-8); not
+        cached, so a listing does not push the threads being saved out of the cache."""
+        shard = zlib.crc32(raw_id) % self.shards
+        return shard, self._heads[shard] + base64.urlsafe_b64encode(raw_id)
 
     def thread(self, thread_id: str) -> ThreadKeys:
         """The keys of ``thread_id`` (already validated)."""

@@ -207,94 +207,157 @@ return {}
 """)
 
 LIST = LuaScript("""
--- KEYS: threads sets.  ARGV: limit, after ('' for none), status digits...
--- Returns up to `limit` members (digit .. id) past `after` of every set and status,
--- merged in id order (byte order, like ZRANGEBYLEX; Lua's own string comparison follows
--- the server's locale). Each (set, status) range is read a few members at a time, as the
--- merge (a binary heap of ranges) needs them, so a page reads about `limit` members
--- however many threads the sets hold.
+-- KEYS: (threads, exp, timers) of each shard.  ARGV: limit, after ('' for none), the
+-- status digits listed, ascending.  Returns up to `limit` members (digit .. id) past
+-- `after` of every shard and status, merged in id order and joined by NUL (no id has
+-- one); '' for none.
+-- Each (shard, status) range is read a few members at a time, as the merge (of the ranges
+-- kept in order of their next member) needs them, so a page reads about `limit` members
+-- however many threads the sets hold. A range's first read runs on to the end of the
+-- last status listed: when its status ends there, the read shows which status has
+-- members next, so the statuses without any cost no read. Ids are merged in byte order,
+-- like ZRANGEBYLEX's (Lua's own string comparison follows the server's locale).
 local limit, after = tonumber(ARGV[1]), ARGV[2]
-local ranges = #KEYS * (#ARGV - 2)
-local batch = math.ceil(limit / math.max(ranges, 1)) + 2
-local function earlier(a, b)
-  local n = math.min(#a, #b)
-  for i = 2, n do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
+local batch = math.ceil(limit / math.max(#KEYS / 3, 1)) + 2
+local stop = '(' .. (tonumber(ARGV[#ARGV]) + 1)
+-- The range's next member, and its id's first 12 bytes as two numbers of 6 bytes (0 past
+-- its end, and no id has a NUL) for a quick comparison.
+local function head(r)
+  local m = r.buf[r.pos]
+  local a, b, c, d, e, f = string.byte(m, 2, 7)
+  r.hi = ((((a * 256 + (b or 0)) * 256 + (c or 0)) * 256 + (d or 0)) * 256 + (e or 0)) * 256
+    + (f or 0)
+  a, b, c, d, e, f = string.byte(m, 8, 13)
+  r.lo = (((((a or 0) * 256 + (b or 0)) * 256 + (c or 0)) * 256 + (d or 0)) * 256
+    + (e or 0)) * 256 + (f or 0)
+  r.m = m
+end
+local function earlier(x, y)
+  if x.hi ~= y.hi then return x.hi < y.hi end
+  if x.lo ~= y.lo then return x.lo < y.lo end
+  local a, b = x.m, y.m
+  for i = 14, math.min(#a, #b) do
+    local p, q = string.byte(a, i), string.byte(b, i)
+    if p ~= q then return p < q end
   end
   return #a < #b
 end
-local function fill(r)
-  local lo = (r.last == '' and '[' .. r.d) or '(' .. r.d .. r.last
-  r.buf = redis.call('ZRANGEBYLEX', r.set, lo, '(' .. (tonumber(r.d) + 1), 'LIMIT', 0, batch)
-  r.pos, r.more = 1, #r.buf == batch
-end
-local heap = {}
-local function less(i, j)
-  return earlier(heap[i].buf[heap[i].pos], heap[j].buf[heap[j].pos])
-end
-local function sift_up(i)
-  while i > 1 do
-    local p = math.floor(i / 2)
-    if not less(i, p) then return end
-    heap[i], heap[p] = heap[p], heap[i]
-    i = p
+-- The ranges with members left, ordered by their next member, the first last.
+local ranges = {}
+local function place(r)
+  local lo, hi = 1, #ranges + 1
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if earlier(ranges[mid], r) then hi = mid else lo = mid + 1 end
   end
+  table.insert(ranges, lo, r)
 end
-local function sift_down(i)
-  while true do
-    local l, m = 2 * i, i
-    if l <= #heap and less(l, m) then m = l end
-    if l + 1 <= #heap and less(l + 1, m) then m = l + 1 end
-    if m == i then return end
-    heap[i], heap[m] = heap[m], heap[i]
-    i = m
+-- Read up to r.n members of the range past r.last, until `to`; the next read takes twice
+-- as many (a range read again is dense).
+local function read(r, to)
+  local from = (r.last == '' and '[' .. r.d) or '(' .. r.d .. r.last
+  r.buf = redis.call('ZRANGEBYLEX', r.s.set, from, to, 'LIMIT', 0, r.n)
+  r.pos, r.more, r.n = 1, #r.buf == r.n, math.min(2 * r.n, limit + 2)
+end
+local function advance(r)
+  r.pos = r.pos + 1
+  if r.pos > #r.buf then
+    if not r.more then return false end
+    read(r, '(' .. (tonumber(r.d) + 1))
+    if #r.buf == 0 then return false end
   end
+  head(r)
+  return true
 end
-for i = 1, #KEYS do
-  for j = 3, #ARGV do
-    local r = {set = KEYS[i], d = ARGV[j], last = after}
-    fill(r)
-    if #r.buf > 0 then
-      heap[#heap + 1] = r
-      sift_up(#heap)
+-- Open the range of status ARGV[j] of shard s; return the position in ARGV of the next
+-- status of s that may have members past `after` (false: none).
+local function open(s, j)
+  local r = {s = s, d = ARGV[j], last = after, n = batch}
+  read(r, stop)
+  local buf, digit, next_j = r.buf, string.byte(r.d), false
+  if #buf > 0 and string.byte(buf[#buf]) ~= digit then
+    local lo, hi = 1, #buf  -- the first member of a later status
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if string.byte(buf[mid]) ~= digit then hi = mid else lo = mid + 1 end
     end
+    local later = string.byte(buf[lo])
+    for x = #buf, lo, -1 do buf[x] = nil end
+    r.more = false
+    for x = j + 1, #ARGV do
+      if string.byte(ARGV[x]) >= later then
+        next_j = x
+        break
+      end
+    end
+  elseif r.more and j < #ARGV then
+    next_j = j + 1  -- nothing read of a later status: it may have members
   end
+  if #buf > 0 then
+    head(r)
+    place(r)
+  end
+  return next_j
+end
+-- A thread expired under completed_ttl is skipped and forgotten (as the save script
+-- forgets it) once its time in `exp` is a second past: its head's own expiry, set by the
+-- save after it read the clock, is later by that save's run time. A member expired more
+-- recently is listed, and HEADS finds its head gone.
+local before, gone = false, {}
+local function expired(s, id)
+  if gone[id] then return true end
+  if s.stale == nil then  -- once per shard: has any of its threads expired?
+    before = before or now_ms() - 1000
+    s.stale = #redis.call('ZRANGEBYSCORE', s.exp, '-inf', '(' .. before, 'LIMIT', 0, 1) > 0
+  end
+  if not s.stale then return false end
+  local at = redis.call('ZSCORE', s.exp, id)
+  if not at or tonumber(at) >= before then return false end
+  forget(s.set, s.exp, s.timers, id)
+  gone[id] = true
+  return true
+end
+for i = 1, #KEYS, 3 do
+  local s, j = {set = KEYS[i], exp = KEYS[i + 1], timers = KEYS[i + 2]}, 3
+  while j do j = open(s, j) end
 end
 local out = {}
-while #out < limit and #heap > 0 do
-  local r = heap[1]
-  local member = r.buf[r.pos]
-  out[#out + 1] = member
-  r.last, r.pos = string.sub(member, 2), r.pos + 1
-  if r.pos > #r.buf and r.more then fill(r) end
-  if r.pos > #r.buf then
-    heap[1] = heap[#heap]
-    heap[#heap] = nil
-  end
-  if #heap > 0 then sift_down(1) end
+while #out < limit and #ranges > 0 do
+  local r = ranges[#ranges]
+  ranges[#ranges] = nil
+  r.last = string.sub(r.m, 2)
+  if not expired(r.s, r.last) then out[#out + 1] = r.m end
+  if advance(r) then place(r) end
 end
-return out
+return table.concat(out, '\\0')
 """)
 
 HEADS = LuaScript(
     """
--- KEYS: threads, head hashes.  ARGV: the index member of each head.  Returns revision
--- and HEAD_COLUMNS per head (false for a column the head was saved without), or false
--- for a member whose head is gone or moved on (the member is then removed: an expired
--- thread, or one saved since under another status).
-local out = {}
-for i = 2, #KEYS do
-  local h = redis.call('HMGET', KEYS[i], 'revision', @COLUMNS@)
-  local member = ARGV[i - 1]
-  if not h[1] or DIGIT[h[5]] ~= string.sub(member, 1, 1) then
-    redis.call('ZREM', KEYS[1], member)
-    out[#out + 1] = false
-  else
-    out[#out + 1] = h
+-- KEYS: of each shard listed, its threads set, then the heads read.  ARGV: the status
+-- digits listed (one string), then for each shard its index members of those heads,
+-- joined by NUL.  Returns a JSON array with, per head, its revision and HEAD_COLUMNS
+-- ('' for a column the head was saved without), or false when the head is gone or its
+-- status is not listed. A member whose digit is not the head's status is stale (the
+-- thread expired or was deleted, or a save moved it since): it is removed.
+local listed, out, k = ARGV[1], {}, 1
+for a = 2, #ARGV do
+  local set = KEYS[k]
+  for member in string.gmatch(ARGV[a], '[^%z]+') do
+    k = k + 1
+    local h = redis.call('HMGET', KEYS[k], 'revision', @COLUMNS@)
+    local d = h[1] and DIGIT[h[5]]
+    if d ~= string.sub(member, 1, 1) then redis.call('ZREM', set, member) end
+    if d and string.find(listed, d, 1, true) then
+      for c = 2, #h do h[c] = h[c] or '' end
+      out[#out + 1] = h
+    else
+      out[#out + 1] = false
+    end
   end
+  k = k + 1
 end
-return out
+return cjson.encode(out)
 """.replace("@COLUMNS@", ", ".join(f"'{c}'" for c in HEAD_COLUMNS))
 )
 

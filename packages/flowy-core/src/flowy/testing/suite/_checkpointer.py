@@ -436,3 +436,41 @@ class HistorySuite(Suite):
             after = page[-1]
             assert len(paged) <= len(ids), f"paging repeats threads: {paged}"
         assert paged == ids
+
+    async def test_list_threads_pages_through_many_threads(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """Small pages from ``after`` list every thread exactly once, in thread-id (code
+        point) order, with or without a status filter: ids that share a long prefix, that
+        are prefixes of each other, or differ by a non-ASCII character."""
+        cp = flowy_backend.checkpointer
+        prefix = new_thread_id("pages")
+        tails = [f"{i:03d}" for i in range(0, 120, 3)]
+        tails += ["05", "05é", "05~", "050", "0", "0 ", "ä", "é", "z", "😀", "~", "6" * 40]
+        ids = [f"{prefix}-{tail}" for tail in tails]
+        statuses = list(HandoffStatus)
+        status_of = {tid: statuses[i % len(statuses)] for i, tid in enumerate(ids)}
+        for tid in ids:
+            await cp.save(0, make_snapshot(tid, handoff_status=status_of[tid]))
+
+        async def paged(limit: int, wanted: frozenset[HandoffStatus] | None) -> list[str]:
+            listed: list[str] = []
+            after = prefix  # sorts just before every id of this test
+            while page := await cp.list_threads(handoff_statuses=wanted, limit=limit, after=after):
+                got = [s.thread_id for s in page]
+                assert len(got) <= limit
+                assert got == sorted(got) and got[0] > after, f"a page out of order: {got}"
+                mine = [t for t in got if t.startswith(prefix)]
+                listed += mine
+                assert len(listed) <= len(ids), f"paging repeats threads: {listed}"
+                if len(mine) < len(got):
+                    break  # past this test's threads
+                after = got[-1]
+            return listed
+
+        for limit in (1, 7, 100):
+            assert await paged(limit, None) == sorted(ids)
+        pending = frozenset({HandoffStatus.PENDING, HandoffStatus.ORPHANED})
+        assert await paged(5, pending) == sorted(t for t in ids if status_of[t] in pending)
+        listed = await cp.list_threads(limit=len(ids), after=prefix)
+        assert {s.thread_id: s.handoff_status for s in listed} == status_of
