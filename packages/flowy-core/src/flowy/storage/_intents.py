@@ -83,7 +83,13 @@ def loads_bounded(data: bytes | str, *, max_bytes: int, max_depth: int, what: st
         raise ValueError(f"{what} is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, int digit limit
         raise ValueError(f"{what} is not valid JSON: {exc}") from None
-    if value_depth(value, max_depth) > max_depth:
+    # Nesting needs an opening bracket per level: with few of them (any header flowy
+    # writes), the walk over the value is skipped.
+    if isinstance(data, bytes):
+        brackets = data.count(b"[") + data.count(b"{")
+    else:
+        brackets = data.count("[") + data.count("{")
+    if brackets > max_depth and value_depth(value, max_depth) > max_depth:
         raise ValueError(f"{what} is nested more than {max_depth} levels deep")
     return value
 
