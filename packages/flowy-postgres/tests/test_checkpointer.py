@@ -22,6 +22,7 @@ from pg_support import (
     opened,
     snap,
     sql,
+    wait_until,
 )
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -257,6 +258,61 @@ async def test_a_takeover_waits_for_a_save_in_flight(
     with pytest.raises(LeaseLostError):
         await cp.save(1, snap("fenced", 2), lease=old)
     assert await cp.save(1, snap("fenced", 2), lease=new) == 2
+
+
+async def waits_for_a_lock(pool: asyncpg.Pool, schema: str) -> bool:
+    """Whether a statement on ``schema``'s tables is waiting for a lock."""
+    query = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND position($1::text IN query) > 0"
+    )
+    return int(await sql(pool).fetchval(query, schema)) > 0
+
+
+@pytest.mark.parametrize("ended", ["released", "expired", "unleased"])
+async def test_a_takeover_reads_the_save_it_waited_for(
+    shared: PostgresBackend[Any], pg_pool: asyncpg.Pool, pg_schema: str, ended: str
+) -> None:
+    """``acquire_and_load`` takes the lease, then reads the head: a save that commits
+    while the acquisition waits (the holder's last save, which releases the lease; a
+    save under a lease that expired meanwhile; a save without a lease) is the head it
+    reads, though the statement began before that save committed. Reading the head as
+    the statement's snapshot has it, or through a lock that the save's update does not
+    conflict with (``FOR KEY SHARE``), gives the revision before: the new holder does
+    the step again."""
+    cp, leases = shared.checkpointer, shared.leases
+    tid = f"waited-{ended}"
+    lease = None
+    if ended != "unleased":
+        lease = await leases.acquire(tid, "old-owner", 1.0 if ended == "expired" else 30.0)
+    assert await cp.save(0, snap(tid, 1), lease=lease) == 1
+    async with acquired(pg_pool) as conn:
+        async with conn.transaction():
+            bound = cp.bind(as_asyncpg(conn))
+            if ended == "released":
+                assert lease is not None
+                assert await bound.save_and_release(1, snap(tid, 2), lease=lease) == 2
+            else:
+                assert await bound.save(1, snap(tid, 2), lease=lease) == 2
+            if ended == "expired":  # expired, but its save still holds the lease row
+
+                async def expired() -> bool:
+                    return await leases.holder(tid) is None
+
+                await wait_until(expired)
+            takeover = asyncio.create_task(cp.acquire_and_load(tid, "new-owner", 30))
+
+            async def stopped() -> bool:
+                return takeover.done() or await waits_for_a_lock(pg_pool, pg_schema)
+
+            await wait_until(stopped)
+            assert not takeover.done(), "the takeover did not wait for the open save"
+        new, head = await asyncio.wait_for(takeover, 5.0)
+    assert head is not None
+    snapshot, revision = head
+    assert (revision, snapshot.state) == (2, {"n": 2})
+    assert new.owner == "new-owner"
+    await leases.release(new)
 
 
 async def test_bind_rejects_what_is_not_an_asyncpg_connection(

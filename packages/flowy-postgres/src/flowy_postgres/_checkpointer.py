@@ -180,8 +180,12 @@ class _Sql:
         }
         # The lease taken as the lease manager takes it, and the head: as of the
         # statement's snapshot (with its record) and as locked after the lease was taken
-        # (the newest committed revision); they differ only when a save committed while
-        # the acquisition waited for the lease row, and then the head is read again.
+        # (the newest committed revision); they differ only when a save committed after
+        # the statement began (while it waited for the lease row, or for a save without
+        # a lease still in flight on the head row), and then the head is read again.
+        # The lock is FOR SHARE because a save's update conflicts with it: FOR KEY SHARE
+        # does not, and PostgreSQL then locks the row version of the snapshot, whose
+        # revision is the one before the save.
         where = "t.thread_key = $1 AND t.thread_id = $2::text"
         self.acquire_head = acquire_sql(
             n,
@@ -190,7 +194,7 @@ class _Sql:
        (SELECT h.record FROM {n.threads} AS t JOIN {n.history} AS h
             ON h.thread_key = t.thread_key AND h.revision = t.revision
         WHERE {where}) AS head_record,
-       (SELECT t.revision FROM {n.threads} AS t WHERE {where} FOR KEY SHARE) AS head_now""",
+       (SELECT t.revision FROM {n.threads} AS t WHERE {where} FOR SHARE) AS head_now""",
         )
         self.diagnose = f"""
 SELECT (SELECT revision FROM {n.threads} WHERE thread_key = $1 AND thread_id = $2::text)

@@ -168,8 +168,10 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         """Take the thread's lease as ``BaseLeaseManager._acquire`` of this store does
         (same fencing tokens, same :class:`Busy`) and read its head as :meth:`_read_head`
         does, in one round trip; the head is read after the lease is taken, so no save
-        of another owner can land between them. The engine uses it to start or resume a
-        leased segment, instead of an acquisition and a separate read."""
+        of another owner can land between them, and a save that committed before the
+        lease was taken (the last save of the holder before, which may have released
+        the lease in the same write) is the head read. The engine uses it to start or
+        resume a leased segment, instead of an acquisition and a separate read."""
         raise NotImplementedError(
             f"{type(self).__name__} cannot take a lease and read the head in one round "
             "trip (_acquire_head); acquire through the lease manager, then load"

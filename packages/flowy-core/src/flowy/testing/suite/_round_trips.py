@@ -11,6 +11,7 @@ says so.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from typing import Any, ClassVar, cast
 
@@ -246,7 +247,9 @@ class AcquireAndLoadSuite(Suite):
     """Take a lease and read the head in one round trip
     (``Capabilities.acquire_with_load``): the lease the lease manager would give (busy
     while another holds it, a greater fencing token each time) and the head as
-    ``load`` reads it; a leased segment starts with that one call."""
+    ``load`` reads it, with every save made before the lease was taken (the last save of
+    the holder before, which may have released the lease in the same write); a leased
+    segment starts with that one call."""
 
     requires: ClassVar[tuple[str, ...]] = ("acquire_with_load",)
 
@@ -282,6 +285,49 @@ class AcquireAndLoadSuite(Suite):
         assert second.fencing_token > first.fencing_token
         assert head is not None and head[1] == 2 and head[0].state == {"n": 2}
         await flowy_backend.leases.release(second)
+
+    async def test_racing_takers_read_the_save_of_the_lease_before_theirs(
+        self, flowy_backend: Backend[Any]
+    ) -> None:
+        """Two takers per thread try until one of them gets the lease, as two workers
+        firing one timer do: the first does the step and saves (releasing the lease in
+        the save where the store can); whoever gets the lease after that save reads
+        it, and does not do the step again."""
+        cp = flowy_backend.checkpointer
+        assert isinstance(cp, BaseCheckpointer)
+        leases = flowy_backend.leases
+        releasing = flowy_backend.capabilities.release_on_save
+        tids = [new_thread_id("al-race") for _ in range(20)]
+        for tid in tids:
+            await cp.save(0, make_snapshot(tid, state={"n": 0}))
+        done: list[tuple[str, str]] = []
+
+        async def take(tid: str, owner: str) -> None:
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        lease, head = await cp.acquire_and_load(tid, owner, self.long_ttl)
+                    except ThreadLeaseBusyError:
+                        await asyncio.sleep(0)
+                        continue
+                    break
+            assert head is not None
+            if head[1] == 1:  # the step is still to do
+                done.append((tid, owner))
+                after = make_snapshot(tid, state={"n": 1})
+                try:
+                    if releasing:
+                        await cp.save_and_release(1, after, lease=lease)
+                        return
+                    await cp.save(1, after, lease=lease)
+                except ConcurrencyConflictError:
+                    pass  # it read a head older than the one saved: counted below
+            await leases.release(lease)
+
+        await asyncio.gather(*(take(tid, owner) for tid in tids for owner in ("al-a", "al-b")))
+        twice = [tid for tid in tids if sum(t == tid for t, _ in done) > 1]
+        assert not twice, f"the step ran twice in {len(twice)} of {len(tids)} threads"
+        assert sorted(t for t, _ in done) == sorted(tids)
 
     async def test_a_leased_segment_starts_with_one_call(self, flowy_backend: Backend[Any]) -> None:
         counted, plan = _counted(flowy_backend)
