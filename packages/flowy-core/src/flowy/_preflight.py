@@ -52,14 +52,7 @@ from ._segment import (
 )
 from ._types import E, ResumeToken, S
 from ._waits import Wake, merge_update, take_signal, wake_from
-from .storage import (
-    Checkpointer,
-    HandoffStatus,
-    Lease,
-    LeaseManager,
-    RunStatus,
-    Snapshot,
-)
+from .storage import Checkpointer, HandoffStatus, Lease, LeaseManager, RunStatus, Snapshot
 from .storage._adapt import Merge
 from .storage.dialect import validate_thread_id
 
