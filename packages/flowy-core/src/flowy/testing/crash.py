@@ -1,7 +1,7 @@
 """Crash checks of durable time and supersteps on a real store, with real processes
 killed (SIGKILL).
 
-Five checks, each against a store URL every process can open (so not ``memory://``,
+Six checks, each against a store URL every process can open (so not ``memory://``,
 which lives and dies with its process):
 
 - :func:`check_activity_crash`: a worker process calls a payment gateway as an activity
@@ -18,9 +18,13 @@ which lives and dies with its process):
 - :func:`check_cancel_running`: a worker process runs a long chain of steps and this
   process cancels the thread (``flowy.operations.cancel``); the worker stops within one
   step, lets go of its lease, and the thread's head is ``canceled``.
+- :func:`check_queue_crash`: 4 worker processes serve one queue with a global limit of
+  3 runs in flight and a partition limit of 1, while 500 hand-offs over 20 partitions
+  run and workers are SIGKILLed at random (and replaced). Every hand-off completes
+  exactly once, and the runs seen at work at once never exceed a limit.
 
 Each returns a :class:`CrashReport`; ``python -m flowy.testing.crash --store URL`` runs
-all five and prints one line each. The "outside world" is a file in a work folder: a
+all six and prints one line each. The "outside world" is a file in a work folder: a
 line per gateway call, written and flushed before the kill.
 """
 
@@ -28,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -46,6 +52,7 @@ from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
 from ..operations import cancel
+from ..queues import DEFAULT_QUEUE
 from ..storage import Backend, DurableCheckpointer, connect
 
 __all__ = [
@@ -55,8 +62,10 @@ __all__ = [
     "check_activity_crash",
     "check_cancel_running",
     "check_fan_out_crash",
+    "check_queue_crash",
     "check_signal_crash",
     "check_timer_race",
+    "keeps_queues",
     "main",
 ]
 
@@ -70,6 +79,7 @@ long enough that no loaded machine stalls a holder past it, as in production. (W
 a holder paused past its lease lets the other process run the node again, which is the
 at-least-once a lost lease allows, not a double firing.)"""
 _VISIBILITY = 2.0
+_STOP = "stop"
 
 
 @dataclass(frozen=True)
@@ -93,12 +103,14 @@ def _calls(workdir: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def _record_call(line: str) -> None:
-    """The outside world's record of a call, durable before anything else happens."""
+def _record_call(line: str, *, sync: bool = True) -> None:
+    """The outside world's record of a call, durable before anything else happens
+    (``sync=False``: written to the kernel, which a SIGKILL cannot undo, not to disk)."""
     with open(os.environ[_CALLS], "a") as f:
         f.write(line + "\n")
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
 
 
 def _die_if(point: str) -> None:
@@ -284,19 +296,47 @@ def chain_graph() -> Graph[State, Any]:
     )
 
 
+async def _route(state: State) -> tuple[State, Directive[Any]]:
+    route = {"queue": state["queue"], "partition_key": state["partition"]}
+    return {}, handoff("limited", resume_at="work", **route)
+
+
+async def _work(state: State) -> tuple[State, Directive[Any]]:
+    """Logs when it begins and ends (by the wall clock shared by every process)."""
+    line = f"{state['id']} {state['partition']} {os.getpid()}"
+    _record_call(f"begin {line} {time.time():.6f}", sync=False)
+    await asyncio.sleep(random.uniform(0.02, 0.06))
+    _record_call(f"end {line} {time.time():.6f}", sync=False)
+    return {"done": state.get("done", 0) + 1}, end()
+
+
+def limited_graph() -> Graph[State, Any]:
+    """``start`` hands off to the queue and partition its state names; a worker runs
+    ``work`` (its begin and end logged)."""
+    builder: GraphBuilder[State, Any] = GraphBuilder(_merge)
+    return (
+        builder.add_node("start", _route)
+        .add_node("work", _work)
+        .add_edge("start", "work")
+        .allow_no_outgoing_route("work")
+        .compile()
+    )
+
+
 _GRAPHS = {
     "chain": chain_graph,
     "payment": payment_graph,
     "timer": timer_graph,
     "approval": approval_graph,
     "grading": grading_graph,
+    "limited": limited_graph,
 }
 
 
 # --- processes ----------------------------------------------------------------------------
 
 
-async def _worker_main(url: str, graph: str, workdir: str, mode: str) -> None:
+async def _worker_main(url: str, graph: str, workdir: str, mode: str, queue: str) -> None:
     os.environ[_CALLS] = str(Path(workdir) / "calls.log")
     ttl = _TIMER_LEASE_TTL if mode == "timers" else _LEASE_TTL
     async with await connect(url) as backend:
@@ -308,18 +348,23 @@ async def _worker_main(url: str, graph: str, workdir: str, mode: str) -> None:
             visibility_timeout=_VISIBILITY,
             timer_interval=0.01,
             retry_delay=0.1,
+            queues=(queue,),
         )
         if mode == "timers":
             while await worker.fire_timers(limit=1000):
                 pass
+        elif mode == "serve":  # until the parent writes its stop file
+            serving = asyncio.ensure_future(worker.run())
+            while not (Path(workdir) / _STOP).exists() and not serving.done():
+                await asyncio.sleep(0.05)
+            worker.stop()
+            await serving
         else:
             await worker.run_until_idle(idle_wait=1.0 if graph == "chain" else 5.0)
 
 
-async def _spawn(url: str, graph: str, workdir: Path, mode: str, kill: str = "") -> int:
-    """Run a worker process to its end (or its SIGKILL); its exit code."""
-    env = {**os.environ, _KILL: kill, _CALLS: str(workdir / "calls.log")}
-    proc = await asyncio.create_subprocess_exec(
+def _worker_command(url: str, graph: str, workdir: Path, mode: str, queue: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "flowy.testing.crash",
@@ -331,6 +376,16 @@ async def _spawn(url: str, graph: str, workdir: Path, mode: str, kill: str = "")
         str(workdir),
         "--mode",
         mode,
+        "--queue",
+        queue,
+    ]
+
+
+async def _spawn(url: str, graph: str, workdir: Path, mode: str, kill: str = "") -> int:
+    """Run a worker process to its end (or its SIGKILL); its exit code."""
+    env = {**os.environ, _KILL: kill, _CALLS: str(workdir / "calls.log")}
+    proc = await asyncio.create_subprocess_exec(
+        *_worker_command(url, graph, workdir, mode, DEFAULT_QUEUE),
         env=env,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -524,6 +579,171 @@ async def check_cancel_running(url: str, workdir: Path) -> CrashReport:
     )
 
 
+_QUEUE_WORKERS = 4
+_GLOBAL_LIMIT = 3
+_PARTITION_LIMIT = 1
+
+
+async def keeps_queues(url: str) -> bool:
+    """Whether the store at ``url`` keeps queues (:func:`check_queue_crash` needs them)."""
+    async with await connect(url) as backend:
+        return backend.capabilities.queues
+
+
+async def check_queue_crash(
+    url: str,
+    workdir: Path,
+    handoffs: int = 500,
+    partitions: int = 20,
+    kills: int = 6,
+    limited: bool = True,
+) -> CrashReport:
+    """Queue limits hold while worker processes die: 4 processes serve one queue (a
+    global limit of 3 in flight, 1 per partition); ``handoffs`` runs over
+    ``partitions`` partitions hand off to it; ``kills`` times a random worker (one at
+    work when one is) is SIGKILLed and replaced. Every hand-off completes once, and the runs seen at work at
+    once (from the begin and end each logs, a killed one's end being its kill) never
+    exceed a limit. (``limited=False`` configures no limits: the check must then fail,
+    which shows that it can see runs at work beyond them.)"""
+    os.environ[_CALLS] = str(workdir / "calls.log")
+    tag = uuid.uuid4().hex[:10]
+    queue = f"crash-{tag}"
+    ids = [f"crash-queue-{tag}-{i}" for i in range(handoffs)]
+    rng = random.Random(tag)
+    killed: dict[str, float] = {}  # pid -> when it was seen dead
+    procs: list[asyncio.subprocess.Process] = []
+
+    async def spawn() -> None:
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                *_worker_command(url, "limited", workdir, "serve", queue),
+                env={**os.environ, _CALLS: str(workdir / "calls.log")},
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        )
+
+    async with await connect(url) as backend:
+        if limited:
+            await backend.queues.configure(
+                queue, global_concurrency=_GLOBAL_LIMIT, partition_concurrency=_PARTITION_LIMIT
+            )
+        runner = Runner(limited_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        starting = asyncio.Semaphore(8)
+
+        async def start(i: int, thread: str) -> None:
+            async with starting:
+                state = {"id": thread, "queue": queue, "partition": f"part-{i % partitions}"}
+                await runner.start(thread, state)
+
+        await asyncio.gather(*(start(i, t) for i, t in enumerate(ids)))
+        for _ in range(_QUEUE_WORKERS):
+            await spawn()
+        deadline = time.monotonic() + 300
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(rng.uniform(0.3, 1.2))
+                stats = [q for q in await backend.queues.list() if q.queue == queue]
+                if all(q.pending == q.in_flight == 0 for q in stats):  # none: not listed
+                    break
+                if len(killed) < kills:  # a worker at work if one is soon, so slots are held
+                    chosen: list[int] = []
+                    for _ in range(50):
+                        busy = _at_work(_calls(workdir))
+                        chosen = [i for i, proc in enumerate(procs) if str(proc.pid) in busy]
+                        if chosen:
+                            break
+                        await asyncio.sleep(0.01)
+                    victim = procs.pop(rng.choice(chosen or range(len(procs))))
+                    victim.send_signal(signal.SIGKILL)
+                    await victim.wait()
+                    killed[str(victim.pid)] = time.time()
+                    await spawn()
+        finally:
+            (workdir / _STOP).touch()
+            for proc in procs:
+                try:
+                    await asyncio.wait_for(proc.wait(), 30)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+        exits = [proc.returncode for proc in procs]
+
+        async def head(thread: str) -> tuple[Any, Any]:
+            async with starting:
+                return await runner.head(thread)
+
+        heads = await asyncio.gather(*(head(t) for t in ids))
+    done = [head.state.get("done", 0) for head, _ in heads]
+    lost = sum(head.status is not RunStatus.COMPLETED for head, _ in heads)
+    double = sum(n > 1 for n in done)
+    most, most_per_partition, interrupted = _most_at_work(_calls(workdir), killed, ids)
+    store = url.split(":", 1)[0]
+    ok = (
+        lost == double == 0
+        and all(code == 0 for code in exits)
+        and (len(killed) > 0 or kills == 0)
+        and most <= _GLOBAL_LIMIT
+        and most_per_partition <= _PARTITION_LIMIT
+    )
+    return CrashReport(
+        "queue limits",
+        ok,
+        f"store={store} handoffs={handoffs} max_in_flight={most} "
+        f"max_per_partition={most_per_partition} lost={lost} double={double} "
+        f"(limits {_GLOBAL_LIMIT} and {_PARTITION_LIMIT}; workers killed={len(killed)}, "
+        f"runs killed at work={interrupted}, exits of the last {len(exits)}={exits})",
+    )
+
+
+def _at_work(lines: list[str]) -> set[str]:
+    """The processes (pids) that logged a begin without its end."""
+    open_: set[tuple[str, str]] = set()
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 5 and fields[0] == "begin":
+            open_.add((fields[1], fields[3]))
+        elif len(fields) == 5 and fields[0] == "end":
+            open_.discard((fields[1], fields[3]))
+    return {pid for _, pid in open_}
+
+
+def _most_at_work(
+    lines: list[str], killed: dict[str, float], ids: list[str]
+) -> tuple[int, int, int]:
+    """The most runs at work at once, in all and in one partition, and the runs killed at
+    work. A run is at work from
+    its logged begin to its logged end, or to its process's kill; at equal times an end
+    comes first (the next claim follows the ack, which follows the end)."""
+    wanted = set(ids)
+    begun: dict[tuple[str, str], tuple[str, float]] = {}  # (thread, pid) -> (partition, t)
+    spans: list[tuple[str, float, float]] = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 5 or fields[0] not in ("begin", "end") or fields[1] not in wanted:
+            continue
+        what, thread, partition, pid, at = fields
+        if what == "begin":
+            begun[thread, pid] = (partition, float(at))
+        elif (thread, pid) in begun:
+            partition, start = begun.pop((thread, pid))
+            spans.append((partition, start, float(at)))
+    for (_, pid), (partition, start) in begun.items():  # never ended: killed at work
+        spans.append((partition, start, killed.get(pid, math.inf)))
+    interrupted = len(begun)
+
+    def most(chosen: list[tuple[str, float, float]]) -> int:
+        events = sorted([(s, 1) for _, s, _ in chosen] + [(e, -1) for _, _, e in chosen])
+        at_work = peak = 0
+        for _, step in events:
+            at_work += step
+            peak = max(peak, at_work)
+        return peak
+
+    partitions = {partition for partition, _, _ in spans}
+    per_partition = [most([x for x in spans if x[0] == p]) for p in partitions]
+    return most(spans), max(per_partition, default=0), interrupted
+
+
 async def _journal(backend: Backend[Any], thread: str) -> list[tuple[str, str, int]]:
     cp = backend.checkpointer
     assert isinstance(cp, DurableCheckpointer)
@@ -539,6 +759,7 @@ CHECKS: tuple[Check, ...] = (
     check_signal_crash,
     check_fan_out_crash,
     check_cancel_running,
+    check_queue_crash,
 )
 """Every crash check, in the order ``main`` runs them."""
 
@@ -558,10 +779,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True, help="a store URL every process can open")
     parser.add_argument("--worker", choices=sorted(_GRAPHS), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("messages", "timers"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--mode", choices=("messages", "timers", "serve"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--queue", default=DEFAULT_QUEUE, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        asyncio.run(_worker_main(args.store, args.worker, args.workdir, args.mode))
+        asyncio.run(_worker_main(args.store, args.worker, args.workdir, args.mode, args.queue))
         return 0
     reports = asyncio.run(run_all(args.store))
     for report in reports:
