@@ -3,10 +3,10 @@ Redis (and, for information, the memory store).
 
 Two arms, measured in the same process on the same backend (PostgreSQL: a pool of 16, as
 the other rows; Redis standalone), in interleaved rounds (the order rotates each round;
-one warm-up round dropped), each round on fresh queue names:
+one warm-up round dropped, then 5 by default), each round on fresh queue names:
 
 - **unlimited**: a queue with no limits configured;
-- **limited**: the same queue with ``global_concurrency=64`` (4 consumers × batches of
+- **limited**: a queue like it with ``global_concurrency=64`` (4 consumers × batches of
   16: never fewer free slots than a batch), ``partition_concurrency=64`` (likewise per
   partition) and ``rate_limit=1,000,000`` per ``rate_period=1`` s (never reached). No
   limit ever binds, so the row measures the cost of enforcing counted limits (the
@@ -19,8 +19,9 @@ are consumed. A sample is the drain's time divided by the messages. The row: the
 time per claimed message with limits over without. Budget: ≤ 1.3× (throughput with
 limits ≥ 1/1.3 of the throughput without). A consumer stops at its first empty claim.
 Per arm, the details count the claims that returned fewer than 16 messages (the last
-ones of a drain may) and the consumers that stopped while messages were still unclaimed:
-more of either in the limited arm would mean a limit bound.
+ones of a drain may) and the consumers that stopped while messages were still unclaimed
+(one now and then in either arm: claims racing each other); more of them in the limited
+arm would mean a limit bound.
 
     uv run --frozen --all-packages python bench/queue_limits.py [--intents 4000]
         [--partitions 20] [--rounds 5]
