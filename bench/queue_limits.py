@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import _common as c
@@ -118,7 +118,7 @@ def per_message(seconds: float) -> str:
 
 
 @contextlib.asynccontextmanager
-async def memory() -> AsyncIterator[Callable[[], Any]]:
+async def memory() -> AsyncGenerator[Callable[[], Any], None]:
     yield lambda: flowy.connect("memory://")
 
 
