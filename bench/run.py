@@ -39,6 +39,7 @@ ORDER = [
     "load",
     "memory",
     "outbox",
+    "queue_limits",
     "peer_langgraph",
     "peer_langgraph_send",
 ]

@@ -33,6 +33,7 @@ MEASURED = {
     "memory.worker_rss",
     "memory.worker_traced",
     "memory.suspended",
+    "memory.queue_limits",
     # langgraph is a dev dependency (flowy-langgraph's tests): the fan-out peer runs here.
     "peer.langgraph_send",
 }
@@ -50,6 +51,8 @@ SKIPPED = {
     "postgres.outbox_worker",
     "redis.outbox_worker",
     "postgres.handoff_latency",
+    "postgres.queue_limits",
+    "redis.queue_limits",
     "peer.langgraph",
 }
 BUDGETED = {
