@@ -257,6 +257,32 @@ async def test_lost_response_of_save_with_outbox_enqueues_once(
         await backend.aclose()
 
 
+@pytest.mark.parametrize("call", ["acquire", "acquire_and_load"])
+async def test_a_lease_whose_answer_was_lost_and_retried_is_taken(
+    dynamo_endpoint: Any, table_name: str, call: str
+) -> None:
+    """The lease's UpdateItem landed, its answer was lost and botocore sent it again: the
+    retry's condition fails on the lease the first attempt wrote. That lease is ours
+    (same owner, same fencing token), so the take succeeds instead of finding the thread
+    busy until the lease runs out."""
+    backend = await make_backend(dynamo_endpoint, table_name, retry_attempts=3)
+    try:
+        tid = f"lease-retried-{uuid.uuid4().hex}"
+        await backend.checkpointer.save(0, snap(tid))
+        injector = Injector(client_of(backend), "UpdateItem", deliver_then_drop)
+        if call == "acquire":
+            lease = await backend.leases.acquire(tid, "me", 30.0)
+        else:
+            lease, (head, revision) = await backend.checkpointer.acquire_and_load(tid, "me", 30)
+            assert (head.thread_id, revision) == (tid, 1)
+        assert injector.attempts == 2  # the lost one and botocore's retry
+        assert await backend.leases.holder(tid) == lease
+        assert await backend.leases.release(lease) is None
+        assert await backend.leases.holder(tid) is None
+    finally:
+        await backend.aclose()
+
+
 async def test_own_write_landed_and_was_overtaken_before_the_retry(
     dynamo_endpoint: Any, table_name: str
 ) -> None:

@@ -87,3 +87,25 @@ async def test_claims_of_a_queue_without_counted_limits_do_not_wait(
         assert [m.intent for m in claimed] == [plain]
         claimed = await asyncio.wait_for(backend.consumer.claim(5, 60, queue="per-worker"), 10)
         assert [m.intent for m in claimed] == [mine]
+
+
+async def test_a_partitioned_claim_walks_past_pages_of_full_partitions(
+    backend: PostgresBackend[Any],
+) -> None:
+    """The messages of full partitions fill more than one of the pages the claim reads
+    (64 at a time), across two priorities: the claim still reaches the free ones after
+    them, in claim order."""
+    await backend.queues.configure("walk", partition_concurrency=1)
+    await _enqueue(backend, Route("walk", "busy"))
+    [held] = await backend.consumer.claim(1, 60, queue="walk")
+    for _ in range(150):
+        await _enqueue(backend, Route("walk", "busy"))
+    for _ in range(70):
+        await _enqueue(backend, Route("walk", "busy", priority=1))
+    late = await _enqueue(backend, Route("walk", "late", priority=1))
+    free = await _enqueue(backend, Route("walk", "free", priority=2))
+    claimed = await backend.consumer.claim(5, 60, queue="walk")
+    assert [m.intent.thread_id for m in claimed if m.intent] == [late.thread_id, free.thread_id]
+    await backend.consumer.ack(held)
+    [next_busy] = await backend.consumer.claim(5, 60, queue="walk")
+    assert next_busy.intent is not None and next_busy.intent.route.partition_key == "busy"

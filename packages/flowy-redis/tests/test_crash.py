@@ -1,5 +1,5 @@
-"""The crash checks of durable time on this store, with worker processes SIGKILLed
-around an activity, a timer, a signal, a superstep, a cancel and a limited queue (``flowy.testing.crash``)."""
+"""The crash checks on this store, with worker processes SIGKILLed around an activity, a
+timer, a signal, a superstep, a cancel and a limited queue (``flowy.testing.crash``)."""
 
 from __future__ import annotations
 

@@ -106,10 +106,15 @@ async def take_lease(
         except ConditionFailed as failed:
             check_stored_id(thread_id, failed.item)
             live = live_lease(thread_id, failed.item, now - table.clock_skew)
-            if live is not None:
+            if live is not None and (live.owner, live.fencing_token) == (owner, lease.fencing_token):
+                # This very update landed, its answer was lost, and botocore sent it
+                # again: the retry found the lease the first attempt wrote, ours.
+                result = failed.item
+            elif live is not None:
                 return Busy(live), {}
-            seen = get_int(failed.item, A.TOKEN) or 0  # issued by a clock ahead of ours
-            continue
+            else:
+                seen = get_int(failed.item, A.TOKEN) or 0  # issued by a clock ahead of ours
+                continue
         if await keep_alive(table, lease, result):
             return lease, result
     raise StorageUnavailableError(

@@ -190,6 +190,11 @@ def _queues(n: TableNames) -> list[str]:
     ]
 
 
+_PAGE = 16
+"""The fewest messages a claim of a queue with partition limits reads (and locks) at a
+time: as many as it still wants, if more."""
+
+
 def _claim_function(n: TableNames) -> str:
     """The claim of up to ``want`` messages of queue ``q`` (``BaseConsumer._claim_queue``).
 
@@ -207,6 +212,13 @@ def _claim_function(n: TableNames) -> str:
     ready = f"""SELECT o.id, o.partition_key FROM {outbox} AS o
         WHERE o.queue = q AND NOT o.dead AND o.visible_at <= now_
         ORDER BY o.priority, o.id"""
+    # The walk past full partitions reads pages in claim order, each of them bounded: a
+    # query without a bound may be planned as a sort of the queue's every ready message,
+    # and it would lock every row the loop prefetches, past those it takes.
+    page = f"""SELECT o.id, o.partition_key, o.priority FROM {outbox} AS o
+        WHERE o.queue = q AND NOT o.dead AND o.visible_at <= now_
+            AND (o.priority, o.id) > (after_priority, after_id)
+        ORDER BY o.priority, o.id LIMIT page_size"""
     return f"""CREATE OR REPLACE FUNCTION {n.claim}(
     q text, want integer, hide double precision, held integer)
 RETURNS TABLE (id bigint, payload bytea, attempts integer, last_error text)
@@ -224,6 +236,10 @@ DECLARE
     seen integer;
     went integer;
     taken bigint[] := '{{}}';
+    fetched integer;
+    page_size integer;
+    after_priority integer := -1;  -- priorities are 0 or more
+    after_id bigint := 0;
     keys text[] := '{{}}';
     msg record;
 BEGIN
@@ -246,39 +262,62 @@ BEGIN
         END IF;
     ELSE
         rated := lim.rate_limit IS NOT NULL OR lim.partition_rate_limit IS NOT NULL;
-        IF lim.global_concurrency IS NOT NULL OR lim.partition_concurrency IS NOT NULL THEN
+        IF lim.partition_concurrency IS NOT NULL THEN
             SELECT coalesce(jsonb_object_agg(f.partition_key, f.n), '{{}}'),
                 coalesce(sum(f.n), 0) INTO flying, total
             FROM (SELECT o.partition_key, count(*) AS n FROM {outbox} AS o
                 WHERE o.queue = q AND o.claimed_until > now_ GROUP BY o.partition_key) AS f;
             room := least(room, lim.global_concurrency - total);
+        ELSIF lim.global_concurrency IS NOT NULL THEN  -- no partition counts needed
+            SELECT count(*) INTO total FROM {outbox} AS o
+                WHERE o.queue = q AND o.claimed_until > now_;
+            room := least(room, lim.global_concurrency - total);
         END IF;
         IF rated THEN
             DELETE FROM {starts} AS s WHERE s.queue = q
                 AND s.started_at <= now_ - make_interval(secs => lim.rate_period);
-            SELECT coalesce(jsonb_object_agg(c.partition_key, c.n), '{{}}'),
-                coalesce(sum(c.n), 0) INTO started, total
-            FROM (SELECT s.partition_key, sum(s.count) AS n FROM {starts} AS s
-                WHERE s.queue = q GROUP BY s.partition_key) AS c;
+            IF lim.partition_rate_limit IS NOT NULL THEN
+                SELECT coalesce(jsonb_object_agg(c.partition_key, c.n), '{{}}'),
+                    coalesce(sum(c.n), 0) INTO started, total
+                FROM (SELECT s.partition_key, sum(s.count) AS n FROM {starts} AS s
+                    WHERE s.queue = q GROUP BY s.partition_key) AS c;
+            ELSE  -- no partition counts needed
+                SELECT coalesce(sum(s.count), 0) INTO total FROM {starts} AS s
+                    WHERE s.queue = q;
+            END IF;
             room := least(room, lim.rate_limit - total);
         END IF;
         IF room > 0 AND lim.partition_concurrency IS NULL
                 AND lim.partition_rate_limit IS NULL THEN
             SELECT coalesce(array_agg(r.id), '{{}}'), coalesce(array_agg(r.partition_key), '{{}}')
             INTO taken, keys FROM ({ready} LIMIT room FOR UPDATE SKIP LOCKED) AS r;
-        ELSIF room > 0 THEN  -- walk past the messages of full partitions
-            FOR msg IN {ready} FOR UPDATE SKIP LOCKED LOOP
-                IF msg.partition_key <> '' THEN
-                    seen := coalesce((flying ->> msg.partition_key)::integer, 0);
-                    went := coalesce((started ->> msg.partition_key)::integer, 0);
-                    CONTINUE WHEN seen >= lim.partition_concurrency
-                        OR went >= lim.partition_rate_limit;
-                    flying := jsonb_set(flying, ARRAY[msg.partition_key], to_jsonb(seen + 1));
-                    started := jsonb_set(started, ARRAY[msg.partition_key], to_jsonb(went + 1));
-                END IF;
-                taken := taken || msg.id;
-                keys := keys || msg.partition_key;
-                EXIT WHEN cardinality(taken) >= room;
+        ELSIF room > 0 THEN  -- walk past the messages of full partitions, a page at a time
+            LOOP
+                fetched := 0;
+                page_size := greatest(room - cardinality(taken), {_PAGE});
+                FOR msg IN {page} FOR UPDATE SKIP LOCKED LOOP
+                    fetched := fetched + 1;
+                    after_priority := msg.priority;
+                    after_id := msg.id;
+                    IF msg.partition_key <> '' THEN
+                        seen := coalesce((flying ->> msg.partition_key)::integer, 0);
+                        went := coalesce((started ->> msg.partition_key)::integer, 0);
+                        CONTINUE WHEN seen >= lim.partition_concurrency
+                            OR went >= lim.partition_rate_limit;
+                        IF lim.partition_concurrency IS NOT NULL THEN
+                            flying := jsonb_set(flying, ARRAY[msg.partition_key],
+                                to_jsonb(seen + 1));
+                        END IF;
+                        IF lim.partition_rate_limit IS NOT NULL THEN
+                            started := jsonb_set(started, ARRAY[msg.partition_key],
+                                to_jsonb(went + 1));
+                        END IF;
+                    END IF;
+                    taken := taken || msg.id;
+                    keys := keys || msg.partition_key;
+                    EXIT WHEN cardinality(taken) >= room;
+                END LOOP;
+                EXIT WHEN fetched < page_size OR cardinality(taken) >= room;
             END LOOP;
         END IF;
         IF rated AND cardinality(keys) > 0 THEN

@@ -39,7 +39,9 @@ import signal
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +54,8 @@ from .._runner import Runner
 from .._types import RunStatus
 from .._worker import Worker
 from ..operations import cancel
-from ..queues import DEFAULT_QUEUE
-from ..storage import Backend, DurableCheckpointer, connect
+from ..queues import DEFAULT_QUEUE, queues_of
+from ..storage import Backend, DurableCheckpointer, HandoffStatus, connect
 
 __all__ = [
     "CHECKS",
@@ -355,8 +357,9 @@ async def _worker_main(url: str, graph: str, workdir: str, mode: str, queue: str
                 pass
         elif mode == "serve":  # until the parent writes its stop file
             serving = asyncio.ensure_future(worker.run())
-            while not (Path(workdir) / _STOP).exists() and not serving.done():
-                await asyncio.sleep(0.05)
+            while not (Path(workdir) / _STOP).exists():
+                if (await asyncio.wait({serving}, timeout=0.05))[0]:
+                    break
             worker.stop()
             await serving
         else:
@@ -584,6 +587,20 @@ _GLOBAL_LIMIT = 3
 _PARTITION_LIMIT = 1
 
 
+_QUEUE_ATTEMPTS = 50
+"""Deliveries before a dead letter in the queue check: each kill of a worker at work
+costs its runs a delivery, and so does each claim that finds its thread still leased."""
+
+
+def _with_query(url: str, **options: object) -> str:
+    """``url`` with ``options`` set in its query (every flowy store takes
+    ``max_attempts`` there)."""
+    base, _, query = url.partition("?")
+    values = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    values.update({k: str(v) for k, v in options.items()})
+    return f"{base}?{urllib.parse.urlencode(values)}"
+
+
 async def keeps_queues(url: str) -> bool:
     """Whether the store at ``url`` keeps queues (:func:`check_queue_crash` needs them)."""
     async with await connect(url) as backend:
@@ -598,14 +615,21 @@ async def check_queue_crash(
     kills: int = 6,
     limited: bool = True,
 ) -> CrashReport:
-    """Queue limits hold while worker processes die: 4 processes serve one queue (a
-    global limit of 3 in flight, 1 per partition); ``handoffs`` runs over
-    ``partitions`` partitions hand off to it; ``kills`` times a random worker (one at
-    work when one is) is SIGKILLed and replaced. Every hand-off completes once, and the runs seen at work at
-    once (from the begin and end each logs, a killed one's end being its kill) never
-    exceed a limit. (``limited=False`` configures no limits: the check must then fail,
-    which shows that it can see runs at work beyond them.)"""
+    """Queue limits hold while worker processes die.
+
+    4 processes serve one queue (a global limit of 3 in flight, 1 per partition);
+    ``handoffs`` runs over ``partitions`` partitions hand off to it; ``kills`` times a
+    random worker (one at work when one is) is SIGKILLed and replaced. Every hand-off
+    completes once, and the runs seen at work at once (from the begin and end each logs,
+    a killed one's end being its kill) never exceed a limit.
+
+    The store is opened with ``max_attempts`` set to 50 in its URL's query, so that the
+    deliveries the kills cost never dead-letter a message.
+
+    ``limited=False`` configures no limits: the check must then fail, which shows that
+    it can see runs at work beyond them."""
     os.environ[_CALLS] = str(workdir / "calls.log")
+    url = _with_query(url, max_attempts=_QUEUE_ATTEMPTS)
     tag = uuid.uuid4().hex[:10]
     queue = f"crash-{tag}"
     ids = [f"crash-queue-{tag}-{i}" for i in range(handoffs)]
@@ -624,16 +648,19 @@ async def check_queue_crash(
 
     async with await connect(url) as backend:
         if limited:
-            await backend.queues.configure(
+            await queues_of(backend).configure(
                 queue, global_concurrency=_GLOBAL_LIMIT, partition_concurrency=_PARTITION_LIMIT
             )
-        runner = Runner(limited_graph(), backend, run_lease=("parent", _LEASE_TTL))
+        # The parent's lease outlasts a start on a slow store (moto serves DynamoDB).
+        runner = Runner(limited_graph(), backend, run_lease=("parent", _TIMER_LEASE_TTL))
         starting = asyncio.Semaphore(8)
 
         async def start(i: int, thread: str) -> None:
             async with starting:
                 state = {"id": thread, "queue": queue, "partition": f"part-{i % partitions}"}
-                await runner.start(thread, state)
+                result = (await runner.start(thread, state)).raise_for_error()
+                if result.handoff_status is not HandoffStatus.ENQUEUED:
+                    raise RuntimeError(f"the start of {thread} did not hand off: {result!r:.300}")
 
         await asyncio.gather(*(start(i, t) for i, t in enumerate(ids)))
         for _ in range(_QUEUE_WORKERS):
@@ -642,7 +669,7 @@ async def check_queue_crash(
         try:
             while time.monotonic() < deadline:
                 await asyncio.sleep(rng.uniform(0.3, 1.2))
-                stats = [q for q in await backend.queues.list() if q.queue == queue]
+                stats = [q for q in await queues_of(backend).list() if q.queue == queue]
                 if all(q.pending == q.in_flight == 0 for q in stats):  # none: not listed
                     break
                 if len(killed) < kills:  # a worker at work if one is soon, so slots are held
@@ -673,8 +700,19 @@ async def check_queue_crash(
                 return await runner.head(thread)
 
         heads = await asyncio.gather(*(head(t) for t in ids))
+        mine = set(ids)
+        dead = [
+            d
+            for d in await backend.consumer.dead_letters(1000)
+            if d.intent is not None and d.intent.thread_id in mine
+        ]
     done = [head.state.get("done", 0) for head, _ in heads]
-    lost = sum(head.status is not RunStatus.COMPLETED for head, _ in heads)
+    unfinished = Counter(
+        f"{head.status.value}/{head.handoff_status.value}"
+        for head, _ in heads
+        if head.status is not RunStatus.COMPLETED
+    )
+    lost = sum(unfinished.values())
     double = sum(n > 1 for n in done)
     most, most_per_partition, interrupted = _most_at_work(_calls(workdir), killed, ids)
     store = url.split(":", 1)[0]
@@ -691,7 +729,10 @@ async def check_queue_crash(
         f"store={store} handoffs={handoffs} max_in_flight={most} "
         f"max_per_partition={most_per_partition} lost={lost} double={double} "
         f"(limits {_GLOBAL_LIMIT} and {_PARTITION_LIMIT}; workers killed={len(killed)}, "
-        f"runs killed at work={interrupted}, exits of the last {len(exits)}={exits})",
+        f"runs killed at work={interrupted}, exits of the last {len(exits)}={exits}"
+        + (f"; unfinished heads {dict(unfinished)}, dead letters {len(dead)}" if lost else "")
+        + (f": {dead[0].error[:300]!r}" if dead else "")
+        + ")",
     )
 
 
@@ -779,9 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True, help="a store URL every process can open")
     parser.add_argument("--worker", choices=sorted(_GRAPHS), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--mode", choices=("messages", "timers", "serve"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--mode", choices=("messages", "timers", "serve"), help=argparse.SUPPRESS)
     parser.add_argument("--queue", default=DEFAULT_QUEUE, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
