@@ -54,8 +54,8 @@ def recent_second(updated_at: float) -> int:
 
 
 def recent_key(summary: ThreadSummary) -> RecentCursor:
-    """``(second, thread_id)`` of a head: ``recent_threads`` lists them in descending
-    order, and the last row's is the cursor of the next page."""
+    """``(second, thread_id)`` of a head ``summary``: ``recent_threads`` lists heads in
+    descending order of it, and the last row's is the ``before`` of the next page."""
     return (recent_second(summary.updated_at), summary.thread_id)
 
 
@@ -147,8 +147,11 @@ class RecentThreads(Protocol):
 async def recent_threads(
     checkpointer: Checkpointer[Any], *, limit: int = 100, before: RecentCursor | None = None
 ) -> list[ThreadSummary]:
-    """``recent_threads`` of any checkpointer: its own where it has one, else a scan of
-    its ``list_threads`` (:func:`scan_recent`)."""
+    """Up to ``limit`` thread heads of ``checkpointer``, most recently saved first (to
+    the second), below ``before`` (the :func:`recent_key` of the last row of the page
+    before): the checkpointer's own ``recent_threads`` where it has one
+    (``BaseCheckpointer.recent_threads``), else a read of every head through its
+    ``list_threads``, sorted."""
     if isinstance(checkpointer, RecentThreads):
         return await checkpointer.recent_threads(limit=limit, before=before)
     cursor = check_cursor(before)
