@@ -46,6 +46,7 @@ EVERYTHING = Capabilities(
     acquire_with_load=True,
     release_on_save=True,
     ack_on_save=True,
+    recent_index=True,
 )
 
 
@@ -65,6 +66,7 @@ class TimerlessCheckpointer(MemoryCheckpointer[Any]):
     _write_release = _BASE._write_release
     _write_ack = _BASE._write_ack
     _acquire_head = _BASE._acquire_head
+    _recent_heads = _BASE._recent_heads
 
 
 class StatlessConsumer(MemoryConsumer):
@@ -103,6 +105,7 @@ def test_a_primitive_left_to_the_base_is_a_missing_capability() -> None:
         "acquire_with_load",
         "release_on_save",
         "ack_on_save",
+        "recent_index",
     )
 
 
@@ -153,6 +156,7 @@ def test_loose_components_have_what_they_implement() -> None:
     assert wrapped.capabilities.transactional_outbox
     assert not wrapped.capabilities.durable_timers_signals
     assert not wrapped.capabilities.journal
+    assert not wrapped.capabilities.recent_index  # recent_threads scans its list_threads
 
 
 async def test_a_runner_given_a_checkpointer_warns_once_and_still_runs() -> None:

@@ -150,6 +150,37 @@ def test_threads_pages_through_a_long_list(tmp_path: Path) -> None:
     assert first[-1] == f"more threads follow: flowy threads --after t00001 --limit 2 --db {db}"
 
 
+def test_threads_recent_pages_most_recently_saved_first(tmp_path: Path) -> None:
+    base = 1_700_000_000
+
+    async def saved() -> None:
+        async with SQLiteBackend[Any](tmp_path / "recent.db") as backend:
+            for i in range(7):  # two threads a second, the newest second last
+                snap = storage.Snapshot(f"r{i}", {}, "n", updated_at=base + i // 2 + 0.5)
+                await backend.checkpointer.save(0, snap)
+
+    asyncio.run(saved())
+    db = str(tmp_path / "recent.db")
+    want = ["r6", "r5", "r4", "r3", "r2", "r1", "r0"]
+    listed = json.loads(run_flowy("threads", "--db", db, "--recent", "--json").stdout)
+    assert [row["thread_id"] for row in listed] == want
+    first = run_flowy("threads", "--db", db, "--recent", "--limit", "3").stdout.splitlines()
+    assert [line.split()[0] for line in first[1:-1]] == want[:3]
+    assert first[-1] == (
+        f"more threads follow: flowy threads --recent --before '{base + 2}~r4' --limit 3 --db {db}"
+    )
+    rest = run_flowy("threads", "--db", db, "--before", f"{base + 2}~r4", "--json")
+    assert [row["thread_id"] for row in json.loads(rest.stdout)] == want[3:]
+    none = run_flowy("threads", "--db", db, "--before", f"{base}~r0")
+    assert none.stdout.startswith("no threads in ") and f"saved before '{base}~r0'" in none.stdout
+    for bad in (["--before", "soon"], ["--before", "12~"], ["--recent", "--after", "r1"]):
+        proc = run_flowy("threads", "--db", db, *bad)
+        assert proc.returncode == 2, bad
+        assert (
+            proc.stderr.startswith("flowy threads: error: ") and len(proc.stderr.splitlines()) == 1
+        )
+
+
 # ---------------------------------------------------------------------------- show
 
 

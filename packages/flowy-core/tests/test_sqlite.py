@@ -38,6 +38,7 @@ from flowy.storage import (
     ResumeToken,
     Route,
     Snapshot,
+    recent_key,
 )
 from flowy.storage.dialect import OutboxRow, new_write_id
 from flowy.testing import corrupt_head
@@ -234,6 +235,69 @@ async def test_a_file_of_schema_3_upgrades_to_queues(db_path: Path) -> None:
     conn.close()
     assert "flowy_outbox_ready" not in indexes
     assert {"flowy_outbox_order", "flowy_outbox_visible", "flowy_outbox_flight"} <= indexes
+
+
+async def test_a_file_of_schema_4_upgrades_to_the_recency_index(db_path: Path) -> None:
+    # Heads saved by the code before the recency index: setup() fills it from updated_at.
+    conn = raw(db_path)
+    for step in sqlite_db.MIGRATIONS[:4]:
+        for statement in step:
+            conn.execute(statement)
+    conn.execute(f"PRAGMA application_id = {sqlite_db.APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 4")
+    conn.executemany(
+        "INSERT INTO flowy_threads (thread_id, revision, pointer, status, reason, "
+        "handoff_status, updated_at, record) VALUES (?, 1, 'n', 'running', '', 'none', ?, x'00')",
+        [("a", 1_700_000_005.5), ("b", 1_700_000_009.25), ("c", 1_700_000_005.75)],
+    )
+    conn.close()
+    backend = SQLiteBackend[Any](db_path)
+    try:
+        assert await backend.setup() == sqlite_db.SCHEMA_VERSION
+        recent = await backend.checkpointer.recent_threads(limit=10)
+        assert [(s.thread_id, recent_key(s)[0]) for s in recent] == [
+            ("b", 1_700_000_009),
+            ("c", 1_700_000_005),
+            ("a", 1_700_000_005),
+        ]
+    finally:
+        await backend.aclose()
+    conn = raw(db_path)
+    plan = " ".join(
+        str(row[3])
+        for row in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT thread_id FROM flowy_threads "
+            "WHERE (recent_second, thread_id) < (?, ?) "
+            "ORDER BY recent_second DESC, thread_id DESC LIMIT 5",
+            (1_700_000_009, "b"),
+        )
+    )
+    conn.close()
+    assert "flowy_threads_recent" in plan and "TEMP B-TREE" not in plan, plan
+
+
+async def test_the_recency_index_is_written_only_in_a_new_second(db_path: Path) -> None:
+    # SQLite rewrites an index entry whenever its column is assigned: a save in the same
+    # second as the head's leaves the column out (counted by a trigger on it).
+    async with SQLiteBackend[Any](db_path) as backend:
+        await backend.setup()
+        conn = raw(db_path)
+        conn.execute("CREATE TABLE seen (n INTEGER)")
+        conn.execute(
+            "CREATE TRIGGER recent_written AFTER UPDATE OF recent_second ON flowy_threads "
+            "BEGIN INSERT INTO seen VALUES (1); END"
+        )
+        conn.commit()
+        cp = backend.checkpointer
+        at = 1_700_000_000.0
+        for revision, offset in enumerate((0.1, 0.5, 0.9, 1.2, 1.3, 3.0)):
+            stamped = dataclasses.replace(snap("t"), updated_at=at + offset)
+            assert await cp.save(revision, stamped) == revision + 1
+        writes = conn.execute("SELECT count(*) FROM seen").fetchone()[0]
+        conn.close()
+        assert writes == 2  # into second +1 and second +3; the first save inserted
+        [head] = await cp.recent_threads(limit=1)
+        assert recent_key(head) == (1_700_000_003, "t")
 
 
 async def test_many_connections_opening_a_new_file_at_once(db_path: Path) -> None:

@@ -969,6 +969,41 @@ class ScanningListSQLiteCheckpointer(SQLiteCheckpointer[Any]):
         ][:limit]
 
 
+class StaleRecencySQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Writes a head's save second at its first save only: later saves never move it in
+    the recency index."""
+
+    def _body(self, conn: sqlite3.Connection, write: Write) -> Refused | None:
+        row = conn.execute(
+            "SELECT recent_second FROM flowy_threads WHERE thread_id = ?", (write.thread_id,)
+        ).fetchone()
+        refused = super()._body(conn, write)
+        if refused is None and row is not None:
+            conn.execute(
+                "UPDATE flowy_threads SET recent_second = ? WHERE thread_id = ?",
+                (row[0], write.thread_id),
+            )
+        return refused
+
+
+class AscendingIdsRecencySQLiteCheckpointer(SQLiteCheckpointer[Any]):
+    """Lists the threads of one second in ascending id order (and pages as if not)."""
+
+    async def _recent_heads(
+        self, limit: int, before: tuple[int, str] | None
+    ) -> list[ThreadSummary]:
+        sql = f"SELECT {_SUMMARY_COLUMNS} FROM flowy_threads"
+        params: list[object] = []
+        if before is not None:
+            sql += " WHERE (recent_second, thread_id) < (?, ?)"
+            params += before
+        sql += " ORDER BY recent_second DESC, thread_id LIMIT ?"
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(sql, [*params, limit]).fetchall(), "list recent threads"
+        )
+        return [self.summary(str(row[0]), *row[1:]) for row in rows]
+
+
 _BASE: Any = BaseCheckpointer
 
 
@@ -1615,6 +1650,22 @@ CASES = [
         {"checkpointer": AcksEveryMessageSQLiteCheckpointer},
         ((S.AckingSaveSuite, "test_an_acking_save_leaves_the_other_messages"),),
     ),
+    Case(
+        "the recency index is written at a thread's first save only",
+        "sqlite",
+        {"checkpointer": StaleRecencySQLiteCheckpointer},
+        ((S.RecentThreadsSuite, "test_a_save_in_a_new_second_moves_the_thread"),),
+    ),
+    Case(
+        "recent threads of one second in ascending id order",
+        "sqlite",
+        {"checkpointer": AscendingIdsRecencySQLiteCheckpointer},
+        (
+            (S.RecentThreadsSuite, "test_orders_by_second_then_thread_id"),
+            (S.RecentThreadsSuite, "test_thread_ids_compare_by_code_point"),
+            (S.RecentThreadsSuite, "test_pages_return_each_thread_once"),
+        ),
+    ),
 ]
 
 
@@ -1685,7 +1736,7 @@ async def test_racy_store_passes_sequential_tests() -> None:
 
 def test_the_broken_store_count() -> None:
     """How many broken stores the suite catches (quoted in the docs)."""
-    assert len(CASES) == 65
+    assert len(CASES) == 67
     assert len({case.bug for case in CASES}) == len(CASES)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import re
 import sys
 import time
@@ -266,6 +267,58 @@ def test_the_fleet_page_counts_and_filters_by_prefix_version_and_age(store: Stor
         for bad in ("age=soon", "before=x", "before=nan~x"):
             r = c.get("/?" + bad)
             assert r.status_code == 400 and "BadQueryError" in r.text, bad
+
+
+def test_the_list_pages_through_the_stores_recency_cursor(store: Store) -> None:
+    """120 threads, several in each second: every page holds 50 (the last the rest),
+    most recent second first, then id, each thread once; the next-page link carries the
+    last row's SECOND~THREAD, and a thread saved meanwhile does not shift the pages."""
+    base = float(int(time.time()) - 5000)
+
+    async def save(thread_id: str, at: float, revision: int = 0) -> None:
+        async with flowy.connect(store.url) as backend:
+            snap = flowy.storage.Snapshot[Any](
+                thread_id=thread_id, state={}, execution_pointer="ask", updated_at=at
+            )
+            await backend.checkpointer.save(revision, snap)
+
+    async def fill() -> None:
+        async with flowy.connect(store.url) as backend:
+            for i in range(120):
+                snap = flowy.storage.Snapshot[Any](
+                    thread_id=f"pg-{i:03d}",
+                    state={},
+                    execution_pointer="ask",
+                    updated_at=base + i // 4 + 0.5,
+                )
+                await backend.checkpointer.save(0, snap)
+
+    asyncio.run(fill())
+    want = sorted((f"pg-{i:03d}" for i in range(120)), key=lambda t: (int(t[3:]) // 4, t))[::-1]
+    with _client(store.url) as c:
+        seen: list[str] = []
+        link = "/?q=pg-"
+        shown: list[str] = []
+        for page in range(3):
+            text = c.get(link).text
+            body = text[text.index("id='threads'") :]
+            rows = re.findall(r"<td><a href='/threads/([^']+)'>", body)
+            seen += rows
+            shown += re.findall(r"id='shown'>([^<]*)<", text)
+            found = re.search(r"href='([^']+)' id='next'", text)
+            if page == 0:  # saved after the first page was read: not on the next ones
+                asyncio.run(save("pg-000", time.time(), revision=1))
+            if found is None:
+                break
+            link = html.unescape(found.group(1))
+            last = rows[-1]
+            assert f"before={int(base + int(last[3:]) // 4)}~{last}" in urllib.parse.unquote(link)
+        # pg-000 was on the last page; saved again, it is above the cursor now.
+        assert seen == [t for t in want if t != "pg-000"]
+        assert shown == ["1–50 of 120", "52–101 of 120", "102–120 of 120"]
+        assert c.get("/?q=pg-").text.count("/threads/pg-000'") == 1
+        first = c.get("/?q=pg-").text
+        assert re.findall(r"<td><a href='/threads/([^']+)'>", first)[0] == "pg-000"
 
 
 def test_pages_name_the_store_without_its_password_and_the_flowy_version(db: Path) -> None:

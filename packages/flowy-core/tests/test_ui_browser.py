@@ -670,6 +670,35 @@ def test_a_save_reaches_the_page_through_the_stores_watch(
     _screenshot(browser, served.store.name, "thread-watched")
 
 
+def test_no_periodic_live_update_while_the_stream_is_open(
+    browser: webdriver.Chrome, served: Served
+) -> None:
+    # "live_update" in the name: pages refresh every LIVE second, but a thread page whose
+    # stream is open fetches nothing until the stream tells of a save.
+    served.open(browser, "/threads/susp")
+    WebDriverWait(browser, WAIT).until(
+        lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-watching") == "yes"
+    )
+    browser.execute_script(
+        "window.fetches = 0; var f = window.fetch;"
+        "window.fetch = function () { window.fetches += 1; return f.apply(this, arguments); };"
+    )
+    time.sleep(4 * LIVE)
+    assert browser.execute_script("return window.fetches") == 0
+    _approve_elsewhere(served)
+    WebDriverWait(browser, WAIT).until(
+        expected_conditions.text_to_be_present_in_element((By.ID, "status"), "handoff")
+    )
+    assert browser.execute_script("return window.fetches") >= 1
+    # The fleet page has no stream: it refreshes every LIVE second.
+    served.open(browser, "/")
+    browser.execute_script(
+        "window.fetches = 0; var f = window.fetch;"
+        "window.fetch = function () { window.fetches += 1; return f.apply(this, arguments); };"
+    )
+    WebDriverWait(browser, WAIT).until(lambda b: b.execute_script("return window.fetches") >= 2)
+
+
 def test_the_new_actions_need_post_the_token_and_the_csrf_value(served: Served) -> None:
     actions = {
         "signal": {"thread": "susp", "signal": "nudge", "payload": "1"},

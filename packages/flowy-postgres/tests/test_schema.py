@@ -29,7 +29,7 @@ from pg_support import (
 import flowy
 import flowy_postgres
 from flowy.errors import SchemaVersionError
-from flowy.storage import ActivityRecord, ActivityStatus, Signal, Timer
+from flowy.storage import ActivityRecord, ActivityStatus, Signal, Timer, recent_key
 from flowy.storage.dialect import encode_snapshot
 from flowy_postgres import (
     SCHEMA_VERSION,
@@ -237,6 +237,75 @@ async def test_a_version_2_schema_upgrades_and_keeps_its_threads(
         assert await shape(admin, pg_schema) == await shape(admin, fresh)
     finally:
         await drop(admin, fresh)
+
+
+async def test_a_version_5_schema_upgrades_to_the_recency_index(
+    postgres_dsn: str, pg_schema: str, admin: Conn
+) -> None:
+    """A schema of version 5 (before the recency index): setup() adds the save-second
+    column, fills it from updated_at and indexes it, shaped like a new schema."""
+    url = with_options(postgres_dsn, schema=pg_schema)
+    async with opened(url) as backend:
+        for thread_id, at in (("a", 5.5), ("b", 9.25), ("c", 5.75)):
+            stamped = replace(snap(thread_id), updated_at=1_700_000_000 + at)
+            await backend.checkpointer.save(0, stamped)
+    n = TableNames(pg_schema)
+    await admin.execute(f"ALTER TABLE {n.threads} DROP COLUMN recent_second")  # and its index
+    await admin.execute(f"DELETE FROM {n.version} WHERE version = 6")
+    await admin.execute(f"INSERT INTO {n.version} VALUES (5) ON CONFLICT DO NOTHING")
+    with pytest.raises(SchemaVersionError, match=r"schema version 5, older .*backend.setup\(\)"):
+        await flowy.connect(url)
+    assert await set_up(as_asyncpg(admin), schema=pg_schema) == SCHEMA_VERSION
+    async with opened(url) as backend:
+        recent = await backend.checkpointer.recent_threads(limit=10)
+        assert [(s.thread_id, recent_key(s)[0]) for s in recent] == [
+            ("b", 1_700_000_009),
+            ("c", 1_700_000_005),
+            ("a", 1_700_000_005),
+        ]
+    fresh = fresh_schema()
+    try:
+        await set_up(as_asyncpg(admin), schema=fresh)
+        assert await shape(admin, pg_schema) == await shape(admin, fresh)
+    finally:
+        await drop(admin, fresh)
+
+
+async def test_saves_within_a_second_stay_hot_updates(
+    postgres_dsn: str, pg_schema: str, admin: Conn
+) -> None:
+    """The recency index costs a save nothing but in a new second: the head's update
+    leaves every indexed column as it was, so PostgreSQL writes no index entry (a HOT
+    update); the first save in a new second moves the index entry."""
+    n = TableNames(pg_schema)
+    url = with_options(postgres_dsn, schema=pg_schema)
+    stats = (
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+        "WHERE schemaname = $1 AND relname = $2"
+    )
+
+    async def counted() -> tuple[int, int]:
+        await admin.execute("SELECT pg_stat_clear_snapshot()")
+        row = await admin.fetchrow(stats, pg_schema, n.threads.split(".")[-1].strip('"'))
+        assert row is not None
+        return int(row[0]), int(row[1])
+
+    async with opened(url) as backend:
+        cp = backend.checkpointer
+        await cp.save(0, replace(snap("hot"), updated_at=1_700_000_000.1))
+        offsets = (0.2, 0.3, 0.5, 0.9, 1.1, 1.2)  # one save in a new second
+        for revision, offset in enumerate(offsets, 1):
+            await cp.save(
+                revision, replace(snap("hot", revision), updated_at=1_700_000_000 + offset)
+            )
+        [head] = await cp.recent_threads(limit=1)
+        assert recent_key(head) == (1_700_000_001, "hot")
+    want = (len(offsets), len(offsets) - 1)
+    for _ in range(50):  # a backend reports its counts when it goes idle
+        if await counted() == want:
+            break
+        await asyncio.sleep(0.1)
+    assert await counted() == want
 
 
 async def test_schema_sql_creates_what_setup_creates(admin: Conn) -> None:

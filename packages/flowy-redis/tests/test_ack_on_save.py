@@ -87,10 +87,10 @@ async def test_each_save_is_one_script_and_only_the_acking_one_acknowledges(
             tid, cp = _tid(), backend.checkpointer
             message = await _claimed(backend, tid)
             lease = await backend.leases.acquire(tid, "as-owner", TTL)
-            scripts = [
-                save_script(0),
-                save_script(0, release=True),
-                save_script(0, release=True, ack=True),
+            scripts = [  # a standalone server's: with the recency index
+                save_script(0, recent=True),
+                save_script(0, release=True, recent=True),
+                save_script(0, release=True, ack=True, recent=True),
             ]
             for script in scripts:  # known to the server: no NOSCRIPT and reload below
                 await client.script_load(script.source)  # pyright: ignore[reportUnknownMemberType]

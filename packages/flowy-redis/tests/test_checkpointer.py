@@ -466,3 +466,82 @@ async def test_an_unreachable_server_is_storage_unavailable() -> None:
             await backend.checkpointer.load(_tid())
     finally:
         await backend.aclose()
+
+
+# -- the recency index (standalone) ---------------------------------------------------
+
+_SECOND = 1_700_000_000
+
+
+def _at(thread_id: str, offset: float, **fields: Any) -> Snapshot[Any]:
+    return snap(thread_id, updated_at=_SECOND + offset, **fields)
+
+
+async def test_the_recency_index_is_written_only_in_a_new_second(
+    make_standalone_backend: BackendFactory,
+) -> None:
+    """A save in the same second as the head's leaves the thread's member alone (a
+    score set by hand survives it); the first save in a new second moves it."""
+    backend = make_standalone_backend()
+    cp, client, recent = backend.checkpointer, backend.client, backend.store.layout.recent
+    tid = _tid()
+    await cp.save(0, _at(tid, 0.1))
+    assert await client.zscore(recent, tid) == _SECOND
+    await client.zadd(recent, {tid: 7})  # a marker: rewritten only by a write
+    await cp.save(1, _at(tid, 0.9))
+    assert await client.zscore(recent, tid) == 7
+    await cp.save(2, _at(tid, 1.0))
+    assert await client.zscore(recent, tid) == _SECOND + 1
+    await cp.delete(tid)
+    assert await client.zscore(recent, tid) is None
+
+
+async def test_threads_saved_before_the_index_are_filled_once(
+    make_standalone_backend: BackendFactory,
+) -> None:
+    """A namespace whose threads were saved before the recency index existed (no
+    members, no ``recent`` mark in its meta hash) is filled by the first
+    ``recent_threads`` of a process; a save in the same second as such a head adds
+    nothing itself, so the fill is what lists it."""
+    first = make_standalone_backend()
+    cp, client, layout = first.checkpointer, first.client, first.store.layout
+    ids = [f"old-{i:03d}" for i in range(1_203)]  # more than two pages of the fill
+    for i, tid in enumerate(ids):
+        await cp.save(0, _at(tid, i % 7 + 0.5))
+    await client.delete(layout.recent)
+    await client.hdel(layout.meta, "recent")
+    await cp.save(1, _at(ids[0], 0.75))  # the same second: no member written
+    await cp.delete(ids[1])
+    assert await client.zcard(layout.recent) == 0
+    later = make_standalone_backend(namespace=first.namespace)
+    listed = await later.checkpointer.recent_threads(limit=2_000)
+    kept = [tid for tid in ids if tid != ids[1]]
+    want = sorted(((i % 7, tid) for i, tid in enumerate(ids) if tid != ids[1]), reverse=True)
+    assert [s.thread_id for s in listed] == [tid for _, tid in want]
+    assert len(listed) == len(kept)
+    assert await client.hget(layout.meta, "recent") == b"1"
+    assert await client.zcard(layout.recent) == len(kept)
+
+
+async def test_expired_threads_leave_the_recent_listing(
+    make_standalone_backend: BackendFactory,
+) -> None:
+    backend = make_standalone_backend(completed_ttl=0.2)
+    cp, client, recent = backend.checkpointer, backend.client, backend.store.layout.recent
+    done, live = _tid(), _tid()
+    await cp.save(0, _at(done, 2, status=RunStatus.COMPLETED))
+    await cp.save(0, _at(live, 1))
+    assert [s.thread_id for s in await cp.recent_threads()] == [done, live]
+    await asyncio.sleep(0.4)
+    assert [s.thread_id for s in await cp.recent_threads()] == [live]
+    assert await client.zscore(recent, done) is None  # forgotten by the listing
+
+
+async def test_a_cluster_keeps_no_recency_index(cluster_namespace: str, cluster_url: str) -> None:
+    url = RedisTarget(cluster_url, True).store_url(namespace=cluster_namespace)
+    async with flowy.connect(url) as backend:
+        assert not backend.capabilities.recent_index
+        cp = backend.checkpointer
+        await cp.save(0, _at("c-1", 1))
+        await cp.save(0, _at("c-2", 2))
+        assert [s.thread_id for s in await flowy.storage.recent_threads(cp)] == ["c-2", "c-1"]

@@ -21,6 +21,7 @@ from ._types import S
 from .storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
 from .storage._model import DEFAULT_QUEUE, DEFAULT_ROUTE, Route
 from .storage._queues import NO_LIMITS, QueueLimits
+from .storage._recent import RecentCursor, recent_second
 from .storage._watch import HUB, Inbox
 from .storage.dialect import (
     BaseBackend,
@@ -99,6 +100,7 @@ class MemoryStore:
         self.thread_ids: list[str] = []  # the keys of ``threads``, sorted: pages by id
         self.leases: dict[str, Lease] = {}
         self.timers: list[tuple[float, str]] = []  # (wake_at, thread id), sorted
+        self.recent: list[tuple[int, str]] = []  # (save second, thread id), sorted
         self.inboxes: dict[str, _Inbox] = {}
         self.journals: dict[str, dict[str, bytes]] = {}
         self.messages: dict[str, _Message] = {}
@@ -118,6 +120,18 @@ class MemoryStore:
             del self.timers[bisect.bisect_left(self.timers, (old, thread_id))]
         if new is not None:
             bisect.insort(self.timers, (new, thread_id))
+
+    def set_recent(self, thread_id: str, old: float | None, new: float | None) -> None:
+        """Move ``thread_id`` in the recency index from the second of ``old`` to that of
+        ``new`` (``None``: out); nothing when both are in the same second."""
+        before = None if old is None else recent_second(old)
+        after = None if new is None else recent_second(new)
+        if before == after:
+            return
+        if before is not None:
+            del self.recent[bisect.bisect_left(self.recent, (before, thread_id))]
+        if after is not None:
+            bisect.insort(self.recent, (after, thread_id))
 
     def live_lease(self, thread_id: str) -> Lease | None:
         """The lease on ``thread_id`` if it has not expired."""
@@ -224,8 +238,9 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
         if thread is None:
             thread = store.threads[write.thread_id] = _Thread()
             bisect.insort(store.thread_ids, write.thread_id)
-        old = thread.summary.wake_at if thread.summary is not None else None
-        store.set_timer(write.thread_id, old, write.summary.wake_at)
+        old = thread.summary
+        store.set_timer(write.thread_id, old and old.wake_at, write.summary.wake_at)
+        store.set_recent(write.thread_id, old and old.updated_at, write.summary.updated_at)
         thread.history[write.revision] = write.record
         thread.head = write.revision
         thread.summary = write.summary
@@ -283,6 +298,7 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
             del ids[bisect.bisect_left(ids, thread_id)]
             if thread.summary is not None:
                 self.store.set_timer(thread_id, thread.summary.wake_at, None)
+                self.store.set_recent(thread_id, thread.summary.updated_at, None)
         self.store.inboxes.pop(thread_id, None)
         self.store.journals.pop(thread_id, None)
         if holder is None:
@@ -303,6 +319,16 @@ class MemoryCheckpointer(BaseCheckpointer[S]):
             out.append(summary)
             if len(out) >= limit:
                 break
+        return out
+
+    async def _recent_heads(self, limit: int, before: RecentCursor | None) -> list[ThreadSummary]:
+        recent = self.store.recent
+        end = len(recent) if before is None else bisect.bisect_left(recent, before)
+        out: list[ThreadSummary] = []
+        for index in range(end - 1, max(end - limit, 0) - 1, -1):
+            summary = self.store.threads[recent[index][1]].summary
+            assert summary is not None
+            out.append(summary)
         return out
 
     async def _oldest_heads(self, statuses: frozenset[RunStatus]) -> dict[RunStatus, float]:

@@ -10,8 +10,9 @@ waited for a lock. The save that ends a leased segment also releases the lease, 
 the one that ends a run a worker resumed also deletes the message it was resumed for
 (both only when written). Each case (create or update, with or without a lease or
 outbox rows, releasing, acknowledging) has its own statement, so PostgreSQL settles on
-one generic plan for each. The head's wake-up time and graph version are columns of its
-row, written by the same statement; timers are read from the wake-up time's partial
+one generic plan for each. The head's wake-up time, graph version and save second
+(``recent_second``, the key of the recency index) are columns of its row, written by the
+same statement; timers are read from the wake-up time's partial
 index, and the oldest suspended and waiting heads from the partial index of those heads
 (one query grouped by status).
 
@@ -96,9 +97,12 @@ def _save_sql(
     else:
         fence = f"NOT EXISTS (SELECT FROM ({lease} FOR KEY SHARE) AS l WHERE l.{_LIVE})"
     columns = "pointer, status, reason, handoff_status, handoff_pending_at, updated_at, wake_at, "
-    columns += "graph_version"
+    columns += "graph_version, recent_second"
     values = ":pointer::text, :status::text, :reason::text, :handoff::text, "
-    values += ":pending::float8, :updated::float8, :wake::float8, :graph_version::text"
+    values += ":pending::float8, :updated::float8, :wake::float8, :graph_version::text, "
+    # The recency index's key: the same value for every save of a head within one
+    # second, so those updates stay HOT; only the first save in a new second moves it.
+    values += "floor(:updated::float8)::bigint"
     if create:
         write = f"""INSERT INTO {n.threads} (thread_key, thread_id, revision, {columns}, saved_at)
     SELECT :key, :tid::text, 1, {values}, clock_timestamp() WHERE {fence}
@@ -160,6 +164,7 @@ _COLUMNS = (
     "updated_at, wake_at, graph_version"
 )
 _ORDER = f'{ID_PREFIX}, thread_id COLLATE "C"'  # code point order, through the indexes
+_ID_DESC = f'{ID_PREFIX} DESC, thread_id COLLATE "C" DESC'
 
 
 class _Sql:
@@ -254,6 +259,16 @@ DELETE FROM {n.history} WHERE thread_key = $1
                 self.list[(statuses, paged)] = (
                     f"SELECT {_COLUMNS} FROM {n.threads} {clause} {order}"
                 )
+        recent = f"""SELECT {_COLUMNS} FROM {n.threads}{{}}
+ORDER BY recent_second DESC, {_ID_DESC} LIMIT $1::bigint"""
+        self.recent = recent.format("")
+        # Row values compare column by column, each with its own collation: (second,
+        # prefix, id) orders as (second, id), and the first two are the index's.
+        self.recent_before = recent.format(
+            """
+WHERE (recent_second, substr(thread_id, 1, 200) COLLATE "C", thread_id COLLATE "C")
+    < ($2::bigint, substr($3::text, 1, 200) COLLATE "C", $3::text COLLATE "C")"""
+        )
         self.timers = f"""
 SELECT thread_id, wake_at FROM {n.threads} WHERE wake_at IS NOT NULL AND wake_at <= $1::float8
 ORDER BY wake_at, {_ORDER} LIMIT $2::bigint
@@ -476,6 +491,21 @@ class PostgresCheckpointer(BaseCheckpointer[S], Generic[S]):
             args.append(sorted(s.value for s in statuses))
         sql = self._sql.list[(kind, after is not None)]
         rows = await self.connector.fetch("list threads", sql, *args, read=True)
+        return [
+            self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
+            for r in rows
+        ]
+
+    async def _recent_heads(
+        self, limit: int, before: tuple[int, str] | None
+    ) -> list[ThreadSummary]:
+        if before is None:
+            rows = await self.connector.fetch(
+                "list recent threads", self._sql.recent, limit, read=True
+            )
+        else:
+            sql = self._sql.recent_before
+            rows = await self.connector.fetch("list recent threads", sql, limit, *before, read=True)
         return [
             self.summary(str(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9])
             for r in rows

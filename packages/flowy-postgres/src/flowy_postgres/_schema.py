@@ -10,7 +10,8 @@ and ``schema_version``; the function ``claim`` claims a queue's messages. Thread
 keyed by the SHA-256 of the id (b-tree indexes cannot hold 16 KiB ids), signals and
 journal entries also by the SHA-256 of their id or key; statements also compare the full
 texts, stored exactly. Listings go in code point order through an index on the first
-200 characters of the id. A new schema is created at :data:`SCHEMA_VERSION`;
+200 characters of the id; ``recent_threads`` through an index of each head's save second
+(``recent_second``) and that prefix. A new schema is created at :data:`SCHEMA_VERSION`;
 :data:`UPGRADES` bring an older one up to date, on ``setup()``.
 """
 
@@ -49,7 +50,7 @@ __all__ = [
     "thread_key",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The schema version this code reads and writes."""
 
 ID_PREFIX = 'substr(thread_id, 1, 200) COLLATE "C"'
@@ -83,7 +84,8 @@ def _create(n: TableNames) -> list[str]:
     updated_at double precision NOT NULL,  -- epoch seconds, as in the snapshot
     saved_at timestamptz NOT NULL,  -- the database clock at the save
     wake_at double precision,  -- epoch seconds: when a waiting head is due, as in the snapshot
-    graph_version text NOT NULL DEFAULT ''  -- the version of the graph that saved the head
+    graph_version text NOT NULL DEFAULT '',  -- the version of the graph that saved the head
+    recent_second bigint  -- floor(updated_at): the recency index (version 6)
 ) WITH (fillfactor = 80)""",
         f"CREATE INDEX IF NOT EXISTS {n.index('threads_id_idx')} ON {n.threads} (({ID_PREFIX}))",
         f"""CREATE INDEX IF NOT EXISTS {n.index("threads_handoff_idx")}
@@ -115,7 +117,18 @@ def _create(n: TableNames) -> list[str]:
         *_durable(n),
         *_schedules(n),
         *_queues(n),
+        _recent_index(n),
     ]
+
+
+def _recent_index(n: TableNames) -> str:
+    """The recency index (version 6): heads by save second, then id, newest first.
+
+    Keyed by the second, not by ``updated_at``: every save sets ``recent_second``, but
+    to the value it has unless the save is the first in a new second, and an update
+    that leaves every indexed column as it was stays HOT (no index entry written)."""
+    return f"""CREATE INDEX IF NOT EXISTS {n.index("threads_recent_idx")}
+    ON {n.threads} (recent_second DESC, ({ID_PREFIX}) DESC)"""
 
 
 def _schedules(n: TableNames) -> list[str]:
@@ -381,11 +394,23 @@ def _upgrade_2_to_3(n: TableNames) -> list[str]:
     ]
 
 
+def _upgrade_5_to_6(n: TableNames) -> list[str]:
+    # Nullable, without a default: no table rewrite to add it; the update that fills it
+    # writes every head row once (updated_at is never negative: floor is the cast down).
+    return [
+        f"ALTER TABLE {n.threads} ADD COLUMN IF NOT EXISTS recent_second bigint",
+        f"UPDATE {n.threads} SET recent_second = floor(updated_at)::bigint "
+        "WHERE recent_second IS NULL",
+        _recent_index(n),
+    ]
+
+
 UPGRADES: dict[int, Callable[[TableNames], list[str]]] = {
     1: _upgrade_1_to_2,
     2: _upgrade_2_to_3,
     3: _schedules,
     4: _upgrade_4_to_5,
+    5: _upgrade_5_to_6,
 }
 """``UPGRADES[n](names)``: the statements that take a schema from version n to n + 1."""
 

@@ -26,7 +26,7 @@ from flowy.storage.dialect import (
     sibling_url,
 )
 
-from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, RedisCheckpointer
+from ._checkpointer import DEFAULT_MAX_RECORD_BYTES, ClusterCheckpointer, RedisCheckpointer
 from ._keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, MAX_SHARDS, KeyLayout
 from ._lease import RedisLeaseManager
 from ._outbox import RedisConsumer, RedisOutbox, RedisQueueConsumer
@@ -234,7 +234,9 @@ class RedisBackend(BaseBackend[S], Generic[S]):
             max_attempts=max_attempts,
             poll_interval=poll_interval,
         )
-        self.checkpointer: RedisCheckpointer[S] = RedisCheckpointer(
+        # A cluster keeps no recency index: its checkpointer says so (Capabilities).
+        checkpointer_class = ClusterCheckpointer if self.store.cluster else RedisCheckpointer
+        self.checkpointer: RedisCheckpointer[S] = checkpointer_class(
             self.store,
             codec=codec,
             completed_ttl=completed_ttl,

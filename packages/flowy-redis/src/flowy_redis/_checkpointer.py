@@ -10,13 +10,13 @@ import math
 import uuid
 from collections.abc import Hashable
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from flowy.errors import SnapshotEnvelopeInvalidError
 from flowy.storage import HandoffStatus, Lease, StateCodec, ThreadSummary, Timer
-from flowy.storage.dialect import BaseCheckpointer, Busy, Refused, Write, show_id
+from flowy.storage.dialect import BaseCheckpointer, Busy, Refused, Write, recent_second, show_id
 
-from ._keys import STATUS_DIGITS
+from ._keys import STATUS_DIGITS, ThreadKeys
 from ._outbox import route_args
 from ._scripts import (
     ACQUIRE_HEAD,
@@ -26,6 +26,9 @@ from ._scripts import (
     HISTORY,
     LIST,
     PRUNE,
+    RECENT,
+    RECENT_FILL,
+    RECENT_HEADS,
     SIGNAL,
     SIGNALS,
     TIMERS,
@@ -36,12 +39,14 @@ from ._store import Store
 if TYPE_CHECKING:
     from ._outbox import RedisConsumer
 
-__all__ = ["DEFAULT_MAX_RECORD_BYTES", "RedisCheckpointer", "lease_of"]
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "ClusterCheckpointer", "RedisCheckpointer", "lease_of"]
 
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 """The largest encoded snapshot a save accepts by default (64 MiB)."""
 
 _PRUNE_BATCH = 10_000
+_FILL_PAGE = 500
+"""Heads per script of the one-time fill of the recency index."""
 _MAX_ASK = 1_000
 """The most index members a listing asks for at once beyond its limit."""
 # The keys of a thread each script takes.
@@ -81,7 +86,12 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
     set (with their signal inbox and activity journal). Appending a signal is one
     script (numbered by the inbox's length, once per signal id); the journal is a hash
     per thread. No index holds the heads by run status: ``oldest_heads`` is the base's
-    scan of ``list_threads``' pages.
+    scan of ``list_threads``' pages. On a standalone server a sorted set of the
+    namespace scores each thread by its head's save second (``recent_threads``): a save
+    writes it only when its second differs from the head's before, and threads saved
+    before it existed get theirs once, on the first ``recent_threads`` of a process
+    that finds the namespace not yet filled. A cluster has no such set (a save touches
+    its own shard only): there ``recent_threads`` is the base's scan.
     """
 
     def __init__(
@@ -102,9 +112,14 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         self.completed_ttl = completed_ttl
         self.max_record_bytes: int | None = max_record_bytes
         ttl_ms = 0 if completed_ttl is None else max(1, round(completed_ttl * 1e3))
-        self._save = save_script(ttl_ms)
-        self._save_release = save_script(ttl_ms, release=True)
-        self._save_ack = save_script(ttl_ms, release=True, ack=True)
+        # A standalone server keeps the recency index: every key is on one server, so a
+        # save script may touch the namespace's one sorted set. A cluster cannot.
+        self._recent = not store.cluster
+        recent = self._recent
+        self._save = save_script(ttl_ms, recent=recent)
+        self._save_release = save_script(ttl_ms, release=True, recent=recent)
+        self._save_ack = save_script(ttl_ms, release=True, ack=True, recent=recent)
+        self._recent_filled = False
 
     async def _write(self, write: Write) -> Refused | None:
         return await self._run_save(write)
@@ -165,6 +180,8 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
         if ack is not None:
             args += ack  # ARGV[15..17] of the acking save, before the outbox rows
         key_list = keys.checkpoint
+        if self._recent:
+            key_list = (*key_list, self.store.layout.recent)
         if write.outbox:
             shard = keys.shard.shard
             for row in write.outbox:
@@ -241,8 +258,9 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             pass
 
     async def _delete(self, thread_id: str, *, if_idle: bool) -> Lease | None:
+        keys = _CHECKPOINT if not self._recent else self._checkpoint_and_recent
         reply: list[bytes] = await self.store.call(
-            DELETE, thread_id, _CHECKPOINT, ["1" if if_idle else "0", thread_id], "deleting"
+            DELETE, thread_id, keys, ["1" if if_idle else "0", thread_id], "deleting"
         )
         return lease_of(thread_id, *reply) if reply else None
 
@@ -285,6 +303,73 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
             # Members of threads just gone (expired, deleted, moved): ask for more each
             # time, so a run of them costs a few round trips, not one per page of them.
             want = max(limit - len(out), min(2 * want, _MAX_ASK))
+
+    def _checkpoint_and_recent(self, keys: ThreadKeys) -> tuple[bytes, ...]:
+        return (*keys.checkpoint, self.store.layout.recent)
+
+    async def _recent_heads(
+        self, limit: int, before: tuple[int, str] | None
+    ) -> list[ThreadSummary]:
+        # Two scripts: RECENT reads a page of the index below the cursor, RECENT_HEADS the
+        # columns of those heads. A head saved into another second between the two is
+        # left out of this page (its place is elsewhere now); one gone is forgotten.
+        if not self._recent:
+            return await super()._recent_heads(limit, before)
+        await self._fill_recent()
+        store, layout = self.store, self.store.layout
+        out: list[ThreadSummary] = []
+        want = limit
+        while True:
+            args = [want, "", ""] if before is None else [want, before[0], before[1]]
+            reply: list[bytes] = await store.run(
+                RECENT, [layout.recent], args, "listing recent threads"
+            )
+            page = [(int(reply[i + 1]), reply[i]) for i in range(0, len(reply), 2)]
+            if not page:
+                return out
+            heads = [layout.head_of(raw)[1] for _, raw in page]
+            ids = [raw for _, raw in page]
+            rows = json.loads(
+                (
+                    await store.run(
+                        RECENT_HEADS, [layout.recent, *heads], ids, "reading thread heads"
+                    )
+                ).decode("utf-8", "replace")
+            )
+            for (second, raw), row in zip(page, rows, strict=True):
+                if not row:
+                    continue
+                summary = self.summary(raw.decode("utf-8"), *row)
+                if recent_second(summary.updated_at) == second:
+                    out.append(summary)
+                    if len(out) == limit:
+                        return out
+            if len(page) < want:
+                return out
+            before = (page[-1][0], page[-1][1].decode("utf-8"))
+            want = max(limit - len(out), min(2 * want, _MAX_ASK))
+
+    async def _fill_recent(self) -> None:
+        """Give the threads saved before the recency index existed their members, once
+        per namespace (recorded in its meta hash as ``recent``) and checked once per
+        process: a scan of every head through ``list_threads``' pages."""
+        if self._recent_filled:
+            return
+        store, layout = self.store, self.store.layout
+        what = "filling the recency index"
+        if not await store.execute(what, "HGET", layout.meta, "recent"):
+            after: str | None = None
+            while True:
+                page = await self._list_heads(None, _FILL_PAGE, after)
+                if page:
+                    ids = [s.thread_id.encode("utf-8") for s in page]
+                    heads = [layout.head_of(raw)[1] for raw in ids]
+                    await store.run(RECENT_FILL, [layout.recent, *heads], ids, what)
+                if len(page) < _FILL_PAGE:
+                    break
+                after = page[-1].thread_id
+            await store.execute(what, "HSET", layout.meta, "recent", "1")
+        self._recent_filled = True
 
     async def _heads(self, members: list[bytes], listed: bytes) -> dict[bytes, list[str] | None]:
         """The columns of the heads of index ``members``, by member; ``None`` for a head
@@ -372,3 +457,10 @@ class RedisCheckpointer(BaseCheckpointer[S], Generic[S]):
                 lambda: f"reading the journal of thread {show_id(thread_id)}", "HVALS", journal
             )
         )
+
+
+class ClusterCheckpointer(RedisCheckpointer[S], Generic[S]):
+    """The checkpointer of a ``RedisBackend`` on Redis Cluster: without the recency
+    index (``Capabilities.recent_index`` is false; ``recent_threads`` scans)."""
+
+    _recent_heads = cast(Any, BaseCheckpointer)._recent_heads

@@ -127,6 +127,12 @@ class KeyLayout:
         starts), all in the hash slot of the tag ``{<ns>:queues}``."""
         return self._tag_prefix + b"queues}:"
 
+    @property
+    def recent(self) -> bytes:
+        """The namespace's recency index (standalone only): a sorted set of thread ids
+        scored by each head's save second, in the hash slot of ``{<ns>:recent}``."""
+        return self._tag_prefix + b"recent}"
+
     def pattern(self, kind: bytes = b"") -> bytes:
         """A ``SCAN MATCH`` pattern for the namespace's keys of ``kind`` (every key but
         ``meta`` when empty), and no key of another namespace."""

@@ -31,6 +31,9 @@ __all__ = [
     "LIST",
     "PRUNE",
     "QUEUE_COUNTS",
+    "RECENT",
+    "RECENT_FILL",
+    "RECENT_HEADS",
     "QUEUE_MESSAGES",
     "RELEASE",
     "RELEASED_TTL_MS",
@@ -73,7 +76,7 @@ _SAVE = """
 local TTL = @TTL@
 local expected, id = tonumber(ARGV[1]), ARGV[6]
 local status, handoff, wake = ARGV[8], ARGV[10], ARGV[13]
-local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status', 'wake_at')
+local h = redis.call('HMGET', KEYS[1], 'revision', 'handoff_status', 'status', 'wake_at'@OLD@)
 local cur = tonumber(h[1]) or 0
 if cur == expected + 1 and ARGV[3] == '1' and redis.call('HGET', KEYS[2], cur) == ARGV[2] then
   return cur
@@ -103,14 +106,14 @@ if cur == 0 or h[2] ~= handoff then
   end
   redis.call('ZADD', KEYS[4], 0, DIGIT[handoff] .. id)
 end
-redis.call('HSET', KEYS[2], rev, ARGV[2])
+@RECENT@redis.call('HSET', KEYS[2], rev, ARGV[2])
 if TTL > 0 and (status == 'completed' or status == 'failed') then
   for _, i in ipairs({1, 2, 7, 8, 9}) do redis.call('PEXPIRE', KEYS[i], TTL) end
   local ms = math.floor(now / 1000)
   redis.call('ZADD', KEYS[5], ms + TTL, id)
   -- Forget a few threads whose keys expired (bounded work per save).
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ms, 'LIMIT', 0, 16)) do
-    forget(KEYS[4], KEYS[5], KEYS[6], gone)
+    forget(KEYS[4], KEYS[5], KEYS[6], gone)@FORGET@
   end
 elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
   redis.call('PERSIST', KEYS[1])
@@ -123,7 +126,7 @@ elseif cur == 0 or h[3] == 'completed' or h[3] == 'failed' then
 end
 @RELEASE@
 if #ARGV > @FIXED@ then
-  local k = outbox_keys(9)
+  local k = outbox_keys(@OUTBOX@)
   for i = @ROW@, #ARGV, 5 do
     append(k, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
   end
@@ -131,6 +134,15 @@ end
 return rev
 """.replace("@COLUMNS@", ", ".join(f"'{c}', ARGV[{i}]" for i, c in enumerate(HEAD_COLUMNS, 7)))
 
+
+_SAVE_RECENT = """-- The recency index (KEYS[10]): the head's save second, written only when it
+-- differs from the second of the head before, so the saves of a run within one second
+-- skip it.
+local second = math.floor(tonumber(ARGV[12]))
+if cur == 0 or math.floor(tonumber(h[5]) or -1) ~= second then
+  redis.call('ZADD', KEYS[10], second, id)
+end
+"""
 
 _SAVE_RELEASE = """
 -- The lease (fenced above) is released: its record becomes a tombstone that expires soon.
@@ -151,15 +163,24 @@ _SAVE_FIXED_ARGS = 14
 """The save script's arguments before the outbox rows (the acking save's: 3 more)."""
 
 
-def save_script(ttl_ms: int, *, release: bool = False, ack: bool = False) -> LuaScript:
+def save_script(
+    ttl_ms: int, *, release: bool = False, ack: bool = False, recent: bool = False
+) -> LuaScript:
     """The save script of a store whose finished threads expire after ``ttl_ms`` ms
     (0: never); with ``release``, a written save also releases its lease (a leased
     save only); with ``ack`` too, it also acknowledges an outbox message (``_SAVE_ACK``).
-    The saves without ``ack`` run the same script as before ``ack`` existed."""
+    The saves without ``ack`` run the same script as before ``ack`` existed. With
+    ``recent`` (a standalone server), KEYS[10] is the namespace's recency index, which
+    the save moves the thread in when its second differs from the head's before
+    (``_SAVE_RECENT``); the outbox keys follow it."""
     if ack and not release:
         raise ValueError("an acking save is a releasing save: pass release=True with ack=True")
     fixed = _SAVE_FIXED_ARGS + (3 if ack else 0)
     body = _SAVE.replace("@TTL@", str(int(ttl_ms)))
+    body = body.replace("@OLD@", ", 'updated_at'" if recent else "")
+    body = body.replace("@RECENT@", _SAVE_RECENT if recent else "")
+    body = body.replace("@FORGET@", "\n    redis.call('ZREM', KEYS[10], gone)" if recent else "")
+    body = body.replace("@OUTBOX@", "10" if recent else "9")
     body = body.replace("@FIXED@", str(fixed)).replace("@ROW@", str(fixed + 1))
     tail = (_SAVE_RELEASE if release else "") + (_SAVE_ACK if ack else "")
     return LuaScript(body.replace("@RELEASE@", tail))
@@ -193,7 +214,8 @@ return cutoff - 1 - stop
 """)
 
 DELETE = LuaScript("""
--- KEYS: head, hist, lease, threads, exp, timers, inbox, sigids, journal.
+-- KEYS: head, hist, lease, threads, exp, timers, inbox, sigids, journal[, the recency
+--       index of a standalone server].
 -- ARGV: if_idle, thread id.
 -- Returns {} once deleted, or {owner, token, exp} of the live lease that refused it.
 local now = now_us()
@@ -201,6 +223,7 @@ local l, live = live_lease(KEYS[3], now)
 if live and ARGV[1] == '1' then return {l[1], l[2], l[3]} end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[7], KEYS[8], KEYS[9])
 forget(KEYS[4], KEYS[5], KEYS[6], ARGV[2])
+if KEYS[10] then redis.call('ZREM', KEYS[10], ARGV[2]) end
 -- A record is dropped only once the clock passed its token: the next is larger.
 if not live and (tonumber(l[2]) or 0) < now then redis.call('DEL', KEYS[3]) end
 return {}
@@ -360,6 +383,67 @@ end
 return cjson.encode(out)
 """.replace("@COLUMNS@", ", ".join(f"'{c}'" for c in HEAD_COLUMNS))
 )
+
+RECENT = LuaScript("""
+-- KEYS: the recency index.  ARGV: limit, the cursor's second ('' for none) and thread id.
+-- Returns {id, second, ...}: up to `limit` members below the cursor, newest second first,
+-- then ids in descending byte order (the set's own order for equal scores).
+local z, limit = KEYS[1], tonumber(ARGV[1])
+local start = 0
+if ARGV[2] ~= '' then
+  local s, id = ARGV[2], ARGV[3]
+  -- Ids in byte order (Lua's own string comparison follows the server's locale).
+  local function below(a, b)
+    for i = 1, math.min(#a, #b) do
+      local p, q = string.byte(a, i), string.byte(b, i)
+      if p ~= q then return p < q end
+    end
+    return #a < #b
+  end
+  -- The members of the cursor's second are ranks lo .. hi - 1 (the newer ones come
+  -- first); the first of them below the cursor's id is found by bisection.
+  local lo = redis.call('ZCOUNT', z, '(' .. s, '+inf')
+  local hi = lo + redis.call('ZCOUNT', z, s, s)
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if below(redis.call('ZREVRANGE', z, mid, mid)[1], id) then hi = mid else lo = mid + 1 end
+  end
+  start = lo
+end
+return redis.call('ZREVRANGE', z, start, start + limit - 1, 'WITHSCORES')
+""")
+
+RECENT_HEADS = LuaScript(
+    """
+-- KEYS: the recency index, then the heads read.  ARGV: their thread ids.  Returns a JSON
+-- array with, per head, its revision and HEAD_COLUMNS ('' for a column the head was
+-- saved without), or false when the head is gone (deleted, or expired under
+-- completed_ttl): its member is removed.
+local out = {}
+for i = 2, #KEYS do
+  local h = redis.call('HMGET', KEYS[i], 'revision', @COLUMNS@)
+  if h[1] then
+    for c = 2, #h do h[c] = h[c] or '' end
+    out[#out + 1] = h
+  else
+    redis.call('ZREM', KEYS[1], ARGV[i - 1])
+    out[#out + 1] = false
+  end
+end
+return cjson.encode(out)
+""".replace("@COLUMNS@", ", ".join(f"'{c}'" for c in HEAD_COLUMNS))
+)
+
+RECENT_FILL = LuaScript("""
+-- KEYS: the recency index, then heads.  ARGV: their thread ids.  Adds each head that
+-- exists and has no member yet (a save's member is never older), scored by its save
+-- second: the one-time fill of an index that threads saved before it lack.
+for i = 2, #KEYS do
+  local at = redis.call('HGET', KEYS[i], 'updated_at')
+  if at then redis.call('ZADD', KEYS[1], 'NX', math.floor(tonumber(at)), ARGV[i - 1]) end
+end
+return #KEYS - 1
+""")
 
 LAYOUT = LuaScript("""
 -- KEYS: meta.  ARGV: shards, layout version.  Records the layout once; returns it.
@@ -811,6 +895,8 @@ end
 return out
 """)
 
-READS = frozenset({HISTORY, LIST, HEADS, TIMERS, SIGNALS, HOLDER, DEAD_LIST, STATS})
+READS = frozenset(
+    {HISTORY, LIST, HEADS, TIMERS, SIGNALS, HOLDER, DEAD_LIST, STATS, RECENT, RECENT_HEADS}
+)
 """The scripts that only read (the clean-up of stale index entries some do is
 idempotent): when one fails, nothing is in doubt, and its error says so."""

@@ -30,6 +30,7 @@ from ..storage import (
     Snapshot,
     ThreadSummary,
 )
+from ..storage._recent import RecentCursor, cursor_text, parse_cursor, recent_key, recent_threads
 from ._options import CliError, load_graph, quote
 from ._render import Console, clean, fmt_time, pretty_json
 from ._store import Store, codec_for, dead_letters_by_thread, locate, open_store
@@ -43,6 +44,7 @@ __all__ = [
     "dead_letter_json",
     "journal_and_inbox",
     "lease_json",
+    "list_recent",
     "list_threads",
     "not_found",
     "print_json",
@@ -101,6 +103,28 @@ async def list_threads(
         if len(page) < want:
             break
         cursor = page[-1].thread_id
+    return rows[:limit], len(rows) > limit
+
+
+async def list_recent(
+    checkpointer: Checkpointer[Any],
+    *,
+    limit: int,
+    before: RecentCursor | None = None,
+    version: str | None = None,
+) -> tuple[list[ThreadSummary], bool]:
+    """Up to ``limit`` thread heads most recently saved first (to the second), below
+    ``before`` (only those saved by graph ``version`` if given), asked for a page at a
+    time through the store's recency cursor; and whether more follow."""
+    rows: list[ThreadSummary] = []
+    cursor = before
+    while len(rows) <= limit:
+        want = PAGE if version is not None else min(PAGE, limit + 1 - len(rows))
+        page = await recent_threads(checkpointer, limit=want, before=cursor)
+        rows.extend(s for s in page if version is None or s.graph_version == version)
+        if len(page) < want:
+            break
+        cursor = recent_key(page[-1])
     return rows[:limit], len(rows) > limit
 
 
@@ -208,20 +232,40 @@ def _dead_cell(dead: Sequence[DeadLetter]) -> str:
     return clean(",".join(d.message_id for d in dead), 80) if dead else "-"
 
 
+def _cursor(text: str | None) -> RecentCursor | None:
+    if text is None:
+        return None
+    try:
+        return parse_cursor(text)
+    except ValueError as exc:  # InvalidThreadIdError too
+        raise CliError(f"--before: {exc}", 2) from None
+
+
 async def cmd_threads(args: argparse.Namespace, out: Console) -> int:
-    """``flowy threads``."""
+    """``flowy threads`` (``--recent``: most recently saved first)."""
     store = locate(args.backend, args.db)
     after = cast("str | None", args.after)
+    before = _cursor(cast("str | None", args.before))
+    recent = bool(args.recent) or before is not None
+    if recent and after is not None:
+        raise CliError("--after pages by thread id; with --recent, page with --before", 2)
     async with open_store(store, codec_for(args.codec, None)) as backend:
-        rows, more = await list_threads(
-            backend.checkpointer, limit=args.limit, after=after, version=args.version
-        )
+        if recent:
+            rows, more = await list_recent(
+                backend.checkpointer, limit=args.limit, before=before, version=args.version
+            )
+        else:
+            rows, more = await list_threads(
+                backend.checkpointer, limit=args.limit, after=after, version=args.version
+            )
         dead = await dead_letters_by_thread(backend.consumer) if rows else {}
     if args.json:
         print_json(out, [summary_json(s, dead.get(s.thread_id, ())) for s in rows])
         return 0
     if not rows:
         past = f" after {clean(after, 60)!r}" if after is not None else ""
+        if before is not None:
+            past = f" saved before {clean(cursor_text(before), 80)!r}"
         on = f" saved by graph version {clean(args.version, 60)!r}" if args.version else ""
         out.line(f"no threads{on} in {clean(store.label)}{past}")
         return 0
@@ -244,6 +288,8 @@ async def cmd_threads(args: argparse.Namespace, out: Console) -> int:
     )
     if more:
         words = ["threads", "--after", quote(rows[-1].thread_id)]
+        if recent:
+            words = ["threads", "--recent", "--before", quote(cursor_text(recent_key(rows[-1])))]
         if args.version is not None:
             words += ["--version", quote(args.version)]
         if args.limit != 100:

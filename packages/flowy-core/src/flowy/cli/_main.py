@@ -132,11 +132,22 @@ def _add_inspect(sub: _Subcommands) -> None:
         "threads",
         parents=store,
         help="list the threads of a store, a page at a time",
-        description="List threads ordered by id: status, reason, pointer, revision, "
-        "hand-off, dead-lettered hand-off messages, updated at.",
+        description="List threads ordered by id (--recent: most recently saved first, to "
+        "the second): status, reason, pointer, revision, hand-off, dead-lettered hand-off "
+        "messages, updated at.",
     )
     p.add_argument("--limit", type=count, default=100, metavar="N", help="at most N threads")
     p.add_argument("--after", metavar="THREAD", help="start after this thread id (the next page)")
+    p.add_argument(
+        "--recent",
+        action="store_true",
+        help="most recently saved first, to the second (then by thread id, descending)",
+    )
+    p.add_argument(
+        "--before",
+        metavar="SECOND~THREAD",
+        help="with --recent, start below this save second and thread id (the next page)",
+    )
     p.add_argument(
         "--version",
         metavar="V",

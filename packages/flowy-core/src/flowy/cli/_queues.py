@@ -204,6 +204,8 @@ async def cmd_threads_any(args: argparse.Namespace, out: Console) -> int:
         return await cmd_threads(args, out)
     if args.after is not None or args.version is not None:
         raise CliError("--after and --version do not go with --queue", 2)
+    if args.recent or args.before is not None:
+        raise CliError("--recent and --before do not go with --queue", 2)
     store = locate(args.backend, args.db)
     rows: list[dict[str, Any]] = []
     async with open_store(store, None) as backend:

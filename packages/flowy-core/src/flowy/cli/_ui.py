@@ -1,9 +1,10 @@
 r"""``flowy ui``: a small local web inspector of a store's threads.
 
 Server-rendered HTML on Starlette, served by uvicorn (one small script, ``/live.js``,
-refreshes a page's content in place, and a thread page's as soon as the store's watch
-says a revision was saved, through a stream of server-sent events at
-``/events/THREAD``; with JavaScript off a page reloads itself): the
+refreshes a page's content in place: a thread page's as soon as the store's watch says
+a revision was saved, through a stream of server-sent events at ``/events/THREAD``, and
+periodically only while that stream is not connected; the other pages periodically;
+with JavaScript off a page reloads itself): the
 optional ``ui`` extra (``pip install "flowy-core[ui]"``). Both are imported only when the command
 runs or :func:`build_app` is called, so the core still needs the standard library alone.
 
@@ -143,7 +144,8 @@ def build_app(
 ) -> Starlette:
     """The inspector's ASGI app over an opened ``backend``, for threads of ``graph``,
     served on ``host``:``port``. The pages name ``store`` (a URL, its password masked)
-    and refresh their content in place every ``refresh`` seconds.
+    and refresh their content in place every ``refresh`` seconds (a thread page only
+    while its stream of the store's watch is not connected).
 
     A request whose ``Host`` header is not ``host`` or ``localhost`` with ``port`` gets
     400. Every request must carry ``token`` (``?token=`` once, which sets an HttpOnly

@@ -1,23 +1,25 @@
 """The inspector's fleet at a glance (``flowy ui``'s front page): counts of threads by
 status and by node, each a link to the list filtered by it; the outbox backlog; and
-the thread list, most recently saved first, filtered by id prefix, status, node, graph
-version and age, a page at a time.
+the thread list, most recently saved first (to the second), filtered by id prefix,
+status, node, graph version and age, a page at a time.
 
-A store lists heads by thread id (``Checkpointer.list_threads``, a keyset cursor on
-the id), not by recency, so the page reads the heads through that cursor, up to
-:data:`SCAN`, and orders them itself; its own pages are keyset too, ``before`` the last
-row shown (its save time and id), so a page stays stable while threads are saved.
+The list pages through the store's own recency cursor (``recent_threads``: an index of
+each head's save second where the store keeps one, ``Capabilities.recent_index``); a
+page reads the store's pages until it has :data:`PAGE_SIZE` threads that pass the
+filters, or has read :data:`SCAN` heads, and its next-page link carries the cursor of
+the last row (``SECOND~THREAD``), so a page stays stable while threads are saved. The
+counts read the heads by id (``list_threads``), up to :data:`SCAN`.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..storage import DeadLetter, OutboxStats, RunStatus, ThreadSummary
+from ..storage import Checkpointer, DeadLetter, OutboxStats, RunStatus, ThreadSummary
+from ..storage._recent import RecentCursor, cursor_text, parse_cursor, recent_key, recent_threads
 from ._ui_html import e, href, relative, span, status_badge, table, thread_href
 
 __all__ = [
@@ -31,10 +33,15 @@ __all__ = [
     "filter_form",
     "listing",
     "parse_filters",
+    "recent_page",
 ]
 
 SCAN = 10_000
-"""The most thread heads the front page reads to count and order."""
+"""The most thread heads the front page reads to count, and to fill one page of the
+list."""
+
+_READ = 200
+"""Heads per ``recent_threads`` call of one page of the list."""
 
 PAGE_SIZE = 50
 """Threads on one page of the list."""
@@ -65,7 +72,7 @@ class Filters:
     node: str = ""
     version: str = ""
     age: str = ""
-    before: tuple[float, str] | None = None
+    before: RecentCursor | None = None
 
     def params(self, **change: str) -> dict[str, str]:
         """The query string of these filters (without the page), with ``change``."""
@@ -96,28 +103,20 @@ class Filters:
         return not (bound > 0 and s.updated_at > now - bound)
 
 
-def _key(s: ThreadSummary) -> tuple[float, str]:
-    return (-s.updated_at, s.thread_id)
-
-
 def parse_filters(query: Mapping[str, str]) -> Filters:
     """The filters of a request's query string; a malformed ``before`` or ``age`` is a
     :class:`BadQueryError` naming it."""
     age = query.get("age", "")
     if age not in AGES:
         raise BadQueryError(f"age must be one of {sorted(a for a in AGES if a)}, got {age[:40]!r}")
-    before: tuple[float, str] | None = None
+    before: RecentCursor | None = None
     if raw := query.get("before", ""):
-        at, sep, thread = raw.partition("~")
         try:
-            when = float(at)
-        except ValueError:
-            when = math.nan
-        if not sep or math.isnan(when):
+            before = parse_cursor(raw)
+        except ValueError:  # InvalidThreadIdError too
             raise BadQueryError(
-                f"before must be TIME~THREAD from a next-page link, got {raw[:60]!r}"
-            )
-        before = (when, thread)
+                f"before must be SECOND~THREAD from a next-page link, got {raw[:60]!r}"
+            ) from None
     return Filters(
         q=query.get("q", ""),
         status=query.get("status", ""),
@@ -213,21 +212,43 @@ def filter_form(rows: Sequence[ThreadSummary], filters: Filters) -> str:
     )
 
 
+async def recent_page(
+    checkpointer: Checkpointer[Any], filters: Filters, now: float
+) -> tuple[list[ThreadSummary], RecentCursor | None]:
+    """One page of the list: up to :data:`PAGE_SIZE` threads that pass ``filters``,
+    most recently saved first, below ``filters.before``, read through the store's
+    recency cursor; and the cursor of the next page (``None``: no more)."""
+    shown: list[ThreadSummary] = []
+    before, read = filters.before, 0
+    bound = AGES.get(filters.age, ("", 0.0))[1]
+    while read < SCAN:
+        page = await recent_threads(checkpointer, limit=_READ, before=before)
+        read += len(page)
+        for s in page:
+            if bound < 0 and s.updated_at < now + bound - 1:
+                return shown, None  # the rest were saved before the age asked for
+            if filters.keep(s, now):
+                if len(shown) == PAGE_SIZE:
+                    return shown, recent_key(shown[-1])
+                shown.append(s)
+        if len(page) < _READ:
+            return shown, None
+        before = recent_key(page[-1])
+    return shown, before  # SCAN heads read: the next page goes on from there
+
+
 def listing(
     rows: Sequence[ThreadSummary],
+    shown: Sequence[ThreadSummary],
+    following: RecentCursor | None,
     filters: Filters,
     dead: Mapping[str, Sequence[DeadLetter]],
     now: float,
     truncated: bool,
 ) -> str:
-    """One page of the threads that pass ``filters``, most recently saved first, with a
-    link to the next page."""
-    matching = sorted((s for s in rows if filters.keep(s, now)), key=_key)
-    offset = 0
-    if filters.before is not None:
-        at, thread = filters.before
-        offset = bisect.bisect_right([_key(s) for s in matching], (-at, thread))
-    shown = matching[offset : offset + PAGE_SIZE]
+    """One page of the threads that pass ``filters`` (``shown``, from
+    :func:`recent_page`), with a link to the next page (``following``); ``rows`` are
+    the heads counted, for the page's place among them."""
     body = table(
         ["thread", "status", "reason", "node", "revision", "hand-off", "updated"],
         (
@@ -247,19 +268,19 @@ def listing(
         nums=(4,),
         ident="threads",
     )
-    left = len(matching) - offset - len(shown)
-    where = f"{offset + 1}–{offset + len(shown)} of {len(matching)}" if shown else ""
+    matching = [s for s in rows if filters.keep(s, now)]
+    cursor = filters.before
+    offset = 0 if cursor is None else sum(recent_key(s) >= cursor for s in matching)
+    total = "" if truncated else f" of {max(len(matching), offset + len(shown))}"
+    where = f"{offset + 1}–{offset + len(shown)}{total}" if shown else ""
     pager = [f"<span class='muted' id='shown'>{e(where)}</span>"]
-    if filters.before is not None:
+    if cursor is not None:
         pager.append(f"<a href='{href('/', **filters.params())}' id='first'>first page</a>")
-    if left > 0:
-        last = shown[-1]
-        cursor = f"{last.updated_at!r}~{last.thread_id}"
-        pager.append(
-            f"<a href='{href('/', **filters.params(before=cursor))}' id='next'>next page →</a>"
-        )
+    if following is not None:
+        link = href("/", **filters.params(before=cursor_text(following)))
+        pager.append(f"<a href='{link}' id='next'>next page →</a>")
     note = (
-        f"<p class='muted'><em>only the first {SCAN} threads by id are counted and listed</em></p>"
+        f"<p class='muted'><em>only the first {SCAN} threads by id are counted</em></p>"
         if truncated
         else ""
     )

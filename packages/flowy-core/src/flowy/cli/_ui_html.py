@@ -203,15 +203,17 @@ def status_badge(status: str, ident: str = "") -> str:
     return f"<span class='status st-{e(status)}'{at}>{e(status)}</span>"
 
 
-LIVE_JS = """// flowy ui: refresh the live part of the page in place every few seconds, unless a
-// form is being filled in, and on a thread page also as soon as the store's watch says a
-// revision was saved (server-sent events); without JavaScript the page's <noscript>
-// refresh does it.
+LIVE_JS = """// flowy ui: refresh the live part of the page in place, unless a form is being
+// filled in: on a thread page as soon as the store's watch says a revision was saved
+// (server-sent events), every few seconds on the others and on a thread page whose
+// stream is not connected (it failed, or is connecting again); without JavaScript the
+// page's <noscript> refresh does it.
 (function () {
   var body = document.body;
   var every = 1000 * (Number(body.getAttribute("data-refresh")) || 3);
   var events = body.getAttribute("data-events");
   var dirty = false, running = false, again = false, timer = null, saves = 0;
+  var watching = false;  // the stream is open: it says when to refresh
   document.addEventListener("input", function () { dirty = true; });
   document.addEventListener("submit", function () { dirty = true; });
   function busy() {
@@ -223,16 +225,19 @@ LIVE_JS = """// flowy ui: refresh the live part of the page in place every few s
     if (s) { s.textContent = text; }
   }
   var took = 0;  // how long the last page took: a slow store is asked less often
-  function later() {
+  // The next refresh: periodic unless the stream is open; `retry` also while it is (a
+  // save it told of is not on the page yet: a form was being filled in, or the fetch
+  // failed).
+  function later(retry) {
     clearTimeout(timer);
-    timer = setTimeout(tick, Math.max(every, 5 * took));
+    if (!watching || retry) { timer = setTimeout(tick, Math.max(every, 5 * took)); }
   }
   function tick() {
     if (running) { again = true; return; }
-    if (document.hidden || busy()) { later(); return; }
+    if (document.hidden || busy()) { later(true); return; }
     clearTimeout(timer);
     running = true;
-    var started = Date.now();
+    var started = Date.now(), failed = false;
     fetch(location.href, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) {
         if (!r.ok) { throw new Error("HTTP " + r.status); }
@@ -242,6 +247,7 @@ LIVE_JS = """// flowy ui: refresh the live part of the page in place every few s
         took = Date.now() - started;
         var doc = new DOMParser().parseFromString(text, "text/html");
         var fresh = doc.getElementById("live"), old = document.getElementById("live");
+        if (fresh && old && busy()) { failed = true; }
         if (fresh && old && !busy()) {
           var open = {};
           old.querySelectorAll("details[id]").forEach(function (d) { open[d.id] = d.open; });
@@ -254,25 +260,39 @@ LIVE_JS = """// flowy ui: refresh the live part of the page in place every few s
         stamp("live · updated " + new Date().toLocaleTimeString() +
               (saves ? " · " + saves + " save(s) heard" : ""));
       })
-      .catch(function (err) { stamp("live · not updated: " + err.message); })
+      .catch(function (err) {
+        failed = true;
+        stamp("live · not updated: " + err.message);
+      })
       .then(function () {
         running = false;
-        if (again) { again = false; tick(); } else { later(); }
+        if (again) { again = false; tick(); } else { later(failed); }
       });
   }
   if (events && window.EventSource) {
     var stream = new EventSource(events);
     stream.addEventListener("open", function () {
       body.setAttribute("data-watching", "yes");
+      watching = true;
+      clearTimeout(timer);  // the stream says when: no periodic refresh while it is open
     });
     stream.addEventListener("snapshot", function () {
       saves += 1;
       body.setAttribute("data-saves", String(saves));
       tick();
     });
-    stream.addEventListener("end", function () { stream.close(); });
+    stream.addEventListener("end", function () {
+      stream.close();
+      body.setAttribute("data-watching", "ended");
+      watching = false;
+      later();
+    });
     stream.addEventListener("error", function () {
+      // Closed for good (a store that cannot be watched) or connecting again: refresh
+      // periodically until it is open again.
       body.setAttribute("data-watching", stream.readyState === 2 ? "closed" : "again");
+      watching = false;
+      later();
     });
   }
   later();

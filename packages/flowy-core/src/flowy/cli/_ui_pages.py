@@ -44,7 +44,7 @@ from ._inspect import dead_letter_json, journal_and_inbox, list_threads
 from ._options import CliError, one_line, parse_json, parse_overlay
 from ._render import pretty_json
 from ._store import codec_for, dead_letters_by_thread
-from ._ui_fleet import SCAN, backlog, counts, filter_form, listing, parse_filters
+from ._ui_fleet import SCAN, backlog, counts, filter_form, listing, parse_filters, recent_page
 from ._ui_html import (
     CSS,
     drawn_graph,
@@ -169,16 +169,18 @@ class Inspector:
 
     async def threads(self, request: Request) -> str:
         filters = parse_filters(request.query_params)
-        rows, truncated = await list_threads(self.backend.checkpointer, limit=SCAN)
+        cp = self.backend.checkpointer
+        rows, truncated = await list_threads(cp, limit=SCAN)
         dead = await dead_letters_by_thread(self.backend.consumer) if rows else {}
         stats, oldest = await self._backlog()
         now = time.time()
+        shown, following = await recent_page(cp, filters, now)
         body = [
             backlog(stats, oldest, now),
             counts(rows, filters),
             "<h2>Threads, most recently saved first</h2>",
             filter_form(rows, filters),
-            listing(rows, filters, dead, now, truncated),
+            listing(rows, shown, following, filters, dead, now, truncated),
         ]
         return self.page("Threads", "".join(body), request)
 

@@ -156,6 +156,14 @@ MIGRATIONS: list[tuple[str, ...]] = [
         )""",
         "CREATE INDEX IF NOT EXISTS flowy_queue_starts_at ON flowy_queue_starts (queue, at)",
     ),
+    # 4 -> 5: the recency index: each head's save second (floor of updated_at, which is
+    # never negative), written only by a save in another second than the head's before.
+    (
+        "ALTER TABLE flowy_threads ADD COLUMN recent_second INTEGER",
+        "UPDATE flowy_threads SET recent_second = CAST(updated_at AS INTEGER)",
+        "CREATE INDEX IF NOT EXISTS flowy_threads_recent "
+        "ON flowy_threads (recent_second DESC, thread_id DESC)",
+    ),
 ]
 """Schema steps: ``MIGRATIONS[n]`` upgrades a file from version ``n`` to ``n + 1``."""
 

@@ -8,7 +8,9 @@ are each one transaction. The file holds:
 - ``flowy_threads``: the head of each thread (revision, pointer, status, reason,
   hand-off status and time, updated-at as columns, plus the head record), so ``load``
   is one row read and ``list_threads`` an index range; a partial index of the suspended
-  and waiting heads by ``updated_at`` answers ``oldest_heads``;
+  and waiting heads by ``updated_at`` answers ``oldest_heads``, and an index of each
+  head's save second (``recent_second``, written by a save only when its second differs
+  from the head's before) and thread id answers ``recent_threads``;
 - ``flowy_history``: every stored record, keyed by (thread, revision);
 - ``flowy_leases``: owner, fencing token and expiry of each held lease; a released
   lease's row is deleted, as is a deleted thread's, and rows of leases that expired an
@@ -42,6 +44,7 @@ from .._types import S
 from ..storage import HandoffStatus, Lease, OutboxStats, RunStatus, StateCodec, ThreadSummary, Timer
 from ..storage._model import DEFAULT_QUEUE
 from ..storage._queues import NO_LIMITS, QueueLimits
+from ..storage._recent import RecentCursor, recent_second
 from ..storage.dialect import (
     BaseCheckpointer,
     BaseConsumer,
@@ -73,21 +76,26 @@ LEASE_RECORD_GRACE = 3600.0
 
 _INSERT_HEAD = (
     "INSERT INTO flowy_threads (revision, pointer, status, reason, handoff_pending_at, "
-    "updated_at, graph_version, record, handoff_status, wake_at, thread_id) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "updated_at, graph_version, record, handoff_status, wake_at, recent_second, thread_id) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# The hand-off status and wake-up time are indexed: SQLite rewrites an index entry
-# whenever its column is assigned, even to the same value, so a save that keeps both
-# leaves them out.
-_UPDATE_HEAD = (
-    "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
-    "handoff_pending_at = ?, updated_at = ?, graph_version = ?, record = ? WHERE thread_id = ?"
+_HEAD_COLUMNS = (
+    "revision = ?, pointer = ?, status = ?, reason = ?, handoff_pending_at = ?, "
+    "updated_at = ?, graph_version = ?, record = ?"
 )
-_UPDATE_HEAD_INDEXED = (
-    "UPDATE flowy_threads SET revision = ?, pointer = ?, status = ?, reason = ?, "
-    "handoff_pending_at = ?, updated_at = ?, graph_version = ?, record = ?, "
-    "handoff_status = ?, wake_at = ? WHERE thread_id = ?"
-)
+# The hand-off status, wake-up time and save second are indexed: SQLite rewrites an
+# index entry whenever its column is assigned, even to the same value, so a save leaves
+# out those it keeps (the save second: every save but the first in a new second).
+_UPDATE_HEAD = {
+    (handoff, recent): (
+        f"UPDATE flowy_threads SET {_HEAD_COLUMNS}"
+        + (", handoff_status = ?, wake_at = ?" if handoff else "")
+        + (", recent_second = ?" if recent else "")
+        + " WHERE thread_id = ?"
+    )
+    for handoff in (False, True)
+    for recent in (False, True)
+}
 
 # A live message is left as it is; a dead one comes back with its attempts reset,
 # enqueued again now.
@@ -267,7 +275,8 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
                 and holder.fencing_token == lease.fencing_token
             )
         row = conn.execute(
-            "SELECT revision, handoff_status, wake_at FROM flowy_threads WHERE thread_id = ?",
+            "SELECT revision, handoff_status, wake_at, recent_second FROM flowy_threads "
+            "WHERE thread_id = ?",
             (thread_id,),
         ).fetchone()
         actual = int(row[0]) if row is not None else 0
@@ -298,12 +307,17 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
             write.record,
         ]
         handoff = head.handoff_status.value
+        second = recent_second(head.updated_at)
         if row is None:
-            conn.execute(_INSERT_HEAD, (*values, handoff, head.wake_at, thread_id))
-        elif row[1] == handoff and row[2] == head.wake_at:
-            conn.execute(_UPDATE_HEAD, (*values, thread_id))
+            conn.execute(_INSERT_HEAD, (*values, handoff, head.wake_at, second, thread_id))
         else:
-            conn.execute(_UPDATE_HEAD_INDEXED, (*values, handoff, head.wake_at, thread_id))
+            moved = row[1] != handoff or row[2] != head.wake_at
+            if moved:
+                values += [handoff, head.wake_at]
+            newer = row[3] != second
+            if newer:
+                values.append(second)
+            conn.execute(_UPDATE_HEAD[(moved, newer)], (*values, thread_id))
         for outbox_row in write.outbox:
             _append(conn, outbox_row, now)
         if write.release:  # fenced above: the lease is this write's
@@ -405,6 +419,20 @@ class SQLiteCheckpointer(BaseCheckpointer[S], Generic[S]):
         params.append(limit)
         rows: list[tuple[Any, ...]] = await self.database.run(
             lambda conn: conn.execute(sql, params).fetchall(), "list threads"
+        )
+        return [self.summary(str(row[0]), *row[1:]) for row in rows]
+
+    async def _recent_heads(self, limit: int, before: RecentCursor | None) -> list[ThreadSummary]:
+        sql = f"SELECT {_SUMMARY_COLUMNS} FROM flowy_threads"
+        params: list[object] = []
+        if before is not None:
+            # Row values compare as the index orders (BINARY: UTF-8 bytes, code points).
+            sql += " WHERE (recent_second, thread_id) < (?, ?)"
+            params += before
+        sql += " ORDER BY recent_second DESC, thread_id DESC LIMIT ?"
+        params.append(limit)
+        rows: list[tuple[Any, ...]] = await self.database.run(
+            lambda conn: conn.execute(sql, params).fetchall(), "list recent threads"
         )
         return [self.summary(str(row[0]), *row[1:]) for row in rows]
 

@@ -53,6 +53,9 @@ from ._protocols import TransactionalCheckpointer as TransactionalCheckpointer
 from ._protocols import TransactionalOutbox as TransactionalOutbox
 from ._queues import QueueLimits as QueueLimits
 from ._queues import QueueStats as QueueStats
+from ._recent import RecentCursor as RecentCursor
+from ._recent import recent_key as recent_key
+from ._recent import recent_threads as recent_threads
 from ._schedules import Schedule as Schedule
 from ._schedules import TickClaim as TickClaim
 from ._writes import OutboxTransaction as OutboxTransaction
@@ -81,6 +84,7 @@ __all__ = [
     "PydanticCodec",
     "QueueLimits",
     "QueueStats",
+    "RecentCursor",
     "ResumeToken",
     "Route",
     "RunStatus",
@@ -95,6 +99,8 @@ __all__ = [
     "TransactionalOutbox",
     "as_backend",
     "connect",
+    "recent_key",
+    "recent_threads",
     "redact_url",
     "schemes",
 ]

@@ -51,6 +51,7 @@ from ._model import (
     validate_thread_id,
 )
 from ._protocols import EnqueueCallback, LeaseManager
+from ._recent import RecentCursor, check_cursor, scan_recent
 from ._records import decode_snapshot, encode_snapshot
 from ._writes import Busy, OutboxTransaction, Refused, Write, refusal_error, show_id
 
@@ -242,6 +243,21 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
             if len(page) < _SCAN_PAGE:
                 return oldest
             after = page[-1].thread_id
+
+    async def _recent_heads(self, limit: int, before: RecentCursor | None) -> list[ThreadSummary]:
+        """Up to ``limit`` (> 0) heads in recency order: by ``(second, thread_id)``
+        descending, where ``second`` is ``floor(updated_at)`` and thread ids compare in
+        code point order, only those below ``before`` if given. Build each with
+        :meth:`summary`.
+
+        Stores answer from an index of each head's second, written by ``_write`` in the
+        same atomic write only when the save's second differs from the one stored
+        (``Capabilities.recent_index``). This default reads every head through
+        :meth:`_list_heads` and sorts them: O(threads) per call.
+        """
+        return await scan_recent(
+            lambda limit, after: self._list_heads(None, limit, after), limit, before
+        )
 
     def _native_action(self, action: object) -> object:
         """``action`` as :meth:`_write` will find it in ``Write.native``, once checked
@@ -545,6 +561,30 @@ class BaseCheckpointer(abc.ABC, Generic[S]):
         if after is not None:
             validate_thread_id(after)
         return await self._list_heads(statuses, limit, after)
+
+    async def recent_threads(
+        self, *, limit: int = 100, before: RecentCursor | None = None
+    ) -> list[ThreadSummary]:
+        """Up to ``limit`` thread heads, most recently saved first, to the second: by
+        save second (``floor(updated_at)``) descending, then by thread id descending
+        (code point order).
+
+        Args:
+            limit: the most heads returned (0: none).
+            before: the cursor of the page before: the ``(second, thread_id)`` of its
+                last row (``flowy.storage.recent_key``); only heads below it
+                are returned, so paging returns each thread once while none is saved.
+
+        Raises:
+            TypeError: ``limit`` is not an int, or ``before`` not ``(int, str)``.
+            ValueError: ``limit`` is negative, or the second of ``before`` outside the
+                stored range of times.
+            InvalidThreadIdError: the thread id of ``before`` is not a usable one.
+        """
+        if check_count(limit, "limit") == 0:
+            check_cursor(before)
+            return []
+        return await self._recent_heads(limit, check_cursor(before))
 
     async def timers(self, *, before: float = math.inf, limit: int = 100) -> list[Timer]:
         """Up to ``limit`` waiting heads due at or before ``before`` (default: every

@@ -64,6 +64,10 @@ class Capabilities:
     """That releasing save also acknowledges the hand-off message the run was resumed
     for (``BaseCheckpointer.save_and_release(ack=...)`` over ``_write_ack``), so a
     ``Worker`` makes no separate ack call after the run."""
+    recent_index: bool = False
+    """Its checkpointer keeps an index of each head's save second, so
+    ``recent_threads`` reads one page of it (``_recent_heads``); without, it reads every
+    head and sorts them (same answer, O(threads))."""
 
     def missing(self) -> tuple[str, ...]:
         """The names of the capabilities this store does not have."""

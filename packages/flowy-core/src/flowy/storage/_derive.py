@@ -63,6 +63,15 @@ def _durable(checkpointer: Any, primitives: tuple[str, ...]) -> bool:
     return isinstance(inner, DurableCheckpointer)
 
 
+def _native_recent(checkpointer: Any) -> bool:
+    inner: Any = checkpointer
+    if isinstance(inner, LeaseGuardCheckpointer):
+        inner = cast(LeaseGuardCheckpointer[Any], inner).inner
+    return isinstance(inner, BaseCheckpointer) and overrides(
+        cast(object, inner), BaseCheckpointer, "_recent_heads"
+    )
+
+
 def _transactional(component: object, protocol: type) -> bool:
     if isinstance(component, BaseCheckpointer | BaseOutbox):
         return True  # the bases commit outbox rows in the checkpointer's one write
@@ -120,4 +129,5 @@ def derive_capabilities(
         and consumer is not None
         and isinstance(cp, BaseCheckpointer)
         and overrides(cast(object, cp), BaseCheckpointer, "_write_release", "_write_ack"),
+        recent_index=_native_recent(cp),
     )

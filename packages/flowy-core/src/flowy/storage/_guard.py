@@ -15,6 +15,7 @@ from .._types import S
 from ._codecs import StateCodec
 from ._model import HandoffStatus, Lease, Snapshot, ThreadSummary
 from ._protocols import Checkpointer, EnqueueCallback, LeaseManager, TransactionalCheckpointer
+from ._recent import RecentCursor, recent_threads
 
 __all__ = ["LeaseGuardCheckpointer"]
 
@@ -142,3 +143,11 @@ class LeaseGuardCheckpointer(Generic[S]):
         return await self.inner.list_threads(
             handoff_statuses=handoff_statuses, limit=limit, after=after
         )
+
+    async def recent_threads(
+        self, *, limit: int = 100, before: RecentCursor | None = None
+    ) -> list[ThreadSummary]:
+        """Up to ``limit`` thread heads, most recently saved first (to the second), below
+        ``before`` if given (the inner checkpointer's, or a scan of its
+        ``list_threads``)."""
+        return await recent_threads(self.inner, limit=limit, before=before)

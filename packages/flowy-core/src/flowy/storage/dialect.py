@@ -48,6 +48,8 @@ from ._outbox import message_row_id as message_row_id
 from ._protocols import EnqueueCallback as EnqueueCallback
 from ._protocols import FencingCheckpointer as FencingCheckpointer
 from ._queues import QueueCounts as QueueCounts
+from ._recent import recent_second as recent_second
+from ._recent import scan_recent as scan_recent
 from ._records import FORMAT_VERSION as FORMAT_VERSION
 from ._records import DecodeRecordOptions as DecodeRecordOptions
 from ._records import Record as Record
@@ -117,7 +119,9 @@ __all__ = [
     "next_fencing_token",
     "open_scratch",
     "present_as_public",
+    "recent_second",
     "register_backend",
+    "scan_recent",
     "show_id",
     "sibling_url",
     "validate_schedule_name",

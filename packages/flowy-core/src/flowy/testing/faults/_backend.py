@@ -53,6 +53,7 @@ PRIMITIVES: Mapping[type, Mapping[str, Phase | None]] = {
         "_get_activity": Phase.READ,
         "_list_activities": Phase.READ,
         "_oldest_heads": Phase.READ,
+        "_recent_heads": Phase.READ,
         "_diagnose": Phase.READ,
     },
     BaseLeaseManager: {

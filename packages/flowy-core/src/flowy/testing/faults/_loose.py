@@ -21,6 +21,7 @@ from ...storage import (
     TransactionalCheckpointer,
     TransactionalOutbox,
 )
+from ...storage._recent import RecentCursor, recent_threads
 from ...storage.dialect import EnqueueCallback
 from ._model import ArmedFaults, Fault, FaultKind, Phase, phase_of
 
@@ -166,6 +167,13 @@ class FaultyCheckpointer(Generic[S]):
         return await self.inner.list_threads(
             handoff_statuses=handoff_statuses, limit=limit, after=after
         )
+
+    async def recent_threads(
+        self, *, limit: int = 100, before: RecentCursor | None = None
+    ) -> list[ThreadSummary]:
+        """``recent_threads`` of the wrapped checkpointer (a scan of its
+        ``list_threads`` if it has none)."""
+        return await recent_threads(self.inner, limit=limit, before=before)
 
 
 class FaultyOutbox:

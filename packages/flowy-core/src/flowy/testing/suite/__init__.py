@@ -36,6 +36,7 @@ from ._leases import *  # noqa: F403
 from ._limits import *  # noqa: F403
 from ._outbox import *  # noqa: F403
 from ._queues import *  # noqa: F403
+from ._recent import *  # noqa: F403
 from ._round_trips import *  # noqa: F403
 from ._runs import *  # noqa: F403
 from ._schedules import *  # noqa: F403
@@ -68,6 +69,7 @@ __all__ = [
     "LineageSuite",
     "OutboxSuite",
     "QueueSuite",
+    "RecentThreadsSuite",
     "ReleasingSaveSuite",
     "RoundTripSuite",
     "ScheduleSuite",
