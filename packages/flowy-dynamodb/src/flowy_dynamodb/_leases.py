@@ -106,7 +106,8 @@ async def take_lease(
         except ConditionFailed as failed:
             check_stored_id(thread_id, failed.item)
             live = live_lease(thread_id, failed.item, now - table.clock_skew)
-            if live is not None and (live.owner, live.fencing_token) == (owner, lease.fencing_token):
+            mine = (owner, lease.fencing_token)
+            if live is not None and (live.owner, live.fencing_token) == mine:
                 # This very update landed, its answer was lost, and botocore sent it
                 # again: the retry found the lease the first attempt wrote, ours.
                 result = failed.item
