@@ -110,7 +110,7 @@ async def take_lease(
             if live is not None and (live.owner, live.fencing_token) == mine:
                 # This very update landed, its answer was lost, and botocore sent it
                 # again: the retry found the lease the first attempt wrote, ours.
-                result = failed.item
+                result = failed.item or {}
             elif live is not None:
                 return Busy(live), {}
             else:
