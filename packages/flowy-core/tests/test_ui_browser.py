@@ -216,14 +216,20 @@ def test_the_fleet_page_counts_lists_and_names_the_store(
     header = browser.find_element(By.TAG_NAME, "header").text
     assert flowy.storage.redact_url(served.store.url) in header
     assert f"flowy {flowy.__version__}" in header
-    # Most recently saved first: populate made dl, susp, ho, then orph.
+    # Most recently saved first, to the second, then by id (descending).
     rows = _rows(browser, "threads")
-    assert [(r[0], r[1], r[3]) for r in rows] == [
-        ("orph", "handoff", "act"),
-        ("ho", "handoff", "act"),
-        ("susp", "suspended", "ask"),
+    assert sorted((r[0], r[1], r[3]) for r in rows) == [
         ("dl", "handoff", "act"),
+        ("ho", "handoff", "act"),
+        ("orph", "handoff", "act"),
+        ("susp", "suspended", "ask"),
     ]
+    saved = [
+        tr.find_elements(By.TAG_NAME, "td")[6].find_element(By.TAG_NAME, "time")
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#threads tbody tr")
+    ]
+    order = [(t.get_attribute("title") or "", r[0]) for t, r in zip(saved, rows, strict=True)]
+    assert order == sorted(order, reverse=True)
     assert all(r[6].endswith("ago") or r[6] == "just now" for r in rows)
     updated = browser.find_element(By.CSS_SELECTOR, "#threads tbody tr time")
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", updated.get_attribute("title") or "")
