@@ -614,6 +614,7 @@ async def check_queue_crash(
     partitions: int = 20,
     kills: int = 6,
     limited: bool = True,
+    seconds: float = 600.0,
 ) -> CrashReport:
     """Queue limits hold while worker processes die.
 
@@ -626,6 +627,7 @@ async def check_queue_crash(
     The store is opened with ``max_attempts`` set to 50 in its URL's query, so that the
     deliveries the kills cost never dead-letter a message.
 
+    The hand-offs start while the workers run; the check gives up after ``seconds``.
     ``limited=False`` configures no limits: the check must then fail, which shows that
     it can see runs at work beyond them."""
     os.environ[_CALLS] = str(workdir / "calls.log")
@@ -662,16 +664,21 @@ async def check_queue_crash(
                 if result.handoff_status is not HandoffStatus.ENQUEUED:
                     raise RuntimeError(f"the start of {thread} did not hand off: {result!r:.300}")
 
-        await asyncio.gather(*(start(i, t) for i, t in enumerate(ids)))
         for _ in range(_QUEUE_WORKERS):
             await spawn()
-        deadline = time.monotonic() + 300
+        # The hand-offs arrive while the workers run (and die).
+        starts = asyncio.ensure_future(asyncio.gather(*(start(i, t) for i, t in enumerate(ids))))
+        deadline = time.monotonic() + seconds
+        finished = False
         try:
             while time.monotonic() < deadline:
                 await asyncio.sleep(rng.uniform(0.3, 1.2))
-                stats = [q for q in await queues_of(backend).list() if q.queue == queue]
-                if all(q.pending == q.in_flight == 0 for q in stats):  # none: not listed
-                    break
+                if starts.done():
+                    starts.result()  # a start that failed fails the check
+                    stats = [q for q in await queues_of(backend).list() if q.queue == queue]
+                    if all(q.pending == q.in_flight == 0 for q in stats):  # none: not listed
+                        finished = True
+                        break
                 if len(killed) < kills:  # a worker at work if one is soon, so slots are held
                     chosen: list[int] = []
                     for _ in range(50):
@@ -686,6 +693,9 @@ async def check_queue_crash(
                     killed[str(victim.pid)] = time.time()
                     await spawn()
         finally:
+            if not starts.done():
+                starts.cancel()
+                await asyncio.wait([starts])
             (workdir / _STOP).touch()
             for proc in procs:
                 try:
@@ -717,7 +727,8 @@ async def check_queue_crash(
     most, most_per_partition, interrupted = _most_at_work(_calls(workdir), killed, ids)
     store = url.split(":", 1)[0]
     ok = (
-        lost == double == 0
+        finished
+        and lost == double == 0
         and all(code == 0 for code in exits)
         and (len(killed) > 0 or kills == 0)
         and most <= _GLOBAL_LIMIT
@@ -730,6 +741,7 @@ async def check_queue_crash(
         f"max_per_partition={most_per_partition} lost={lost} double={double} "
         f"(limits {_GLOBAL_LIMIT} and {_PARTITION_LIMIT}; workers killed={len(killed)}, "
         f"runs killed at work={interrupted}, exits of the last {len(exits)}={exits}"
+        + ("" if finished else f"; not finished in {seconds:g} s")
         + (f"; unfinished heads {dict(unfinished)}, dead letters {len(dead)}" if lost else "")
         + (f": {dead[0].error[:300]!r}" if dead else "")
         + ")",
