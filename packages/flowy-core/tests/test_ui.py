@@ -269,6 +269,54 @@ def test_the_fleet_page_counts_and_filters_by_prefix_version_and_age(store: Stor
             assert r.status_code == 400 and "BadQueryError" in r.text, bad
 
 
+def test_the_list_filters_by_queue(store: Store) -> None:
+    """On a store with queues, the form offers each queue and ``queue=`` keeps the threads
+    with a live message in it."""
+    from flowy.queues import Route
+    from flowy.testing.suite._support import make_intent
+
+    async def fill() -> bool:
+        async with flowy.connect(store.url) as backend:
+            for i, queue in enumerate(["llm", "llm", "default"]):
+                thread = f"qq-{i}"
+                snap = flowy.storage.Snapshot[Any](
+                    thread_id=thread, state={}, execution_pointer="ask", updated_at=1e9 + i
+                )
+                await backend.checkpointer.save(0, snap)
+                if backend.capabilities.queues:
+                    intent = make_intent(thread, 1, route=Route(queue))
+                    await backend.outbox.enqueue_intent(intent)
+            return backend.capabilities.queues
+
+    has_queues = asyncio.run(fill())
+    with _client(store.url) as c:
+
+        def listed(query: str) -> list[str]:
+            found = c.get("/?" + query)
+            assert found.status_code == 200, found.text
+            body = found.text[found.text.index("id='threads'") :]
+            return re.findall(r"<td><a href='/threads/([^']+)'>", body)
+
+        front = c.get("/").text
+        assert has_queues  # every store here keeps queues
+        assert "<option value='llm'>llm</option>" in front
+        assert listed("queue=llm") == ["qq-1", "qq-0"]
+        assert listed("queue=default&q=qq-") == ["qq-2"]
+        unserved = c.get("/?queue=unserved").text
+        assert "no threads match" in unserved and "qq-" not in unserved
+        assert "<option value='unserved' selected>" in unserved
+        bad = c.get("/?queue=" + urllib.parse.quote("no spaces"))
+        assert bad.status_code == 400 and "BadQueryError" in bad.text
+
+
+def test_a_queue_filter_on_a_store_without_queues_is_a_bad_query() -> None:
+    from flowy.cli._ui_fleet import BadQueryError, Filters, with_queue
+
+    assert asyncio.run(with_queue(Filters(), None)) == Filters()
+    with pytest.raises(BadQueryError, match="keeps no queues"):
+        asyncio.run(with_queue(Filters(queue="llm"), None))
+
+
 def test_the_list_pages_through_the_stores_recency_cursor(store: Store) -> None:
     """120 threads, several in each second: every page holds 50 (the last the rest),
     most recent second first, then id, each thread once; the next-page link carries the

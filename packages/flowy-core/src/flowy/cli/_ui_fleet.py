@@ -1,7 +1,8 @@
 """The inspector's fleet at a glance (``flowy ui``'s front page): counts of threads by
 status and by node, each a link to the list filtered by it; the outbox backlog; and
 the thread list, most recently saved first (to the second), filtered by id prefix,
-status, node, graph version and age, a page at a time.
+status, node, graph version, queue (on a store with queues: the threads with a live
+message in it) and age, a page at a time.
 
 The list pages through the store's own recency cursor (``recent_threads``: an index of
 each head's save second where the store keeps one, ``Capabilities.recent_index``); a
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ..queues import Queues
 from ..storage import Checkpointer, DeadLetter, OutboxStats, RunStatus, ThreadSummary
 from ..storage._recent import RecentCursor, cursor_text, parse_cursor, recent_key, recent_threads
 from ._ui_html import e, href, relative, span, status_badge, table, thread_href
@@ -34,6 +36,7 @@ __all__ = [
     "listing",
     "parse_filters",
     "recent_page",
+    "with_queue",
 ]
 
 SCAN = 10_000
@@ -72,7 +75,10 @@ class Filters:
     node: str = ""
     version: str = ""
     age: str = ""
+    queue: str = ""
     before: RecentCursor | None = None
+    queued: frozenset[str] = frozenset()
+    """With ``queue``: the threads with a live message in it (:func:`with_queue`)."""
 
     def params(self, **change: str) -> dict[str, str]:
         """The query string of these filters (without the page), with ``change``."""
@@ -81,15 +87,18 @@ class Filters:
             "status": self.status,
             "node": self.node,
             "version": self.version,
+            "queue": self.queue,
             "age": self.age,
         }
         return {**base, **change}
 
     def active(self) -> bool:
-        return any((self.q, self.status, self.node, self.version, self.age))
+        return any((self.q, self.status, self.node, self.version, self.queue, self.age))
 
     def keep(self, s: ThreadSummary, now: float) -> bool:
         if self.q and not s.thread_id.startswith(self.q):
+            return False
+        if self.queue and s.thread_id not in self.queued:
             return False
         if self.status and s.status.value != self.status:
             return False
@@ -122,9 +131,26 @@ def parse_filters(query: Mapping[str, str]) -> Filters:
         status=query.get("status", ""),
         node=query.get("node", ""),
         version=query.get("version", ""),
+        queue=query.get("queue", ""),
         age=age,
         before=before,
     )
+
+
+async def with_queue(filters: Filters, queues: Queues | None) -> Filters:
+    """``filters`` with the threads that have a live message in ``filters.queue`` (up to
+    :data:`SCAN` messages), read from ``queues`` (``None``: a store without queues,
+    where a queue filter is a :class:`BadQueryError`)."""
+    if not filters.queue:
+        return filters
+    if queues is None:
+        raise BadQueryError("this store keeps no queues: drop the queue filter")
+    try:
+        messages = await queues.messages(filters.queue, SCAN)
+    except ValueError as exc:  # a malformed queue name
+        raise BadQueryError(str(exc)) from None
+    queued = frozenset(m.intent.thread_id for m in messages if m.intent is not None)
+    return replace(filters, queued=queued)
 
 
 def counts(rows: Sequence[ThreadSummary], filters: Filters) -> str:
@@ -184,8 +210,11 @@ def backlog(stats: OutboxStats | None, oldest: Mapping[RunStatus, float], now: f
     return f"<h2>Backlog</h2><div class='cards' id='backlog'>{''.join(cards)}</div>"
 
 
-def filter_form(rows: Sequence[ThreadSummary], filters: Filters) -> str:
-    """The search and filter form (a GET, so a filtered list is a link)."""
+def filter_form(
+    rows: Sequence[ThreadSummary], filters: Filters, queue_names: Sequence[str] | None = None
+) -> str:
+    """The search and filter form (a GET, so a filtered list is a link); a queue select
+    when the store keeps queues (``queue_names``, else ``None``)."""
 
     def select(name: str, current: str, choices: Sequence[tuple[str, str]]) -> str:
         options = "".join(
@@ -197,6 +226,11 @@ def filter_form(rows: Sequence[ThreadSummary], filters: Filters) -> str:
     nodes = sorted({s.execution_pointer for s in rows} | ({filters.node} - {""}))
     versions = sorted({s.graph_version for s in rows if s.graph_version})
     statuses = [("", "any"), *((s.value, s.value) for s in RunStatus)]
+    queue_select = ""
+    if queue_names is not None:
+        names = sorted({*queue_names, *({filters.queue} - {""})})
+        choices = [("", "any"), *((n, n) for n in names)]
+        queue_select = f"<label>queue {select('queue', filters.queue, choices)}</label>"
     return (
         "<form method='get' action='/' class='filters' id='filters'>"
         f"<label>thread id starts with <input name='q' id='f-q' value='{e(filters.q)}' "
@@ -207,7 +241,8 @@ def filter_form(rows: Sequence[ThreadSummary], filters: Filters) -> str:
         f"<label>graph version "
         f"{select('version', filters.version, [('', 'any'), *((v, v[:24]) for v in versions)])}"
         "</label>"
-        f"<label>age {select('age', filters.age, [(k, v[0]) for k, v in AGES.items()])}</label>"
+        + queue_select
+        + f"<label>age {select('age', filters.age, [(k, v[0]) for k, v in AGES.items()])}</label>"
         "<button type='submit'>Filter</button> <a href='/'>clear</a></form>"
     )
 

@@ -27,6 +27,7 @@ from .._graph import Graph
 from .._runner import DEFAULT_LEASE_TTL, Runner, default_owner
 from .._types import JSON
 from .._version import __version__
+from ..queues import queues_of
 from ..storage import (
     Backend,
     HandoffStatus,
@@ -44,7 +45,16 @@ from ._inspect import dead_letter_json, journal_and_inbox, list_threads
 from ._options import CliError, one_line, parse_json, parse_overlay
 from ._render import pretty_json
 from ._store import codec_for, dead_letters_by_thread
-from ._ui_fleet import SCAN, backlog, counts, filter_form, listing, parse_filters, recent_page
+from ._ui_fleet import (
+    SCAN,
+    backlog,
+    counts,
+    filter_form,
+    listing,
+    parse_filters,
+    recent_page,
+    with_queue,
+)
 from ._ui_html import (
     CSS,
     drawn_graph,
@@ -168,7 +178,9 @@ class Inspector:
     # -- pages
 
     async def threads(self, request: Request) -> str:
-        filters = parse_filters(request.query_params)
+        queues = queues_of(self.backend) if self.backend.capabilities.queues else None
+        filters = await with_queue(parse_filters(request.query_params), queues)
+        names = None if queues is None else [q.queue for q in await queues.list()]
         cp = self.backend.checkpointer
         rows, truncated = await list_threads(cp, limit=SCAN)
         dead = await dead_letters_by_thread(self.backend.consumer) if rows else {}
@@ -179,7 +191,7 @@ class Inspector:
             backlog(stats, oldest, now),
             counts(rows, filters),
             "<h2>Threads, most recently saved first</h2>",
-            filter_form(rows, filters),
+            filter_form(rows, filters, names),
             listing(rows, shown, following, filters, dead, now, truncated),
         ]
         return self.page("Threads", "".join(body), request)
