@@ -85,9 +85,8 @@ STRESS_OUTAGE_HANDOFFS ?= 2000
 # on every store of STRESS_STORES, STRESS_HANDOFFS hand-offs through worker processes with
 # faults at every phase and workers SIGKILLed mid-segment (one summary line per store).
 # DynamoDB runs on moto here, which serves about ten saves a second: fewer hand-offs.
-# Then, STRESS_OUTAGE_HANDOFFS hand-offs drained by a worker process while PostgreSQL and
-# Redis go away three times (every connection cut through a proxy). Last, the queue crash
-# check with its 500 hand-offs on DynamoDB (make test runs 40 on moto, which is slow).
+# Last, STRESS_OUTAGE_HANDOFFS hand-offs drained by a worker process while PostgreSQL and
+# Redis go away three times (every connection cut through a proxy).
 verify-stress: setup
 	@for i in $$(seq 1 $(STRESS_COUNT)); do \
 		echo "verify-stress: round $$i/$(STRESS_COUNT)"; \
@@ -99,8 +98,6 @@ verify-stress: setup
 		--handoffs $(STRESS_HANDOFFS) --dynamodb-handoffs $(STRESS_DYNAMODB_HANDOFFS)
 	FLOWY_OUTAGE_HANDOFFS=$(STRESS_OUTAGE_HANDOFFS) FLOWY_OUTAGES=3 \
 		$(RUN) pytest -q -p no:cacheprovider tests/test_store_outage.py $(PYTEST_ARGS)
-	FLOWY_QUEUE_CRASH_HANDOFFS=500 $(RUN) pytest -q -s -p no:cacheprovider \
-		packages/flowy-dynamodb/tests/test_crash.py -k queue $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .tools .pytest_cache .ruff_cache

@@ -149,7 +149,10 @@ async def test_a_sqlite_file_of_schema_2_is_upgraded_to_hold_schedules(tmp_path:
         pass
     conn = sqlite3.connect(path)
     conn.execute("DROP TABLE flowy_schedules")
-    # Take the file back to version 2: without the queues of version 4 either.
+    # Take the file back to version 2: without the queues of version 4 or the recency
+    # index of version 5 either.
+    conn.execute("DROP INDEX flowy_threads_recent")
+    conn.execute("ALTER TABLE flowy_threads DROP COLUMN recent_second")
     for index in ("order", "visible", "flight", "dead"):
         conn.execute(f"DROP INDEX flowy_outbox_{index}")
     conn.execute("DROP TABLE flowy_queues")
@@ -163,7 +166,7 @@ async def test_a_sqlite_file_of_schema_2_is_upgraded_to_hold_schedules(tmp_path:
     try:
         with pytest.raises(SchemaVersionError, match=r"older .*setup\(\)"):
             await backend.schedules.list()
-        assert await backend.setup() == 4
+        assert await backend.setup() == 5
         made = await backend.schedules.create("after", graph=TARGET, cron="0 * * * *")
         assert await backend.schedules.list() == [made]
     finally:

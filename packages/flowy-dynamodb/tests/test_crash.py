@@ -15,8 +15,8 @@ pytestmark = pytest.mark.anyio
 
 QUEUE_HANDOFFS = "FLOWY_QUEUE_CRASH_HANDOFFS"
 """Hand-offs of the queue check (default: 500, or 40 on moto). moto's server answers one
-request at a time and a query by reading the whole table, so the 500 of the check take it
-over ten minutes: ``make verify-stress`` runs them there."""
+request at a time and a query by reading the whole table: 40 take it about a minute,
+100 about 2.5 minutes, and of 500 it finished 29 in 40 minutes."""
 
 
 @pytest.mark.parametrize("check", crash.CHECKS, ids=lambda c: c.__name__)
