@@ -402,6 +402,7 @@ def _upgrade_5_to_6(n: TableNames) -> list[str]:
         f"UPDATE {n.threads} SET recent_second = floor(updated_at)::bigint "
         "WHERE recent_second IS NULL",
         _recent_index(n),
+        _claim_function(n),  # the claim that reads a partitioned queue a page at a time
     ]
 
 
